@@ -1,0 +1,38 @@
+"""attnlab: the attention mechanism of transformers, in numpy.
+
+It follows the guide "Attention: letting tokens look at each other" (part 4 of How LLMs work):
+a learner can compute an attention output by hand, read the equation symbol by symbol, draw the
+causal mask and count the cost; an engineer gets a correct, fast attention.
+
+Axis letters, used in every shape comment::
+
+    ...      leading axes that broadcast: batch, heads
+    B        batch
+    h        heads (n_heads)
+    n        tokens in the sequence;  n_q queries, n_k keys
+    d_model  width of a token's vector
+    d_k      width of a query and a key;  d_v  width of a value
+    d_head   width of one head's q, k, v (GPT-2: d_model / h = 64)
+    n_ctx    positions a model has rows for (GPT-2: 1024)
+"""
+
+from .attention import attention
+from .config import GPT2_SMALL, AttentionConfig
+from .masks import additive_mask, causal_mask
+from .multihead import MultiHeadAttention, merge_heads, multihead_attention, split_heads
+from .softmax import softmax
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "GPT2_SMALL",
+    "AttentionConfig",
+    "MultiHeadAttention",
+    "additive_mask",
+    "attention",
+    "causal_mask",
+    "merge_heads",
+    "multihead_attention",
+    "softmax",
+    "split_heads",
+]

@@ -1,0 +1,75 @@
+"""Argument checks shared by the public entry points.
+
+Every check raises ``TypeError`` (wrong kind of thing) or ``ValueError`` (right kind, bad value),
+and every message names the argument, what was expected, and what arrived.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+FLOAT_DTYPES = (np.float16, np.float32, np.float64)
+
+
+def as_float_array(name: str, x, *, min_ndim: int = 0, finite: bool = False) -> np.ndarray:
+    """``x`` as a float16/32/64 array of at least ``min_ndim`` axes; ints, bools, complex, objects refused."""
+    if isinstance(x, (str, bytes)) or x is None:
+        raise TypeError(f"{name} must be a float array, got {type(x).__name__}")
+    arr = np.asarray(x)
+    if arr.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be a float array (float16, float32 or float64), got dtype {arr.dtype}")
+    if arr.ndim < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} axes, got shape {arr.shape}")
+    if finite:
+        check_finite(name, arr)
+    return arr
+
+
+def check_finite(name: str, arr: np.ndarray) -> None:
+    """Refuse NaN and ±inf, saying where the first one is."""
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(
+            f"{name} must be finite, got {arr[where]} at index {where} "
+            f"({int(bad.sum())} non-finite values); pass check_finite=False to let them propagate")
+
+
+def as_bool_array(name: str, x) -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.dtype != np.bool_:
+        raise TypeError(f"{name} must be a bool array (True = may attend), got dtype {arr.dtype}")
+    return arr
+
+
+def as_positive_int(name: str, v, *, allow_none: bool = False) -> int | None:
+    if v is None and allow_none:
+        return None
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"{name} must be a positive integer, got {type(v).__name__} {v!r}")
+    if v < 1:
+        raise ValueError(f"{name} must be a positive integer, got {v}")
+    return int(v)
+
+
+def as_positive_float(name: str, v) -> float:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{name} must be a positive number, got {type(v).__name__} {v!r}")
+    if not (np.isfinite(v) and v > 0):
+        raise ValueError(f"{name} must be a positive finite number, got {v}")
+    return float(v)
+
+
+def broadcast_to(name: str, arr: np.ndarray, shape: tuple, what: str) -> np.ndarray:
+    """``arr`` broadcast to ``shape``, or an error naming both shapes."""
+    try:
+        return np.broadcast_to(arr, shape)
+    except ValueError:
+        raise ValueError(f"{name} has shape {arr.shape}, which does not broadcast to {what} {shape}") from None
+
+
+def compute_dtype(*arrays: np.ndarray) -> np.dtype:
+    """The dtype the math runs in: the arrays' common float type, at least float32."""
+    return np.result_type(np.float32, *arrays)

@@ -1,0 +1,125 @@
+"""Scaled dot-product attention, the guide's equation:
+
+    Attention(Q, K, V) = softmax(Q Kᵀ / √d_k + M) V
+
+This module holds the naive reference, which builds the whole (n_q, n_k) grid of scores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._checks import as_bool_array, as_float_array, as_positive_float, broadcast_to, check_finite, compute_dtype
+from .masks import causal_mask
+from .softmax import softmax
+
+
+@dataclass(frozen=True)
+class Checked:
+    """Validated attention inputs, in the dtype the math runs in (at least float32)."""
+    q: np.ndarray            # (..., n_q, d_k)
+    k: np.ndarray            # (..., n_k, d_k)
+    v: np.ndarray            # (..., n_k, d_v)
+    keep: np.ndarray | None  # (..., n_q, n_k) bool, or None when every key is visible
+    bias: np.ndarray | None  # (..., n_q, n_k) additive, or None
+    scale: float
+    out_dtype: np.dtype      # what the caller gets back
+
+
+def check_attention_args(query, key, value, *, mask=None, bias=None, is_causal=False, scale=None,
+                         require_finite: bool = True) -> Checked:
+    """Validate the arguments that every attention path shares; raise with names and shapes."""
+    query = as_float_array("query", query, min_ndim=2)
+    key = as_float_array("key", key, min_ndim=2)
+    value = as_float_array("value", value, min_ndim=2)
+    if key.shape[-1] != query.shape[-1]:
+        raise ValueError(f"key has width {key.shape[-1]}, query has width {query.shape[-1]}; they must match")
+    if value.shape[-2] != key.shape[-2]:
+        raise ValueError(f"value has {value.shape[-2]} rows, key has {key.shape[-2]}; "
+                         "there must be one value per key")
+    try:
+        batch = np.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    except ValueError:
+        raise ValueError(f"the leading axes of query {query.shape}, key {key.shape} and value {value.shape} "
+                         "do not broadcast") from None
+    if require_finite:
+        for name, arr in (("query", query), ("key", key), ("value", value)):
+            check_finite(name, arr)
+    n_q, n_k = query.shape[-2], key.shape[-2]
+    grid = (*batch, n_q, n_k)
+    keep = None
+    if mask is not None:
+        keep = broadcast_to("mask", as_bool_array("mask", mask), grid, "the score grid (..., n_q, n_k) =")
+    if is_causal:
+        c = causal_mask(n_q, n_k)                              # (n_q, n_k)
+        keep = c if keep is None else keep & c                 # (..., n_q, n_k)
+    if bias is not None:
+        bias = broadcast_to("bias", as_float_array("bias", bias), grid, "the score grid (..., n_q, n_k) =")
+        if require_finite and (np.isnan(bias).any() or np.isposinf(bias).any()):
+            raise ValueError("bias must be finite or -inf (to drop a score), got NaN or +inf")
+    scale = 1.0 / np.sqrt(query.shape[-1]) if scale is None else as_positive_float("scale", scale)
+    dt = compute_dtype(query, key, value)
+    return Checked(q=query.astype(dt, copy=False), k=key.astype(dt, copy=False), v=value.astype(dt, copy=False),
+                   keep=keep, bias=bias, scale=float(scale), out_dtype=np.result_type(query, key, value))
+
+
+def attention(query, key, value, *, mask=None, bias=None, is_causal=False, scale=None,
+              return_weights=False, check_finite=True):
+    """Scaled dot-product attention: ``softmax(q kᵀ · scale + bias, masked) v``.
+
+    Parameters
+    ----------
+    query : float array (..., n_q, d_k)
+    key : float array (..., n_k, d_k)
+    value : float array (..., n_k, d_v)
+        Leading axes (batch, heads) broadcast against each other.
+    mask : bool array broadcasting to (..., n_q, n_k), optional
+        True = the query may attend to that key.
+    bias : float array broadcasting to (..., n_q, n_k), optional
+        Added to the scaled scores before the softmax (ALiBi, relative positions, ``-inf`` to drop).
+    is_causal : bool
+        AND the causal mask into ``mask``. With ``n_k > n_q`` the queries are the last ``n_q``
+        positions (bottom-right alignment).
+    scale : float, optional
+        Multiplies the scores. Defaults to ``1/√d_k`` (Vaswani et al., 2017).
+    return_weights : bool
+        Also return the weights ``(..., n_q, n_k)``.
+    check_finite : bool
+        Refuse NaN/inf in the inputs (default), or let them propagate.
+
+    Returns
+    -------
+    out : (..., n_q, d_v), in the inputs' dtype (float16 is computed in float32)
+    weights : (..., n_q, n_k), only with ``return_weights=True``
+
+    A query with no key left to attend to gets output 0 and weights 0: no NaN, no warning.
+
+    Examples
+    --------
+    The guide's hand example: the query of "sat" against the keys of "the cat sat".
+
+    >>> k = np.array([[0., 0.], [2., 0.], [1., 1.]])
+    >>> v = np.array([[1., 0.], [0., 1.], [1., 1.]])
+    >>> out, a = attention(np.array([[1., 0.]]), k, v, scale=1.0, return_weights=True)
+    >>> a.round(3), out.round(3)
+    (array([[0.09 , 0.665, 0.245]]), array([[0.335, 0.91 ]]))
+    """
+    c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, scale=scale,
+                             require_finite=check_finite)
+    out, a = naive_attention(c)
+    out = out.astype(c.out_dtype, copy=False)
+    return (out, a.astype(c.out_dtype, copy=False)) if return_weights else out
+
+
+def naive_attention(c: Checked) -> tuple[np.ndarray, np.ndarray]:
+    """The reference: build the whole grid of scores, mask, softmax, mix the values."""
+    s = c.q @ np.swapaxes(c.k, -1, -2)                   # (..., n_q, n_k) raw scores
+    s *= c.scale                                         # (..., n_q, n_k) S = QKᵀ/√d_k
+    if c.bias is not None:
+        s = s + c.bias                                   # (..., n_q, n_k)
+    if c.keep is not None:
+        s = np.where(c.keep, s, -np.inf)                 # (..., n_q, n_k) S + M
+    a = softmax(s)                                       # (..., n_q, n_k) A, rows with no key are 0
+    return a @ c.v, a                                    # (..., n_q, d_v), (..., n_q, n_k)

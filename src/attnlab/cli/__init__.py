@@ -1,0 +1,38 @@
+"""The attnlab command line. A thin layer: each command calls library functions and prints what they return.
+
+Each module in COMMAND_MODULES has ``register(subparsers)``, which adds its commands.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from .. import __version__
+from ._app import ArgumentParser, UsageError, run
+
+COMMAND_MODULES = ("tour",)
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="attnlab", description="The attention mechanism of transformers, in numpy, "
+                            "following the guide 'Attention: letting tokens look at each other'.")
+    parser.add_argument("--version", action="version", version=f"attnlab {__version__}")
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(f".{name}", __name__).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as e:
+        print(f"attnlab: error: {e}", file=sys.stderr)
+        return 2
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 0
+    return run(args.func, args)

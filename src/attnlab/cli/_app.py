@@ -1,0 +1,59 @@
+"""What every command shares: one-line errors with exit code 2, and ``--json`` output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+
+class UsageError(Exception):
+    """A bad command line: printed as one line, exit code 2."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):          # argparse would print the usage block and exit; we want one line
+        command = self.prog.removeprefix("attnlab").strip()
+        raise UsageError(f"{command}: {message}" if command else message)
+
+
+def run(func, args) -> int:
+    """Call a command; bad input becomes one line on stderr and exit code 2, never a traceback."""
+    try:
+        return func(args) or 0
+    except (ValueError, TypeError, OSError, UsageError) as e:
+        print(f"attnlab: error: {one_line(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("attnlab: interrupted", file=sys.stderr)
+        return 130
+
+
+def one_line(e: BaseException) -> str:
+    text = str(e) if not isinstance(e, OSError) or not e.filename else f"{e.strerror}: {e.filename}"
+    return " ".join(text.split()) or type(e).__name__
+
+
+def jsonable(x):
+    """numpy arrays and scalars as plain lists and numbers (NaN/inf as strings)."""
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return jsonable(x.tolist())
+    if isinstance(x, np.generic):
+        return jsonable(x.item())
+    if isinstance(x, float) and not np.isfinite(x):
+        return str(x)
+    return x
+
+
+def print_json(data) -> None:
+    print(json.dumps(jsonable(data), indent=2))
+
+
+def add_json_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the results as JSON, for scripts")

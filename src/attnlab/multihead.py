@@ -1,0 +1,117 @@
+"""Multi-head attention: h copies of attention side by side on the same x, mixed by W_O.
+
+Shapes: the four projections are stored for all heads at once, as GPT-2 does:
+W_Q, W_K, W_V are (d_model, n_heads·d_head) with head i in columns i·d_head … (i+1)·d_head − 1,
+and W_O is (n_heads·d_head, d_model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._checks import as_float_array, as_positive_int
+from .attention import attention
+from .config import AttentionConfig
+
+
+def split_heads(x: np.ndarray, n_heads: int) -> np.ndarray:
+    """(..., n, n_heads·d_head) -> (..., n_heads, n, d_head): one slice per head."""
+    *lead, n, width = x.shape
+    x = x.reshape(*lead, n, n_heads, width // n_heads)   # (..., n, h, d_head)
+    return np.swapaxes(x, -2, -3)                        # (..., h, n, d_head)
+
+
+def merge_heads(x: np.ndarray) -> np.ndarray:
+    """(..., n_heads, n, d_head) -> (..., n, n_heads·d_head): heads side by side."""
+    *lead, h, n, d_head = x.shape
+    return np.swapaxes(x, -2, -3).reshape(*lead, n, h * d_head)   # (..., n, h·d_head)
+
+
+@dataclass(frozen=True, eq=False)
+class MultiHeadAttention:
+    """The parameters of one multi-head attention layer; calling it runs the forward pass."""
+    W_Q: np.ndarray   # (d_model, h·d_head)
+    W_K: np.ndarray   # (d_model, h·d_head)
+    W_V: np.ndarray   # (d_model, h·d_head)
+    W_O: np.ndarray   # (h·d_head, d_model)
+    b_Q: np.ndarray   # (h·d_head,)
+    b_K: np.ndarray   # (h·d_head,)
+    b_V: np.ndarray   # (h·d_head,)
+    b_O: np.ndarray   # (d_model,)
+    n_heads: int
+
+    def __post_init__(self):
+        as_positive_int("n_heads", self.n_heads)
+        for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"):
+            object.__setattr__(self, name, as_float_array(name, getattr(self, name)))
+        d_model, width = self.W_Q.shape if self.W_Q.ndim == 2 else (None, None)
+        if d_model is None:
+            raise ValueError(f"W_Q must be 2-D (d_model, n_heads·d_head), got shape {self.W_Q.shape}")
+        if width % self.n_heads:
+            raise ValueError(f"W_Q has {width} columns, which n_heads={self.n_heads} does not divide")
+        expected = {"W_Q": (d_model, width), "W_K": (d_model, width), "W_V": (d_model, width),
+                    "W_O": (width, d_model), "b_Q": (width,), "b_K": (width,), "b_V": (width,),
+                    "b_O": (d_model,)}
+        for name, shape in expected.items():
+            got = getattr(self, name).shape
+            if got != shape:
+                raise ValueError(f"{name} must have shape {shape} to match W_Q {self.W_Q.shape}, got {got}")
+
+    @classmethod
+    def init(cls, config: AttentionConfig, *, rng: np.random.Generator, std: float = 0.02,
+             dtype=np.float32) -> "MultiHeadAttention":
+        """Random weights from N(0, std²), as GPT-2 initialises them; zero biases."""
+        if not isinstance(rng, np.random.Generator):
+            raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+        d, w = config.d_model, config.n_heads * config.d_head
+        draw = lambda *shape: rng.normal(0.0, std, shape).astype(dtype)   # noqa: E731
+        zeros = lambda n: np.zeros(n, dtype)                               # noqa: E731
+        return cls(W_Q=draw(d, w), W_K=draw(d, w), W_V=draw(d, w), W_O=draw(w, d),
+                   b_Q=zeros(w), b_K=zeros(w), b_V=zeros(w), b_O=zeros(d), n_heads=config.n_heads)
+
+    @classmethod
+    def from_gpt2(cls, c_attn_weight, c_attn_bias, c_proj_weight, c_proj_bias, n_heads: int):
+        """From GPT-2's fused layout: c_attn (d_model, 3·d_model) holds W_Q | W_K | W_V side by side."""
+        c_attn_weight = as_float_array("c_attn_weight", c_attn_weight)
+        c_attn_bias = as_float_array("c_attn_bias", c_attn_bias)
+        if c_attn_weight.ndim != 2 or c_attn_weight.shape[1] % 3:
+            raise ValueError(f"c_attn_weight must be (d_model, 3·width), got shape {c_attn_weight.shape}")
+        if c_attn_bias.shape != (c_attn_weight.shape[1],):
+            raise ValueError(f"c_attn_bias must have shape ({c_attn_weight.shape[1]},) to match c_attn_weight, "
+                             f"got {c_attn_bias.shape}")
+        W_Q, W_K, W_V = np.split(c_attn_weight, 3, axis=1)   # (d_model, width) each
+        b_Q, b_K, b_V = np.split(c_attn_bias, 3)               # (width,) each
+        return cls(W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=c_proj_weight, b_Q=b_Q, b_K=b_K, b_V=b_V,
+                   b_O=c_proj_bias, n_heads=n_heads)
+
+    @property
+    def config(self) -> AttentionConfig:
+        d_model, width = self.W_Q.shape
+        return AttentionConfig(d_model=d_model, n_heads=self.n_heads, d_head=width // self.n_heads)
+
+    @property
+    def n_params(self) -> int:
+        """Every number in the layer: four matrices and four biases."""
+        return sum(getattr(self, n).size for n in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"))
+
+    def __call__(self, x, *, mask=None, is_causal=False, return_weights=False):
+        return multihead_attention(self, x, mask=mask, is_causal=is_causal, return_weights=return_weights)
+
+
+def multihead_attention(p: MultiHeadAttention, x, *, mask=None, is_causal=False, return_weights=False):
+    """x (..., n, d_model) -> (..., n, d_model); with ``return_weights`` also (..., n_heads, n, n).
+
+    ``mask`` is bool, True = may attend, broadcasting to (..., n_heads, n, n).
+    """
+    x = as_float_array("x", x, min_ndim=2)
+    if x.shape[-1] != p.W_Q.shape[0]:
+        raise ValueError(f"x has width {x.shape[-1]}, the layer's d_model is {p.W_Q.shape[0]}; they must match")
+    q = split_heads(x @ p.W_Q + p.b_Q, p.n_heads)    # (..., h, n, d_head)
+    k = split_heads(x @ p.W_K + p.b_K, p.n_heads)    # (..., h, n, d_head)
+    v = split_heads(x @ p.W_V + p.b_V, p.n_heads)    # (..., h, n, d_head)
+    out = attention(q, k, v, mask=mask, is_causal=is_causal, return_weights=return_weights)
+    heads, a = out if return_weights else (out, None)   # (..., h, n, d_head), (..., h, n, n)
+    y = merge_heads(heads) @ p.W_O + p.b_O           # (..., n, d_model)
+    return (y, a) if return_weights else y

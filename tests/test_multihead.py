@@ -1,0 +1,92 @@
+import numpy as np
+import pytest
+
+from attnlab import GPT2_SMALL, AttentionConfig, MultiHeadAttention, attention, merge_heads, split_heads
+
+
+def test_gpt2_small_config_and_parameter_counts(rng):
+    assert (GPT2_SMALL.d_model, GPT2_SMALL.n_heads, GPT2_SMALL.d_head, GPT2_SMALL.n_ctx) == (768, 12, 64, 1024)
+    assert GPT2_SMALL.n_params == 2_359_296
+    assert GPT2_SMALL.n_params_with_bias == 2_362_368
+    layer = MultiHeadAttention.init(GPT2_SMALL, rng=rng)
+    assert layer.n_params == 2_362_368
+
+
+def test_guide_multihead_shapes():
+    # the guide's block: n = 5, d_model 768, h 12, seed 0
+    rng = np.random.default_rng(0)
+    n, d_model, h = 5, 768, 12
+    x = rng.normal(size=(n, d_model))
+    WQ, WK, WV, WO = (rng.normal(0, 0.02, (d_model, d_model)) for _ in range(4))
+    zeros = np.zeros(d_model)
+    layer = MultiHeadAttention(WQ, WK, WV, WO, zeros, zeros, zeros, zeros, n_heads=h)
+    y, a = layer(x, is_causal=True, return_weights=True)
+    assert y.shape == (5, 768) and a.shape == (12, 5, 5)
+    # the guide's own computation
+    q, k, v = split_heads(x @ WQ, h), split_heads(x @ WK, h), split_heads(x @ WV, h)
+    assert q.shape == (12, 5, 64)
+    M = np.triu(np.full((n, n), -np.inf), k=1)
+    s = q @ k.transpose(0, 2, 1) / 8 + M
+    A = np.exp(s - s.max(-1, keepdims=True))
+    A /= A.sum(-1, keepdims=True)
+    joined = (A @ v).transpose(1, 0, 2).reshape(n, d_model)
+    np.testing.assert_allclose(a, A, rtol=1e-12)
+    np.testing.assert_allclose(y, joined @ WO, rtol=1e-10, atol=1e-14)
+
+
+def test_split_merge_roundtrip(rng):
+    x = rng.normal(size=(2, 5, 12))
+    h = split_heads(x, 3)
+    assert h.shape == (2, 3, 5, 4)
+    np.testing.assert_array_equal(h[:, 1], x[..., 4:8])
+    np.testing.assert_array_equal(merge_heads(h), x)
+
+
+def test_each_head_is_plain_attention(rng):
+    cfg = AttentionConfig(d_model=16, n_heads=4)
+    layer = MultiHeadAttention.init(cfg, rng=rng, dtype=np.float64)
+    x = rng.normal(size=(6, 16))
+    _, a = layer(x, return_weights=True)
+    for i in range(4):
+        cols = slice(4 * i, 4 * i + 4)
+        _, a_i = attention(x @ layer.W_Q[:, cols], x @ layer.W_K[:, cols], x @ layer.W_V[:, cols],
+                           return_weights=True)
+        np.testing.assert_allclose(a[i], a_i, rtol=1e-12)
+
+
+def test_from_gpt2_splits_fused_layout(rng):
+    d = 8
+    c_attn_w, c_attn_b = rng.normal(size=(d, 3 * d)), rng.normal(size=3 * d)
+    c_proj_w, c_proj_b = rng.normal(size=(d, d)), rng.normal(size=d)
+    layer = MultiHeadAttention.from_gpt2(c_attn_w, c_attn_b, c_proj_w, c_proj_b, n_heads=2)
+    np.testing.assert_array_equal(layer.W_K, c_attn_w[:, d:2 * d])
+    np.testing.assert_array_equal(layer.b_V, c_attn_b[2 * d:])
+    assert layer.config == AttentionConfig(d_model=8, n_heads=2, d_head=4)
+    x = rng.normal(size=(3, d))
+    qkv = x @ c_attn_w + c_attn_b
+    q, k, v = (split_heads(t, 2) for t in np.split(qkv, 3, axis=-1))
+    ref = merge_heads(attention(q, k, v, is_causal=True)) @ c_proj_w + c_proj_b
+    np.testing.assert_allclose(layer(x, is_causal=True), ref, rtol=1e-12)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match=r"d_model \(10\) must be divisible by n_heads \(3\)"):
+        AttentionConfig(d_model=10, n_heads=3)
+    with pytest.raises(ValueError, match="n_heads must be a positive integer, got 0"):
+        AttentionConfig(d_model=10, n_heads=0)
+    assert AttentionConfig(d_model=10, n_heads=3, d_head=4).d_head == 4
+    with pytest.raises(AttributeError):
+        GPT2_SMALL.d_model = 5
+
+
+def test_layer_validation(rng):
+    with pytest.raises(TypeError, match="rng must be a numpy.random.Generator"):
+        MultiHeadAttention.init(GPT2_SMALL, rng=0)
+    layer = MultiHeadAttention.init(AttentionConfig(d_model=8, n_heads=2), rng=rng)
+    with pytest.raises(ValueError, match="x has width 6, the layer's d_model is 8"):
+        layer(rng.normal(size=(3, 6)))
+    with pytest.raises(ValueError, match=r"W_O must have shape \(8, 8\)"):
+        MultiHeadAttention(layer.W_Q, layer.W_K, layer.W_V, layer.W_O[:4], layer.b_Q, layer.b_K, layer.b_V,
+                           layer.b_O, n_heads=2)
+    with pytest.raises(ValueError, match="c_attn_weight must be"):
+        MultiHeadAttention.from_gpt2(np.ones((4, 7)), np.ones(7), np.ones((4, 4)), np.ones(4), 2)
