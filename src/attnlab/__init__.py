@@ -17,6 +17,7 @@ Axis letters, used in every shape comment::
 """
 
 from .attention import attention
+from .attnmap import AttentionMap
 from .config import GPT2_SMALL, AttentionConfig
 from .masks import additive_mask, causal_mask
 from .multihead import MultiHeadAttention, merge_heads, multihead_attention, split_heads
@@ -27,6 +28,7 @@ __version__ = "0.1.0"
 __all__ = [
     "GPT2_SMALL",
     "AttentionConfig",
+    "AttentionMap",
     "MultiHeadAttention",
     "additive_mask",
     "attention",
