@@ -15,6 +15,7 @@ from ._checks import as_float_array, as_positive_int
 from .attention import attention, attention_grad
 from .cache import KVCache
 from .config import AttentionConfig
+from .positions import rope as rotate
 
 
 def split_heads(x: np.ndarray, n_heads: int) -> np.ndarray:
@@ -102,30 +103,33 @@ class MultiHeadAttention:
         return KVCache.empty(self.n_heads, capacity, self.W_Q.shape[1] // self.n_heads,
                              batch_shape=batch_shape, dtype=np.result_type(self.W_K, np.float32))
 
-    def __call__(self, x, *, mask=None, is_causal=False, return_weights=False, cache: KVCache | None = None):
-        return multihead_attention(self, x, mask=mask, is_causal=is_causal, return_weights=return_weights,
-                                   cache=cache)
+    def __call__(self, x, *, mask=None, bias=None, is_causal=False, rope=False, return_weights=False,
+                 cache: KVCache | None = None):
+        return multihead_attention(self, x, mask=mask, bias=bias, is_causal=is_causal, rope=rope,
+                                   return_weights=return_weights, cache=cache)
 
 
-def multihead_attention(p: MultiHeadAttention, x, *, mask=None, is_causal=False, return_weights=False,
-                        cache: KVCache | None = None):
+def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_causal=False, rope=False,
+                        return_weights=False, cache: KVCache | None = None):
     """x (..., n, d_model) -> (..., n, d_model); with ``return_weights`` also (..., n_heads, n, n_k).
 
-    ``mask`` is bool, True = may attend, broadcasting to (..., n_heads, n, n_k). With a ``cache``, the
-    new tokens' keys and values are appended to it and the n queries attend to all n_k cached tokens
+    ``mask`` is bool, True = may attend, broadcasting to (..., n_heads, n, n_k); ``bias`` is added to the
+    scaled scores and broadcasts the same way (ALiBi: :func:`attnlab.positions.alibi_bias`). ``rope=True``
+    rotates every head's q and k at their absolute positions (:func:`attnlab.positions.rope`). With a
+    ``cache``, the new tokens sit after the ``cache.length`` cached ones: they are rotated at those
+    positions, their keys and values are appended, and the n queries attend to all n_k cached tokens
     (bottom-right causal alignment: the queries are the last n positions).
     """
     x = _check_x(p, x)
-    q = split_heads(x @ p.W_Q + p.b_Q, p.n_heads)    # (..., h, n, d_head)
-    k = split_heads(x @ p.W_K + p.b_K, p.n_heads)    # (..., h, n, d_head)
-    v = split_heads(x @ p.W_V + p.b_V, p.n_heads)    # (..., h, n, d_head)
+    start = 0 if cache is None else cache.length
+    q, k, v = _project(p, x, rope=rope, start=start)   # (..., h, n, d_head) each
     if cache is None:
-        out = attention(q, k, v, mask=mask, is_causal=is_causal, return_weights=return_weights)
+        out = attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal, return_weights=return_weights)
     else:
         before = cache.length
         k, v = cache.append(k, v)                    # (..., h, n_k, d_head) each: every token so far
         try:
-            out = attention(q, k, v, mask=mask, is_causal=is_causal, return_weights=return_weights)
+            out = attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal, return_weights=return_weights)
         except Exception:
             cache.length = before                    # a failed step leaves the cache as it was
             raise
@@ -134,21 +138,21 @@ def multihead_attention(p: MultiHeadAttention, x, *, mask=None, is_causal=False,
     return (y, a) if return_weights else y
 
 
-def multihead_attention_grad(p: MultiHeadAttention, x, dy, *, mask=None, is_causal=False):
+def multihead_attention_grad(p: MultiHeadAttention, x, dy, *, mask=None, bias=None, is_causal=False,
+                             rope=False):
     """Backward of :func:`multihead_attention` (no cache): returns ``(dx, grads)``.
 
     ``grads`` is a MultiHeadAttention holding dL/dW_Q, …, dL/db_O, so it can be used like the
-    parameters themselves (an optimizer walks both alike). The forward is recomputed here.
+    parameters themselves (an optimizer walks both alike). The forward is recomputed here. ``bias`` is
+    treated as a constant (ALiBi's is fixed); ``rope`` must be what the forward used.
     """
     x = _check_x(p, x)
     dy = as_float_array("dy", dy)
     if dy.shape != x.shape:
         raise ValueError(f"dy must have the shape of x {x.shape}, got {dy.shape}")
     d_model, width = p.W_Q.shape
-    q = split_heads(x @ p.W_Q + p.b_Q, p.n_heads)          # (..., h, n, d_head)
-    k = split_heads(x @ p.W_K + p.b_K, p.n_heads)          # (..., h, n, d_head)
-    v = split_heads(x @ p.W_V + p.b_V, p.n_heads)          # (..., h, n, d_head)
-    heads = attention(q, k, v, mask=mask, is_causal=is_causal)   # (..., h, n, d_head)
+    q, k, v = _project(p, x, rope=rope)                    # (..., h, n, d_head) each
+    heads = attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal)   # (..., h, n, d_head)
     merged = merge_heads(heads)                            # (..., n, h·d_head)
     # forward: y = merged @ W_O + b_O
     dy2 = dy.reshape(-1, d_model)                          # (N, d_model), N = all tokens
@@ -156,7 +160,11 @@ def multihead_attention_grad(p: MultiHeadAttention, x, dy, *, mask=None, is_caus
     db_O = dy2.sum(0)                                      # (d_model,)
     d_merged = dy @ p.W_O.T                                # (..., n, h·d_head)
     # forward: heads = attention(q, k, v)
-    dq, dk, dv = attention_grad(q, k, v, split_heads(d_merged, p.n_heads), mask=mask, is_causal=is_causal)
+    dq, dk, dv = attention_grad(q, k, v, split_heads(d_merged, p.n_heads), mask=mask, bias=bias,
+                                is_causal=is_causal)
+    if rope:
+        # forward: q = rope(q), k = rope(k); a rotation's transpose is the inverse rotation
+        dq, dk = rotate(dq, inverse=True), rotate(dk, inverse=True)   # (..., h, n, d_head) each
     # forward: q = split_heads(x @ W_Q + b_Q), likewise k and v
     x2 = x.reshape(-1, d_model)                            # (N, d_model)
     grads, dx = {}, np.zeros_like(x)
@@ -166,6 +174,16 @@ def multihead_attention_grad(p: MultiHeadAttention, x, dy, *, mask=None, is_caus
         grads[f"b_{name}"] = d_lin.reshape(-1, width).sum(0)   # (h·d_head,)
         dx += d_lin @ getattr(p, f"W_{name}").T            # (..., n, d_model)
     return dx, MultiHeadAttention(**grads, W_O=dW_O, b_O=db_O, n_heads=p.n_heads)
+
+
+def _project(p: MultiHeadAttention, x: np.ndarray, *, rope: bool, start: int = 0):
+    """q, k, v (..., h, n, d_head) of x; with ``rope``, q and k rotated at positions start, start + 1, …"""
+    q = split_heads(x @ p.W_Q + p.b_Q, p.n_heads)    # (..., h, n, d_head)
+    k = split_heads(x @ p.W_K + p.b_K, p.n_heads)    # (..., h, n, d_head)
+    v = split_heads(x @ p.W_V + p.b_V, p.n_heads)    # (..., h, n, d_head)
+    if rope:
+        q, k = rotate(q, start=start), rotate(k, start=start)   # (..., h, n, d_head) each
+    return q, k, v
 
 
 def _check_x(p: MultiHeadAttention, x) -> np.ndarray:

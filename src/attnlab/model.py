@@ -1,0 +1,259 @@
+"""A small attention-only language model: the guide's pieces stacked, and trained.
+
+    x = W_E[ids] + positions                      (B, n, d_model)   the guide's X, with W_P or sinusoids
+    x = x + MultiHeadAttention(x, causal)          × n_layers        attention with W_O, and a residual
+    logits = x @ W_U + b_U                         (B, n, vocab)     one prediction per position
+    loss = cross-entropy of the next token
+
+RoPE and ALiBi add nothing to x: they act inside attention (rotated q and k; a bias on the scores).
+There is no MLP and no layer norm: the guide's attention and nothing else, so what the model learns
+beyond the bigram floor it learns by looking back. The backward pass is written by hand, each line
+naming the forward line it undoes, and uses :func:`attnlab.multihead_attention_grad`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+
+from ._checks import as_float_array, as_positive_int
+from .cache import KVCache
+from .config import AttentionConfig
+from .multihead import MultiHeadAttention, multihead_attention, multihead_attention_grad
+from .positions import alibi_bias, alibi_slopes, check_scheme, learned_positions, sinusoidal_positions
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The sizes of the model. Defaults are small enough to train in numpy in a minute."""
+    vocab_size: int                  # distinct tokens (characters or words) of the training text
+    d_model: int = 64                # width of each token's vector
+    n_heads: int = 4                 # heads per layer; d_head = d_model / n_heads
+    n_layers: int = 2                # two layers let a head build on what an earlier one moved
+    n_ctx: int = 64                  # tokens per training window; the learned table has this many rows
+    positions: str = "learned"       # learned | sinusoidal | rope | alibi
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "n_ctx"):
+            as_positive_int(name, getattr(self, name))
+        check_scheme(self.positions)
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.positions == "rope" and self.d_head % 2:
+            raise ValueError(f"rope needs an even d_head (features rotate in pairs), got {self.d_head}")
+        if self.positions == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"sinusoidal positions need an even d_model (sin and cos pairs), got {self.d_model}")
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def attention(self) -> AttentionConfig:
+        return AttentionConfig(d_model=self.d_model, n_heads=self.n_heads, n_ctx=self.n_ctx)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ModelConfig":
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError(f"a model config must be a JSON object, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        if set(data) - known:
+            raise ValueError(f"unknown model config fields {sorted(set(data) - known)}; expected {sorted(known)}")
+        return cls(**data)
+
+
+@dataclass(frozen=True, eq=False)
+class Model:
+    """The parameters. Gradients come back in the same structure, so an optimizer walks both alike."""
+    config: ModelConfig
+    W_E: np.ndarray                          # (vocab, d_model) token embeddings
+    W_P: np.ndarray | None                   # (n_ctx, d_model) learned positions, or None for the others
+    layers: tuple[MultiHeadAttention, ...]   # n_layers attention layers, each with W_O
+    W_U: np.ndarray                          # (d_model, vocab) unembedding
+    b_U: np.ndarray                          # (vocab,)
+
+    def __post_init__(self):
+        c = self.config
+        if not isinstance(c, ModelConfig):
+            raise TypeError(f"config must be a ModelConfig, got {type(c).__name__}")
+        object.__setattr__(self, "layers", tuple(self.layers))
+        if len(self.layers) != c.n_layers:
+            raise ValueError(f"the config has n_layers {c.n_layers}, got {len(self.layers)} layers")
+        expected = {"W_E": (c.vocab_size, c.d_model), "W_U": (c.d_model, c.vocab_size), "b_U": (c.vocab_size,),
+                    "W_P": (c.n_ctx, c.d_model) if c.positions == "learned" else None}
+        for name, shape in expected.items():
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, as_float_array(name, getattr(self, name)))
+            got = None if getattr(self, name) is None else getattr(self, name).shape
+            if got != shape:
+                raise ValueError(f"{name} must have shape {shape} for this config, got {got}")
+        for i, layer in enumerate(self.layers):
+            if not isinstance(layer, MultiHeadAttention):
+                raise TypeError(f"layers[{i}] must be a MultiHeadAttention, got {type(layer).__name__}")
+            if (layer.W_Q.shape, layer.n_heads) != ((c.d_model, c.d_model), c.n_heads):
+                raise ValueError(f"layers[{i}] has W_Q {layer.W_Q.shape} and n_heads {layer.n_heads}, the config "
+                                 f"asks for ({c.d_model}, {c.d_model}) and {c.n_heads}")
+
+    @classmethod
+    def init(cls, config: ModelConfig, *, rng: np.random.Generator, std: float = 0.02,
+             dtype=np.float32) -> "Model":
+        """Weights from N(0, std²) as GPT-2 initialises them, zero biases."""
+        if not isinstance(rng, np.random.Generator):
+            raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+        c = config
+        draw = lambda *shape: rng.normal(0.0, std, shape).astype(dtype)   # noqa: E731
+        layers = tuple(MultiHeadAttention.init(c.attention, rng=rng, std=std, dtype=dtype)
+                       for _ in range(c.n_layers))
+        return cls(config=c, W_E=draw(c.vocab_size, c.d_model),
+                   W_P=draw(c.n_ctx, c.d_model) if c.positions == "learned" else None,
+                   layers=layers, W_U=draw(c.d_model, c.vocab_size), b_U=np.zeros(c.vocab_size, dtype))
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.W_E.dtype
+
+    @property
+    def n_params(self) -> int:
+        return sum(a.size for a in self.params().values())
+
+    def params(self) -> dict[str, np.ndarray]:
+        """Every array by name ("W_E", "layers.0.W_Q", …): the arrays themselves, not copies."""
+        return {name: self._lookup(name) for name in param_names(self.config)}
+
+    def _lookup(self, name: str) -> np.ndarray:
+        if name.startswith("layers."):
+            _, i, field = name.split(".")
+            return getattr(self.layers[int(i)], field)
+        return getattr(self, name)
+
+    @classmethod
+    def from_params(cls, config: ModelConfig, params: dict) -> "Model":
+        """The inverse of :meth:`params`; refuses missing or extra names and wrong shapes."""
+        expected = set(param_names(config))
+        if set(params) != expected:
+            missing, extra = sorted(expected - set(params)), sorted(set(params) - expected)
+            raise ValueError(f"the weights do not fit the config {config}: missing {missing}, extra {extra}")
+        layers = tuple(MultiHeadAttention(**{n: params[f"layers.{i}.{n}"] for n in LAYER_PARAMS},
+                                          n_heads=config.n_heads) for i in range(config.n_layers))
+        return cls(config=config, W_E=params["W_E"], W_P=params.get("W_P"), layers=layers,
+                   W_U=params["W_U"], b_U=params["b_U"])
+
+
+LAYER_PARAMS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
+
+
+def param_names(config: ModelConfig) -> list[str]:
+    """The names :meth:`Model.params` uses, in order: "W_E", ["W_P"], "layers.0.W_Q", …, "W_U", "b_U"."""
+    names = ["W_E"] + (["W_P"] if config.positions == "learned" else [])
+    names += [f"layers.{i}.{n}" for i in range(config.n_layers) for n in LAYER_PARAMS]
+    return names + ["W_U", "b_U"]
+
+
+def check_ids(name: str, ids, vocab_size: int) -> np.ndarray:
+    """Token ids as an integer array of at least one axis, every id in 0 … vocab_size − 1."""
+    arr = np.asarray(ids)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be an integer array of token ids, got dtype {arr.dtype}")
+    if arr.ndim < 1 or arr.shape[-1] < 1:
+        raise ValueError(f"{name} must hold at least one token, got shape {arr.shape}")
+    if arr.min() < 0 or arr.max() >= vocab_size:
+        bad = arr.min() if arr.min() < 0 else arr.max()
+        raise ValueError(f"{name} holds the id {bad}, the vocabulary has ids 0 to {vocab_size - 1}")
+    return arr
+
+
+def embed(model: Model, ids: np.ndarray, *, start: int = 0) -> np.ndarray:
+    """The first layer's input: token rows plus, for learned and sinusoidal, the position rows."""
+    c, n = model.config, ids.shape[-1]
+    x = model.W_E[ids]                                                   # (..., n, d_model)
+    if c.positions == "learned":
+        x = x + learned_positions(model.W_P, n, start=start)             # (..., n, d_model)
+    elif c.positions == "sinusoidal":
+        x = x + sinusoidal_positions(n, c.d_model, start=start, dtype=model.dtype)   # (..., n, d_model)
+    return x
+
+
+def attention_options(model: Model, n: int, n_k: int) -> dict:
+    """What every layer's attention takes: causal, plus RoPE's rotation or ALiBi's bias."""
+    c = model.config
+    bias = None
+    if c.positions == "alibi":
+        bias = alibi_bias(alibi_slopes(c.n_heads), n, n_k).astype(model.dtype)   # (h, n, n_k)
+    return {"is_causal": True, "rope": c.positions == "rope", "bias": bias}
+
+
+def forward(model: Model, ids, *, caches: list[KVCache] | None = None) -> np.ndarray:
+    """Logits (..., n, vocab) for token ids (..., n). With ``caches`` (one per layer, see :func:`new_caches`)
+    the ids are the next tokens after those already cached: one decode step per call."""
+    ids = check_ids("ids", ids, model.config.vocab_size)
+    start = 0 if caches is None else caches[0].length
+    n = ids.shape[-1]
+    opts = attention_options(model, n, start + n)
+    x = embed(model, ids, start=start)                                   # (..., n, d_model)
+    for i, layer in enumerate(model.layers):
+        x = x + multihead_attention(layer, x, cache=None if caches is None else caches[i], **opts)
+    return x @ model.W_U + model.b_U                                     # (..., n, vocab)
+
+
+def new_caches(model: Model, capacity: int, *, batch_shape: tuple = ()) -> list[KVCache]:
+    """One empty KV cache per layer, room for ``capacity`` tokens (at most n_ctx with a learned table)."""
+    capacity = as_positive_int("capacity", capacity)
+    if model.config.positions == "learned" and capacity > model.config.n_ctx:
+        learned_positions(model.W_P, capacity)                           # raises: position n_ctx has no row
+    return [layer.new_cache(capacity, batch_shape=batch_shape) for layer in model.layers]
+
+
+def cross_entropy(logits: np.ndarray, targets: np.ndarray) -> tuple[float, np.ndarray]:
+    """Mean of −log p(target) over every position, and its gradient with respect to the logits."""
+    z = logits - logits.max(-1, keepdims=True)                           # (..., vocab) softmax sees differences
+    log_p = z - np.log(np.exp(z).sum(-1, keepdims=True))                 # (..., vocab) log-softmax
+    picked = np.take_along_axis(log_p, targets[..., None], -1)[..., 0]   # (...) log p of each target
+    dlogits = np.exp(log_p)                                              # (..., vocab) predicted probabilities
+    np.put_along_axis(dlogits, targets[..., None], np.take_along_axis(dlogits, targets[..., None], -1) - 1, -1)
+    return float(-picked.mean()), dlogits / targets.size                 # predicted minus correct, over N
+
+
+def loss(model: Model, ids, targets) -> float:
+    """Cross-entropy of ``targets`` (..., n) given ``ids`` (..., n), in nats per token."""
+    targets = check_ids("targets", targets, model.config.vocab_size)
+    return cross_entropy(forward(model, ids), targets)[0]
+
+
+def loss_and_grad(model: Model, ids, targets) -> tuple[float, Model]:
+    """The loss and dL/d every parameter, as a Model of gradients (W_P None unless learned)."""
+    c = model.config
+    ids = check_ids("ids", ids, c.vocab_size)
+    targets = check_ids("targets", targets, c.vocab_size)
+    if targets.shape != ids.shape:
+        raise ValueError(f"targets must have the shape of ids {ids.shape}, got {targets.shape}")
+    n = ids.shape[-1]
+    opts = attention_options(model, n, n)
+    xs = [embed(model, ids)]                                             # (..., n, d_model) residual stream
+    for layer in model.layers:
+        xs.append(xs[-1] + multihead_attention(layer, xs[-1], **opts))   # (..., n, d_model)
+    value, dlogits = cross_entropy(xs[-1] @ model.W_U + model.b_U, targets)   # (..., n, vocab)
+    # forward: logits = x_L @ W_U + b_U
+    V, d = c.vocab_size, c.d_model
+    dW_U = xs[-1].reshape(-1, d).T @ dlogits.reshape(-1, V)              # (d_model, vocab)
+    db_U = dlogits.reshape(-1, V).sum(0)                                 # (vocab,)
+    dx = dlogits @ model.W_U.T                                           # (..., n, d_model)
+    grads = []
+    for layer, x in zip(reversed(model.layers), reversed(xs[:-1])):
+        # forward: x_out = x + multihead_attention(layer, x): the residual passes dx straight through
+        dx_attn, g = multihead_attention_grad(layer, x, dx, **opts)      # (..., n, d_model), layer grads
+        dx = dx + dx_attn                                                # (..., n, d_model)
+        grads.append(g)
+    # forward: x_0 = W_E[ids] + W_P[0 … n−1]
+    dW_E = np.zeros_like(model.W_E)                                      # (vocab, d_model)
+    np.add.at(dW_E, ids.reshape(-1), dx.reshape(-1, d))                  # each token's row gets its positions'
+    dW_P = None
+    if c.positions == "learned":
+        dW_P = np.zeros_like(model.W_P)                                  # (n_ctx, d_model)
+        dW_P[:n] = dx.reshape(-1, n, d).sum(0)                           # (n, d_model) summed over the batch
+    return value, Model(config=c, W_E=dW_E, W_P=dW_P, layers=tuple(reversed(grads)), W_U=dW_U, b_U=db_U)
