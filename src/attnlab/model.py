@@ -257,3 +257,38 @@ def loss_and_grad(model: Model, ids, targets) -> tuple[float, Model]:
         dW_P = np.zeros_like(model.W_P)                                  # (n_ctx, d_model)
         dW_P[:n] = dx.reshape(-1, n, d).sum(0)                           # (n, d_model) summed over the batch
     return value, Model(config=c, W_E=dW_E, W_P=dW_P, layers=tuple(reversed(grads)), W_U=dW_U, b_U=db_U)
+
+
+def generate(model: Model, prompt, n_tokens: int, *, rng: np.random.Generator,
+             temperature: float = 1.0) -> np.ndarray:
+    """Sample ``n_tokens`` ids after ``prompt`` (n,), one decode step per token through the KV cache.
+
+    The prompt goes through in one pass; each sampled token then costs one query against the cache.
+    ``temperature`` divides the logits (0 = always the most likely token). With a learned position table
+    the prompt plus the new tokens must fit its n_ctx rows.
+    """
+    prompt = check_ids("prompt", prompt, model.config.vocab_size)
+    if prompt.ndim != 1:
+        raise ValueError(f"prompt must be 1-D (n,), got shape {prompt.shape}")
+    n_tokens = as_positive_int("n_tokens", n_tokens)
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+        raise ValueError(f"temperature must be a number ≥ 0, got {temperature!r}")
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    caches = new_caches(model, prompt.size + n_tokens)
+    logits = forward(model, prompt, caches=caches)[-1]                   # (vocab,) after the whole prompt
+    out = np.empty(n_tokens, np.int64)                                   # (n_tokens,)
+    for t in range(n_tokens):
+        out[t] = sample(logits, temperature, rng)
+        if t + 1 < n_tokens:
+            logits = forward(model, out[t:t + 1], caches=caches)[-1]     # (vocab,) one decode step
+    return out
+
+
+def sample(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> int:
+    """One id from softmax(logits / temperature); temperature 0 takes the argmax."""
+    if temperature == 0:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64) / temperature                          # (vocab,)
+    p = np.exp(z - z.max())                                              # (vocab,)
+    return int(rng.choice(p.size, p=p / p.sum()))

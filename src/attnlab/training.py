@@ -1,0 +1,134 @@
+"""Training the model: random windows of the text, the hand-written backward, and Adam.
+
+Everything random comes from the ``rng`` passed in, so a seed gives the same run twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._checks import as_positive_float, as_positive_int
+from .model import Model, check_ids, loss, loss_and_grad
+
+
+@dataclass(frozen=True)
+class AdamConfig:
+    """Adam's settings (Kingma & Ba, 2015). The betas and eps are the paper's; lr suits these small models."""
+    lr: float = 3e-3        # small models in float32 train fast and stay stable at this rate
+    beta1: float = 0.9      # decay of the running mean of gradients
+    beta2: float = 0.999    # decay of the running mean of squared gradients
+    eps: float = 1e-8       # keeps the step finite where a gradient has been ~0
+
+    def __post_init__(self):
+        as_positive_float("lr", self.lr)
+        as_positive_float("eps", self.eps)
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+
+
+@dataclass(eq=False)
+class AdamState:
+    """Adam's running means, one pair of arrays per parameter, and the step count."""
+    m: dict[str, np.ndarray]
+    v: dict[str, np.ndarray]
+    t: int = 0
+
+    @classmethod
+    def zeros(cls, params: dict[str, np.ndarray]) -> "AdamState":
+        return cls(m={k: np.zeros_like(a) for k, a in params.items()},
+                   v={k: np.zeros_like(a) for k, a in params.items()})
+
+
+def adam_step(params: dict[str, np.ndarray], grads: dict[str, np.ndarray], state: AdamState,
+              config: AdamConfig = AdamConfig()) -> None:
+    """One Adam update of every array in ``params``, in place."""
+    state.t += 1
+    c = config
+    correction = np.sqrt(1 - c.beta2 ** state.t) / (1 - c.beta1 ** state.t)   # both bias corrections at once
+    for name, p in params.items():
+        g, m, v = grads[name], state.m[name], state.v[name]
+        m *= c.beta1
+        m += (1 - c.beta1) * g                            # running mean of g
+        v *= c.beta2
+        v += (1 - c.beta2) * g * g                        # running mean of g²
+        p -= (c.lr * correction) * m / (np.sqrt(v) + c.eps)
+
+
+def check_text_length(ids: np.ndarray, n_ctx: int, what: str = "the training text") -> None:
+    """A window of n_ctx inputs needs n_ctx + 1 tokens (inputs and their next tokens)."""
+    if len(ids) < n_ctx + 1:
+        raise ValueError(f"{what} has {len(ids)} tokens, fewer than the context {n_ctx} plus one; "
+                         "use a shorter context or a longer text")
+
+
+def sample_batch(ids: np.ndarray, n_ctx: int, batch_size: int, rng: np.random.Generator):
+    """``batch_size`` random windows: inputs (B, n_ctx) and the next tokens (B, n_ctx)."""
+    check_text_length(ids, n_ctx)
+    starts = rng.integers(0, len(ids) - n_ctx, size=batch_size)          # (B,)
+    rows = starts[:, None] + np.arange(n_ctx + 1)                        # (B, n_ctx + 1)
+    window = ids[rows]                                                   # (B, n_ctx + 1)
+    return window[:, :-1], window[:, 1:]                                 # (B, n_ctx) each
+
+
+def evaluate(model: Model, ids) -> float:
+    """Mean cross-entropy (nats per token) of predicting every token of ``ids`` after the first.
+
+    The text is cut into windows of n_ctx + 1 tokens that overlap by one, so every token is predicted
+    exactly once, from the earlier tokens of its window.
+    """
+    ids = check_ids("ids", ids, model.config.vocab_size)
+    if ids.ndim != 1 or ids.size < 2:
+        raise ValueError(f"ids must be 1-D with at least 2 tokens to predict one, got shape {ids.shape}")
+    n_ctx = model.config.n_ctx
+    n_full = (ids.size - 1) // n_ctx                                      # whole windows
+    total, count = 0.0, 0
+    if n_full:
+        rows = np.arange(n_full)[:, None] * n_ctx + np.arange(n_ctx + 1)  # (W, n_ctx + 1)
+        w = ids[rows]                                                     # (W, n_ctx + 1)
+        for chunk in np.array_split(w, max(1, n_full // 64)):             # (≤ 64-ish, n_ctx + 1) at a time
+            total += loss(model, chunk[:, :-1], chunk[:, 1:]) * chunk[:, 1:].size
+            count += chunk[:, 1:].size
+    rest = ids[n_full * n_ctx:]                                           # (r + 1,) the last partial window
+    if rest.size > 1:
+        total += loss(model, rest[:-1], rest[1:]) * (rest.size - 1)
+        count += rest.size - 1
+    return total / count
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one training step reports."""
+    step: int          # 1-based
+    loss: float        # the batch's loss before the update
+    tokens: int        # tokens predicted in this step
+
+
+def training_steps(model: Model, ids, *, steps: int, batch_size: int, rng: np.random.Generator,
+                   adam: AdamConfig = AdamConfig(), state: AdamState | None = None):
+    """Train ``model`` in place on ``ids`` (n,), yielding a :class:`Step` after each update.
+
+    A generator, so the caller decides what to show and when to save; stopping the loop early leaves a
+    model that is whole after its last completed step.
+    """
+    ids = check_ids("ids", ids, model.config.vocab_size)
+    steps = as_positive_int("steps", steps)
+    batch_size = as_positive_int("batch_size", batch_size)
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    check_text_length(ids, model.config.n_ctx)
+    params = model.params()
+    state = AdamState.zeros(params) if state is None else state
+    for step in range(1, steps + 1):
+        x, y = sample_batch(ids, model.config.n_ctx, batch_size, rng)   # (B, n_ctx) each
+        value, grads = loss_and_grad(model, x, y)
+        adam_step(params, grads.params(), state, adam)
+        yield Step(step=step, loss=value, tokens=y.size)
+
+
+def train(model: Model, ids, *, steps: int, batch_size: int, rng: np.random.Generator,
+          adam: AdamConfig = AdamConfig()) -> list[float]:
+    """Run :func:`training_steps` to the end; the batch losses, step by step."""
+    return [s.loss for s in training_steps(model, ids, steps=steps, batch_size=batch_size, rng=rng, adam=adam)]
