@@ -13,8 +13,7 @@ naming the forward line it undoes, and uses :func:`attnlab.multihead_attention_g
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -53,19 +52,6 @@ class ModelConfig:
     @property
     def attention(self) -> AttentionConfig:
         return AttentionConfig(d_model=self.d_model, n_heads=self.n_heads, n_ctx=self.n_ctx)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> "ModelConfig":
-        data = json.loads(text)
-        if not isinstance(data, dict):
-            raise ValueError(f"a model config must be a JSON object, got {type(data).__name__}")
-        known = {f.name for f in fields(cls)}
-        if set(data) - known:
-            raise ValueError(f"unknown model config fields {sorted(set(data) - known)}; expected {sorted(known)}")
-        return cls(**data)
 
 
 @dataclass(frozen=True, eq=False)
@@ -264,25 +250,38 @@ def generate(model: Model, prompt, n_tokens: int, *, rng: np.random.Generator,
     """Sample ``n_tokens`` ids after ``prompt`` (n,), one decode step per token through the KV cache.
 
     The prompt goes through in one pass; each sampled token then costs one query against the cache.
-    ``temperature`` divides the logits (0 = always the most likely token). With a learned position table
-    the prompt plus the new tokens must fit its n_ctx rows.
+    The model sees at most n_ctx tokens, as in training: when the cache is full it is emptied and the
+    last n_ctx / 2 tokens are read again in one pass, then decoding goes on. ``temperature`` divides the
+    logits (0 = always the most likely token). The prompt must fit n_ctx (with a learned table, the error
+    names the position that has no row).
     """
-    prompt = check_ids("prompt", prompt, model.config.vocab_size)
+    c = model.config
+    prompt = check_ids("prompt", prompt, c.vocab_size)
     if prompt.ndim != 1:
         raise ValueError(f"prompt must be 1-D (n,), got shape {prompt.shape}")
+    if prompt.size > c.n_ctx:
+        if c.positions == "learned":
+            learned_positions(model.W_P, prompt.size)                   # raises: position n_ctx has no row
+        raise ValueError(f"the prompt has {prompt.size} tokens, more than the model's context n_ctx {c.n_ctx}")
     n_tokens = as_positive_int("n_tokens", n_tokens)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
-        raise ValueError(f"temperature must be a number ≥ 0, got {temperature!r}")
+        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
-    caches = new_caches(model, prompt.size + n_tokens)
-    logits = forward(model, prompt, caches=caches)[-1]                   # (vocab,) after the whole prompt
-    out = np.empty(n_tokens, np.int64)                                   # (n_tokens,)
-    for t in range(n_tokens):
-        out[t] = sample(logits, temperature, rng)
-        if t + 1 < n_tokens:
-            logits = forward(model, out[t:t + 1], caches=caches)[-1]     # (vocab,) one decode step
-    return out
+    tokens = np.concatenate([prompt, np.empty(n_tokens, prompt.dtype)])   # (n + n_tokens,)
+    caches = new_caches(model, c.n_ctx)
+    logits = forward(model, prompt, caches=caches)[-1]                     # (vocab,) after the whole prompt
+    for t in range(prompt.size, tokens.size):
+        tokens[t] = sample(logits, temperature, rng)
+        if t + 1 == tokens.size:
+            break
+        if caches[0].length == c.n_ctx:                                    # full: re-read the recent half
+            for cache in caches:
+                cache.reset()
+            logits = forward(model, tokens[t + 1 - max(1, c.n_ctx // 2):t + 1], caches=caches)[-1]
+        else:
+            logits = forward(model, tokens[t:t + 1], caches=caches)[-1]    # (vocab,) one decode step
+    return tokens[prompt.size:]
 
 
 def sample(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> int:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import as_float_array, as_positive_int
+from ._checks import as_choice, as_float_array, as_positive_int
 
 POSITION_SCHEMES = ("learned", "sinusoidal", "rope", "alibi")
 ROPE_BASE = 10000.0        # θ's base in Su et al. (2021), the same 10,000 as the sinusoids'
@@ -28,9 +28,7 @@ ROPE_BASE = 10000.0        # θ's base in Su et al. (2021), the same 10,000 as t
 
 def check_scheme(positions: str) -> str:
     """``positions`` if it names a scheme in :data:`POSITION_SCHEMES`, else a ValueError listing them."""
-    if positions not in POSITION_SCHEMES:
-        raise ValueError(f"positions must be one of {', '.join(POSITION_SCHEMES)}, got {positions!r}")
-    return positions
+    return as_choice("positions", positions, POSITION_SCHEMES)
 
 
 def position_ids(n: int, *, start: int = 0, n_max: int | None = None) -> np.ndarray:

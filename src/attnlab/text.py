@@ -1,7 +1,8 @@
 """Text for the language model: a character- or word-level vocabulary, and a held-out tail.
 
-The guide's toy text is the default: 128 characters from Guide 1, where the next-character floor with
-one character of context is 0.884 nats.
+The guide's toy text (:data:`attnlab.guide.toy.TOY_TEXT`) is the default: 128 characters from Guide 1,
+where the next-character floor with one character of context is 0.884 nats. Splitting text into tokens
+is :func:`attnlab.guide.ngrams.encode`'s, so the model and the n-gram floors count the same tokens.
 """
 
 from __future__ import annotations
@@ -11,10 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-LEVELS = ("char", "word")
-
-TOY_TEXT = ("the cat sat on the mat and the dog sat on the log and the "
-            "cat saw the dog then the dog ran to the cat and the cat ran on the mat")   # the guide's `text`
+from ._checks import as_choice
+from .guide.ngrams import LEVELS, encode
 
 
 def read_text(path) -> str:
@@ -24,15 +23,6 @@ def read_text(path) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{path} is not UTF-8 text: byte {e.start} is {data[e.start:e.start + 1]!r}") from None
-
-
-def split_text(text: str, level: str) -> list[str]:
-    """The tokens of ``text``: its characters, or its whitespace-separated words (the guide's ``text.split()``)."""
-    if not isinstance(text, str):
-        raise TypeError(f"text must be a str, got {type(text).__name__}")
-    if level not in LEVELS:
-        raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
-    return list(text) if level == "char" else text.split()
 
 
 @dataclass(frozen=True)
@@ -48,8 +38,7 @@ class Vocab:
 
     def __post_init__(self):
         object.__setattr__(self, "symbols", tuple(self.symbols))
-        if self.level not in LEVELS:
-            raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {self.level!r}")
+        as_choice("level", self.level, LEVELS)
         if not self.symbols:
             raise ValueError("a vocabulary needs at least one symbol, got none")
         if len(set(self.symbols)) != len(self.symbols) or not all(isinstance(s, str) for s in self.symbols):
@@ -57,10 +46,11 @@ class Vocab:
 
     @classmethod
     def from_text(cls, text: str, level: str = "char") -> "Vocab":
-        tokens = split_text(text, level)
-        if not tokens:
+        """The sorted distinct tokens of ``text``; an empty text is a ValueError."""
+        codes, symbols = encode(text, level)                             # (n,), (V,)
+        if not codes.size:
             raise ValueError(f"the text is empty: it has no {'characters' if level == 'char' else 'words'}")
-        return cls(tuple(sorted(set(tokens))), level)
+        return cls(symbols, level)
 
     @property
     def size(self) -> int:
@@ -68,12 +58,13 @@ class Vocab:
 
     def encode(self, text: str) -> np.ndarray:
         """Ids (n,) of the tokens of ``text``; a token outside the vocabulary is a ValueError naming it."""
+        codes, symbols = encode(text, self.level)                        # (n,), the text's own symbols
         index = {s: i for i, s in enumerate(self.symbols)}
-        tokens = split_text(text, self.level)
-        unknown = [t for t in tokens if t not in index]
+        unknown = [s for s in symbols if s not in index]
         if unknown:
             raise ValueError(f"{unknown[0]!r} is not in the vocabulary of {self.size} {self.level}s")
-        return np.array([index[t] for t in tokens], np.int64)            # (n,)
+        ours = np.array([index[s] for s in symbols], np.int64)           # (V_text,) text code -> our id
+        return ours[codes]                                               # (n,)
 
     def decode(self, ids) -> str:
         return ("" if self.level == "char" else " ").join(self.symbols[int(i)] for i in ids)

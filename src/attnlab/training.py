@@ -110,8 +110,9 @@ def training_steps(model: Model, ids, *, steps: int, batch_size: int, rng: np.ra
                    adam: AdamConfig = AdamConfig(), state: AdamState | None = None):
     """Train ``model`` in place on ``ids`` (n,), yielding a :class:`Step` after each update.
 
-    A generator, so the caller decides what to show and when to save; stopping the loop early leaves a
-    model that is whole after its last completed step.
+    Returns a generator, so the caller decides what to show and when to save; stopping the loop early
+    leaves a model that is whole after its last completed step. The arguments are checked here, before
+    the first step.
     """
     ids = check_ids("ids", ids, model.config.vocab_size)
     steps = as_positive_int("steps", steps)
@@ -119,6 +120,10 @@ def training_steps(model: Model, ids, *, steps: int, batch_size: int, rng: np.ra
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
     check_text_length(ids, model.config.n_ctx)
+    return _steps(model, ids, steps, batch_size, rng, adam, state)
+
+
+def _steps(model, ids, steps, batch_size, rng, adam, state):
     params = model.params()
     state = AdamState.zeros(params) if state is None else state
     for step in range(1, steps + 1):
@@ -132,3 +137,19 @@ def train(model: Model, ids, *, steps: int, batch_size: int, rng: np.random.Gene
           adam: AdamConfig = AdamConfig()) -> list[float]:
     """Run :func:`training_steps` to the end; the batch losses, step by step."""
     return [s.loss for s in training_steps(model, ids, steps=steps, batch_size=batch_size, rng=rng, adam=adam)]
+
+
+def one_blas_thread():
+    """A context in which BLAS runs on one thread (threadpoolctl), or a no-op without threadpoolctl.
+
+    This model's matrices are small (d_model 64, windows of 64): split over threads, BLAS spends more time
+    waiting for its threads than multiplying, and on a busy 2-core machine a training step was measured ten
+    times slower with 2 threads than with 1 (benchmarks/train_guide.py prints the BLAS in use).
+    """
+    import contextlib
+
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=1, user_api="blas")

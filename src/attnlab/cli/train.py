@@ -1,0 +1,158 @@
+"""attnlab train: a small attention language model on any UTF-8 text, beside the n-gram floors."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ._app import add_json_flag, print_json
+
+FLOOR_MAX_K = 3          # floors shown for k = 0 … 3
+BASELINE_KS = (1, 2)     # the add-α predictors the model is set beside
+ALPHA = 0.1              # add-α smoothing; about the best α for k = 1, 2 on the guide's own text
+
+
+def register(sub) -> None:
+    from ..positions import POSITION_SCHEMES
+
+    p = sub.add_parser("train", help="train a small attention language model on a text and compare it with "
+                       "the n-gram floors")
+    p.add_argument("file", nargs="?", metavar="FILE", help="UTF-8 text (default: the guide's toy text)")
+    p.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
+    p.add_argument("--context", type=int, default=32, help="tokens per window, n_ctx (default 32)")
+    p.add_argument("--layers", type=int, default=2, help="attention layers (default 2)")
+    p.add_argument("--heads", type=int, default=4, help="heads per layer (default 4)")
+    p.add_argument("--d-model", type=int, default=64, help="width of a token's vector (default 64)")
+    p.add_argument("--positions", default="learned", choices=POSITION_SCHEMES, help="position scheme")
+    p.add_argument("--level", default="char", choices=("char", "word"), help="tokens: characters or words")
+    p.add_argument("--batch", type=int, default=16, help="windows per step (default 16)")
+    p.add_argument("--lr", type=float, default=3e-3, help="Adam's learning rate (default 3e-3)")
+    p.add_argument("--heldout", type=float, default=0.1, help="fraction of the text kept for evaluation "
+                   "(default 0.1, its tail)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the one random generator (default 0)")
+    p.add_argument("--out", metavar="DIR", help="save the checkpoint here (every --save-every steps and at the end)")
+    p.add_argument("--save-every", type=int, default=100, help="steps between checkpoints (default 100)")
+    p.add_argument("--resume", action="store_true", help="start from the checkpoint in --out (same "
+                   "configuration and vocabulary required)")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_train)
+
+
+@dataclass(frozen=True)
+class Data:
+    """A text split for training: the vocabulary and the ids of its head and held-out tail."""
+    vocab: object
+    train: np.ndarray       # (n_train,)
+    heldout: np.ndarray     # (n_heldout,)
+
+
+def load_data(file, level: str, heldout: float) -> Data:
+    from ..guide.toy import TOY_TEXT
+    from ..text import Vocab, read_text, split_heldout
+
+    text = TOY_TEXT if file is None else read_text(file)
+    vocab = Vocab.from_text(text, level)
+    train, tail = split_heldout(vocab.encode(text), heldout)
+    return Data(vocab=vocab, train=train, heldout=tail)
+
+
+def comparison(model, data: Data) -> dict:
+    """The model's loss beside the floors and the add-α predictors, on the training and held-out parts."""
+    from ..addalpha import add_alpha_loss
+    from ..guide.ngrams import floors
+    from ..training import evaluate
+
+    parts = {"train": data.train} | ({"heldout": data.heldout} if data.heldout.size > FLOOR_MAX_K + 1 else {})
+    result = {name: {"model": evaluate(model, ids),
+                     "floors": {f.k: f.floor for f in floors(data.vocab.decode(ids), FLOOR_MAX_K,
+                                                             level=data.vocab.level)},
+                     "add_alpha": {k: add_alpha_loss(data.train, ids, k, vocab_size=data.vocab.size, alpha=ALPHA)
+                                   for k in BASELINE_KS}}
+              for name, ids in parts.items()}
+    return result
+
+
+def cmd_train(args) -> int:
+    from ..checkpoint import load_checkpoint, save_checkpoint
+    from ..model import Model, ModelConfig
+    from ..training import AdamConfig, check_text_length, one_blas_thread, training_steps
+
+    if args.save_every < 1:
+        raise ValueError(f"--save-every must be a positive integer, got {args.save_every}")
+    if args.resume and not args.out:
+        raise ValueError("--resume needs --out DIR, the checkpoint to start from")
+    data = load_data(args.file, args.level, args.heldout)
+    config = ModelConfig(vocab_size=data.vocab.size, d_model=args.d_model, n_heads=args.heads,
+                         n_layers=args.layers, n_ctx=args.context, positions=args.positions)
+    check_text_length(data.train, config.n_ctx)
+    rng = np.random.default_rng(args.seed)
+    if args.resume:
+        model, _ = load_checkpoint(args.out, config=config, vocab=data.vocab)
+    else:
+        model = Model.init(config, rng=rng)
+    steps = training_steps(model, data.train, steps=args.steps, batch_size=args.batch, rng=rng,
+                           adam=AdamConfig(lr=args.lr))
+    with one_blas_thread():
+        losses = run_with_progress(steps, args.steps, save=(lambda: save_checkpoint(model, data.vocab, args.out))
+                                   if args.out else None, save_every=args.save_every)
+        figures = comparison(model, data)
+    result = {"config": asdict(config), "steps": args.steps, "train_tokens": int(data.train.size),
+              "heldout_tokens": int(data.heldout.size), "last_batch_loss": losses[-1],
+              "train_loss": figures["train"]["model"], "heldout_loss": figures.get("heldout", {}).get("model"),
+              "floors": {part: f["floors"] for part, f in figures.items()},
+              "add_alpha": {part: f["add_alpha"] for part, f in figures.items()}, "alpha": ALPHA,
+              "out": args.out}
+    if args.json:
+        print_json(result)
+    else:
+        print_table(figures, config)
+        if args.out:
+            print(f"checkpoint: {Path(args.out) / 'model.safetensors'}")
+    return 0
+
+
+def run_with_progress(steps, total: int, *, save, save_every: int) -> list[float]:
+    """Drive the training generator with a rich progress bar on stderr (loss, tokens/s); save as asked."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    losses, tokens, t0 = [], 0, time.perf_counter()
+    columns = (TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
+               TextColumn("{task.fields[rate]} tokens/s"), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("train", total=total, loss="-", rate="-")
+        for s in steps:
+            losses.append(s.loss)
+            tokens += s.tokens
+            rate = tokens / max(time.perf_counter() - t0, 1e-9)
+            bar.update(task, advance=1, loss=f"{s.loss:.3f}", rate=f"{rate:,.0f}")
+            if save is not None and (s.step % save_every == 0 or s.step == total):
+                save()
+    return losses
+
+
+def print_table(figures: dict, config) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    parts = list(figures)
+    table = Table(title=f"Cross-entropy, nats per token ({config.n_layers} layers × {config.n_heads} heads, "
+                        f"d_model {config.d_model}, context {config.n_ctx}, {config.positions} positions)")
+    table.add_column("predictor")
+    for part in parts:
+        table.add_column(part, justify="right")
+    cell = lambda x: "-" if x is None else f"{x:.3f}"   # noqa: E731
+    table.add_row("attention model", *(cell(figures[p]["model"]) for p in parts))
+    for k in BASELINE_KS:
+        table.add_row(f"add-α counts, k = {k} (α = {ALPHA}, fitted on train)",
+                      *(cell(figures[p]["add_alpha"][k]) for p in parts))
+    for k in figures["train"]["floors"]:
+        label = f"floor, k = {k} (counted on that same text)"
+        table.add_row(label, *(cell(figures[p]["floors"].get(k)) for p in parts))
+    Console().print(table)
+    if "heldout" in figures:
+        print("A floor counted on the held-out text itself is only an optimistic bound: it knows the held-out "
+              "counts, which no predictor fitted on the training part can.")
