@@ -20,10 +20,13 @@ class AdamConfig:
     beta1: float = 0.9      # decay of the running mean of gradients
     beta2: float = 0.999    # decay of the running mean of squared gradients
     eps: float = 1e-8       # keeps the step finite where a gradient has been ~0
+    weight_decay: float = 0.0   # decoupled decay, AdamW (Loshchilov & Hutter, 2019): p -= lr · wd · p
 
     def __post_init__(self):
         as_positive_float("lr", self.lr)
         as_positive_float("eps", self.eps)
+        if not (isinstance(self.weight_decay, (int, float)) and 0 <= self.weight_decay < 1 / self.lr):
+            raise ValueError(f"weight_decay must be a number in [0, 1/lr), got {self.weight_decay!r}")
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
@@ -44,7 +47,7 @@ class AdamState:
 
 def adam_step(params: dict[str, np.ndarray], grads: dict[str, np.ndarray], state: AdamState,
               config: AdamConfig = AdamConfig()) -> None:
-    """One Adam update of every array in ``params``, in place."""
+    """One Adam update of every array in ``params``, in place (Kingma & Ba, 2015, Algorithm 1)."""
     state.t += 1
     c = config
     correction = np.sqrt(1 - c.beta2 ** state.t) / (1 - c.beta1 ** state.t)   # both bias corrections at once
@@ -54,6 +57,8 @@ def adam_step(params: dict[str, np.ndarray], grads: dict[str, np.ndarray], state
         m += (1 - c.beta1) * g                            # running mean of g
         v *= c.beta2
         v += (1 - c.beta2) * g * g                        # running mean of g²
+        if c.weight_decay and p.ndim == 2:                # matrices only; biases are not decayed
+            p *= 1 - c.lr * c.weight_decay
         p -= (c.lr * correction) * m / (np.sqrt(v) + c.eps)
 
 

@@ -1,0 +1,142 @@
+"""The language model: whole-model gradient by finite differences, determinism, the toy-text bar, generation."""
+
+import numpy as np
+import pytest
+
+from attnlab.guide.ngrams import floors
+from attnlab.guide.toy import TOY_TEXT
+from attnlab.model import (Model, ModelConfig, check_ids, cross_entropy, forward, generate, loss, loss_and_grad,
+                           param_names)
+from attnlab.positions import POSITION_SCHEMES
+from attnlab.text import Vocab, split_heldout
+from attnlab.training import AdamConfig, AdamState, adam_step, evaluate, sample_batch, train, training_steps
+
+
+def tiny(scheme, rng, dtype=np.float64, std=0.5):
+    config = ModelConfig(vocab_size=5, d_model=8, n_heads=2, n_layers=2, n_ctx=6, positions=scheme)
+    return Model.init(config, rng=rng, std=std, dtype=dtype)
+
+
+@pytest.mark.parametrize("scheme", POSITION_SCHEMES)
+def test_whole_model_gradient_matches_finite_differences(rng, numeric_grad, scheme):
+    model = tiny(scheme, rng)
+    model.b_U[:] = rng.normal(size=5)                         # nonzero biases everywhere
+    for layer in model.layers:
+        for b in (layer.b_Q, layer.b_K, layer.b_V, layer.b_O):
+            b[:] = rng.normal(0, 0.3, size=b.shape)
+    ids, targets = rng.integers(0, 5, (2, 5)), rng.integers(0, 5, (2, 5))
+    value, grads = loss_and_grad(model, ids, targets)
+    assert value == pytest.approx(loss(model, ids, targets), rel=1e-12)
+    f = lambda: loss(model, ids, targets)                     # noqa: E731
+    got, params = grads.params(), model.params()
+    assert list(got) == list(params) == param_names(model.config)
+    for name, p in params.items():
+        np.testing.assert_allclose(got[name], numeric_grad(f, p), rtol=1e-5, atol=1e-9, err_msg=name)
+
+
+def test_cross_entropy_is_minus_log_p_and_its_gradient_is_p_minus_onehot():
+    logits = np.log(np.array([[0.2, 0.3, 0.5], [0.6, 0.3, 0.1]]))
+    value, d = cross_entropy(logits, np.array([2, 1]))
+    assert value == pytest.approx(-(np.log(0.5) + np.log(0.3)) / 2)
+    np.testing.assert_allclose(d, np.array([[0.2, 0.3, -0.5], [0.6, -0.7, 0.1]]) / 2)
+
+
+def test_adam_first_step_moves_each_weight_by_lr():
+    p = {"w": np.array([1.0, -2.0, 3.0])}
+    adam_step(p, {"w": np.array([0.5, -4.0, 0.25])}, AdamState.zeros(p), AdamConfig(lr=0.1))
+    # after one step m̂ = g and v̂ = g², so the step is lr · g/|g| (up to eps)
+    np.testing.assert_allclose(p["w"], [0.9, -1.9, 2.9], rtol=1e-6)
+
+
+def test_training_is_deterministic_for_a_seed(rng):
+    vocab = Vocab.from_text(TOY_TEXT)
+    ids = vocab.encode(TOY_TEXT)
+    config = ModelConfig(vocab_size=vocab.size, d_model=16, n_heads=2, n_layers=1, n_ctx=16)
+
+    def run(seed):
+        r = np.random.default_rng(seed)
+        model = Model.init(config, rng=r)
+        losses = train(model, ids, steps=5, batch_size=4, rng=r)
+        return losses, model.params()
+
+    (l1, p1), (l2, p2), (l3, _) = run(7), run(7), run(8)
+    assert l1 == l2
+    for name in p1:
+        np.testing.assert_array_equal(p1[name], p2[name])
+    assert l1 != l3
+
+
+def test_toy_text_training_loss_goes_below_the_k1_floor():
+    """The guide's bar: 0.884 is the best any predictor without context can do on this text."""
+    k1 = floors(TOY_TEXT, 1)[1].floor
+    assert round(k1, 3) == 0.884
+    vocab = Vocab.from_text(TOY_TEXT)
+    ids = vocab.encode(TOY_TEXT)
+    rng = np.random.default_rng(0)
+    model = Model.init(ModelConfig(vocab_size=vocab.size, d_model=32, n_heads=4, n_layers=2, n_ctx=32), rng=rng)
+    first = evaluate(model, ids)
+    train(model, ids, steps=150, batch_size=8, rng=rng, adam=AdamConfig(lr=1e-2))
+    assert first > 2.5                                         # it starts near log(15) = 2.71 ...
+    assert evaluate(model, ids) < k1                           # ... and ends below the k = 1 floor
+
+
+def test_sample_batch_windows_are_inputs_and_next_tokens(rng):
+    ids = np.arange(20)
+    x, y = sample_batch(ids, 5, 3, rng)
+    assert x.shape == y.shape == (3, 5)
+    np.testing.assert_array_equal(y, x + 1)
+    np.testing.assert_array_equal(np.diff(x, axis=1), 1)
+
+
+def test_evaluate_scores_every_token_once(rng):
+    model = tiny("learned", rng, std=0.3)
+    ids = rng.integers(0, 5, 14)                               # windows of 6 + 1: two whole and a rest of 2
+    logits = [forward(model, ids[s:e - 1]) for s, e in ((0, 7), (6, 13), (12, 14))]
+    targets = [ids[s + 1:e] for s, e in ((0, 7), (6, 13), (12, 14))]
+    log_p = [np.take_along_axis(lg - np.log(np.exp(lg).sum(-1, keepdims=True)), t[:, None], -1)
+             for lg, t in zip(logits, targets)]
+    assert evaluate(model, ids) == pytest.approx(-np.concatenate(log_p).mean(), rel=1e-10)
+
+
+def test_generate_through_the_cache_equals_rereading_everything(rng):
+    model = tiny("rope", rng, std=0.5)
+    prompt = np.array([1, 2, 3])
+    got = generate(model, prompt, 3, rng=np.random.default_rng(0), temperature=0)
+    seq = list(prompt)
+    for _ in range(3):                                         # greedy, re-reading the whole sequence each time
+        seq.append(int(np.argmax(forward(model, np.array(seq))[-1])))
+    np.testing.assert_array_equal(got, seq[3:])
+    a = generate(model, prompt, 20, rng=np.random.default_rng(1))   # past n_ctx = 6: the window slides
+    b = generate(model, prompt, 20, rng=np.random.default_rng(1))
+    np.testing.assert_array_equal(a, b)
+    assert a.shape == (20,) and a.min() >= 0 and a.max() < 5
+
+
+def test_bad_input(rng):
+    with pytest.raises(ValueError, match="positions must be one of 'learned', 'sinusoidal', 'rope', 'alibi', "
+                                         "got 'absolute'"):
+        ModelConfig(vocab_size=5, positions="absolute")
+    with pytest.raises(ValueError, match=r"d_model \(10\) must be divisible by n_heads \(4\)"):
+        ModelConfig(vocab_size=5, d_model=10, n_heads=4)
+    with pytest.raises(ValueError, match="rope needs an even d_head"):
+        ModelConfig(vocab_size=5, d_model=12, n_heads=4, positions="rope")
+    with pytest.raises(ValueError, match="n_ctx must be a positive integer, got 0"):
+        ModelConfig(vocab_size=5, n_ctx=0)
+    model = tiny("learned", rng)
+    with pytest.raises(TypeError, match="ids must be an integer array of token ids, got dtype float64"):
+        forward(model, np.zeros(3))
+    with pytest.raises(ValueError, match="ids holds the id 5, the vocabulary has ids 0 to 4"):
+        check_ids("ids", [1, 5], 5)
+    with pytest.raises(ValueError, match=r"position 6 has no row: the table holds 6 positions \(0 to 5\)"):
+        generate(model, np.arange(7) % 5, 2, rng=rng)
+    with pytest.raises(ValueError, match="the text is empty"):
+        Vocab.from_text("")
+    with pytest.raises(ValueError, match="the training text has 5 tokens, fewer than the context 6 plus one"):
+        training_steps(model, np.arange(5) % 5, steps=1, batch_size=1, rng=rng)
+    with pytest.raises(ValueError, match="W_E must have shape"):
+        Model(config=model.config, W_E=model.W_E[:4], W_P=model.W_P, layers=model.layers, W_U=model.W_U,
+              b_U=model.b_U)
+    with pytest.raises(ValueError, match="heldout fraction must be a number in"):
+        split_heldout(np.arange(10), 1.0)
+    with pytest.raises(ValueError, match="'z' is not in the vocabulary"):
+        Vocab.from_text("abc").encode("abz")
