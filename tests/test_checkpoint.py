@@ -1,0 +1,79 @@
+"""Checkpoints: safetensors weights with the config beside them, whole after an interrupted save,
+and refused when made with a different configuration."""
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("safetensors")
+
+from attnlab.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from attnlab.model import Model, ModelConfig, forward  # noqa: E402
+from attnlab.text import Vocab  # noqa: E402
+
+VOCAB = Vocab(tuple("abcde"))
+
+
+def model(rng, scheme="learned", n_layers=2):
+    config = ModelConfig(vocab_size=5, d_model=8, n_heads=2, n_layers=n_layers, n_ctx=6, positions=scheme)
+    return Model.init(config, rng=rng, std=0.3)
+
+
+@pytest.mark.parametrize("scheme", ["learned", "alibi"])
+def test_roundtrip(tmp_path, rng, scheme):
+    m = model(rng, scheme)
+    save_checkpoint(m, VOCAB, tmp_path / "ck")
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["config.json", "model.safetensors"]
+    assert json.loads((tmp_path / "ck" / "config.json").read_text())["model"]["positions"] == scheme
+    back, vocab = load_checkpoint(tmp_path / "ck", config=m.config, vocab=VOCAB)
+    assert vocab == VOCAB and back.config == m.config
+    for name, a in m.params().items():
+        np.testing.assert_array_equal(back.params()[name], a)
+    ids = np.array([0, 3, 1, 4])
+    np.testing.assert_array_equal(forward(back, ids), forward(m, ids))
+
+
+def test_different_configuration_is_refused(tmp_path, rng):
+    save_checkpoint(model(rng), VOCAB, tmp_path)
+    other = ModelConfig(vocab_size=5, d_model=8, n_heads=2, n_layers=3, n_ctx=6)
+    with pytest.raises(ValueError, match="made with a different configuration: n_layers 2 in the checkpoint, "
+                                         "3 asked"):
+        load_checkpoint(tmp_path, config=other)
+    with pytest.raises(ValueError, match="made with a different vocabulary"):
+        load_checkpoint(tmp_path, vocab=Vocab(tuple("abcdf")))
+
+
+def test_weights_and_config_from_different_models_are_refused(tmp_path, rng):
+    save_checkpoint(model(rng), VOCAB, tmp_path / "a")
+    save_checkpoint(model(rng, n_layers=1), VOCAB, tmp_path / "b")
+    (tmp_path / "a" / "config.json").write_text((tmp_path / "b" / "config.json").read_text())
+    with pytest.raises(ValueError, match="come from different models"):
+        load_checkpoint(tmp_path / "a")
+    with pytest.raises(FileNotFoundError, match="no checkpoint here"):
+        load_checkpoint(tmp_path / "missing")
+    (tmp_path / "b" / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(ValueError, match="is not a readable safetensors file"):
+        load_checkpoint(tmp_path / "b")
+
+
+def test_interrupted_save_keeps_the_last_checkpoint_whole(tmp_path, rng, monkeypatch):
+    import safetensors.numpy
+
+    first = model(rng)
+    save_checkpoint(first, VOCAB, tmp_path)
+    real_save = safetensors.numpy.save_file
+
+    def save_then_ctrl_c(tensors, filename, metadata=None):
+        real_save(tensors, filename, metadata=metadata)       # the new weights are written to the temporary ...
+        with open(filename, "r+b") as f:
+            f.truncate(100)                                   # ... half of them ...
+        raise KeyboardInterrupt                               # ... when Ctrl-C arrives
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", save_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(model(rng), VOCAB, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]   # no .part left
+    back, _ = load_checkpoint(tmp_path, config=first.config)
+    for name, a in first.params().items():
+        np.testing.assert_array_equal(back.params()[name], a)

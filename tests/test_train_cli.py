@@ -1,0 +1,112 @@
+"""attnlab train and attnlab generate: the toy-text bar through --json, checkpoints, and one-line errors."""
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("rich")
+pytest.importorskip("safetensors")
+
+from attnlab.checkpoint import load_checkpoint  # noqa: E402
+from attnlab.cli import main  # noqa: E402
+
+
+def run_json(capsys, argv):
+    assert main(argv + ["--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def one_line_error(capsys, argv, match):
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("attnlab: error:") and captured.err.count("\n") == 1, captured.err
+    assert match in captured.err
+    assert "Traceback" not in captured.err
+
+
+def test_train_on_the_toy_text_beats_the_k1_floor(capsys):
+    out = run_json(capsys, ["train", "--steps", "150", "--heldout", "0", "--context", "16", "--d-model", "32",
+                            "--lr", "0.01"])
+    assert out["train_tokens"] == 128 and out["heldout_loss"] is None
+    assert round(out["floors"]["train"]["1"], 3) == 0.884      # the guide's table, for the same text
+    assert out["train_loss"] < 0.884                            # context pays
+    assert set(out["add_alpha"]["train"]) == {"1", "2"}
+
+
+def test_train_table_sets_the_model_beside_floors_and_counts(capsys, tmp_path):
+    assert main(["train", "--steps", "20", "--context", "16", "--d-model", "16", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    for label in ("attention model", "add-α counts, k = 1", "add-α counts, k = 2", "floor, k = 0", "floor, k = 3",
+                  "heldout", "optimistic bound"):
+        assert label in out
+    model, vocab = load_checkpoint(tmp_path)
+    assert model.config.n_ctx == 16 and vocab.size == 15
+
+
+def test_generate_samples_from_a_checkpoint(capsys, tmp_path):
+    assert main(["train", "--steps", "30", "--context", "16", "--d-model", "16", "--positions", "rope",
+                 "--out", str(tmp_path), "--json"]) == 0
+    capsys.readouterr()
+    a = run_json(capsys, ["generate", str(tmp_path), "--prompt", "the cat", "--tokens", "40", "--seed", "3"])
+    b = run_json(capsys, ["generate", str(tmp_path), "--prompt", "the cat", "--tokens", "40", "--seed", "3"])
+    assert a == b and len(a["generated"]) == 40 and a["text"] == "the cat" + a["generated"]
+    assert set(a["generated"]) <= set("the cat sat on mat and dog log saw then ran to")
+    assert main(["generate", str(tmp_path), "--prompt", "the", "--tokens", "5", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("the")
+
+
+def test_ctrl_c_keeps_the_last_checkpoint_whole(capsys, tmp_path, monkeypatch):
+    import attnlab.training
+
+    real, calls = attnlab.training.loss_and_grad, []
+
+    def interrupted_at_step_8(*args):
+        calls.append(1)
+        if len(calls) == 8:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(attnlab.training, "loss_and_grad", interrupted_at_step_8)
+    assert main(["train", "--steps", "50", "--context", "16", "--d-model", "16", "--save-every", "5",
+                 "--out", str(tmp_path)]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    model, _ = load_checkpoint(tmp_path)                        # the step-5 checkpoint, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_resume_needs_the_same_configuration(capsys, tmp_path):
+    assert main(["train", "--steps", "5", "--context", "16", "--d-model", "16", "--out", str(tmp_path), "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert main(["train", "--steps", "5", "--context", "16", "--d-model", "16", "--out", str(tmp_path), "--resume",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["train_loss"] < first["train_loss"]
+    one_line_error(capsys, ["train", "--steps", "5", "--context", "16", "--d-model", "16", "--layers", "3",
+                            "--out", str(tmp_path), "--resume"],
+                   "made with a different configuration: n_layers 2 in the checkpoint, 3 asked")
+
+
+def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    short = tmp_path / "short.txt"
+    short.write_text("just a few words")
+    binary = tmp_path / "bin.txt"
+    binary.write_bytes(b"ab\xff\xfe")
+    one_line_error(capsys, ["train", str(empty)], "the text is empty")
+    one_line_error(capsys, ["train", str(short), "--context", "32"],
+                   "the training text has 14 tokens, fewer than the context 32 plus one")
+    one_line_error(capsys, ["train", str(binary)], "is not UTF-8")
+    one_line_error(capsys, ["train", str(tmp_path / "nope.txt")], "No such file")
+    one_line_error(capsys, ["train", "--positions", "absolute"], "invalid choice: 'absolute'")
+    one_line_error(capsys, ["train", "--heads", "3"], "d_model (64) must be divisible by n_heads (3)")
+    one_line_error(capsys, ["train", "--steps", "0"], "steps must be a positive integer, got 0")
+    one_line_error(capsys, ["generate", str(tmp_path), "--prompt", "x"], "no checkpoint here")
+    assert main(["train", "--steps", "2", "--context", "8", "--d-model", "16", "--out", str(tmp_path / "ck"),
+                 "--json"]) == 0
+    capsys.readouterr()
+    one_line_error(capsys, ["generate", str(tmp_path / "ck"), "--prompt", "the cat sat"],
+                   "position 8 has no row: the table holds 8 positions (0 to 7)")
+    one_line_error(capsys, ["generate", str(tmp_path / "ck"), "--prompt", "the fox"], "'f' is not in the vocabulary")
+    one_line_error(capsys, ["generate", str(tmp_path / "ck"), "--prompt", "the", "--temperature", "-1"],
+                   "temperature must be a number >= 0")
