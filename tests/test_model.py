@@ -140,3 +140,20 @@ def test_bad_input(rng):
         split_heldout(np.arange(10), 1.0)
     with pytest.raises(ValueError, match="'z' is not in the vocabulary"):
         Vocab.from_text("abc").encode("abz")
+
+
+@pytest.mark.parametrize("scheme", POSITION_SCHEMES)
+def test_loss_and_gradient_match_torch_autograd(rng, scheme):
+    pytest.importorskip("torch")
+    from attnlab._torch_reference import torch_loss, torch_params
+
+    config = ModelConfig(vocab_size=7, d_model=16, n_heads=4, n_layers=2, n_ctx=9, positions=scheme)
+    model = Model.init(config, rng=rng, std=0.4, dtype=np.float64)
+    ids, targets = rng.integers(0, 7, (3, 9)), rng.integers(0, 7, (3, 9))
+    value, grads = loss_and_grad(model, ids, targets)
+    params = torch_params(model)
+    ref = torch_loss(model, params, ids, targets)
+    ref.backward()
+    assert value == pytest.approx(ref.item(), rel=1e-12)
+    for name, g in grads.params().items():
+        np.testing.assert_allclose(g, params[name].grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=name)
