@@ -81,30 +81,32 @@ def floors(text: str, max_k: int = 5, *, level: str = "char") -> list[Floor]:
     >>> [(f.k, round(f.floor, 3), f.n_contexts) for f in floors(TOY_TEXT, 2)]
     [(0, 2.318, 1), (1, 0.884, 15), (2, 0.337, 32)]
     """
+    return list(iter_floors(text, max_k, level=level))
+
+
+def iter_floors(text: str, max_k: int = 5, *, level: str = "char"):
+    """:func:`floors`, one row at a time (for a progress bar)."""
     max_k = as_nonnegative_int("max_k", max_k)
     codes, symbols = encode(text, level)                       # (L,)
     bits = max(1, (len(symbols) - 1).bit_length())             # bits for one code
     ctx = np.zeros(len(codes), dtype=np.int64)                 # (L,) key of the k tokens before i; k = 0: all 0
-    rows = []
     for k in range(max_k + 1):
         start = max(k, 1)
         if start >= len(codes):
-            break
+            return
         ctx = _fit(ctx, k, bits)
         pair = (ctx << bits) | codes                           # (L,) key of (context, next), valid for i >= k
-        rows.append(_floor_of(pair[start:], k, bits))
+        yield _floor_of(pair[start:], k, bits)
         ctx = np.concatenate([[0], pair[:-1]])                 # (L,) context of length k+1 ends before i
-    return rows
 
 
-def floors_of_file(path: str | Path, max_k: int = 5, *, level: str = "char") -> list[Floor]:
-    """:func:`floors` of a UTF-8 text file; an unreadable or non-UTF-8 file raises OSError/ValueError."""
+def read_utf8(path: str | Path) -> str:
+    """A UTF-8 text file's contents; unreadable raises OSError, not UTF-8 raises ValueError with the offset."""
     raw = Path(path).read_bytes()
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{path} is not UTF-8 text: byte {raw[e.start]:#04x} at offset {e.start}") from None
-    return floors(text, max_k, level=level)
 
 
 def _fit(ctx: np.ndarray, k: int, bits: int) -> np.ndarray:
