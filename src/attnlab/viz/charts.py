@@ -67,7 +67,8 @@ def save_growth(path, n, series, *, ylabel: str, title: str | None = None, marks
         ax.loglog(x, y, marker="o", markersize=3, color=colour, label=label)
     for x_mark, label in marks:
         ax.axvline(x_mark, color="#777777", linestyle="--", linewidth=1)
-        ax.annotate(label, (x_mark, 0.98), xycoords=("data", "axes fraction"), ha="right", va="top",
+        ax.annotate(label, (x_mark, 0.98), xycoords=("data", "axes fraction"), xytext=(-3, 0),
+                    textcoords="offset points", ha="right", va="top",
                     rotation=90, fontsize=8, color="#555555")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tokens n")
