@@ -279,7 +279,7 @@ def report_embed(toy: g.GuideToy, sentences=EMBED_SENTENCES, pair=("cat", "dog")
         _, a = toy.attend(s)
         grids.append({"sentence": s, "weights": a, "row_sums": a.sum(axis=1)})
         lines += [f"Causal attention weights for {s!r} (random W_Q, W_K, W_V), then the row sums:",
-                  fmt(a), fmt(a.sum(axis=1))]
+                  f"{fmt(a)} {fmt(a.sum(axis=1))}"]
     return Report("\n".join(lines), {"vocab": list(toy.embeddings.vocab), "cosine": {"words": list(pair),
                                      "value": cos}, "grids": grids})
 

@@ -165,7 +165,7 @@ PAGE_STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 110em; padding: 0 1em; color: #222; }
 section { border-top: 1px solid #ddd; padding: 1em 0; }
 .row { display: flex; flex-wrap: wrap; gap: 1.5em; align-items: flex-start; }
-pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 0.85em; margin: 0; flex: 1 1 40em; }
+pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 0.85em; margin: 0; flex: 0 1 auto; }
 .figs { display: flex; flex-wrap: wrap; gap: 1em; flex: 1 1 30em; }
 figure { margin: 0; } figure img { max-width: 100%; } figcaption { font-size: 0.85em; color: #555; }
 """
