@@ -330,8 +330,9 @@ def cmd_order(args) -> int:
 
 def report_cost(n: int = 5, config_name: str = "gpt2-small", *, tile: int = 128, bytes_per_number: int = 4,
                 growth_table: bool = True) -> Report:
-    config = g.CostConfig(attention=g.COST_CONFIGS[config_name].attention, n_layers=g.COST_CONFIGS[config_name].n_layers,
-                          tile=tile, bytes_per_number=bytes_per_number)
+    base = g.COST_CONFIGS[config_name]
+    config = g.CostConfig(attention=base.attention, n_layers=base.n_layers, tile=tile,
+                          bytes_per_number=bytes_per_number)
     p, c = g.params(config), g.cost(n, config)
     n_ctx = config.attention.n_ctx
     at_ctx = g.cost(n_ctx, config)

@@ -26,7 +26,8 @@ __all__ = [
     "COST_CONFIGS", "GPT2_SMALL_COST", "RUNNING_EXAMPLE", "SYMBOLS", "TOY_TEXT",
     "Cost", "CostConfig", "Floor", "GuideToy", "HeadsRun", "Lookup", "MaskTable", "OrderChecks",
     "SkipGramConfig", "Spread", "Step", "ToyEmbeddings", "TopWeight",
-    "cost", "dot_product_spread", "encode", "explain", "floors", "iter_floors", "read_utf8", "growth", "guide_toy",
-    "hard_lookup", "kv_bytes_per_token", "mask_table", "order_checks", "params", "random_projections",
-    "run_heads", "saturation", "self_attention", "shape_sizes", "shapes", "soft_lookup", "top_weight", "train_embeddings",
+    "cost", "dot_product_spread", "encode", "explain", "floors", "growth", "guide_toy", "hard_lookup",
+    "iter_floors", "kv_bytes_per_token", "mask_table", "order_checks", "params", "random_projections",
+    "read_utf8", "run_heads", "saturation", "self_attention", "shape_sizes", "shapes", "soft_lookup",
+    "top_weight", "train_embeddings",
 ]

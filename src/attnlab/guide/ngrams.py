@@ -49,14 +49,23 @@ def encode(text: str, level: str = "char") -> tuple[np.ndarray, tuple[str, ...]]
         raise TypeError(f"text must be a str, got {type(text).__name__}")
     as_choice("level", level, LEVELS)
     if level == "word":
-        symbols, codes = np.unique(np.array(text.split()), return_inverse=True)   # (V,), (L,)
-        return codes.astype(np.int64), tuple(str(s) for s in symbols)
+        return _encode_words(text.split())
     points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)   # (L,) code points
     present = np.zeros(UNICODE_SIZE, dtype=bool)                         # (0x110000,)
     present[points] = True
     rank = np.cumsum(present, dtype=np.int64) - 1                        # (0x110000,) code point -> code
     symbols = tuple(chr(p) for p in np.flatnonzero(present))
     return rank[points], symbols                                         # (L,), (V,)
+
+
+def _encode_words(words: list[str]) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Number the distinct words in order of first appearance (one dict of words), then renumber sorted."""
+    first: dict[str, int] = {}
+    codes = np.fromiter((first.setdefault(w, len(first)) for w in words), np.int64, len(words))   # (L,)
+    symbols = sorted(first)
+    rank = np.empty(len(first), dtype=np.int64)                          # (V,) first-seen number -> sorted
+    rank[[first[w] for w in symbols]] = np.arange(len(symbols))
+    return rank[codes], tuple(symbols)                                   # (L,), (V,)
 
 
 def floors(text: str, max_k: int = 5, *, level: str = "char") -> list[Floor]:
@@ -121,17 +130,18 @@ def _fit(ctx: np.ndarray, k: int, bits: int) -> np.ndarray:
 def _floor_of(pair: np.ndarray, k: int, bits: int) -> Floor:
     """Score one k from the packed (context, next) keys of the N predictions."""
     pair = np.sort(pair)                                       # (N,) equal contexts are now adjacent
-    n_pair = _run_lengths(pair)                                # (distinct (context, next),)
-    n_ctx = _run_lengths(pair >> bits)                         # (distinct contexts,)
-    total = len(pair)
-    floor = (_n_log_n(n_ctx) - _n_log_n(n_pair)) / total
-    return Floor(k=k, floor=max(float(floor), 0.0), n_contexts=len(n_ctx), n_predictions=total)
+    starts = _run_starts(pair)                                 # (P,) first index of each distinct pair
+    n_pair = np.diff(np.append(starts, len(pair)))             # (P,) n(c, x)
+    ctx = pair[starts] >> bits                                 # (P,) the context of each pair, still sorted
+    n_ctx = np.add.reduceat(n_pair, _run_starts(ctx))          # (C,) n(c)
+    floor = (_n_log_n(n_ctx) - _n_log_n(n_pair)) / len(pair)
+    return Floor(k=k, floor=max(float(floor), 0.0), n_contexts=len(n_ctx), n_predictions=len(pair))
 
 
-def _run_lengths(sorted_keys: np.ndarray) -> np.ndarray:
-    """How many times each distinct value occurs in a sorted array."""
-    edges = np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1       # (runs − 1,) where a run starts
-    return np.diff(np.concatenate([[0], edges, [len(sorted_keys)]]))      # (runs,)
+def _run_starts(sorted_keys: np.ndarray) -> np.ndarray:
+    """Where each run of equal values starts in a sorted, non-empty array."""
+    change = sorted_keys[1:] != sorted_keys[:-1]                           # (N − 1,)
+    return np.flatnonzero(np.concatenate([[True], change]))               # (runs,)
 
 
 def _n_log_n(counts: np.ndarray) -> float:
