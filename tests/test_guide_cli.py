@@ -260,3 +260,16 @@ def test_tour_json(capsys, tmp_path):
     cost = by_title["The price of looking at everything"]
     assert cost["params"]["position_table"] == 786_432 and cost["at_n_ctx"]["scores_per_layer"] == 12_582_912
     assert (tmp_path / "t" / "index.html").is_file()
+
+
+def test_without_tokenizers_tokens_is_one_line_and_the_tour_goes_on(capsys, tmp_path, monkeypatch):
+    import sys
+
+    from attnlab.cli import tour
+    monkeypatch.setitem(sys.modules, "tokenizers", None)            # as if the package were not installed
+    assert main(["tokens", "The cat"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs the package tokenizers" in err
+    (shapes,) = tour.run_tour(tmp_path, sections=[tour.section_shapes])
+    assert shapes.text.startswith("(skipped: GPT-2's tokenizer needs the package tokenizers")
+    assert (tmp_path / "index.html").is_file()

@@ -291,6 +291,8 @@ def test_word_outside_vocabulary_is_named(toy):
         toy.embeddings.embed("the cow sat")
     with pytest.raises(ValueError, match="word 'The'"):
         toy.attend("The cat sat")
+    with pytest.raises(ValueError, match="word_b must be one word, got 'dog cat'"):
+        toy.embeddings.cosine("cat", "dog cat")
     with pytest.raises(ValueError, match="at least one word"):
         toy.embeddings.embed("  ")
     with pytest.raises(ValueError, match="W_Q must be"):

@@ -170,9 +170,8 @@ def report_explain(toy: g.GuideToy, sentence: str, *, is_causal: bool = True) ->
 
 
 def report_shapes(sentence: str = g.RUNNING_EXAMPLE, config_name: str = "gpt2-small") -> Report:
-    from ..tokens import gpt2_encode
     config = g.COST_CONFIGS[config_name].attention
-    n = len(gpt2_encode(sentence))
+    n = len(gpt2_tokenize(sentence)[0])
     steps = g.shapes(n, config)
     letters = g.shape_sizes(n, config)
     rows = [[st.symbol.name, _shape_str(st.symbol.shape), str(st.shape)] for st in steps]
@@ -372,10 +371,19 @@ def cmd_cost(args) -> int:
 
 # --- 10. tokens ---------------------------------------------------------------------------------
 
+def gpt2_tokenize(text: str) -> tuple[list[int], list[str]]:
+    """GPT-2 token ids and the text of each token; a missing tokenizer is an OSError (one line, exit 2)."""
+    try:
+        from ..tokens import gpt2_tokenizer
+        enc = gpt2_tokenizer().encode(text)
+    except ImportError as e:
+        raise FileNotFoundError(f"GPT-2's tokenizer needs the package tokenizers ({e}); "
+                                "install it with pip install 'attnlab[tour]'") from None
+    return list(enc.ids), [text[a:b] for a, b in enc.offsets]
+
+
 def report_tokens(text: str = g.RUNNING_EXAMPLE) -> Report:
-    from ..tokens import gpt2_tokenizer
-    enc = gpt2_tokenizer().encode(text)
-    ids, pieces = list(enc.ids), [text[a:b] for a, b in enc.offsets]
+    ids, pieces = gpt2_tokenize(text)
     lines = [f"GPT-2 tokens of {text!r}:", " ".join(map(str, ids)),
              table(["id", "token"], [[i, repr(p)] for i, p in zip(ids, pieces)])]
     if len(ids) > 1:

@@ -57,8 +57,16 @@ def section_lookup(ctx: TourContext) -> Section:
 
 
 def section_shapes(ctx: TourContext) -> Section:
-    r = cg.report_shapes(g.RUNNING_EXAMPLE, "gpt2-small")
+    r = _needs_tokenizer(lambda: cg.report_shapes(g.RUNNING_EXAMPLE, "gpt2-small"))
     return Section("Where queries, keys and values come from", r.text, r.data)
+
+
+def _needs_tokenizer(report):
+    """A report that needs GPT-2's tokenizer, or a note saying how to get it: the tour goes on without it."""
+    try:
+        return report()
+    except FileNotFoundError as e:
+        return cg.Report(f"(skipped: {e})", {"skipped": str(e)})
 
 
 def section_scale(ctx: TourContext) -> Section:
@@ -79,7 +87,7 @@ def section_scale(ctx: TourContext) -> Section:
 
 def section_mask(ctx: TourContext) -> Section:
     from ..viz import save_head, save_mask
-    tokens = cg.report_tokens(g.RUNNING_EXAMPLE)
+    tokens = _needs_tokenizer(lambda: cg.report_tokens(g.RUNNING_EXAMPLE))
     mask = cg.report_mask(g.RUNNING_EXAMPLE.split())
     embed = cg.report_embed(ctx.toy)
     save_mask(ctx.out / "mask.png", g.RUNNING_EXAMPLE.split(), title="causal mask M for the running example")
