@@ -4,7 +4,8 @@
 
 Two measurements:
 1. floors on the whole text (median of --repeats runs), at char and word level.
-2. A ratio against the guide's own Counter loop (the reference), on a slice small enough for it,
+2. Peak memory of one run (tracemalloc).
+3. A ratio against the guide's own Counter loop (the reference), on a slice small enough for it,
    alternating the two and taking medians, after checking both give the same floors.
 """
 
@@ -80,6 +81,14 @@ def main() -> None:
         print(f"floors {level:4} k=0..{args.max_k}: median {statistics.median(times):.2f} s "
               f"(runs {', '.join(f'{t:.2f}' for t in times)}); "
               f"k={rows[-1].k} floor {rows[-1].floor:.3f} over {rows[-1].n_contexts:,} contexts")
+
+    import tracemalloc                                                   # numpy reports its buffers to it
+    for level in ("char", "word"):
+        tracemalloc.start()
+        floors(text, args.max_k, level=level)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        print(f"floors {level:4} peak memory {peak / 2**20:.0f} MiB (tracemalloc)")
 
     small = text[: args.ref_kb * 1024]
     ours, ref = [], []
