@@ -339,12 +339,14 @@ def report_cost(n: int = 5, config_name: str = "gpt2-small", *, tile: int = 128,
              f"{p.per_layer} {p.per_layer_with_bias} {p.position_table}",
              f"Scores per head and per layer at n = {n}, then at n_ctx = {n_ctx}:",
              f"{c.scores_per_head} {c.scores_per_layer} {at_ctx.scores_per_head} {at_ctx.scores_per_layer}",
-             f"At n = {n}: {c.flops_per_layer:,} FLOPs per layer ({c.flops_projections:,} in the projections, "
+             f"At n = {n:,}: {c.flops_per_layer:,} FLOPs per layer ({c.flops_projections:,} in the projections, "
              f"{c.flops_scores:,} in QKᵀ and AV); {c.flops_per_model:,} for {config.n_layers} layers",
              f"Score grid of one layer: {_bytes(c.grid_bytes_naive)} naive, {_bytes(c.grid_bytes_tiled)} tiled "
              f"({min(n, tile)}×{min(n, tile)} tiles)",
-             f"KV cache: {_bytes(g.kv_bytes_per_token(config))} per token, {_bytes(c.kv_cache_bytes)} at n = {n}, "
+             f"KV cache: {_bytes(g.kv_bytes_per_token(config))} per token, {_bytes(c.kv_cache_bytes)} at n = {n:,}, "
              f"{_bytes(at_ctx.kv_cache_bytes)} at n_ctx = {n_ctx} ({bytes_per_number} bytes per number)"]
+    if n > n_ctx:
+        lines.append(f"(n = {n:,} is beyond {config_name}'s n_ctx = {n_ctx:,}: W_P has no row for those positions)")
     rows = g.growth(config) if growth_table else []
     if rows:
         lines += ["Growth:", table(["n", "scores/layer", "FLOPs/layer", "grid naive", "grid tiled", "KV cache"],
