@@ -21,8 +21,10 @@ from .attnmap import AttentionMap
 from .cache import KVCache
 from .config import GPT2_SMALL, AttentionConfig
 from .masks import additive_mask, causal_mask
+from .model import Model, ModelConfig
 from .multihead import (MultiHeadAttention, merge_heads, multihead_attention, multihead_attention_grad,
                         split_heads)
+from .positions import alibi_bias, alibi_slopes, learned_positions, rope, sinusoidal_positions
 from .softmax import softmax
 
 __version__ = "0.1.0"
@@ -32,14 +34,21 @@ __all__ = [
     "AttentionConfig",
     "AttentionMap",
     "KVCache",
+    "Model",
+    "ModelConfig",
     "MultiHeadAttention",
     "additive_mask",
+    "alibi_bias",
+    "alibi_slopes",
     "attention",
     "attention_grad",
     "causal_mask",
+    "learned_positions",
     "merge_heads",
     "multihead_attention",
     "multihead_attention_grad",
+    "rope",
+    "sinusoidal_positions",
     "softmax",
     "split_heads",
 ]

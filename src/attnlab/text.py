@@ -8,21 +8,11 @@ is :func:`attnlab.guide.ngrams.encode`'s, so the model and the n-gram floors cou
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from ._checks import as_choice
 from .guide.ngrams import LEVELS, encode
-
-
-def read_text(path) -> str:
-    """The UTF-8 text of a file; an unreadable or non-UTF-8 file is an OSError/ValueError naming it."""
-    data = Path(path).read_bytes()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not UTF-8 text: byte {e.start} is {data[e.start:e.start + 1]!r}") from None
 
 
 @dataclass(frozen=True)

@@ -50,10 +50,11 @@ class Data:
 
 
 def load_data(file, level: str, heldout: float) -> Data:
+    from ..guide.ngrams import read_utf8
     from ..guide.toy import TOY_TEXT
-    from ..text import Vocab, read_text, split_heldout
+    from ..text import Vocab, split_heldout
 
-    text = TOY_TEXT if file is None else read_text(file)
+    text = TOY_TEXT if file is None else read_utf8(file)
     vocab = Vocab.from_text(text, level)
     train, tail = split_heldout(vocab.encode(text), heldout)
     return Data(vocab=vocab, train=train, heldout=tail)

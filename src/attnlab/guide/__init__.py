@@ -12,21 +12,22 @@ cost       parameters, scores, FLOPs, memory, KV cache
 ========== =========================================================
 """
 
-from .cost import GPT2_SMALL_COST, Cost, CostConfig, cost, growth, kv_bytes_per_token, params
-from .explain import SYMBOLS, MaskTable, Step, explain, mask_table, shapes
+from .cost import COST_CONFIGS, GPT2_SMALL_COST, Cost, CostConfig, cost, growth, kv_bytes_per_token, params
+from .explain import SYMBOLS, MaskTable, Step, explain, mask_table, shape_sizes, shapes
 from .heads import HeadsRun, run_heads
 from .lookup import Lookup, hard_lookup, soft_lookup
-from .ngrams import Floor, encode, floors, floors_of_file
+from .ngrams import Floor, encode, floors, iter_floors, read_utf8
 from .order import OrderChecks, order_checks
 from .scaling import Spread, TopWeight, dot_product_spread, saturation, top_weight
 from .toy import (RUNNING_EXAMPLE, TOY_TEXT, GuideToy, SkipGramConfig, ToyEmbeddings, guide_toy,
                   random_projections, self_attention, train_embeddings)
 
 __all__ = [
-    "GPT2_SMALL_COST", "RUNNING_EXAMPLE", "SYMBOLS", "TOY_TEXT",
+    "COST_CONFIGS", "GPT2_SMALL_COST", "RUNNING_EXAMPLE", "SYMBOLS", "TOY_TEXT",
     "Cost", "CostConfig", "Floor", "GuideToy", "HeadsRun", "Lookup", "MaskTable", "OrderChecks",
     "SkipGramConfig", "Spread", "Step", "ToyEmbeddings", "TopWeight",
-    "cost", "dot_product_spread", "encode", "explain", "floors", "floors_of_file", "growth", "guide_toy",
-    "hard_lookup", "kv_bytes_per_token", "mask_table", "order_checks", "params", "random_projections",
-    "run_heads", "saturation", "self_attention", "shapes", "soft_lookup", "top_weight", "train_embeddings",
+    "cost", "dot_product_spread", "encode", "explain", "floors", "growth", "guide_toy", "hard_lookup",
+    "iter_floors", "kv_bytes_per_token", "mask_table", "order_checks", "params", "random_projections",
+    "read_utf8", "run_heads", "saturation", "self_attention", "shape_sizes", "shapes", "soft_lookup",
+    "top_weight", "train_embeddings",
 ]

@@ -39,7 +39,7 @@ class CostConfig:
 
 
 GPT2_SMALL_COST = CostConfig()
-CONFIGS = {"gpt2-small": GPT2_SMALL_COST}
+COST_CONFIGS = {"gpt2-small": GPT2_SMALL_COST}   # the names --config accepts
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ class Step:
     value: np.ndarray | None       # None when only shapes are known
 
 
-def sizes(n: int, config: AttentionConfig = GPT2_SMALL) -> dict[str, int]:
+def shape_sizes(n: int, config: AttentionConfig = GPT2_SMALL) -> dict[str, int]:
     """The guide's letters for one head of ``config`` on ``n`` tokens."""
     n = as_positive_int("n", n)
     return {"n": n, "d_model": config.d_model, "d_k": config.d_head, "d_v": config.d_head}
@@ -61,7 +61,7 @@ def shapes(n: int = 5, config: AttentionConfig = GPT2_SMALL) -> list[Step]:
     >>> [(s.symbol.name, s.shape) for s in shapes()][:2]
     [('X', (5, 768)), ('W^Q', (768, 64))]
     """
-    letters = sizes(n, config)
+    letters = shape_sizes(n, config)
     return [Step(symbol=s, shape=tuple(letters[d] for d in s.shape), value=None) for s in SYMBOLS]
 
 

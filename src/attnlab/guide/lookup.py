@@ -60,14 +60,21 @@ def soft_lookup(query=QUERY, keys=KEYS, values=VALUES, *, scaled: bool = False) 
                   scale=float(scale), weights=a[0], output=out[0])
 
 
-def hard_lookup(scores=None, *, index: int = 1, score: float = HARD_SCORE) -> np.ndarray:
-    """The weights after pushing one score up to ``score``: the guide's cat at 20 takes > 0.999999.
+def hard_lookup(lookup: Lookup | None = None, *, index: int | None = None,
+                score: float = HARD_SCORE) -> tuple[np.ndarray, np.ndarray]:
+    """Push one score up to ``score`` (default: the top score, to 20) and redo the softmax and the sum.
 
-    >>> bool(hard_lookup()[1] > 0.999999)
-    True
+    Returns the weights (n,) and the output (d_v,). The guide's cat at 20 takes more than 0.999999.
+
+    >>> w, out = hard_lookup()
+    >>> bool(w[1] > 0.999999), out.round(6).tolist()
+    (True, [0.0, 1.0])
     """
-    s = np.array(soft_lookup().scores if scores is None else as_float_array("scores", scores), dtype=float)
-    if s.ndim != 1 or not -len(s) <= index < len(s):
+    r = soft_lookup() if lookup is None else lookup
+    s = r.scores.copy()                                                     # (n,)
+    index = int(np.argmax(s)) if index is None else index
+    if not -len(s) <= index < len(s):
         raise ValueError(f"index must pick one of the {s.size} scores, got {index}")
     s[index] = score                                                        # (n,)
-    return softmax(s)                                                       # (n,)
+    a = softmax(s)                                                          # (n,)
+    return a, a @ r.values                                                  # (n,), (d_v,)

@@ -49,14 +49,23 @@ def encode(text: str, level: str = "char") -> tuple[np.ndarray, tuple[str, ...]]
         raise TypeError(f"text must be a str, got {type(text).__name__}")
     as_choice("level", level, LEVELS)
     if level == "word":
-        symbols, codes = np.unique(np.array(text.split()), return_inverse=True)   # (V,), (L,)
-        return codes.astype(np.int64), tuple(str(s) for s in symbols)
+        return _encode_words(text.split())
     points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)   # (L,) code points
     present = np.zeros(UNICODE_SIZE, dtype=bool)                         # (0x110000,)
     present[points] = True
     rank = np.cumsum(present, dtype=np.int64) - 1                        # (0x110000,) code point -> code
     symbols = tuple(chr(p) for p in np.flatnonzero(present))
     return rank[points], symbols                                         # (L,), (V,)
+
+
+def _encode_words(words: list[str]) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Number the distinct words in order of first appearance (one dict of words), then renumber sorted."""
+    first: dict[str, int] = {}
+    codes = np.fromiter((first.setdefault(w, len(first)) for w in words), np.int64, len(words))   # (L,)
+    symbols = sorted(first)
+    rank = np.empty(len(first), dtype=np.int64)                          # (V,) first-seen number -> sorted
+    rank[[first[w] for w in symbols]] = np.arange(len(symbols))
+    return rank[codes], tuple(symbols)                                   # (L,), (V,)
 
 
 def floors(text: str, max_k: int = 5, *, level: str = "char") -> list[Floor]:
@@ -81,30 +90,32 @@ def floors(text: str, max_k: int = 5, *, level: str = "char") -> list[Floor]:
     >>> [(f.k, round(f.floor, 3), f.n_contexts) for f in floors(TOY_TEXT, 2)]
     [(0, 2.318, 1), (1, 0.884, 15), (2, 0.337, 32)]
     """
+    return list(iter_floors(text, max_k, level=level))
+
+
+def iter_floors(text: str, max_k: int = 5, *, level: str = "char"):
+    """:func:`floors`, one row at a time (for a progress bar)."""
     max_k = as_nonnegative_int("max_k", max_k)
     codes, symbols = encode(text, level)                       # (L,)
     bits = max(1, (len(symbols) - 1).bit_length())             # bits for one code
     ctx = np.zeros(len(codes), dtype=np.int64)                 # (L,) key of the k tokens before i; k = 0: all 0
-    rows = []
     for k in range(max_k + 1):
         start = max(k, 1)
         if start >= len(codes):
-            break
+            return
         ctx = _fit(ctx, k, bits)
         pair = (ctx << bits) | codes                           # (L,) key of (context, next), valid for i >= k
-        rows.append(_floor_of(pair[start:], k, bits))
+        yield _floor_of(pair[start:], k, bits)
         ctx = np.concatenate([[0], pair[:-1]])                 # (L,) context of length k+1 ends before i
-    return rows
 
 
-def floors_of_file(path: str | Path, max_k: int = 5, *, level: str = "char") -> list[Floor]:
-    """:func:`floors` of a UTF-8 text file; an unreadable or non-UTF-8 file raises OSError/ValueError."""
+def read_utf8(path: str | Path) -> str:
+    """A UTF-8 text file's contents; unreadable raises OSError, not UTF-8 raises ValueError with the offset."""
     raw = Path(path).read_bytes()
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{path} is not UTF-8 text: byte {raw[e.start]:#04x} at offset {e.start}") from None
-    return floors(text, max_k, level=level)
 
 
 def _fit(ctx: np.ndarray, k: int, bits: int) -> np.ndarray:
@@ -119,17 +130,18 @@ def _fit(ctx: np.ndarray, k: int, bits: int) -> np.ndarray:
 def _floor_of(pair: np.ndarray, k: int, bits: int) -> Floor:
     """Score one k from the packed (context, next) keys of the N predictions."""
     pair = np.sort(pair)                                       # (N,) equal contexts are now adjacent
-    n_pair = _run_lengths(pair)                                # (distinct (context, next),)
-    n_ctx = _run_lengths(pair >> bits)                         # (distinct contexts,)
-    total = len(pair)
-    floor = (_n_log_n(n_ctx) - _n_log_n(n_pair)) / total
-    return Floor(k=k, floor=max(float(floor), 0.0), n_contexts=len(n_ctx), n_predictions=total)
+    starts = _run_starts(pair)                                 # (P,) first index of each distinct pair
+    n_pair = np.diff(np.append(starts, len(pair)))             # (P,) n(c, x)
+    ctx = pair[starts] >> bits                                 # (P,) the context of each pair, still sorted
+    n_ctx = np.add.reduceat(n_pair, _run_starts(ctx))          # (C,) n(c)
+    floor = (_n_log_n(n_ctx) - _n_log_n(n_pair)) / len(pair)
+    return Floor(k=k, floor=max(float(floor), 0.0), n_contexts=len(n_ctx), n_predictions=len(pair))
 
 
-def _run_lengths(sorted_keys: np.ndarray) -> np.ndarray:
-    """How many times each distinct value occurs in a sorted array."""
-    edges = np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1       # (runs − 1,) where a run starts
-    return np.diff(np.concatenate([[0], edges, [len(sorted_keys)]]))      # (runs,)
+def _run_starts(sorted_keys: np.ndarray) -> np.ndarray:
+    """Where each run of equal values starts in a sorted, non-empty array."""
+    change = sorted_keys[1:] != sorted_keys[:-1]                           # (N − 1,)
+    return np.flatnonzero(np.concatenate([[True], change]))               # (runs,)
 
 
 def _n_log_n(counts: np.ndarray) -> float:

@@ -46,17 +46,8 @@ class ToyEmbeddings:
     E: np.ndarray            # (V, d_embed)
 
     def ids(self, sentence: str) -> np.ndarray:
-        """The words of ``sentence`` (split on whitespace) as row numbers; a word outside vocab is an error."""
-        if not isinstance(sentence, str):
-            raise TypeError(f"sentence must be a str, got {type(sentence).__name__}")
-        words = sentence.split()
-        if not words:
-            raise ValueError("sentence must hold at least one word, got an empty string")
-        index = {w: i for i, w in enumerate(self.vocab)}
-        unknown = [w for w in words if w not in index]
-        if unknown:
-            raise ValueError(f"word {unknown[0]!r} is not in the toy vocabulary ({' '.join(self.vocab)})")
-        return np.array([index[w] for w in words])       # (n,)
+        """The words of ``sentence`` as row numbers; a word outside the vocabulary is an error naming it."""
+        return word_ids(self.vocab, sentence)
 
     def embed(self, sentence: str) -> np.ndarray:
         """``sentence`` as the matrix X, one row per word: (n, d_embed)."""
@@ -64,6 +55,9 @@ class ToyEmbeddings:
 
     def cosine(self, word_a: str, word_b: str) -> float:
         """Cosine similarity of two words' rows."""
+        for name, w in (("word_a", word_a), ("word_b", word_b)):
+            if not isinstance(w, str) or len(w.split()) != 1:
+                raise ValueError(f"{name} must be one word, got {w!r}")
         a, b = self.embed(f"{word_a} {word_b}")           # (d_embed,) each
         return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
@@ -89,6 +83,20 @@ def toy_vocab(text: str = TOY_TEXT) -> tuple[str, ...]:
     return tuple(sorted(set(text.split())))
 
 
+def word_ids(vocab: tuple[str, ...], sentence: str) -> np.ndarray:
+    """The words of ``sentence`` (split on whitespace) as indices into ``vocab``: (n,)."""
+    if not isinstance(sentence, str):
+        raise TypeError(f"sentence must be a str, got {type(sentence).__name__}")
+    words = sentence.split()
+    if not words:
+        raise ValueError("sentence must hold at least one word, got an empty string")
+    index = {w: i for i, w in enumerate(vocab)}
+    unknown = [w for w in words if w not in index]
+    if unknown:
+        raise ValueError(f"word {unknown[0]!r} is not in the toy vocabulary ({' '.join(vocab)})")
+    return np.array([index[w] for w in words])                               # (n,)
+
+
 def skipgram_pairs(ids: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
     """(word, neighbour) pairs within ``window`` positions, ordered by word then neighbour as the guide's loop.
 
@@ -108,8 +116,7 @@ def train_embeddings(text: str = TOY_TEXT, config: SkipGramConfig = SkipGramConf
     """Guide 3's skip-gram: learn E so that ``softmax(E[word] @ W)`` predicts the word's neighbours."""
     check_rng(rng)
     vocab = toy_vocab(text)
-    emb = ToyEmbeddings(vocab=vocab, E=np.zeros((len(vocab), config.d_embed)))
-    inputs, targets = skipgram_pairs(emb.ids(text), config.window)          # (P,), (P,)
+    inputs, targets = skipgram_pairs(word_ids(vocab, text), config.window)  # (P,), (P,)
     P = len(inputs)
     E = rng.normal(0, config.init_std, (len(vocab), config.d_embed))        # (V, d) embedding table
     W = rng.normal(0, config.init_std, (config.d_embed, len(vocab)))        # (d, V) output matrix
