@@ -110,3 +110,14 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path):
     one_line_error(capsys, ["generate", str(tmp_path / "ck"), "--prompt", "the fox"], "'f' is not in the vocabulary")
     one_line_error(capsys, ["generate", str(tmp_path / "ck"), "--prompt", "the", "--temperature", "-1"],
                    "temperature must be a number >= 0")
+
+
+def test_word_level(capsys, tmp_path):
+    out = run_json(capsys, ["train", "--level", "word", "--context", "8", "--d-model", "16", "--steps", "60",
+                            "--lr", "0.01", "--heldout", "0", "--out", str(tmp_path)])
+    assert out["config"]["vocab_size"] == 12 and out["train_tokens"] == 33      # the guide's 12 words, 33 tokens
+    assert out["train_loss"] < out["floors"]["train"]["0"]                       # it learned more than frequencies
+    gen = run_json(capsys, ["generate", str(tmp_path), "--prompt", "the cat", "--tokens", "5"])
+    words = gen["generated"].split(" ")
+    assert len(words) == 5 and set(words) <= set("the cat sat on mat and dog log saw then ran to".split())
+    assert gen["text"] == "the cat " + gen["generated"]
