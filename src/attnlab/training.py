@@ -5,7 +5,7 @@ Everything random comes from the ``rng`` passed in, so a seed gives the same run
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -46,10 +46,13 @@ class AdamState:
 
 
 def adam_step(params: dict[str, np.ndarray], grads: dict[str, np.ndarray], state: AdamState,
-              config: AdamConfig = AdamConfig()) -> None:
-    """One Adam update of every array in ``params``, in place (Kingma & Ba, 2015, Algorithm 1)."""
+              config: AdamConfig = AdamConfig(), *, lr_scale: float = 1.0) -> None:
+    """One Adam update of every array in ``params``, in place (Kingma & Ba, 2015, Algorithm 1).
+
+    ``lr_scale`` multiplies the learning rate for this step (a schedule, see :func:`cosine_decay`).
+    """
     state.t += 1
-    c = config
+    c = replace(config, lr=config.lr * lr_scale) if lr_scale != 1.0 else config
     correction = np.sqrt(1 - c.beta2 ** state.t) / (1 - c.beta1 ** state.t)   # both bias corrections at once
     for name, p in params.items():
         g, m, v = grads[name], state.m[name], state.v[name]
@@ -60,6 +63,19 @@ def adam_step(params: dict[str, np.ndarray], grads: dict[str, np.ndarray], state
         if c.weight_decay and p.ndim == 2:                # matrices only; biases are not decayed
             p *= 1 - c.lr * c.weight_decay
         p -= (c.lr * correction) * m / (np.sqrt(v) + c.eps)
+
+
+def cosine_decay(steps: int, floor: float = 0.1):
+    """A schedule for :func:`training_steps`: the learning rate falls from 1× to ``floor``× along half a cosine
+    (Loshchilov & Hutter, 2017, without restarts).
+
+    >>> [round(cosine_decay(5)(s), 3) for s in range(1, 6)]
+    [1.0, 0.868, 0.55, 0.232, 0.1]
+    """
+    steps = as_positive_int("steps", steps)
+    if not 0 <= floor <= 1:
+        raise ValueError(f"floor must be in [0, 1], got {floor}")
+    return lambda step: float(floor + (1 - floor) * 0.5 * (1 + np.cos(np.pi * (step - 1) / max(steps - 1, 1))))
 
 
 def check_text_length(ids: np.ndarray, n_ctx: int, what: str = "the training text") -> None:
@@ -112,8 +128,10 @@ class Step:
 
 
 def training_steps(model: Model, ids, *, steps: int, batch_size: int, rng: np.random.Generator,
-                   adam: AdamConfig = AdamConfig(), state: AdamState | None = None):
+                   adam: AdamConfig = AdamConfig(), schedule=None, state: AdamState | None = None):
     """Train ``model`` in place on ``ids`` (n,), yielding a :class:`Step` after each update.
+
+    ``schedule(step)`` (steps count from 1), if given, scales the learning rate, e.g. :func:`cosine_decay`.
 
     Returns a generator, so the caller decides what to show and when to save; stopping the loop early
     leaves a model that is whole after its last completed step. The arguments are checked here, before
@@ -125,23 +143,24 @@ def training_steps(model: Model, ids, *, steps: int, batch_size: int, rng: np.ra
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
     check_text_length(ids, model.config.n_ctx)
-    return _steps(model, ids, steps, batch_size, rng, adam, state)
+    return _steps(model, ids, steps, batch_size, rng, adam, schedule, state)
 
 
-def _steps(model, ids, steps, batch_size, rng, adam, state):
+def _steps(model, ids, steps, batch_size, rng, adam, schedule, state):
     params = model.params()
     state = AdamState.zeros(params) if state is None else state
     for step in range(1, steps + 1):
         x, y = sample_batch(ids, model.config.n_ctx, batch_size, rng)   # (B, n_ctx) each
         value, grads = loss_and_grad(model, x, y)
-        adam_step(params, grads.params(), state, adam)
+        adam_step(params, grads.params(), state, adam, lr_scale=1.0 if schedule is None else schedule(step))
         yield Step(step=step, loss=value, tokens=y.size)
 
 
 def train(model: Model, ids, *, steps: int, batch_size: int, rng: np.random.Generator,
-          adam: AdamConfig = AdamConfig()) -> list[float]:
+          adam: AdamConfig = AdamConfig(), schedule=None) -> list[float]:
     """Run :func:`training_steps` to the end; the batch losses, step by step."""
-    return [s.loss for s in training_steps(model, ids, steps=steps, batch_size=batch_size, rng=rng, adam=adam)]
+    return [s.loss for s in training_steps(model, ids, steps=steps, batch_size=batch_size, rng=rng, adam=adam,
+                                           schedule=schedule)]
 
 
 def one_blas_thread():
