@@ -2,6 +2,9 @@
 
     PYTHONPATH=src python benchmarks/train_guide.py [--steps 1500] [--positions rope] [--json]
 
+(the same model as `attnlab train attention-guide.txt --positions rope --context 128 --steps 1500 --lr 0.01
+--weight-decay 1.0`, which uses the same seed and therefore trains the same weights)
+
 The guide (27 KB, character level) is split into a training head and a held-out tail (10 %). The model is
 set beside count-based predictors with k = 1 and k = 2 characters of context, fitted on the same training
 head with add-α smoothing: α = 0.1 (the CLI's) and, to favour the counts, the α that is best on the
@@ -28,7 +31,8 @@ from attnlab.guide.ngrams import floors, read_utf8
 from attnlab.model import Model, ModelConfig, loss_and_grad
 from attnlab.positions import POSITION_SCHEMES
 from attnlab.text import Vocab, split_heldout
-from attnlab.training import AdamConfig, AdamState, adam_step, evaluate, one_blas_thread, sample_batch, training_steps
+from attnlab.training import (AdamConfig, AdamState, adam_step, cosine_decay, evaluate, one_blas_thread, sample_batch,
+                              training_steps)
 
 GUIDE = Path("/work/shared/guide/attention-guide.txt")
 ALPHAS = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
@@ -80,13 +84,14 @@ def main() -> None:
     ap.add_argument("--file", default=str(GUIDE))
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--positions", default="rope", choices=POSITION_SCHEMES)
-    ap.add_argument("--context", type=int, default=64)
+    ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--d-model", type=int, default=64)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--lr", type=float, default=1e-2)
+    ap.add_argument("--weight-decay", type=float, default=1.0)
+    ap.add_argument("--schedule", default="cosine", choices=("constant", "cosine"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--torch-rounds", type=int, default=30)
@@ -112,7 +117,8 @@ def main() -> None:
                           for i in threadpool_info()]
         t0 = time.perf_counter()
         for s in training_steps(model, train, steps=args.steps, batch_size=args.batch, rng=rng,
-                                adam=AdamConfig(lr=args.lr, weight_decay=args.weight_decay)):
+                                adam=AdamConfig(lr=args.lr, weight_decay=args.weight_decay),
+                                schedule=cosine_decay(args.steps) if args.schedule == "cosine" else None):
             tokens += s.tokens
             if s.step % args.eval_every == 0 or s.step == args.steps:
                 train_s = time.perf_counter() - t0
@@ -122,7 +128,7 @@ def main() -> None:
                 t0 = time.perf_counter() - train_s           # evaluation time is not training time
         seconds = time.perf_counter() - t0
         report["model"] = {"config": config.__dict__, "steps": args.steps, "batch": args.batch, "lr": args.lr,
-                           "weight_decay": args.weight_decay, "seed": args.seed, "params": model.n_params,
+                           "weight_decay": args.weight_decay, "schedule": args.schedule, "seed": args.seed, "params": model.n_params,
                            "train_loss": evaluate(model, train), "heldout_loss": evaluate(model, heldout),
                            "curve": curve, "train_seconds": seconds, "tokens_per_s": tokens / seconds}
         try:
