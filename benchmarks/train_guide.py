@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.addalpha import add_alpha_loss
-from attnlab.guide.ngrams import floors, read_utf8
+from attnlab.compare import ALPHA, loss_beside_counts
+from attnlab.guide.ngrams import read_utf8
 from attnlab.model import Model, ModelConfig, loss_and_grad
 from attnlab.positions import POSITION_SCHEMES
 from attnlab.text import Vocab, split_heldout
@@ -38,14 +39,13 @@ GUIDE = Path("/work/shared/guide/attention-guide.txt")
 ALPHAS = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
 
 
-def baselines(vocab: Vocab, train: np.ndarray, heldout: np.ndarray) -> dict:
+def best_alpha(vocab: Vocab, train: np.ndarray, heldout: np.ndarray) -> dict:
+    """For k = 1, 2, 3: the α in ALPHAS with the lowest held-out loss, and that loss (this favours the counts)."""
     out = {}
     for k in (1, 2, 3):
         on_heldout = {a: add_alpha_loss(train, heldout, k, vocab_size=vocab.size, alpha=a) for a in ALPHAS}
         best = min(on_heldout, key=on_heldout.get)
-        out[k] = {"alpha_0.1": {"train": add_alpha_loss(train, train, k, vocab_size=vocab.size, alpha=0.1),
-                                "heldout": on_heldout[0.1]},
-                  "best_alpha": best, "best_alpha_heldout": on_heldout[best]}
+        out[k] = {"alpha": best, "heldout": on_heldout[best]}
     return out
 
 
@@ -103,10 +103,7 @@ def main() -> None:
     vocab = Vocab.from_text(text)
     train, heldout = split_heldout(vocab.encode(text), 0.1)
     report = {"file": args.file, "chars": len(text), "vocab": vocab.size, "train_tokens": int(train.size),
-              "heldout_tokens": int(heldout.size),
-              "floors": {"train": {f.k: f.floor for f in floors(vocab.decode(train), 3)},
-                         "heldout_optimistic": {f.k: f.floor for f in floors(vocab.decode(heldout), 3)}},
-              "add_alpha": baselines(vocab, train, heldout)}
+              "heldout_tokens": int(heldout.size), "add_alpha_best": best_alpha(vocab, train, heldout)}
     config = ModelConfig(vocab_size=vocab.size, d_model=args.d_model, n_heads=args.heads, n_layers=args.layers,
                          n_ctx=args.context, positions=args.positions)
     rng = np.random.default_rng(args.seed)
@@ -129,8 +126,8 @@ def main() -> None:
         seconds = time.perf_counter() - t0
         report["model"] = {"config": config.__dict__, "steps": args.steps, "batch": args.batch, "lr": args.lr,
                            "weight_decay": args.weight_decay, "schedule": args.schedule, "seed": args.seed, "params": model.n_params,
-                           "train_loss": evaluate(model, train), "heldout_loss": evaluate(model, heldout),
                            "curve": curve, "train_seconds": seconds, "tokens_per_s": tokens / seconds}
+        report["comparison"] = loss_beside_counts(model, vocab, train, heldout, ks=(1, 2, 3))
         try:
             report["step_vs_torch"] = step_time_vs_torch(model, train, args.batch, args.torch_rounds)
         except ImportError:
@@ -138,21 +135,22 @@ def main() -> None:
     if args.json:
         print(json.dumps(report, indent=1))
         return
-    m, a = report["model"], report["add_alpha"]
+    m, c, best = report["model"], report["comparison"], report["add_alpha_best"]
     print(f"\n{args.file}: {len(text):,} characters, {vocab.size} symbols; train {train.size:,}, held-out {heldout.size:,}")
     print(f"BLAS while training: {report['blas']}")
     print(f"model: {args.layers} layers x {args.heads} heads, d_model {args.d_model}, context {args.context}, "
           f"{args.positions}, {m['params']:,} parameters, {args.steps} steps of {args.batch} windows")
-    print(f"{'predictor':58s} {'train':>7s} {'held-out':>9s}")
-    print(f"{'attention model':58s} {m['train_loss']:7.3f} {m['heldout_loss']:9.3f}")
+    rows = [("attention model", c["train"]["model"], c["heldout"]["model"])]
     for k in (1, 2, 3):
-        label = f"add-α counts, k = {k}, α = 0.1 (the CLI's)"
-        print(f"{label:58s} {a[k]['alpha_0.1']['train']:7.3f} {a[k]['alpha_0.1']['heldout']:9.3f}")
-        label = f"add-α counts, k = {k}, α = {a[k]['best_alpha']} (best on held-out)"
-        print(f"{label:58s} {'':7s} {a[k]['best_alpha_heldout']:9.3f}")
+        rows.append((f"add-α counts, k = {k}, α = {ALPHA} (the CLI's)", c["train"]["add_alpha"][k],
+                     c["heldout"]["add_alpha"][k]))
+        rows.append((f"add-α counts, k = {k}, α = {best[k]['alpha']} (best on held-out)", None, best[k]["heldout"]))
     for k in range(4):
-        label = f"floor, k = {k} (held-out column: optimistic bound)"
-        print(f"{label:58s} {report['floors']['train'][k]:7.3f} {report['floors']['heldout_optimistic'][k]:9.3f}")
+        rows.append((f"floor, k = {k} (held-out column: optimistic bound)", c["train"]["floors"][k],
+                     c["heldout"]["floors"][k]))
+    print(f"{'predictor':58s} {'train':>7s} {'held-out':>9s}")
+    for label, tr, ho in rows:
+        print(f"{label:58s} {'' if tr is None else f'{tr:.3f}':>7s} {ho:9.3f}")
     print(f"training throughput: {m['tokens_per_s']:,.0f} tokens/s ({m['train_seconds']:.1f} s)")
     t = report["step_vs_torch"]
     if t:

@@ -5,14 +5,17 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ._app import add_json_flag, print_json
 
+if TYPE_CHECKING:
+    from ..text import Vocab
+
 FLOOR_MAX_K = 3          # floors shown for k = 0 … 3
 BASELINE_KS = (1, 2)     # the add-α predictors the model is set beside
-ALPHA = 0.1              # add-α smoothing; about the best α for k = 1, 2 on the guide's own text
 
 
 def register(sub) -> None:
@@ -48,7 +51,7 @@ def register(sub) -> None:
 @dataclass(frozen=True)
 class Data:
     """A text split for training: the vocabulary and the ids of its head and held-out tail."""
-    vocab: object
+    vocab: Vocab
     train: np.ndarray       # (n_train,)
     heldout: np.ndarray     # (n_heldout,)
 
@@ -64,24 +67,9 @@ def load_data(file, level: str, heldout: float) -> Data:
     return Data(vocab=vocab, train=train, heldout=tail)
 
 
-def comparison(model, data: Data) -> dict:
-    """The model's loss beside the floors and the add-α predictors, on the training and held-out parts."""
-    from ..addalpha import add_alpha_loss
-    from ..guide.ngrams import floors
-    from ..training import evaluate
-
-    parts = {"train": data.train} | ({"heldout": data.heldout} if data.heldout.size > FLOOR_MAX_K + 1 else {})
-    result = {name: {"model": evaluate(model, ids),
-                     "floors": {f.k: f.floor for f in floors(data.vocab.decode(ids), FLOOR_MAX_K,
-                                                             level=data.vocab.level)},
-                     "add_alpha": {k: add_alpha_loss(data.train, ids, k, vocab_size=data.vocab.size, alpha=ALPHA)
-                                   for k in BASELINE_KS}}
-              for name, ids in parts.items()}
-    return result
-
-
 def cmd_train(args) -> int:
     from ..checkpoint import load_checkpoint, save_checkpoint
+    from ..compare import ALPHA, loss_beside_counts
     from ..model import Model, ModelConfig
     from ..training import AdamConfig, check_text_length, cosine_decay, one_blas_thread, training_steps
 
@@ -93,6 +81,8 @@ def cmd_train(args) -> int:
     config = ModelConfig(vocab_size=data.vocab.size, d_model=args.d_model, n_heads=args.heads,
                          n_layers=args.layers, n_ctx=args.context, positions=args.positions)
     check_text_length(data.train, config.n_ctx)
+    if args.out and not args.resume:
+        Path(args.out).mkdir(parents=True, exist_ok=True)       # an unwritable --out fails now, not at step 100
     rng = np.random.default_rng(args.seed)
     if args.resume:
         model, _ = load_checkpoint(args.out, config=config, vocab=data.vocab)
@@ -105,10 +95,12 @@ def cmd_train(args) -> int:
     with one_blas_thread():
         losses = run_with_progress(steps, args.steps, save=(lambda: save_checkpoint(model, data.vocab, args.out))
                                    if args.out else None, save_every=args.save_every)
-        figures = comparison(model, data)
+        figures = loss_beside_counts(model, data.vocab, data.train, data.heldout, max_k=FLOOR_MAX_K,
+                                     ks=BASELINE_KS)
     result = {"config": asdict(config), "steps": args.steps, "batch": args.batch, "lr": args.lr,
-              "weight_decay": args.weight_decay, "schedule": args.schedule, "seed": args.seed, "train_tokens": int(data.train.size),
-              "heldout_tokens": int(data.heldout.size), "last_batch_loss": losses[-1],
+              "weight_decay": args.weight_decay, "schedule": args.schedule, "seed": args.seed,
+              "train_tokens": int(data.train.size), "heldout_tokens": int(data.heldout.size),
+              "last_batch_loss": losses[-1],
               "train_loss": figures["train"]["model"], "heldout_loss": figures.get("heldout", {}).get("model"),
               "floors": {part: f["floors"] for part, f in figures.items()},
               "add_alpha": {part: f["add_alpha"] for part, f in figures.items()}, "alpha": ALPHA,
@@ -144,6 +136,8 @@ def run_with_progress(steps, total: int, *, save, save_every: int) -> list[float
 
 def print_table(figures: dict, config) -> None:
     from rich.console import Console
+
+    from ..compare import ALPHA
     from rich.table import Table
 
     parts = list(figures)
