@@ -102,6 +102,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path):
     one_line_error(capsys, ["train", "--heads", "3"], "d_model (64) must be divisible by n_heads (3)")
     one_line_error(capsys, ["train", "--steps", "0"], "steps must be a positive integer, got 0")
     one_line_error(capsys, ["generate", str(tmp_path), "--prompt", "x"], "no checkpoint here")
+    one_line_error(capsys, ["train", "--out", str(empty / "sub")], "Not a directory")   # before any training
     assert main(["train", "--steps", "2", "--context", "8", "--d-model", "16", "--out", str(tmp_path / "ck"),
                  "--json"]) == 0
     capsys.readouterr()
