@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_float_array, as_positive_int
+from ._checks import as_float_array, as_positive_int, check_rng
 from .cache import KVCache
 from .config import AttentionConfig
 from .multihead import MultiHeadAttention, multihead_attention, multihead_attention_grad
@@ -90,8 +90,7 @@ class Model:
     def init(cls, config: ModelConfig, *, rng: np.random.Generator, std: float = 0.02,
              dtype=np.float32) -> "Model":
         """Weights from N(0, std²) as GPT-2 initialises them, zero biases."""
-        if not isinstance(rng, np.random.Generator):
-            raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+        check_rng(rng)
         c = config
         draw = lambda *shape: rng.normal(0.0, std, shape).astype(dtype)   # noqa: E731
         layers = tuple(MultiHeadAttention.init(c.attention, rng=rng, std=std, dtype=dtype)
@@ -266,8 +265,7 @@ def generate(model: Model, prompt, n_tokens: int, *, rng: np.random.Generator,
     n_tokens = as_positive_int("n_tokens", n_tokens)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
         raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    check_rng(rng)
     tokens = np.concatenate([prompt, np.empty(n_tokens, prompt.dtype)])   # (n + n_tokens,)
     caches = new_caches(model, c.n_ctx)
     logits = forward(model, prompt, caches=caches)[-1]                     # (vocab,) after the whole prompt

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ._checks import as_positive_float, as_positive_int
+from ._checks import as_positive_float, as_positive_int, check_rng
 from .model import Model, check_ids, loss, loss_and_grad
 
 
@@ -140,8 +140,7 @@ def training_steps(model: Model, ids, *, steps: int, batch_size: int, rng: np.ra
     ids = check_ids("ids", ids, model.config.vocab_size)
     steps = as_positive_int("steps", steps)
     batch_size = as_positive_int("batch_size", batch_size)
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    check_rng(rng)
     check_text_length(ids, model.config.n_ctx)
     return _steps(model, ids, steps, batch_size, rng, adam, schedule, state)
 
