@@ -11,11 +11,15 @@ then ``LN_f`` and the logits ``x W_Eᵀ`` (``lm_head`` is tied to ``wte``). Conv
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
 
+from .._checks import as_positive_float, as_positive_int
+from ..cache import KVCache
 from ..multihead import MultiHeadAttention
+from ..softmax import softmax
 from .checkpoint import Tensors, check_layer_count, config_int
 from .layers import MLP, LayerNorm, activation_name
 from .output import ModelOutput, check_ids
@@ -69,21 +73,25 @@ class GPT2:
     blocks: tuple            # of GPT2Block
     ln_f: LayerNorm
 
-    def __call__(self, ids) -> ModelOutput:
-        return gpt2_forward(self, ids)
+    def __call__(self, ids, caches: tuple[KVCache, ...] | None = None) -> ModelOutput:
+        return gpt2_forward(self, ids, caches)
 
 
-def gpt2_forward(model: GPT2, ids) -> ModelOutput:
-    """Token ids (n,) -> hidden states (n_layers+1, n, d_model), attentions (n_layers, h, n, n), logits (n, vocab).
+def gpt2_forward(model: GPT2, ids, caches: tuple[KVCache, ...] | None = None) -> ModelOutput:
+    """Token ids (n,) -> hidden states (n_layers+1, n, d_model), attentions (n_layers, h, n, n_k), logits (n, vocab).
 
-    ``hidden_states[-1]`` has ``ln_f`` applied, as transformers returns it.
+    With ``caches`` (one :class:`~attnlab.KVCache` per layer, from :func:`new_caches`) the ids continue the
+    tokens already cached: they take the next positions, their keys and values are appended, and they
+    attend to all ``n_k`` tokens so far. ``hidden_states[-1]`` has ``ln_f`` applied, as transformers
+    returns it.
     """
     cfg = model.config
-    ids = check_ids(ids, cfg.vocab_size, cfg.n_ctx)
-    x = model.W_E[ids] + model.W_P[: len(ids)]             # (n, d_model) X = W_E[ids] + W_P[0..n-1]
+    start = check_caches(caches, cfg.n_layers)
+    ids = check_ids(ids, cfg.vocab_size, cfg.n_ctx, start=start)
+    x = model.W_E[ids] + model.W_P[start:start + len(ids)]   # (n, d_model) X = W_E[ids] + W_P[positions]
     hidden, weights = [x], []
-    for block in model.blocks:
-        y, a = block.attn(block.ln_1(x), is_causal=True, return_weights=True)   # (n, d_model), (h, n, n)
+    for block, cache in zip(model.blocks, caches or itertools.repeat(None)):
+        y, a = block.attn(block.ln_1(x), is_causal=True, return_weights=True, cache=cache)   # (n, d), (h, n, n_k)
         x = x + y                                          # (n, d_model)
         x = x + block.mlp(block.ln_2(x))                   # (n, d_model)
         hidden.append(x)
@@ -91,6 +99,64 @@ def gpt2_forward(model: GPT2, ids) -> ModelOutput:
     hidden[-1] = model.ln_f(x)                             # (n, d_model)
     logits = hidden[-1] @ model.W_E.T                      # (n, vocab_size)
     return ModelOutput(hidden_states=np.stack(hidden), attentions=np.stack(weights), logits=logits)
+
+
+def new_caches(model: GPT2, capacity: int) -> tuple[KVCache, ...]:
+    """One empty KV cache per layer, each with room for ``capacity`` tokens."""
+    capacity = as_positive_int("capacity", capacity)
+    if capacity > model.config.n_ctx:
+        raise ValueError(f"capacity must be at most the model's n_ctx={model.config.n_ctx}, got {capacity}")
+    return tuple(block.attn.new_cache(capacity) for block in model.blocks)
+
+
+def check_caches(caches, n_layers: int) -> int:
+    """How many tokens the caches already hold (0 without caches); one cache per layer, all in step."""
+    if caches is None:
+        return 0
+    if not isinstance(caches, (tuple, list)) or not all(isinstance(c, KVCache) for c in caches):
+        raise TypeError("caches must be a tuple of KVCache, one per layer (see new_caches)")
+    if len(caches) != n_layers:
+        raise ValueError(f"caches must hold one KVCache per layer ({n_layers}), got {len(caches)}")
+    lengths = {c.length for c in caches}
+    if len(lengths) != 1:
+        raise ValueError(f"caches must all hold the same number of tokens, got lengths {sorted(lengths)}")
+    return lengths.pop()
+
+
+def sample_next(logits, temperature: float = 0.0, rng: np.random.Generator | None = None) -> int:
+    """The next token from one row of logits (vocab,): the argmax, or a draw from softmax(logits / temperature).
+
+    >>> sample_next(np.array([0.1, 2.0, -1.0]))
+    1
+    """
+    if temperature == 0:
+        return int(np.argmax(logits))
+    temperature = as_positive_float("temperature", temperature)
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator when temperature > 0, got {type(rng).__name__}")
+    p = softmax(np.asarray(logits, np.float64) / temperature)   # (vocab,) float64, so it sums to 1 for choice
+    return int(rng.choice(p.size, p=p))
+
+
+def generate(model: GPT2, ids, n_new: int, *, temperature: float = 0.0,
+             rng: np.random.Generator | None = None) -> np.ndarray:
+    """``n_new`` token ids after the prompt ``ids``: greedy (``temperature=0``) or sampled with ``rng``.
+
+    The prompt runs once; each new token is then one decode step against the layers' KV caches.
+    """
+    cfg = model.config
+    n_new = as_positive_int("n_new", n_new)
+    ids = check_ids(ids, cfg.vocab_size, cfg.n_ctx)
+    if len(ids) + n_new - 1 > cfg.n_ctx:
+        raise ValueError(f"n_new={n_new} after a prompt of {len(ids)} tokens needs {len(ids) + n_new - 1} "
+                         f"positions, but the model has only n_ctx={cfg.n_ctx}")
+    caches = new_caches(model, len(ids) + n_new - 1)
+    logits = gpt2_forward(model, ids, caches).logits          # (n, vocab)
+    new = [sample_next(logits[-1], temperature, rng)]
+    while len(new) < n_new:
+        logits = gpt2_forward(model, new[-1:], caches).logits  # (1, vocab) one decode step
+        new.append(sample_next(logits[-1], temperature, rng))
+    return np.array(new, np.int64)                             # (n_new,)
 
 
 def load_gpt2(tensors: Tensors, config: dict) -> GPT2:
