@@ -6,10 +6,10 @@ every layer's attention weights as an :class:`attnlab.AttentionMap`, with the hi
 safetensors and tokenizers are imported only when a model is loaded.
 """
 
-from .attend import MINILM, Attended, Model, attend, load_model, minilm_path
+from .attend import MINILM, Attended, Model, attend, load_model, load_network, minilm_path
 from .bert import Bert, BertConfig, bert_forward
 from .checkpoint import read_safetensors
-from .gpt2 import GPT2, GPT2Config, gpt2_forward
+from .gpt2 import GPT2, GPT2Config, generate, gpt2_forward, new_caches
 from .output import ModelOutput
 from .summary import HeadSummary, summarize_heads
 
@@ -25,9 +25,12 @@ __all__ = [
     "ModelOutput",
     "attend",
     "bert_forward",
+    "generate",
     "gpt2_forward",
     "load_model",
+    "load_network",
     "minilm_path",
+    "new_caches",
     "read_safetensors",
     "summarize_heads",
 ]

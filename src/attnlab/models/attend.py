@@ -52,28 +52,45 @@ class Model:
         return np.array(enc.ids, np.int64), tuple(labels)   # (n,)
 
 
-def load_model(model: str | Path = MINILM) -> Model:
-    """Load ``"minilm"`` or a checkpoint folder (BERT or GPT-2, by config.json's ``model_type``).
-
-    Raises
-    ------
-    FileNotFoundError
-        No such folder, or no config.json/model.safetensors/tokenizer in it.
-    ValueError
-        A pickled checkpoint, a truncated file, a missing tensor or one whose shape does not match the
-        config, an unsupported ``model_type``.
-    """
+def model_folder(model: str | Path) -> Path:
+    """The folder that ``"minilm"`` or a path names; an error if it is not a folder."""
     if not isinstance(model, (str, Path)):
         raise TypeError(f"model must be 'minilm' or a folder path, got {type(model).__name__}")
     folder = minilm_path() if str(model) == MINILM else Path(model)
     if not folder.is_dir():
         raise FileNotFoundError(2, f"model must be {MINILM!r} or a checkpoint folder; no such folder", str(folder))
+    return folder
+
+
+def load_network(model: str | Path = MINILM) -> Bert | GPT2:
+    """The network alone (no tokenizer) of ``"minilm"`` or a checkpoint folder; it runs on token ids.
+
+    Raises
+    ------
+    FileNotFoundError
+        No such folder, or no config.json/model.safetensors in it.
+    ValueError
+        A pickled checkpoint, a truncated file, a missing tensor or one whose shape does not match the
+        config, an unsupported ``model_type``.
+    """
+    folder = model_folder(model)
     config = read_config(folder)
     kind = config.get("model_type")
     if kind not in MODEL_TYPES:
         raise ValueError(f"{folder / 'config.json'}: model_type is {kind!r}; attnlab reads {sorted(MODEL_TYPES)}")
     path = checkpoint_file(folder)
-    network = MODEL_TYPES[kind](Tensors(read_safetensors(path), str(path)), config)
+    return MODEL_TYPES[kind](Tensors(read_safetensors(path), str(path)), config)
+
+
+def load_model(model: str | Path = MINILM) -> Model:
+    """Load ``"minilm"`` or a checkpoint folder (BERT or GPT-2, by config.json's ``model_type``) with its
+    tokenizer: BERT's ``tokenizer.json``, GPT-2's ``vocab.json`` and ``merges.txt``.
+
+    Raises what :func:`load_network` raises, and FileNotFoundError for missing tokenizer files.
+    """
+    folder = model_folder(model)
+    network = load_network(folder)
+    kind = "bert" if isinstance(network, Bert) else "gpt2"
     tokenizer = bert_tokenizer(folder) if kind == "bert" else gpt2_folder_tokenizer(folder)
     return Model(name=str(model), kind=kind, network=network, tokenizer=tokenizer)
 
