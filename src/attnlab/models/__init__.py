@@ -6,7 +6,7 @@ every layer's attention weights as an :class:`attnlab.AttentionMap`, with the hi
 safetensors and tokenizers are imported only when a model is loaded.
 """
 
-from .attend import MINILM, Attended, Model, attend, load_model, load_network, minilm_path
+from .attend import MINILM, Attended, Model, attend, load_model, load_network, minilm_path, random_heads
 from .bert import Bert, BertConfig, bert_forward
 from .checkpoint import read_safetensors
 from .gpt2 import GPT2, GPT2Config, generate, gpt2_forward, new_caches
@@ -31,6 +31,7 @@ __all__ = [
     "load_network",
     "minilm_path",
     "new_caches",
+    "random_heads",
     "read_safetensors",
     "summarize_heads",
 ]

@@ -138,3 +138,28 @@ def attend(text: str, model: str | Path | Model = MINILM) -> Attended:
     keep = causal_mask(n) if m.kind == "gpt2" else None           # (n, n)
     amap = AttentionMap(labels, out.attentions, keep=keep, source=f"{m.name} ({m.kind})")
     return Attended(tokens=labels, ids=ids, attentions=amap, hidden_states=out.hidden_states, logits=out.logits)
+
+
+def random_heads(text: str, model: str | Path | Model = MINILM, *, rng: np.random.Generator,
+                 std: float = 0.02) -> AttentionMap:
+    """An untrained first layer's weights on the same input the trained first layer sees.
+
+    The layer has the model's shapes (d_model, n_heads) and weights drawn from N(0, std²) as GPT-2
+    initialises them (``MultiHeadAttention.init``), so the two maps differ only in training.
+    Returns an AttentionMap of one layer, (1, n_heads, n, n).
+    """
+    from ..config import AttentionConfig
+    from ..multihead import MultiHeadAttention
+
+    m = model if isinstance(model, Model) else load_model(model)
+    ids, labels = m.encode(text)
+    x = m.network(ids).hidden_states[0]                          # (n, d_model) the embedding output
+    is_causal = m.kind == "gpt2"
+    if is_causal:
+        x = m.network.blocks[0].ln_1(x)                          # (n, d_model) GPT-2 normalises first
+    cfg = m.network.config
+    layer = MultiHeadAttention.init(AttentionConfig(d_model=cfg.d_model, n_heads=cfg.n_heads, n_ctx=cfg.n_ctx),
+                                    rng=rng, std=std)
+    _, a = layer(x, is_causal=is_causal, return_weights=True)    # (h, n, n)
+    return AttentionMap(labels, a[None], keep=causal_mask(len(ids)) if is_causal else None,
+                        source=f"untrained, N(0, {std}²) weights")
