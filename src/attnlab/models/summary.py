@@ -59,5 +59,5 @@ def summarize_heads(amap: AttentionMap) -> HeadSummary:
     top = a.argmax(axis=-1)                                        # (L, h, n_q)
     return HeadSummary(tokens=amap.tokens, top_key=top,
                        top_weight=np.take_along_axis(a, top[..., None], axis=-1)[..., 0],   # (L, h, n_q)
-                       entropy=-plogp.sum(axis=-1).mean(axis=-1),                           # (L, h)
+                       entropy=0.0 - plogp.sum(axis=-1).mean(axis=-1),                      # (L, h) 0.0 -, not -0.0
                        distance=(a * np.abs(pos_q - pos_k)).sum(axis=-1).mean(axis=-1))    # (L, h)
