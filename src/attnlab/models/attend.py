@@ -76,7 +76,7 @@ def load_network(model: str | Path = MINILM) -> Bert | GPT2:
     folder = model_folder(model)
     config = read_config(folder)
     kind = config.get("model_type")
-    if kind not in MODEL_TYPES:
+    if not isinstance(kind, str) or kind not in MODEL_TYPES:
         raise ValueError(f"{folder / 'config.json'}: model_type is {kind!r}; attnlab reads {sorted(MODEL_TYPES)}")
     path = checkpoint_file(folder)
     return MODEL_TYPES[kind](Tensors(read_safetensors(path), str(path)), config)
