@@ -28,32 +28,38 @@ def gpt2_tensors(rng, *, n_layer, n_head, n_embd, n_positions, vocab_size, std=0
     return w
 
 
-@pytest.fixture
-def write_gpt2(tmp_path):
-    """``write_gpt2(name, **sizes, edit=f)`` -> a folder with config.json, model.safetensors, vocab.json, merges.txt."""
+def write_gpt2_folder(folder, *, rng=None, n_layer=2, n_head=4, n_embd=16, n_positions=16, prefix="transformer.",
+                      dtype=np.float32, edit=None, config=None):
+    """A folder with config.json, model.safetensors, vocab.json and merges.txt (264 tokens: bytes + merges)."""
     import json
 
     from safetensors.numpy import save_file
     from tokenizers import pre_tokenizers
 
-    def write(name="gpt2", *, rng=None, n_layer=2, n_head=4, n_embd=16, n_positions=16, prefix="transformer.",
-              dtype=np.float32, edit=None, config=None):
-        folder = tmp_path / name
-        folder.mkdir()
-        alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-        vocab = {tok: i for i, tok in enumerate(alphabet + ["".join(m.split()) for m in GPT2_MERGES])}
-        (folder / "vocab.json").write_text(json.dumps(vocab))
-        (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(GPT2_MERGES) + "\n")
-        cfg = {"model_type": "gpt2", "n_layer": n_layer, "n_head": n_head, "n_embd": n_embd,
-               "n_positions": n_positions, "vocab_size": len(vocab), "n_inner": None,
-               "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, **(config or {})}
-        (folder / "config.json").write_text(json.dumps(cfg))
-        tensors = gpt2_tensors(rng if rng is not None else np.random.default_rng(0), n_layer=n_layer,
-                               n_head=n_head, n_embd=n_embd, n_positions=n_positions,
-                               vocab_size=len(vocab), dtype=dtype)
-        if edit is not None:
-            edit(tensors)                  # a test breaks the checkpoint on purpose
-        save_file({prefix + k: v for k, v in tensors.items()}, str(folder / "model.safetensors"))
-        return folder
+    folder.mkdir()
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {tok: i for i, tok in enumerate(alphabet + ["".join(m.split()) for m in GPT2_MERGES])}
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(GPT2_MERGES) + "\n")
+    cfg = {"model_type": "gpt2", "n_layer": n_layer, "n_head": n_head, "n_embd": n_embd,
+           "n_positions": n_positions, "vocab_size": len(vocab), "n_inner": None,
+           "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, **(config or {})}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    tensors = gpt2_tensors(rng if rng is not None else np.random.default_rng(0), n_layer=n_layer,
+                           n_head=n_head, n_embd=n_embd, n_positions=n_positions, vocab_size=len(vocab), dtype=dtype)
+    if edit is not None:
+        edit(tensors)                  # a test breaks the checkpoint on purpose
+    save_file({prefix + k: v for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    return folder
 
-    return write
+
+@pytest.fixture
+def write_gpt2(tmp_path):
+    """``write_gpt2(name="gpt2", **options)`` -> a fresh GPT-2 folder (see write_gpt2_folder)."""
+    return lambda name="gpt2", **options: write_gpt2_folder(tmp_path / name, **options)
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2_folder(tmp_path_factory):
+    """One GPT-2 folder (2 layers, 4 heads, width 16, 16 positions) shared by a module's tests."""
+    return write_gpt2_folder(tmp_path_factory.mktemp("tiny") / "gpt2")

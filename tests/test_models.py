@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnlab import AttentionMap
 from attnlab.models import attend, load_model, load_network, summarize_heads
@@ -357,3 +359,32 @@ def test_cli_attend_on_a_gpt2_folder_shows_the_causal_mask(write_gpt2, capsys):
     assert main(["attend", "The cat sat", "--model", str(folder), "--json"]) == 0
     a = np.array(json.loads(capsys.readouterr().out)["attentions"])
     assert a.shape == (2, 4, 4, 4) and (np.triu(a, 1) == 0).all()
+
+
+# ---- properties -------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=25, deadline=None)
+@given(ids=st.lists(st.integers(0, 263), min_size=2, max_size=16), data=st.data())
+def test_any_split_into_cached_chunks_equals_the_full_pass(tiny_gpt2_folder, ids, data):
+    model = load_network(tiny_gpt2_folder)
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, len(ids) - 1), max_size=3))))
+    caches = new_caches(model, len(ids))
+    chunks = [gpt2_forward(model, ids[a:b], caches) for a, b in zip([0, *cuts], [*cuts, len(ids)])]
+    full = gpt2_forward(model, ids)
+    np.testing.assert_allclose(np.concatenate([c.logits for c in chunks]), full.logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.concatenate([c.hidden_states for c in chunks], axis=1), full.hidden_states,
+                               rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=50, deadline=None)
+@given(n_q=st.integers(1, 6), extra=st.integers(0, 4), seed=st.integers(0, 2**32 - 1),
+       sharp=st.floats(0.1, 30.0))
+def test_summary_facts_stay_in_their_bounds(n_q, extra, seed, sharp):
+    n_k = n_q + extra
+    a = ref_softmax(sharp * np.random.default_rng(seed).normal(size=(2, 3, n_q, n_k)))
+    s = summarize_heads(AttentionMap(tuple(f"t{i}" for i in range(n_k)), a))
+    assert ((s.entropy >= 0) & (s.entropy <= np.log(n_k) + 1e-12)).all()
+    assert ((s.distance >= 0) & (s.distance <= n_k - 1 + 1e-12)).all()
+    assert (s.top_weight >= 1 / n_k - 1e-12).all()
+    np.testing.assert_array_equal(s.top_weight, a.max(-1))
