@@ -50,7 +50,8 @@ def trained_head_section(text: str = RUNNING_EXAMPLE) -> dict | None:
     return {"model": "all-MiniLM-L6-v2", "tokens": list(trained.tokens), "layer": int(layer), "head": int(head),
             "trained": trained.head(layer, head), "trained_entropy": float(facts.entropy[layer, head]),
             "trained_top_keys": [trained.tokens[j] for j in facts.top_key[layer, head]],
-            "untrained": untrained.head(0, head), "untrained_entropy": float(summarize_heads(untrained).entropy[0, head])}
+            "untrained": untrained.head(0, head),
+            "untrained_entropy": float(summarize_heads(untrained).entropy[0, head])}
 
 
 def format_trained_head(s: dict | None) -> str:
@@ -67,8 +68,8 @@ def format_trained_head(s: dict | None) -> str:
         format_grid(s["trained"], toks, toks),
         f"Each query's strongest key: {pairs}",
         "",
-        f"An untrained head of the same shape on the same input (weights from N(0, 0.02²); entropy {s['untrained_entropy']:.3f}, "
-        f"and log {n} = {np.log(n):.3f} is an even spread):",
+        f"An untrained head of the same shape on the same input (weights from N(0, 0.02²); "
+        f"entropy {s['untrained_entropy']:.3f}, and log {n} = {np.log(n):.3f} is an even spread):",
         format_grid(s["untrained"], toks, toks),
         "Training is what turns an even blur into a pattern; `attnlab attend TEXT --summary` lists every head.",
     ])

@@ -80,9 +80,9 @@ def bert_forward(model: Bert, ids, token_types=None) -> ModelOutput:
     ``token_types`` (n,) defaults to all 0 (one segment).
     """
     cfg = model.config
-    ids = check_ids(ids, cfg.vocab_size, cfg.n_ctx)
+    ids = check_ids(ids, cfg.vocab_size, cfg.n_ctx)                   # (n,)
     types = np.zeros_like(ids) if token_types is None else check_ids(token_types, cfg.n_types, cfg.n_ctx,
-                                                                      name="token_types")
+                                                                      name="token_types")   # (n,)
     if types.shape != ids.shape:
         raise ValueError(f"token_types must have shape {ids.shape} like ids, got {types.shape}")
     x = model.W_E[ids] + model.W_P[: len(ids)] + model.W_T[types]   # (n, d_model)
