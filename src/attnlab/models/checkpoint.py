@@ -89,15 +89,33 @@ def read_config(folder: Path) -> dict:
     return config
 
 
-def checkpoint_file(folder: Path) -> Path:
-    """The folder's ``model.safetensors``; a folder with only pickles gets the pickle refusal."""
-    path = folder / SAFETENSORS
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The folder's ``model.safetensors``, or the shards its ``model.safetensors.index.json`` lists.
+
+    A folder with only pickles gets the pickle refusal.
+    """
+    path, index = folder / SAFETENSORS, folder / (SAFETENSORS + ".index.json")
     if path.is_file():
-        return path
+        return [path]
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            return [folder / name for name in sorted(set(weight_map.values()))]
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{index} must be JSON with a 'weight_map' of tensor -> shard file ({e!r})") from None
     pickles = sorted(p for p in folder.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
     if pickles:
         refuse_pickle(pickles[0])
     raise FileNotFoundError(2, "No model.safetensors in the model folder", str(path))
+
+
+def read_checkpoint(folder: Path) -> "Tensors":
+    """Every tensor of a folder's checkpoint (one file or its shards), ready to hand out by name."""
+    paths = checkpoint_files(folder)
+    arrays = {}
+    for path in paths:
+        arrays.update(read_safetensors(path))
+    return Tensors(arrays, str(paths[0]) if len(paths) == 1 else f"{folder} ({len(paths)} shards)")
 
 
 def config_int(config: dict, key: str, source: str, default=None) -> int:
