@@ -275,6 +275,7 @@ def test_pickled_checkpoints_are_refused_never_opened(tmp_path):
     (None, {"n_positions": 20}, r"tensor 'wpe\.weight' has shape \(16, 16\), expected \(20, 16\)"),
     (None, {"n_head": 5}, r"d_model \(16\) must be divisible by n_heads \(5\)"),
     (None, {"n_layer": "2"}, r"config.json field 'n_layer' must be a positive integer, got '2'"),
+    (None, {"layer_norm_epsilon": "tiny"}, r"'layer_norm_epsilon' must be a number between 0 and 1, got 'tiny'"),
     (None, {"activation_function": "relu"}, r"'activation_function' is 'relu'"),
     (None, {"scale_attn_by_inverse_layer_idx": True}, r"scale_attn_by_inverse_layer_idx=True"),
     (None, {"model_type": "llama"}, r"model_type is 'llama'; attnlab reads \['bert', 'gpt2'\]"),
@@ -308,6 +309,10 @@ def test_not_safetensors_and_missing_files(tmp_path, write_gpt2):
     junk = tmp_path / "junk.safetensors"
     junk.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all}")
     with pytest.raises(ValueError, match="is not a safetensors file: its header is not JSON"):
+        read_safetensors(junk)
+    header = b'["a list"]'
+    junk.write_bytes(len(header).to_bytes(8, "little") + header)
+    with pytest.raises(ValueError, match="is not a safetensors file: its header does not list tensors"):
         read_safetensors(junk)
     with pytest.raises(FileNotFoundError):
         load_model(tmp_path / "nowhere")

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..multihead import MultiHeadAttention
-from .checkpoint import Tensors, check_layer_count, config_int
+from .checkpoint import Tensors, check_layer_count, config_float, config_int
 from .layers import MLP, LayerNorm, activation_name
 from .output import ModelOutput, check_ids
 
@@ -47,7 +47,7 @@ class BertConfig:
         n = lambda key, default=None: config_int(config, key, source, default)   # noqa: E731
         return cls(n_layers=n("num_hidden_layers"), n_heads=n("num_attention_heads"), d_model=n("hidden_size"),
                    d_mlp=n("intermediate_size"), n_ctx=n("max_position_embeddings"), vocab_size=n("vocab_size"),
-                   n_types=n("type_vocab_size", 2), ln_eps=float(config.get("layer_norm_eps", 1e-12)),
+                   n_types=n("type_vocab_size", 2), ln_eps=config_float(config, "layer_norm_eps", source, 1e-12),
                    activation=activation_name(config, "hidden_act", source))
 
 

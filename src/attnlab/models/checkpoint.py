@@ -41,9 +41,13 @@ def check_complete(path: Path) -> None:
             header = json.loads(f.read(n_header))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ValueError(f"{path} is not a safetensors file: its header is not JSON ({e})") from None
-    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
-    for name, info in sorted(tensors.items(), key=lambda kv: kv[1]["data_offsets"][1]):
-        end = 8 + n_header + info["data_offsets"][1]
+    try:
+        ends = {name: int(info["data_offsets"][1]) for name, info in header.items() if name != "__metadata__"}
+    except (AttributeError, KeyError, TypeError, IndexError, ValueError):
+        raise ValueError(f"{path} is not a safetensors file: its header does not list tensors with "
+                         "data_offsets") from None
+    for name, end in sorted(ends.items(), key=lambda kv: kv[1]):
+        end += 8 + n_header                                   # absolute byte where the tensor's data ends
         if end > size:
             raise ValueError(f"{path} is truncated: tensor {name!r} ends at byte {end}, the file has {size} bytes")
 
@@ -124,6 +128,14 @@ def config_int(config: dict, key: str, source: str, default=None) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ValueError(f"{source}: config.json field {key!r} must be a positive integer, got {v!r}")
     return v
+
+
+def config_float(config: dict, key: str, source: str, default: float) -> float:
+    """A positive number field of config.json (layer-norm epsilons), or an error naming the field."""
+    v = config.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
+        raise ValueError(f"{source}: config.json field {key!r} must be a number between 0 and 1, got {v!r}")
+    return float(v)
 
 
 @dataclass(frozen=True, eq=False)

@@ -20,7 +20,7 @@ from .._checks import as_positive_float, as_positive_int
 from ..cache import KVCache
 from ..multihead import MultiHeadAttention
 from ..softmax import softmax
-from .checkpoint import Tensors, check_layer_count, config_int
+from .checkpoint import Tensors, check_layer_count, config_float, config_int
 from .layers import MLP, LayerNorm, activation_name
 from .output import ModelOutput, check_ids
 
@@ -52,7 +52,7 @@ class GPT2Config:
         d_model = n("n_embd")
         return cls(n_layers=n("n_layer"), n_heads=n("n_head"), d_model=d_model, n_ctx=n("n_positions"),
                    vocab_size=n("vocab_size"), d_mlp=n("n_inner", None) if config.get("n_inner") else 4 * d_model,
-                   ln_eps=float(config.get("layer_norm_epsilon", 1e-5)),
+                   ln_eps=config_float(config, "layer_norm_epsilon", source, 1e-5),
                    activation=activation_name(config, "activation_function", source))
 
 
