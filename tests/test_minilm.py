@@ -85,14 +85,16 @@ def test_cli_attend_bad_input_is_one_line_exit_2(capsys, argv, message):
     assert message in captured.err and "Traceback" not in captured.err and captured.out == ""
 
 
-def test_tour_ends_with_a_trained_head_beside_an_untrained_one(capsys):
-    assert main(["tour", "--json"]) == 0
-    s = json.loads(capsys.readouterr().out)["trained_head"]
+def test_tour_ends_with_a_trained_head_beside_an_untrained_one(capsys, tmp_path):
+    from attnlab.cli import tour
+
+    assert tour.SECTIONS[-1] is tour.section_trained
+    (section,) = tour.run_tour(tmp_path, sections=[tour.section_trained])
+    s = section.data
     assert s["tokens"] == ["[CLS]", "the", "cat", "sat", "on", "the", "[SEP]"]   # the running example
     trained, untrained = np.array(s["trained"]), np.array(s["untrained"])
     np.testing.assert_allclose(trained.sum(-1), 1, atol=1e-5)
     np.testing.assert_allclose(untrained.sum(-1), 1, atol=1e-5)
     assert s["trained_entropy"] < 0.5 < np.log(7) - 0.01 < s["untrained_entropy"] <= np.log(7)
-    assert main(["tour"]) == 0
-    out = capsys.readouterr().out
-    assert f"Layer {s['layer']}, head {s['head']}" in out and "untrained head" in out
+    assert f"Layer {s['layer']}, head {s['head']}" in section.text and "untrained head" in section.text
+    assert (tmp_path / "trained_head.png").stat().st_size > 0 and (tmp_path / "untrained_head.png").exists()
