@@ -1,0 +1,43 @@
+"""An AttentionMap from untrained random layers, for trying the pictures without a trained model.
+
+The weights mean nothing (as in the guide's own random examples); they only have the right shape,
+the causal mask, and enough contrast to see.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._checks import as_positive_int
+from ..attnmap import AttentionMap
+from ..config import AttentionConfig
+from ..masks import causal_mask
+from ..multihead import MultiHeadAttention
+
+DEMO_CONFIG = AttentionConfig(d_model=32, n_heads=4, n_ctx=1024)   # small: fast in tests, enough heads to see
+
+
+def demo_map(tokens, *, rng: np.random.Generator, n_layers: int = 2,
+             config: AttentionConfig = DEMO_CONFIG, std: float = 0.25) -> AttentionMap:
+    """Causal attention weights of ``n_layers`` random layers run one after another on random inputs.
+
+    Each layer's input is the previous layer's input plus its output, as in a transformer's residual
+    stream. ``std`` is larger than GPT-2's 0.02 so the random heads are peaked enough to look at.
+
+    >>> m = demo_map(["The", " cat", " sat"], rng=np.random.default_rng(0))
+    >>> m.weights.shape, bool(m.keep[0, 1])
+    ((2, 4, 3, 3), False)
+    """
+    tokens = tuple(tokens)
+    n_layers = as_positive_int("n_layers", n_layers)
+    if not tokens:
+        raise ValueError("tokens must hold at least one token, got none")
+    x = rng.normal(size=(len(tokens), config.d_model))           # (n, d_model)
+    grids = []
+    for _ in range(n_layers):
+        layer = MultiHeadAttention.init(config, rng=rng, std=std, dtype=np.float64)
+        y, a = layer(x, is_causal=True, return_weights=True)      # (n, d_model), (h, n, n)
+        x = x + y                                                 # (n, d_model)
+        grids.append(a)
+    return AttentionMap(tokens=tokens, weights=np.stack(grids),  # (n_layers, h, n, n)
+                        keep=causal_mask(len(tokens)), source="demo: random untrained layers")
