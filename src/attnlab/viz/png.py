@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import as_bool_array, as_float_array
+from .._checks import as_bool_array, as_float_array, as_positive_int
 from .._io import atomic_path
 from ..attnmap import AttentionMap
 from ._style import DARK_ABOVE, MASKED_COLOUR, display_token
@@ -171,6 +171,11 @@ def save_head(path, weights, tokens, *, k_tokens=None, keep=None, title: str | N
     OSError
         ``path`` cannot be written (its folder is missing or read-only).
     """
+    _save(head_figure(weights, tokens, k_tokens=k_tokens, keep=keep, title=title), path)
+
+
+def head_figure(weights, tokens, *, k_tokens=None, keep=None, title: str | None = None):
+    """The matplotlib Figure that ``save_head`` writes (for notebooks, or to draw on further)."""
     weights, tokens, k_tokens, keep = _check_grid(weights, tokens, k_tokens, keep)
     n_q, n_k = weights.shape
     fit = fit_grid(n_q, n_k)
@@ -180,7 +185,7 @@ def save_head(path, weights, tokens, *, k_tokens=None, keep=None, title: str | N
                    hatch=fit.cell_px >= HATCH_FROM_PX, interpolation=fit.interpolation)
     fig.colorbar(im, ax=ax, label="attention weight")
     ax.set_title(_title(title or "", fit.note), fontsize=10)
-    _save(fig, path)
+    return fig
 
 
 def save_layer(path, amap: AttentionMap, layer: int) -> None:
@@ -193,6 +198,11 @@ def save_layer(path, amap: AttentionMap, layer: int) -> None:
     OSError
         ``path`` cannot be written.
     """
+    _save(layer_figure(amap, layer), path)
+
+
+def layer_figure(amap: AttentionMap, layer: int):
+    """The matplotlib Figure that ``save_layer`` writes."""
     amap = _check_map(amap)
     amap.head(layer, 0)                                        # checks the layer index
     h, n_q, n_k = amap.weights.shape[1:]
@@ -212,7 +222,7 @@ def save_layer(path, amap: AttentionMap, layer: int) -> None:
     fig.colorbar(im, ax=axes.ravel().tolist(), label="attention weight", shrink=0.8)
     fig.suptitle(_title(f"layer {layer}: all {h} heads" + (f" ({amap.source})" if amap.source else ""),
                         fit.note), fontsize=11)
-    _save(fig, path)
+    return fig
 
 
 def save_model_view(path, amap: AttentionMap, *, labels_up_to: int = 8) -> None:
@@ -228,7 +238,13 @@ def save_model_view(path, amap: AttentionMap, *, labels_up_to: int = 8) -> None:
     OSError
         ``path`` cannot be written.
     """
+    _save(model_view_figure(amap, labels_up_to=labels_up_to), path)
+
+
+def model_view_figure(amap: AttentionMap, *, labels_up_to: int = 8):
+    """The matplotlib Figure that ``save_model_view`` writes."""
     amap = _check_map(amap)
+    labels_up_to = as_positive_int("labels_up_to", labels_up_to)
     n_layers, h, n_q, n_k = amap.weights.shape
     thumb = min(1.3, 14.0 / h, 14.0 / n_layers)                # inches per thumbnail
     fit = fit_grid(n_q, n_k, cell=thumb / max(n_q, n_k), most=thumb)
@@ -253,11 +269,16 @@ def save_model_view(path, amap: AttentionMap, *, labels_up_to: int = 8) -> None:
     fig.colorbar(im, ax=axes.ravel().tolist(), label="attention weight", fraction=0.02)
     fig.suptitle(_title(f"model view: {n_layers} layers × {h} heads" + (f" ({amap.source})" if amap.source else ""),
                         note), fontsize=10)
-    _save(fig, path)
+    return fig
 
 
 def save_mask(path, tokens, *, k_tokens=None, title: str | None = "causal mask M") -> None:
     """The causal mask for ``tokens``: 0 where a query may look (white), −∞ where it may not (hatched grey)."""
+    _save(mask_figure(tokens, k_tokens=k_tokens, title=title), path)
+
+
+def mask_figure(tokens, *, k_tokens=None, title: str | None = "causal mask M"):
+    """The matplotlib Figure that ``save_mask`` writes."""
     from ..masks import causal_mask
     k_tokens = tokens if k_tokens is None else k_tokens
     keep = causal_mask(len(tokens), len(k_tokens))                 # (n_q, n_k)
@@ -273,7 +294,7 @@ def save_mask(path, tokens, *, k_tokens=None, title: str | None = "causal mask M
             ax.text(j, i, "0" if k else "−∞", ha="center", va="center", fontsize=9)
     _tick_labels(ax, list(map(str, tokens)), list(map(str, k_tokens)), fit.step, 9)
     ax.set_title(_title(title or "", fit.note), fontsize=10)
-    _save(fig, path)
+    return fig
 
 
 def _save(fig, path) -> None:
