@@ -1,6 +1,6 @@
 // attnlab's attention view. Everything is drawn on canvases (a 512-token grid is 262,144 cells, far too
 // many for DOM nodes), and every piece of user text reaches the page through textContent or fillText,
-// never innerHTML, so a token like <script> shows as text.
+// never innerHTML, so a token that looks like an HTML tag shows as text.
 "use strict";
 (function () {
   const D = JSON.parse(document.getElementById("attnlab-data").textContent);

@@ -67,6 +67,11 @@ def _span(idx: list[int | None], n: int, what: str) -> str:
     return f"{what} {gap[0]}–{gap[-1]} ({len(gap)} of {n})"
 
 
+def _short(token: str) -> str:
+    """A key's label for a 3-column header: without the leading space GPT-2 tokens carry."""
+    return display_token(token).strip() or display_token(token)
+
+
 def _cell(w: float, kept: bool) -> Piece:
     if not kept:
         return ("  · ", f"#909090 on {MASKED_COLOUR}")
@@ -90,8 +95,7 @@ def layout_grid(amap: AttentionMap, layer: int, head: int, *, width: int = 80, m
     rows = _kept(n_q, max(max_rows, 3))
     keep = np.ones_like(a, bool) if amap.keep is None else amap.keep  # (n_q, n_k)
     header = [(" " * (label + 1), None)] + [
-        (" " + fit_cells(ELIDED if j is None else display_token(amap.tokens[j]), CELL - 1), "bold")
-        for j in cols]
+        (" " + fit_cells(ELIDED if j is None else _short(amap.tokens[j]), CELL - 1), "bold") for j in cols]
     lines = [tuple(header)]
     for i in rows:
         if i is None:
