@@ -30,7 +30,8 @@ from ._style import BLUES, DARK_ABOVE, MASKED_COLOUR
 from .summary import SUMMARY_FIELDS, head_summary
 
 MAX_HTML_CELLS = 64 * 1024 * 1024   # 128 MB of 16-bit weights before compression: past that a browser struggles
-_JSON_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+_JSON_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
+                               "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
 
 def _packed(arr: np.ndarray) -> str:
@@ -45,7 +46,7 @@ def script_json(data) -> str:
     '{"token": "\\\\u003c/script\\\\u003e\\\\u003cb\\\\u003e"}'
     """
     text = json.dumps(data, ensure_ascii=False, allow_nan=False)
-    return "".join(_JSON_ESCAPES.get(c, c) for c in text)
+    return text.translate(_JSON_ESCAPES)
 
 
 def view_data(amap: AttentionMap) -> dict:
@@ -56,8 +57,9 @@ def view_data(amap: AttentionMap) -> dict:
     if amap.weights.size > MAX_HTML_CELLS:
         raise ValueError(f"amap has {amap.weights.size:,} weights ({n_layers} layers × {n_heads} heads × {n_q} × {n_k}), "
                          f"more than one page can hold ({MAX_HTML_CELLS:,}); pass fewer layers or tokens")
-    a = np.nan_to_num(amap.weights.astype(np.float64), nan=0.0)               # (L, h, n_q, n_k)
-    fractions = np.rint(np.clip(a, 0.0, 1.0) * 65535).astype("<u2")           # (L, h, n_q, n_k)
+    fractions = np.empty(amap.weights.shape, "<u2")                          # (L, h, n_q, n_k)
+    for layer, a in enumerate(amap.weights):                                  # a: (h, n_q, n_k); NaN drawn as 0
+        fractions[layer] = np.rint(np.clip(np.nan_to_num(a, nan=0.0), 0.0, 1.0) * 65535)
     summary = head_summary(amap)
     return {
         "source": amap.source, "tokens": list(amap.tokens),

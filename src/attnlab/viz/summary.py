@@ -27,17 +27,22 @@ def head_summary(amap: AttentionMap) -> dict[str, np.ndarray]:
     """
     if not isinstance(amap, AttentionMap):
         raise TypeError(f"amap must be an attnlab.AttentionMap, got {type(amap).__name__}")
-    a = amap.weights.astype(np.float64)                                  # (L, h, n_q, n_k)
-    n_q, n_k = a.shape[-2:]
+    n_q, n_k = amap.weights.shape[-2:]
     q = np.arange(n_q)                                                   # (n_q,)
     me = q + n_k - n_q                                                   # (n_q,) each query's own key
-    plogp = np.where(a > 0, a * np.log2(np.where(a > 0, a, 1.0)), 0.0)   # (L, h, n_q, n_k)
     has_prev = me >= 1                                                   # (n_q,)
-    prev = a[..., q[has_prev], me[has_prev] - 1]                         # (L, h, n_prev)
+    rows = [_layer_summary(a.astype(np.float64), q, me, has_prev) for a in amap.weights]   # a: (h, n_q, n_k)
+    return {k: np.stack([r[k] for r in rows]) for k in SUMMARY_FIELDS}  # (L, h) each
+
+
+def _layer_summary(a: np.ndarray, q, me, has_prev) -> dict[str, np.ndarray]:
+    """The summary of one layer's (h, n_q, n_k) weights, each an (h,) array (one layer at a time: less memory)."""
+    log2a = np.log2(a, out=np.zeros_like(a), where=a > 0)               # (h, n_q, n_k), 0 where a = 0
+    prev = a[:, q[has_prev], me[has_prev] - 1]                           # (h, n_prev)
     return {
-        "entropy": -plogp.sum(-1).mean(-1),                              # (L, h)
-        "max": a.max(-1).mean(-1),                                       # (L, h)
-        "self": a[..., q, me].mean(-1),                                  # (L, h)
-        "prev": prev.mean(-1) if prev.shape[-1] else np.zeros(a.shape[:2]),
-        "first": a[..., 0].mean(-1),                                     # (L, h)
+        "entropy": -(a * log2a).sum(-1).mean(-1),                        # (h,)
+        "max": a.max(-1).mean(-1),                                       # (h,)
+        "self": a[:, q, me].mean(-1),                                    # (h,)
+        "prev": prev.mean(-1) if prev.shape[-1] else np.zeros(a.shape[0]),
+        "first": a[..., 0].mean(-1),                                     # (h,)
     }
