@@ -238,7 +238,13 @@
       setHover(c === null ? null : c[0]);
     });
     grid.addEventListener("mouseleave", () => { $("readout").textContent = ""; setHover(null); });
-    grid.addEventListener("click", (e) => { const c = gridCell(e); if (c) { state.pinned = c[0]; redrawQuery(); } });
+    grid.addEventListener("click", (e) => {         // pin the row, and scroll the head view to its query
+      const c = gridCell(e);
+      if (c === null) return;
+      state.pinned = c[0];
+      hv.parentElement.scrollTop = Math.max(0, 4 + c[0] * HV.rh - hv.parentElement.clientHeight / 2);
+      redrawQuery();
+    });
     mv.addEventListener("click", (e) => { const c = modelViewHead(e); if (c) select(c[0], c[1]); });
     mv.addEventListener("mousemove", (e) => {
       const c = modelViewHead(e);
