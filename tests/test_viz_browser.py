@@ -215,3 +215,14 @@ def test_repr_html_renders_in_an_iframe(view, amap):
     frame.locator("body[data-ready='1']").wait_for()
     assert frame.locator("#status").inner_text() == "2 layers × 4 heads, 7 queries × 7 keys"
     assert view.errors == [] and view.dialogs == []
+
+
+def test_fewer_queries_than_keys(tmp_path, view):
+    a = np.array([[0.1, 0.2, 0.7, 0.0], [0.25, 0.25, 0.25, 0.25]])          # 2 queries, 4 keys (a cache)
+    m = AttentionMap(tokens=("a", "b", "c", "d"), weights=a, keep=np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool))
+    save_html(tmp_path / "rect.html", m)
+    page = view.open(tmp_path / "rect.html")
+    assert page.inner_text("#status") == "1 layers × 1 heads, 2 queries × 4 keys"
+    row = view.hover_query(0)
+    assert "query #2 c" in row and _top_keys(row) == [(0.7, 2), (0.2, 1), (0.1, 0)]   # the masked key left out
+    assert view.errors == []

@@ -106,3 +106,9 @@ def test_bad_input_is_named(rng):
         terminal_text(m, 0, 0, width=80.0)
     with pytest.raises(TypeError, match="amap must be an attnlab.AttentionMap"):
         terminal_text(np.eye(3), 0, 0)
+
+
+def test_fewer_queries_than_keys_label_the_last_tokens():
+    m = AttentionMap(tokens=("a", "b", "c"), weights=np.array([[0.5, 0.25, 0.25]]))
+    lines = terminal_text(m, 0, 0).splitlines()
+    assert lines[1].split() == ["a", "b", "c"] and lines[2].split() == ["c", ".50", ".25", ".25"]
