@@ -64,14 +64,14 @@ def fit_grid(n_q: int, n_k: int, *, cell: float = CELL_INCHES, most: float = MOS
     n = max(n_q, n_k)
     if n > MAX_PNG_TOKENS:
         raise ValueError(f"tokens: {n} tokens are too many for a readable PNG (at most {MAX_PNG_TOKENS}, "
-                         "where a cell is one pixel); cut the input or use save_html, which draws any length")
+                         "where a cell is one pixel); cut the input or use save_html, which draws long inputs")
     width, height = min(n_k * cell, most), min(n_q * cell, most)
     label_in = 1.3 * label_pt / 72                   # one label's line height, with a little air
     step = max(1, math.ceil(n * label_in / max(width, height, 1e-9)))
     note = ""
     if n * cell > most:
         note = f"downscaled: {n} tokens in {max(width, height):g} in"
-        note += f", every {step}th token labelled" if step > 1 else ""
+        note += f", one token in {step} labelled" if step > 1 else ""
         note += ", values not written"
     return Fit(width=width, height=height, step=step, note=note, n_k=n_k)
 
@@ -83,6 +83,11 @@ def _figure(width: float, height: float, layout: str | None = "constrained"):
 
 def _labels(tokens) -> list[str]:
     return [display_token(str(t), LABEL_CHARS) for t in tokens]
+
+
+def _label_room(tokens, fontsize: float) -> float:
+    """Inches beside a grid for its longest token label and the axis name."""
+    return 0.45 + 0.6 * fontsize / 72 * max(map(len, _labels(tokens)), default=1)
 
 
 def draw_grid(ax, weights: np.ndarray, q_tokens, k_tokens, *, keep=None, vmax: float = 1.0,
@@ -98,6 +103,7 @@ def draw_grid(ax, weights: np.ndarray, q_tokens, k_tokens, *, keep=None, vmax: f
     shown = np.ma.masked_array(weights, mask=None if keep is None else ~keep)   # (n_q, n_k)
     ax.set_facecolor(MASKED_COLOUR)
     im = ax.imshow(shown, cmap=cmap, vmin=0.0, vmax=vmax, aspect="auto", interpolation=interpolation)
+    ax.set_box_aspect(n_q / n_k)                     # square cells, whatever room the layout leaves
     if keep is not None and hatch and (~keep).any():
         ax.add_collection(_hatched(~keep))
     _tick_labels(ax, q_tokens, k_tokens, step, fontsize)
@@ -115,7 +121,7 @@ def _tick_labels(ax, q_tokens, k_tokens, step: int, fontsize: float) -> None:
             set_ticks([])
             continue
         where = range(0, len(tokens), step)
-        labels = [_labels(tokens)[i] for i in where]
+        labels = _labels(tokens)[::step]
         rotate = name == "key" and max(map(len, labels), default=0) > 3
         set_ticks(list(where), labels, fontsize=fontsize, rotation=90 if rotate else 0)
     if k_tokens is not None:
@@ -179,7 +185,7 @@ def head_figure(weights, tokens, *, k_tokens=None, keep=None, title: str | None 
     weights, tokens, k_tokens, keep = _check_grid(weights, tokens, k_tokens, keep)
     n_q, n_k = weights.shape
     fit = fit_grid(n_q, n_k)
-    fig = _figure(fit.width + 2.4, fit.height + 2.0)
+    fig = _figure(fit.width + _label_room(tokens, 8) + 1.3, fit.height + _label_room(k_tokens, 8) + 0.6)
     ax = fig.add_subplot()
     im = draw_grid(ax, weights, tokens, k_tokens, keep=keep, step=fit.step, annotate=None if not fit.note else False,
                    hatch=fit.cell_px >= HATCH_FROM_PX, interpolation=fit.interpolation)
@@ -209,7 +215,8 @@ def layer_figure(amap: AttentionMap, layer: int):
     cols = min(h, 4)
     rows = math.ceil(h / cols)
     fit = fit_grid(n_q, n_k, cell=0.4, most=16.0 / cols, label_pt=7)
-    fig = _figure(cols * (fit.width + 1.4) + 1.0, rows * (fit.height + 1.3) + 0.6)
+    fig = _figure(cols * (fit.width + _label_room(amap.q_tokens, 7) + 0.1) + 1.0,
+                  rows * (fit.height + _label_room(amap.tokens, 7) + 0.4) + (0.9 if fit.note else 0.5))
     axes = fig.subplots(rows, cols, squeeze=False)
     for head, ax in enumerate(axes.ravel()):
         if head >= h:
