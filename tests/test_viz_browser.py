@@ -134,6 +134,13 @@ def test_hover_and_click_change_the_weights_shown(tmp_path, view, amap):
     assert [j for _, j in top] == [j for j in np.argsort(-want, kind="stable") if j <= 2]
     row6 = view.hover_query(6)
     assert row6 != row and _top_keys(row6)[0][1] == int(amap.weights[0, 0, 6].argmax())
+    box = page.locator("#head-view").bounding_box()
+    page.mouse.move(box["x"] + 400, box["y"] + 4 + 20 * 1 + 10)          # key 1: its column instead
+    column = view.shown_row()
+    assert column.startswith("layer 0, head 0, key #1  cat")
+    top_queries = [(float(w), int(i)) for w, i in re.findall(r"^(\d\.\d{3})  #(\d+) ", column, re.M)]
+    want = amap.weights[0, 0, :, 1]
+    assert _same_top(top_queries[0], want) and len(top_queries) == min(8, len(want) - 1)   # query 0 cannot see it
     page.mouse.click(*_query_point(page, 4))                            # pin query 4 ...
     page.mouse.move(5, 5)                                               # ... and leave the canvas
     assert "query #4" in view.shown_row()

@@ -107,7 +107,7 @@ def render_html(amap: AttentionMap) -> str:
 <main>
 <section>
 <h2>Head view</h2>
-<p class="hint">Queries on the left, keys on the right. Hover over a query to see its row of weights as lines and shaded keys; click to pin it.</p>
+<p class="hint">Queries on the left, keys on the right. Hover over a query to see its row of weights as lines and shaded keys (click to pin it); hover over a key to see which queries take from it.</p>
 <div class="scroll"><canvas id="head-view" aria-label="head view"></canvas></div>
 </section>
 <section>

@@ -7,7 +7,7 @@
   const L = D.n_layers, H = D.n_heads, NQ = D.n_q, NK = D.n_k, OFF = NK - NQ;
   const $ = (id) => document.getElementById(id);
   const status = $("status");
-  const state = { layer: 0, head: 0, hover: null, pinned: null };
+  const state = { layer: 0, head: 0, hover: null, pinned: null, key: null };   // key: a hovered key, for its column
   let W = null, KEEP = null;                       // Uint16Array (L·H·NQ·NK), Uint8Array (NQ·NK) or null
   const ramp = D.ramp.map((c) => [1, 3, 5].map((i) => parseInt(c.slice(i, i + 2), 16)));
   const MASKED = [1, 3, 5].map((i) => parseInt(D.masked.slice(i, i + 2), 16));
@@ -42,7 +42,8 @@
     return ctx;
   }
 
-  // ---- head view: queries on the left, keys on the right, lines for the active query's weights ----
+  // ---- head view: queries on the left, keys on the right; lines for the active query's row of weights,
+  //      or, while a key is hovered, for its column (how much each query takes from it) ----
   const HV = { w: 560, left: 200, right: 360, rh: NK <= 40 ? 20 : NK <= 128 ? 16 : 13 };
   function drawHeadView() {
     const c = $("head-view"), n = Math.max(NQ, NK), ctx = sizeCanvas(c, HV.w, n * HV.rh + 8);
@@ -54,7 +55,13 @@
       ctx.strokeStyle = `rgba(33,113,181,${Math.min(1, w)})`; ctx.lineWidth = 0.5 + 2.5 * w;
       ctx.beginPath(); ctx.moveTo(HV.left + 4, y(i)); ctx.lineTo(HV.right - 4, y(j)); ctx.stroke();
     };
-    if (q !== null) {
+    const k = state.key;
+    if (k !== null) {
+      for (let i = 0; i < NQ; i++) {
+        const w = weight(state.layer, state.head, i, k);
+        if (w > 0.002 && kept(i, k)) line(i, k, w);
+      }
+    } else if (q !== null) {
       for (let j = 0; j < NK; j++) {
         const w = weight(state.layer, state.head, q, j);
         if (w > 0.002 && kept(q, j)) line(q, j, w);
@@ -65,14 +72,21 @@
         if (w > 0.01 && kept(i, j)) line(i, j, 0.5 * w);
       }
     }
-    for (let i = 0; i < NQ; i++) {                // queries, right-aligned
-      if (i === q) { ctx.fillStyle = "#fdd49e"; ctx.fillRect(4, y(i) - rh / 2, HV.left - 4, rh); }
-      ctx.fillStyle = "#1b1b1b"; ctx.textAlign = "right";
+    for (let i = 0; i < NQ; i++) {                // queries, right-aligned; shaded by their weight on a hovered key
+      let fg = "#1b1b1b";
+      if (k !== null) {
+        const w = kept(i, k) ? weight(state.layer, state.head, i, k) : 0;
+        ctx.fillStyle = kept(i, k) ? css(shade(w)) : css(MASKED);
+        ctx.fillRect(4, y(i) - rh / 2, HV.left - 4, rh);
+        if (w > D.dark_above) fg = "#fff";
+      } else if (i === q) { ctx.fillStyle = "#fdd49e"; ctx.fillRect(4, y(i) - rh / 2, HV.left - 4, rh); }
+      ctx.fillStyle = fg; ctx.textAlign = "right";
       ctx.fillText(label(qToken(i), 24), HV.left - 2, y(i), HV.left - 8);
     }
     for (let j = 0; j < NK; j++) {                // keys, shaded by the active query's weight
       let fg = "#1b1b1b";
-      if (q !== null) {
+      if (j === k) { ctx.fillStyle = "#fdd49e"; ctx.fillRect(HV.right, y(j) - rh / 2, HV.w - HV.right - 4, rh); }
+      else if (k === null && q !== null) {
         const w = kept(q, j) ? weight(state.layer, state.head, q, j) : 0;
         ctx.fillStyle = kept(q, j) ? css(shade(w)) : css(MASKED);
         ctx.fillRect(HV.right, y(j) - rh / 2, HV.w - HV.right - 4, rh);
@@ -82,10 +96,11 @@
       ctx.fillText(label(tokens[j], 24), HV.right + 2, y(j), HV.w - HV.right - 8);
     }
   }
-  function headViewQuery(ev) {
+  function headViewTarget(ev) {                  // [query, key] under the mouse: one of them, or neither
     const r = $("head-view").getBoundingClientRect(), x = ev.clientX - r.left;
     const i = Math.floor((ev.clientY - r.top - 4) / HV.rh);
-    return x < HV.left + 4 && i >= 0 && i < NQ ? i : null;
+    if (x < HV.left + 4) return [i >= 0 && i < NQ ? i : null, null];
+    return [null, x >= HV.right && i >= 0 && i < NK ? i : null];
   }
 
   // ---- grid: the whole head as a heatmap, one pixel per cell, scaled up without smoothing ----
@@ -123,10 +138,9 @@
         }
       }
     }
-    if (q !== null) {
-      ctx.strokeStyle = "#e6550d"; ctx.lineWidth = 2;
-      ctx.strokeRect(m, m + q * ch, G.size, Math.max(ch, 2));
-    }
+    ctx.strokeStyle = "#e6550d"; ctx.lineWidth = 2;
+    if (state.key !== null) ctx.strokeRect(m + state.key * cw, m, Math.max(cw, 2), G.size);
+    else if (q !== null) ctx.strokeRect(m, m + q * ch, G.size, Math.max(ch, 2));
   }
   function gridCell(ev) {
     const r = $("grid").getBoundingClientRect();
@@ -135,8 +149,17 @@
     return i >= 0 && i < NQ && j >= 0 && j < NK ? [i, j] : null;
   }
 
-  // ---- the active query's row of weights, as text ----
+  // ---- the active query's row of weights (or the hovered key's column), as text ----
+  function showColumn(k) {
+    const col = [];
+    for (let i = 0; i < NQ; i++) if (kept(i, k)) col.push([weight(state.layer, state.head, i, k), i]);
+    col.sort((a, b) => b[0] - a[0]);
+    const top = col.slice(0, 8).map(([w, i]) => `${fmt(w)}  #${i + OFF} ${label(qToken(i), 30)}`);
+    $("row").textContent = `layer ${state.layer}, head ${state.head}, key #${k} ${tokens[k]}\n` +
+      `queries that take the most from it (of ${col.length} that see it):\n` + top.join("\n");
+  }
   function showRow() {
+    if (state.key !== null) { showColumn(state.key); return; }
     const q = active();
     if (q === null) { $("row").textContent = "Hover over or click a query token to see its row of weights."; return; }
     const row = [];
@@ -220,7 +243,9 @@
     $("layer").value = String(l); $("head").value = String(h);
     renderGridImage(); drawHeadView(); drawGrid(); showRow(); drawModelView(); drawSummary();
   }
-  function setHover(i) { if (i !== state.hover) { state.hover = i; redrawQuery(); } }
+  function setHover(i, k = null) {
+    if (i !== state.hover || k !== state.key) { state.hover = i; state.key = k; redrawQuery(); }
+  }
 
   function wire() {
     for (let l = 0; l < L; l++) $("layer").add(new Option(`layer ${l}`, String(l)));
@@ -228,9 +253,12 @@
     $("layer").addEventListener("change", (e) => select(Number(e.target.value), state.head));
     $("head").addEventListener("change", (e) => select(state.layer, Number(e.target.value)));
     const hv = $("head-view"), grid = $("grid"), mv = $("model-view");
-    hv.addEventListener("mousemove", (e) => setHover(headViewQuery(e)));
+    hv.addEventListener("mousemove", (e) => setHover(...headViewTarget(e)));
     hv.addEventListener("mouseleave", () => setHover(null));
-    hv.addEventListener("click", (e) => { const i = headViewQuery(e); state.pinned = i === state.pinned ? null : i; redrawQuery(); });
+    hv.addEventListener("click", (e) => {
+      const i = headViewTarget(e)[0];
+      if (i !== null) { state.pinned = i === state.pinned ? null : i; redrawQuery(); }
+    });
     grid.addEventListener("mousemove", (e) => {
       const c = gridCell(e);
       $("readout").textContent = c === null ? "" : `query #${c[0] + OFF} ${qToken(c[0])} \u2192 key #${c[1]} ` +
