@@ -141,6 +141,17 @@ def test_unwritable_path_names_the_path(tmp_path, amap, save):
     assert not os.listdir(tmp_path)                                    # no half file left behind
 
 
+def test_a_folder_that_refuses_files_names_the_path_asked_for(tmp_path, amap, monkeypatch):
+    import tempfile
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / ".x.png.abc.part"))
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)                      # what a read-only folder does, even as root
+    with pytest.raises(PermissionError) as e:
+        save_layer(tmp_path / "x.png", amap, 0)
+    assert e.value.filename == str(tmp_path / "x.png") and "Permission denied" in e.value.strerror
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can write into a read-only folder")
 def test_read_only_folder_names_the_path(tmp_path, amap):
     tmp_path.chmod(0o500)
