@@ -66,6 +66,8 @@ def test_wide_grid_is_elided_to_80_columns_and_says_so(rng):
     lines = console.export_text().splitlines()
     assert all(cell_width(line) <= 80 for line in lines)
     assert "Elided to fit 80 columns" in " ".join(lines)
+    narrow = _render(terminal_grid(m, 0, 0, width=50), width=120).export_text().splitlines()
+    assert all(cell_width(line.rstrip()) <= 50 for line in narrow)       # the width asked for, not the console's
 
 
 def test_elided_rows_keep_the_values_of_the_rows_shown(rng):

@@ -126,7 +126,8 @@ def terminal_grid(amap: AttentionMap, layer: int, head: int, width: int = 80, *,
 
     g = layout_grid(amap, layer, head, width=width, max_rows=max_rows)
     grid = [Text.assemble(*((t, s or "") for t, s in line), no_wrap=True, overflow="crop") for line in g.lines]
-    return Group(Text(fit_cells(g.title, width).rstrip(), style="bold"), *grid, Text(g.note, style="dim"))
+    note = Text("\n".join(textwrap.wrap(g.note, width)), style="dim")
+    return Group(Text(fit_cells(g.title, width).rstrip(), style="bold"), *grid, note)
 
 
 def terminal_text(amap: AttentionMap, layer: int, head: int, width: int = 80, *, max_rows: int = 40) -> str:
