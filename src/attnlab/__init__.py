@@ -16,11 +16,13 @@ Axis letters, used in every shape comment::
     n_ctx    positions a model has rows for (GPT-2: 1024)
 """
 
-from .attention import attention
+from .attention import attention, attention_grad
 from .attnmap import AttentionMap
+from .cache import KVCache
 from .config import GPT2_SMALL, AttentionConfig
 from .masks import additive_mask, causal_mask
-from .multihead import MultiHeadAttention, merge_heads, multihead_attention, split_heads
+from .multihead import (MultiHeadAttention, merge_heads, multihead_attention, multihead_attention_grad,
+                        split_heads)
 from .softmax import softmax
 
 __version__ = "0.1.0"
@@ -29,12 +31,15 @@ __all__ = [
     "GPT2_SMALL",
     "AttentionConfig",
     "AttentionMap",
+    "KVCache",
     "MultiHeadAttention",
     "additive_mask",
     "attention",
+    "attention_grad",
     "causal_mask",
     "merge_heads",
     "multihead_attention",
+    "multihead_attention_grad",
     "softmax",
     "split_heads",
 ]

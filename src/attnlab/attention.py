@@ -123,3 +123,38 @@ def naive_attention(c: Checked) -> tuple[np.ndarray, np.ndarray]:
         s = np.where(c.keep, s, -np.inf)                 # (..., n_q, n_k) S + M
     a = softmax(s)                                       # (..., n_q, n_k) A, rows with no key are 0
     return a @ c.v, a                                    # (..., n_q, d_v), (..., n_q, n_k)
+
+
+def attention_grad(query, key, value, dout, *, mask=None, bias=None, is_causal=False, scale=None):
+    """Backward of :func:`attention`: the gradients ``(dq, dk, dv)`` of a loss whose gradient with respect
+    to the output is ``dout`` (..., n_q, d_v). Each has the shape and dtype of its input; leading axes that
+    were broadcast in the forward pass are summed back.
+
+    This is the naive reference: it rebuilds the (n_q, n_k) grid of weights.
+    """
+    c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+    out_shape = (*np.broadcast_shapes(c.q.shape[:-2], c.k.shape[:-2], c.v.shape[:-2]),
+                 c.q.shape[-2], c.v.shape[-1])
+    do = as_float_array("dout", dout)
+    if do.shape != out_shape:
+        raise ValueError(f"dout must have the output's shape {out_shape}, got {do.shape}")
+    do = do.astype(c.q.dtype, copy=False)
+    out, a = naive_attention(c)                          # (..., n_q, d_v), (..., n_q, n_k)
+    # forward: out = a @ v
+    dv = np.swapaxes(a, -1, -2) @ do                     # (..., n_k, d_v)
+    da = do @ np.swapaxes(c.v, -1, -2)                   # (..., n_q, n_k)
+    # forward: a = softmax(s), so ds = a * (da - Σ_j a·da); and Σ_j a·da = Σ_d out·dout
+    ds = a * (da - (out * do).sum(-1, keepdims=True))    # (..., n_q, n_k) zero wherever a was masked
+    # forward: s = (q @ kᵀ) * scale
+    dq = ds @ c.k * c.scale                              # (..., n_q, d_k)
+    dk = np.swapaxes(ds, -1, -2) @ c.q * c.scale         # (..., n_k, d_k)
+    return tuple(unbroadcast(g, np.shape(x)).astype(np.asarray(x).dtype, copy=False)
+                 for g, x in ((dq, query), (dk, key), (dv, value)))
+
+
+def unbroadcast(g: np.ndarray, shape: tuple) -> np.ndarray:
+    """Sum ``g`` over the axes that broadcasting added or stretched, back to ``shape``."""
+    lead = g.ndim - len(shape)
+    g = g.sum(axis=tuple(range(lead))) if lead else g                       # drop added axes
+    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
+    return g.sum(axis=stretched, keepdims=True) if stretched else g         # (shape)

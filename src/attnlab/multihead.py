@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._checks import as_float_array, as_positive_int
-from .attention import attention
+from .attention import attention, attention_grad
+from .cache import KVCache
 from .config import AttentionConfig
 
 
@@ -96,22 +97,79 @@ class MultiHeadAttention:
         """Every number in the layer: four matrices and four biases."""
         return sum(getattr(self, n).size for n in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"))
 
-    def __call__(self, x, *, mask=None, is_causal=False, return_weights=False):
-        return multihead_attention(self, x, mask=mask, is_causal=is_causal, return_weights=return_weights)
+    def new_cache(self, capacity: int, *, batch_shape: tuple = ()) -> KVCache:
+        """An empty KV cache for this layer, with room for ``capacity`` tokens."""
+        return KVCache.empty(self.n_heads, capacity, self.W_Q.shape[1] // self.n_heads,
+                             batch_shape=batch_shape, dtype=np.result_type(self.W_K, np.float32))
+
+    def __call__(self, x, *, mask=None, is_causal=False, return_weights=False, cache: KVCache | None = None):
+        return multihead_attention(self, x, mask=mask, is_causal=is_causal, return_weights=return_weights,
+                                   cache=cache)
 
 
-def multihead_attention(p: MultiHeadAttention, x, *, mask=None, is_causal=False, return_weights=False):
-    """x (..., n, d_model) -> (..., n, d_model); with ``return_weights`` also (..., n_heads, n, n).
+def multihead_attention(p: MultiHeadAttention, x, *, mask=None, is_causal=False, return_weights=False,
+                        cache: KVCache | None = None):
+    """x (..., n, d_model) -> (..., n, d_model); with ``return_weights`` also (..., n_heads, n, n_k).
 
-    ``mask`` is bool, True = may attend, broadcasting to (..., n_heads, n, n).
+    ``mask`` is bool, True = may attend, broadcasting to (..., n_heads, n, n_k). With a ``cache``, the
+    new tokens' keys and values are appended to it and the n queries attend to all n_k cached tokens
+    (bottom-right causal alignment: the queries are the last n positions).
     """
-    x = as_float_array("x", x, min_ndim=2)
-    if x.shape[-1] != p.W_Q.shape[0]:
-        raise ValueError(f"x has width {x.shape[-1]}, the layer's d_model is {p.W_Q.shape[0]}; they must match")
+    x = _check_x(p, x)
     q = split_heads(x @ p.W_Q + p.b_Q, p.n_heads)    # (..., h, n, d_head)
     k = split_heads(x @ p.W_K + p.b_K, p.n_heads)    # (..., h, n, d_head)
     v = split_heads(x @ p.W_V + p.b_V, p.n_heads)    # (..., h, n, d_head)
-    out = attention(q, k, v, mask=mask, is_causal=is_causal, return_weights=return_weights)
+    if cache is None:
+        out = attention(q, k, v, mask=mask, is_causal=is_causal, return_weights=return_weights)
+    else:
+        before = cache.length
+        k, v = cache.append(k, v)                    # (..., h, n_k, d_head) each: every token so far
+        try:
+            out = attention(q, k, v, mask=mask, is_causal=is_causal, return_weights=return_weights)
+        except Exception:
+            cache.length = before                    # a failed step leaves the cache as it was
+            raise
     heads, a = out if return_weights else (out, None)   # (..., h, n, d_head), (..., h, n, n)
     y = merge_heads(heads) @ p.W_O + p.b_O           # (..., n, d_model)
     return (y, a) if return_weights else y
+
+
+def multihead_attention_grad(p: MultiHeadAttention, x, dy, *, mask=None, is_causal=False):
+    """Backward of :func:`multihead_attention` (no cache): returns ``(dx, grads)``.
+
+    ``grads`` is a MultiHeadAttention holding dL/dW_Q, …, dL/db_O, so it can be used like the
+    parameters themselves (an optimizer walks both alike). The forward is recomputed here.
+    """
+    x = _check_x(p, x)
+    dy = as_float_array("dy", dy)
+    if dy.shape != x.shape:
+        raise ValueError(f"dy must have the shape of x {x.shape}, got {dy.shape}")
+    d_model, width = p.W_Q.shape
+    q = split_heads(x @ p.W_Q + p.b_Q, p.n_heads)          # (..., h, n, d_head)
+    k = split_heads(x @ p.W_K + p.b_K, p.n_heads)          # (..., h, n, d_head)
+    v = split_heads(x @ p.W_V + p.b_V, p.n_heads)          # (..., h, n, d_head)
+    heads = attention(q, k, v, mask=mask, is_causal=is_causal)   # (..., h, n, d_head)
+    merged = merge_heads(heads)                            # (..., n, h·d_head)
+    # forward: y = merged @ W_O + b_O
+    dy2 = dy.reshape(-1, d_model)                          # (N, d_model), N = all tokens
+    dW_O = merged.reshape(-1, width).T @ dy2               # (h·d_head, d_model)
+    db_O = dy2.sum(0)                                      # (d_model,)
+    d_merged = dy @ p.W_O.T                                # (..., n, h·d_head)
+    # forward: heads = attention(q, k, v)
+    dq, dk, dv = attention_grad(q, k, v, split_heads(d_merged, p.n_heads), mask=mask, is_causal=is_causal)
+    # forward: q = split_heads(x @ W_Q + b_Q), likewise k and v
+    x2 = x.reshape(-1, d_model)                            # (N, d_model)
+    grads, dx = {}, np.zeros_like(x)
+    for name, d in (("Q", dq), ("K", dk), ("V", dv)):
+        d_lin = merge_heads(d)                             # (..., n, h·d_head)
+        grads[f"W_{name}"] = x2.T @ d_lin.reshape(-1, width)   # (d_model, h·d_head)
+        grads[f"b_{name}"] = d_lin.reshape(-1, width).sum(0)   # (h·d_head,)
+        dx += d_lin @ getattr(p, f"W_{name}").T            # (..., n, d_model)
+    return dx, MultiHeadAttention(**grads, W_O=dW_O, b_O=db_O, n_heads=p.n_heads)
+
+
+def _check_x(p: MultiHeadAttention, x) -> np.ndarray:
+    x = as_float_array("x", x, min_ndim=2)
+    if x.shape[-1] != p.W_Q.shape[0]:
+        raise ValueError(f"x has width {x.shape[-1]}, the layer's d_model is {p.W_Q.shape[0]}; they must match")
+    return x

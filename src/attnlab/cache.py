@@ -1,0 +1,79 @@
+"""The KV cache: keys and values of earlier tokens, kept so each new token is one decode step.
+
+During generation the keys and values of earlier tokens don't change, so they are stored once in a
+preallocated buffer and reused; each step appends the new token's k and v and attends its query against
+everything so far (bottom-right causal alignment).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._checks import as_float_array, as_positive_int
+
+
+@dataclass(eq=False)
+class KVCache:
+    """One layer's cache: ``k`` and ``v`` buffers of shape (..., n_heads, capacity, d_head).
+
+    Only the first ``length`` positions hold data. ``append`` either writes all the new tokens or,
+    on any error, leaves the cache exactly as it was.
+    """
+    k: np.ndarray      # (..., h, capacity, d_head)
+    v: np.ndarray      # (..., h, capacity, d_head)
+    length: int = 0
+
+    @classmethod
+    def empty(cls, n_heads: int, capacity: int, d_head: int, *, batch_shape: tuple = (),
+              dtype=np.float32) -> "KVCache":
+        """A cache with room for ``capacity`` tokens, allocated once."""
+        n_heads, capacity, d_head = (as_positive_int(name, v) for name, v in
+                                     (("n_heads", n_heads), ("capacity", capacity), ("d_head", d_head)))
+        if np.dtype(dtype) not in (np.float16, np.float32, np.float64):
+            raise TypeError(f"dtype must be float16, float32 or float64, got {np.dtype(dtype)}")
+        shape = (*batch_shape, n_heads, capacity, d_head)
+        return cls(k=np.zeros(shape, dtype), v=np.zeros(shape, dtype))
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[-2]
+
+    @property
+    def keys(self) -> np.ndarray:
+        return self.k[..., :self.length, :]      # (..., h, length, d_head) a view, no copy
+
+    @property
+    def values(self) -> np.ndarray:
+        return self.v[..., :self.length, :]      # (..., h, length, d_head)
+
+    def append(self, key, value) -> tuple[np.ndarray, np.ndarray]:
+        """Write ``key`` and ``value`` (..., n_heads, t, d_head) after the cached tokens.
+
+        Returns the keys and values of all tokens so far, as views (..., n_heads, length, d_head).
+        Raises, with the cache unchanged, when the shapes or dtype do not match or there is no room.
+        """
+        key = as_float_array("key", key, min_ndim=2)
+        value = as_float_array("value", value, min_ndim=2)
+        expected = (*self.k.shape[:-2], "t", self.k.shape[-1])
+        for name, new in (("key", key), ("value", value)):
+            if new.dtype != self.k.dtype:
+                raise TypeError(f"{name} has dtype {new.dtype}, the cache holds {self.k.dtype}")
+            if new.shape[:-2] != self.k.shape[:-2] or new.shape[-1] != self.k.shape[-1]:
+                raise ValueError(f"{name} has shape {new.shape}, the cache expects {expected} "
+                                 f"(width {self.k.shape[-1]})")
+        if key.shape[-2] != value.shape[-2]:
+            raise ValueError(f"key has {key.shape[-2]} tokens, value has {value.shape[-2]}; they must match")
+        t = key.shape[-2]
+        if self.length + t > self.capacity:
+            raise ValueError(f"cannot append {t} tokens: the cache holds {self.length} of its capacity "
+                             f"{self.capacity}")
+        self.k[..., self.length:self.length + t, :] = key      # (..., h, t, d_head)
+        self.v[..., self.length:self.length + t, :] = value    # (..., h, t, d_head)
+        self.length += t
+        return self.keys, self.values
+
+    def reset(self) -> None:
+        """Forget every cached token (the buffers are kept)."""
+        self.length = 0
