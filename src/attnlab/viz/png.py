@@ -298,7 +298,8 @@ def mask_figure(tokens, *, k_tokens=None, title: str | None = "causal mask M"):
         ax.add_collection(_hatched(~keep))
     if not fit.note:
         for (i, j), k in np.ndenumerate(keep):
-            ax.text(j, i, "0" if k else "−∞", ha="center", va="center", fontsize=9)
+            ax.text(j, i, "0" if k else "−∞", ha="center", va="center", fontsize=9,
+                    bbox=None if k else dict(facecolor=MASKED_COLOUR, edgecolor="none", pad=1))   # over the hatching
     _tick_labels(ax, list(map(str, tokens)), list(map(str, k_tokens)), fit.step, 9)
     ax.set_title(_title(title or "", fit.note), fontsize=10)
     return fig
