@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from attnlab import AttentionMap, causal_mask
-from attnlab.viz import demo_map, head_summary, render_html, save_html
+from attnlab import summarize_heads
+from attnlab.viz import demo_map, render_html, save_html
 from attnlab.viz import html as html_view
 
 EVIL = "<script>alert(1)</script>"
@@ -58,11 +59,11 @@ def test_weights_and_mask_round_trip(amap):
 
 
 def test_summary_matches_a_loop(amap):
-    s, (L, H, n, _) = head_summary(amap), amap.weights.shape
+    s, (L, H, n, _) = summarize_heads(amap).table(), amap.weights.shape
     for layer in range(L):
         for head in range(H):
             a = amap.weights[layer, head]
-            ent = np.mean([-sum(x * np.log2(x) for x in row if x > 0) for row in a])
+            ent = np.mean([-sum(x * np.log(x) for x in row if x > 0) for row in a])
             assert s["entropy"][layer, head] == pytest.approx(ent)
             assert s["max"][layer, head] == pytest.approx(np.mean([max(row) for row in a]))
             assert s["self"][layer, head] == pytest.approx(np.mean([a[i, i] for i in range(n)]))
@@ -74,7 +75,7 @@ def test_summary_matches_a_loop(amap):
 
 def test_summary_aligns_queries_bottom_right():
     a = np.array([[0.25, 0.25, 0.5], [0.0, 0.0, 1.0]])                      # 2 queries over 3 keys
-    s = head_summary(AttentionMap(tokens=("a", "b", "c"), weights=a))
+    s = summarize_heads(AttentionMap(tokens=("a", "b", "c"), weights=a)).table()
     assert s["self"][0, 0] == pytest.approx((0.25 + 1.0) / 2)                  # query 0 is token 1
     assert s["prev"][0, 0] == pytest.approx((0.25 + 0.0) / 2)
 

@@ -24,11 +24,13 @@ from .masks import additive_mask, causal_mask
 from .multihead import (MultiHeadAttention, merge_heads, multihead_attention, multihead_attention_grad,
                         split_heads)
 from .softmax import softmax
+from .summary import HeadSummary, summarize_heads
 
 __version__ = "0.1.0"
 
 __all__ = [
     "GPT2_SMALL",
+    "HeadSummary",
     "AttentionConfig",
     "AttentionMap",
     "KVCache",
@@ -42,4 +44,5 @@ __all__ = [
     "multihead_attention_grad",
     "softmax",
     "split_heads",
+    "summarize_heads",
 ]

@@ -11,7 +11,7 @@ from .bert import Bert, BertConfig, bert_forward
 from .checkpoint import read_safetensors
 from .gpt2 import GPT2, GPT2Config, generate, gpt2_forward, new_caches
 from .output import ModelOutput
-from .summary import HeadSummary, summarize_heads
+from ..summary import HeadSummary, summarize_heads
 
 __all__ = [
     "GPT2",

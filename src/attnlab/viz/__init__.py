@@ -8,12 +8,10 @@ by the functions that need them.
 from .demo import demo_map
 from .html import render_html, save_html
 from .png import save_head, save_layer, save_mask, save_model_view
-from .summary import head_summary
 from .terminal import terminal_grid, terminal_text
 
 __all__ = [
     "demo_map",
-    "head_summary",
     "render_html",
     "save_head",
     "save_html",

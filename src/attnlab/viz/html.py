@@ -27,7 +27,7 @@ import numpy as np
 from .._io import atomic_path
 from ..attnmap import AttentionMap
 from ._style import BLUES, DARK_ABOVE, MASKED_COLOUR
-from .summary import SUMMARY_FIELDS, head_summary
+from ..summary import SUMMARY_FIELDS, summarize_heads
 
 MAX_HTML_CELLS = 64 * 1024 * 1024   # 128 MB of 16-bit weights before compression: past that a browser struggles
 _JSON_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
@@ -60,7 +60,7 @@ def view_data(amap: AttentionMap) -> dict:
     fractions = np.empty(amap.weights.shape, "<u2")                          # (L, h, n_q, n_k)
     for layer, a in enumerate(amap.weights):                                  # a: (h, n_q, n_k); NaN drawn as 0
         fractions[layer] = np.rint(np.clip(np.nan_to_num(a, nan=0.0), 0.0, 1.0) * 65535)
-    summary = head_summary(amap)
+    summary = summarize_heads(amap).table()
     return {
         "source": amap.source, "tokens": list(amap.tokens),
         "n_layers": n_layers, "n_heads": n_heads, "n_q": n_q, "n_k": n_k,
