@@ -53,7 +53,7 @@ def test_cli_attend_prints_a_trained_head(capsys):
     assert main(["attend", TEXT, "--model", "minilm", "--layer", "0", "--head", "2"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert "6 layers x 12 heads" in out[0] and "layer 0, head 2" in out[1]
-    assert out[2].split() == list(TOKENS)
+    assert len(out[2].split()) == len(TOKENS)                  # key labels, cut to fit a cell
     sat = out[3 + TOKENS.index("sat")].split()      # rows start after the key labels
     assert sat[0] == "sat" and max(map(float, sat[1:])) == float(sat[1 + TOKENS.index("cat")])
 

@@ -359,9 +359,10 @@ def test_cli_attend_on_a_gpt2_folder_shows_the_causal_mask(write_gpt2, capsys):
     assert main(["attend", "The cat sat", "--model", str(folder), "--layer", "1", "--head", "3"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "(gpt2): 4 tokens, 2 layers x 4 heads" in lines[0]
-    assert lines[2].split() == ["T", "he", "␣cat", "␣sat"]          # spaces shown, as GPT-2's tokens carry them
+    assert lines[2].split() == ["T", "he", "cat", "sat"]            # key labels
     first = lines[3].split()
-    assert first == ["T", "1.000", "·", "·", "·"]                    # the first token sees only itself
+    assert first == ["T", "1.0", "·", "·", "·"]                      # the first token sees only itself
+    assert lines[-1].startswith("· = masked")
     assert main(["attend", "The cat sat", "--model", str(folder), "--json"]) == 0
     a = np.array(json.loads(capsys.readouterr().out)["attentions"])
     assert a.shape == (2, 4, 4, 4) and (np.triu(a, 1) == 0).all()
@@ -414,3 +415,19 @@ def test_sharded_checkpoint_loads_like_one_file(write_gpt2):
     (folder / "model-00002-of-00002.safetensors").unlink()
     with pytest.raises(FileNotFoundError):
         load_network(folder)
+
+
+def test_cli_attend_writes_png_and_html(write_gpt2, capsys, tmp_path):
+    from attnlab.cli import main
+
+    folder = write_gpt2()
+    png, page = tmp_path / "head.png", tmp_path / "view.html"
+    assert main(["attend", "The cat sat", "--model", str(folder), "--head", "1", "--png", str(png),
+                 "--html", str(page)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "<canvas" in page.read_text(encoding="utf-8")
+    capsys.readouterr()
+    assert main(["attend", "The cat sat", "--model", str(folder), "--png", str(tmp_path / "no" / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no" in err and "Traceback" not in err
+    assert not (tmp_path / "no").exists()

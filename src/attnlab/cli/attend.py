@@ -19,6 +19,9 @@ def register(sub) -> None:
     p.add_argument("--head", type=int, default=0, help="head to show, from 0 (default 0)")
     p.add_argument("--summary", action="store_true",
                    help="list every head's most-attended key per query, entropy and mean attention distance")
+    p.add_argument("--png", metavar="FILE", help="also save the chosen head as a PNG heatmap")
+    p.add_argument("--html", metavar="FILE",
+                   help="also save every layer and head as one self-contained interactive HTML page")
     add_json_flag(p)
     p.set_defaults(func=cmd_attend)
 
@@ -28,8 +31,9 @@ def cmd_attend(args) -> int:
 
     result = attend(args.text, args.model)
     amap = result.attentions
-    grid = amap.head(args.layer, args.head)                     # (n, n); checks the indices
+    amap.head(args.layer, args.head)                            # checks the indices first
     summary = summarize_heads(amap) if args.summary else None
+    save_views(amap, args.layer, args.head, png=args.png, html=args.html)
     if args.json:
         data = {"model": args.model, "tokens": list(result.tokens), "ids": result.ids,
                 "attentions": amap.weights}                     # (layer, head, query, key)
@@ -41,15 +45,31 @@ def cmd_attend(args) -> int:
     if summary is not None:
         print(format_summary(summary))
         return 0
-    print(f"layer {args.layer}, head {args.head} (rows: queries, columns: keys; each row sums to 1)")
-    print(format_grid(grid, amap.q_tokens, amap.tokens, amap.keep))
+    from rich.console import Console
+
+    from ..viz import terminal_grid
+    Console(highlight=False).print(terminal_grid(amap, args.layer, args.head))
+    for path in (args.png, args.html):
+        if path:
+            print(f"wrote {path}")
     return 0
+
+
+def save_views(amap, layer: int, head: int, *, png=None, html=None) -> None:
+    """The chosen head as a PNG heatmap, and the whole map as the interactive HTML page."""
+    from ..viz import save_head, save_html
+    if png:
+        save_head(png, amap.head(layer, head), amap.q_tokens, k_tokens=amap.tokens, keep=amap.keep,
+                  title=f"{amap.source}: layer {layer}, head {head}")
+    if html:
+        save_html(html, amap)
 
 
 def report_trained_head(text: str):
     """The text through all-MiniLM-L6-v2: its most focused head (lowest entropy) beside an untrained head of
     the same shape on the same input. A :class:`~attnlab.cli.guide.Report` for the tour."""
     from ..models import attend, load_model, random_heads, summarize_heads
+    from ..viz import terminal_text
     from .guide import Report
 
     model = load_model("minilm")
@@ -63,12 +83,12 @@ def report_trained_head(text: str):
     text_out = "\n".join([
         f"all-MiniLM-L6-v2 (a trained BERT: no causal mask, [CLS] and [SEP] added) on {text!r}.",
         f"Layer {layer}, head {head}, its most focused head (entropy {facts.entropy[layer, head]:.3f} nats):",
-        format_grid(trained.head(layer, head), toks, toks),
+        terminal_text(trained, layer, head),
         f"Each query's strongest key: {pairs}",
         "",
         "An untrained head of the same shape on the same input (weights from N(0, 0.02²)); "
         f"entropy {untrained_entropy:.3f}, where log {n} = {np.log(n):.3f} is an even spread:",
-        format_grid(untrained.head(0, head), toks, toks),
+        terminal_text(untrained, 0, head),
         "Training turns the even blur into a pattern. `attnlab attend TEXT --summary` lists every head.",
     ])
     return Report(text_out, {"model": "all-MiniLM-L6-v2", "tokens": list(toks), "layer": layer, "head": head,
@@ -82,18 +102,6 @@ def label(token: str) -> str:
     """A token as a column label: visible spaces, at most 8 characters."""
     shown = token.replace(" ", "␣").replace("\n", "⏎")
     return shown if len(shown) <= 8 else shown[:7] + "…"
-
-
-def format_grid(weights: np.ndarray, q_tokens, k_tokens, keep=None) -> str:
-    """One head's weights as a plain table; masked cells (the query may not see that key) show ``·``."""
-    width = max(6, *(len(label(t)) for t in k_tokens))
-    rows_w = max(len(label(t)) for t in q_tokens)
-    lines = [" " * rows_w + " " + " ".join(f"{label(t):>{width}}" for t in k_tokens)]
-    for i, tok in enumerate(q_tokens):
-        cells = ("·" if keep is not None and not keep[i, j] else f"{weights[i, j]:.3f}"
-                 for j in range(len(k_tokens)))
-        lines.append(f"{label(tok):>{rows_w}} " + " ".join(f"{c:>{width}}" for c in cells))
-    return "\n".join(lines)
 
 
 def format_summary(summary) -> str:

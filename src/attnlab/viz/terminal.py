@@ -105,7 +105,10 @@ def layout_grid(amap: AttentionMap, layer: int, head: int, *, width: int = 80, m
                  for j in cols]
         lines.append(((fit_cells(q_labels[i], label) + " ", "bold"), *cells))
     elided = [s for s in (_span(cols, n_k, "keys"), _span(rows, n_q, "queries")) if s]
-    note = "· = masked." + (f" Elided to fit {width} columns: " + "; ".join(elided) + "." if elided else "")
+    notes = ["· = masked."] if (~keep).any() else []
+    if elided:
+        notes.append(f"Elided to fit {width} columns: " + "; ".join(elided) + ".")
+    note = " ".join(notes)
     title = f"layer {layer}, head {head}" + (f" — {amap.source}" if amap.source else "")
     return GridLayout(title=title, lines=tuple(lines), note=note)
 
