@@ -226,7 +226,7 @@ def test_tour_prints_every_number_the_guide_prints(tour_run):
     assert code == 0
     missing = [block for block in GUIDE_OUTPUT if block not in text]
     assert not missing
-    headings = re.findall(r"^== \[(\d)/(\d)\] (.+) ==$", text, re.M)
+    headings = re.findall(r"^== \[(\d+)/(\d+)\] (.+) ==$", text, re.M)
     assert [int(i) for i, _, _ in headings] == list(range(1, len(headings) + 1)) and len(headings) >= 8
 
 

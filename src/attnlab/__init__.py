@@ -26,11 +26,13 @@ from .multihead import (MultiHeadAttention, merge_heads, multihead_attention, mu
                         split_heads)
 from .positions import alibi_bias, alibi_slopes, learned_positions, rope, sinusoidal_positions
 from .softmax import softmax
+from .summary import HeadSummary, summarize_heads
 
 __version__ = "0.1.0"
 
 __all__ = [
     "GPT2_SMALL",
+    "HeadSummary",
     "AttentionConfig",
     "AttentionMap",
     "KVCache",
@@ -51,4 +53,5 @@ __all__ = [
     "sinusoidal_positions",
     "softmax",
     "split_heads",
+    "summarize_heads",
 ]

@@ -139,8 +139,26 @@ def section_cost(ctx: TourContext) -> Section:
                     Figure("cost_compute.png", "scores and FLOPs per layer")))
 
 
+def section_trained(ctx: TourContext) -> Section:
+    from ..viz import save_head
+    from .attend import report_trained_head
+    try:
+        r = report_trained_head(g.RUNNING_EXAMPLE)
+    except FileNotFoundError as e:           # the trained model's package is not installed: say so, go on
+        return Section("A trained model's head", f"(skipped: {e})", {"skipped": str(e)})
+    d = r.data
+    figures = []
+    for kind in ("trained", "untrained"):
+        name = f"{kind}_head.png"
+        save_head(ctx.out / name, np.array(d[kind]), d["tokens"],
+                  title=f"{d['model']} layer {d['layer']}, head {d['head']}" if kind == "trained"
+                  else "the same shape, untrained")
+        figures.append(Figure(name, f"{kind} head on '{g.RUNNING_EXAMPLE}'"))
+    return Section("A trained model's head", r.text, d, tuple(figures))
+
+
 SECTIONS = [section_floors, section_lookup, section_shapes, section_scale, section_mask, section_explain,
-            section_heads, section_order, section_cost]
+            section_heads, section_order, section_cost, section_trained]
 
 
 def prepare_out(out) -> Path:
