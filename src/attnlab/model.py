@@ -254,6 +254,8 @@ def generate(model: Model, prompt, n_tokens: int, *, rng: np.random.Generator,
     logits (0 = always the most likely token). The prompt must fit n_ctx (with a learned table, the error
     names the position that has no row).
     """
+    from .models.gpt2 import sample_next           # the sampler GPT-2's generate uses
+
     c = model.config
     prompt = check_ids("prompt", prompt, c.vocab_size)
     if prompt.ndim != 1:
@@ -270,7 +272,7 @@ def generate(model: Model, prompt, n_tokens: int, *, rng: np.random.Generator,
     caches = new_caches(model, c.n_ctx)
     logits = forward(model, prompt, caches=caches)[-1]                     # (vocab,) after the whole prompt
     for t in range(prompt.size, tokens.size):
-        tokens[t] = sample(logits, temperature, rng)
+        tokens[t] = sample_next(logits, temperature, rng)
         if t + 1 == tokens.size:
             break
         if caches[0].length == c.n_ctx:                                    # full: re-read the recent half
@@ -280,12 +282,3 @@ def generate(model: Model, prompt, n_tokens: int, *, rng: np.random.Generator,
         else:
             logits = forward(model, tokens[t:t + 1], caches=caches)[-1]    # (vocab,) one decode step
     return tokens[prompt.size:]
-
-
-def sample(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> int:
-    """One id from softmax(logits / temperature); temperature 0 takes the argmax."""
-    if temperature == 0:
-        return int(np.argmax(logits))
-    z = logits.astype(np.float64) / temperature                          # (vocab,)
-    p = np.exp(z - z.max())                                              # (vocab,)
-    return int(rng.choice(p.size, p=p / p.sum()))
