@@ -53,14 +53,16 @@ def adam_step(params: dict[str, np.ndarray], grads: dict[str, np.ndarray], state
     """
     state.t += 1
     c = replace(config, lr=config.lr * lr_scale) if lr_scale != 1.0 else config
-    correction = np.sqrt(1 - c.beta2 ** state.t) / (1 - c.beta1 ** state.t)   # both bias corrections at once
+    # both bias corrections folded into the step size, as the paper's Section 2 suggests (eps then acts on √v
+    # before correction, a negligible difference)
+    correction = np.sqrt(1 - c.beta2 ** state.t) / (1 - c.beta1 ** state.t)
     for name, p in params.items():
         g, m, v = grads[name], state.m[name], state.v[name]
         m *= c.beta1
         m += (1 - c.beta1) * g                            # running mean of g
         v *= c.beta2
         v += (1 - c.beta2) * g * g                        # running mean of g²
-        if c.weight_decay and p.ndim == 2:                # matrices only; biases are not decayed
+        if c.weight_decay and p.ndim == 2:                # matrices (embeddings too); biases are not decayed
             p *= 1 - c.lr * c.weight_decay
         p -= (c.lr * correction) * m / (np.sqrt(v) + c.eps)
 
