@@ -177,12 +177,14 @@ def forward(model: Model, ids, *, caches: list[KVCache] | None = None) -> np.nda
     """Logits (..., n, vocab) for token ids (..., n). With ``caches`` (one per layer, see :func:`new_caches`)
     the ids are the next tokens after those already cached: one decode step per call."""
     ids = check_ids("ids", ids, model.config.vocab_size)
+    if caches is not None and len(caches) != model.config.n_layers:
+        raise ValueError(f"caches must hold one KVCache per layer ({model.config.n_layers}), got {len(caches)}")
     start = 0 if caches is None else caches[0].length
     n = ids.shape[-1]
     opts = attention_options(model, n, start + n)
     x = embed(model, ids, start=start)                                   # (..., n, d_model)
     for i, layer in enumerate(model.layers):
-        x = x + multihead_attention(layer, x, cache=None if caches is None else caches[i], **opts)
+        x = x + multihead_attention(layer, x, cache=None if caches is None else caches[i], **opts)   # (..., n, d)
     return x @ model.W_U + model.b_U                                     # (..., n, vocab)
 
 
