@@ -8,7 +8,7 @@ def rng():
 
 
 def central_differences(f, x, eps=1e-6):
-    """Central differences of the scalar f() with respect to every entry of x (changed in place, then restored)."""
+    """Central differences of the scalar f() with respect to every entry of x (changed in place)."""
     g = np.zeros_like(x)
     for i in np.ndindex(x.shape):
         old = x[i]
