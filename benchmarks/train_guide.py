@@ -12,7 +12,7 @@ held-out tail itself. The n-gram floors of both parts are shown too; the held-ou
 bound (it knows the held-out counts).
 
 Throughput: the training run's tokens per second, and a same-process comparison of one training step
-(forward, backward, Adam) against the same model in PyTorch (attnlab._torch_reference, torch.optim.Adam),
+(forward, backward, Adam) against the same model in PyTorch (attnlab.lm._torch_reference, torch.optim.Adam),
 alternating the two, medians. Both run on one thread (BLAS and torch): this model's matrices are small.
 """
 
@@ -26,13 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.addalpha import add_alpha_loss
-from attnlab.compare import ALPHA, loss_beside_counts
+from attnlab.lm.addalpha import add_alpha_loss
+from attnlab.lm.compare import ALPHA, loss_beside_counts
 from attnlab.guide.ngrams import read_utf8
-from attnlab.model import Model, ModelConfig, loss_and_grad
+from attnlab.lm.model import AttentionLM, LMConfig, loss_and_grad
 from attnlab.positions import POSITION_SCHEMES
-from attnlab.text import Vocab, split_heldout
-from attnlab.training import (AdamConfig, AdamState, adam_step, cosine_decay, evaluate, one_blas_thread, sample_batch,
+from attnlab.lm.text import Vocab, split_heldout
+from attnlab.lm.training import (AdamConfig, AdamState, adam_step, cosine_decay, evaluate, one_blas_thread, sample_batch,
                               training_steps)
 
 GUIDE = Path("/work/shared/guide/attention-guide.txt")
@@ -49,11 +49,11 @@ def best_alpha(vocab: Vocab, train: np.ndarray, heldout: np.ndarray) -> dict:
     return out
 
 
-def step_time_vs_torch(model: Model, train: np.ndarray, batch: int, rounds: int) -> dict:
+def step_time_vs_torch(model: AttentionLM, train: np.ndarray, batch: int, rounds: int) -> dict:
     """Median seconds of one training step, numpy (ours) and torch, alternating; both on one thread."""
     import torch
 
-    from attnlab._torch_reference import torch_loss, torch_params
+    from attnlab.lm._torch_reference import torch_loss, torch_params
 
     torch.set_num_threads(1)
     rng = np.random.default_rng(1)
@@ -104,10 +104,10 @@ def main() -> None:
     train, heldout = split_heldout(vocab.encode(text), 0.1)
     report = {"file": args.file, "chars": len(text), "vocab": vocab.size, "train_tokens": int(train.size),
               "heldout_tokens": int(heldout.size), "add_alpha_best": best_alpha(vocab, train, heldout)}
-    config = ModelConfig(vocab_size=vocab.size, d_model=args.d_model, n_heads=args.heads, n_layers=args.layers,
+    config = LMConfig(vocab_size=vocab.size, d_model=args.d_model, n_heads=args.heads, n_layers=args.layers,
                          n_ctx=args.context, positions=args.positions)
     rng = np.random.default_rng(args.seed)
-    model = Model.init(config, rng=rng)
+    model = AttentionLM.init(config, rng=rng)
     curve, tokens = [], 0
     with one_blas_thread():
         report["blas"] = [{k: i.get(k) for k in ("internal_api", "version", "architecture", "num_threads")}

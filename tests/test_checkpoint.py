@@ -8,16 +8,16 @@ import pytest
 
 pytest.importorskip("safetensors")
 
-from attnlab.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from attnlab.model import Model, ModelConfig, forward  # noqa: E402
-from attnlab.text import Vocab  # noqa: E402
+from attnlab.lm.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from attnlab.lm.model import AttentionLM, LMConfig, forward  # noqa: E402
+from attnlab.lm.text import Vocab  # noqa: E402
 
 VOCAB = Vocab(tuple("abcde"))
 
 
 def model(rng, scheme="learned", n_layers=2):
-    config = ModelConfig(vocab_size=5, d_model=8, n_heads=2, n_layers=n_layers, n_ctx=6, positions=scheme)
-    return Model.init(config, rng=rng, std=0.3)
+    config = LMConfig(vocab_size=5, d_model=8, n_heads=2, n_layers=n_layers, n_ctx=6, positions=scheme)
+    return AttentionLM.init(config, rng=rng, std=0.3)
 
 
 @pytest.mark.parametrize("scheme", ["learned", "alibi"])
@@ -36,7 +36,7 @@ def test_roundtrip(tmp_path, rng, scheme):
 
 def test_different_configuration_is_refused(tmp_path, rng):
     save_checkpoint(model(rng), VOCAB, tmp_path)
-    other = ModelConfig(vocab_size=5, d_model=8, n_heads=2, n_layers=3, n_ctx=6)
+    other = LMConfig(vocab_size=5, d_model=8, n_heads=2, n_layers=3, n_ctx=6)
     with pytest.raises(ValueError, match="made with a different configuration: n_layers 2 in the checkpoint, "
                                          "3 asked"):
         load_checkpoint(tmp_path, config=other)

@@ -5,16 +5,16 @@ import pytest
 
 from attnlab.guide.ngrams import floors
 from attnlab.guide.toy import TOY_TEXT
-from attnlab.model import (Model, ModelConfig, check_ids, cross_entropy, forward, generate, loss, loss_and_grad,
+from attnlab.lm.model import (AttentionLM, LMConfig, check_ids, cross_entropy, forward, generate, loss, loss_and_grad,
                            param_names)
 from attnlab.positions import POSITION_SCHEMES
-from attnlab.text import Vocab, split_heldout
-from attnlab.training import AdamConfig, AdamState, adam_step, evaluate, sample_batch, train, training_steps
+from attnlab.lm.text import Vocab, split_heldout
+from attnlab.lm.training import AdamConfig, AdamState, adam_step, evaluate, sample_batch, train, training_steps
 
 
 def tiny(scheme, rng, dtype=np.float64, std=0.5):
-    config = ModelConfig(vocab_size=5, d_model=8, n_heads=2, n_layers=2, n_ctx=6, positions=scheme)
-    return Model.init(config, rng=rng, std=std, dtype=dtype)
+    config = LMConfig(vocab_size=5, d_model=8, n_heads=2, n_layers=2, n_ctx=6, positions=scheme)
+    return AttentionLM.init(config, rng=rng, std=std, dtype=dtype)
 
 
 @pytest.mark.parametrize("scheme", POSITION_SCHEMES)
@@ -51,11 +51,11 @@ def test_adam_first_step_moves_each_weight_by_lr():
 def test_training_is_deterministic_for_a_seed(rng):
     vocab = Vocab.from_text(TOY_TEXT)
     ids = vocab.encode(TOY_TEXT)
-    config = ModelConfig(vocab_size=vocab.size, d_model=16, n_heads=2, n_layers=1, n_ctx=16)
+    config = LMConfig(vocab_size=vocab.size, d_model=16, n_heads=2, n_layers=1, n_ctx=16)
 
     def run(seed):
         r = np.random.default_rng(seed)
-        model = Model.init(config, rng=r)
+        model = AttentionLM.init(config, rng=r)
         losses = train(model, ids, steps=5, batch_size=4, rng=r)
         return losses, model.params()
 
@@ -73,7 +73,7 @@ def test_toy_text_training_loss_goes_below_the_k1_floor():
     vocab = Vocab.from_text(TOY_TEXT)
     ids = vocab.encode(TOY_TEXT)
     rng = np.random.default_rng(0)
-    model = Model.init(ModelConfig(vocab_size=vocab.size, d_model=32, n_heads=4, n_layers=2, n_ctx=32), rng=rng)
+    model = AttentionLM.init(LMConfig(vocab_size=vocab.size, d_model=32, n_heads=4, n_layers=2, n_ctx=32), rng=rng)
     first = evaluate(model, ids)
     train(model, ids, steps=150, batch_size=8, rng=rng, adam=AdamConfig(lr=1e-2))
     assert first > 2.5                                         # it starts near log(15) = 2.71 ...
@@ -115,13 +115,13 @@ def test_generate_through_the_cache_equals_rereading_everything(rng):
 def test_bad_input(rng):
     with pytest.raises(ValueError, match="positions must be one of 'learned', 'sinusoidal', 'rope', 'alibi', "
                                          "got 'absolute'"):
-        ModelConfig(vocab_size=5, positions="absolute")
+        LMConfig(vocab_size=5, positions="absolute")
     with pytest.raises(ValueError, match=r"d_model \(10\) must be divisible by n_heads \(4\)"):
-        ModelConfig(vocab_size=5, d_model=10, n_heads=4)
+        LMConfig(vocab_size=5, d_model=10, n_heads=4)
     with pytest.raises(ValueError, match="rope needs an even d_head"):
-        ModelConfig(vocab_size=5, d_model=12, n_heads=4, positions="rope")
+        LMConfig(vocab_size=5, d_model=12, n_heads=4, positions="rope")
     with pytest.raises(ValueError, match="n_ctx must be a positive integer, got 0"):
-        ModelConfig(vocab_size=5, n_ctx=0)
+        LMConfig(vocab_size=5, n_ctx=0)
     model = tiny("learned", rng)
     with pytest.raises(TypeError, match="ids must be an integer array of token ids, got dtype float64"):
         forward(model, np.zeros(3))
@@ -134,7 +134,7 @@ def test_bad_input(rng):
     with pytest.raises(ValueError, match="the training text has 5 tokens, fewer than the context 6 plus one"):
         training_steps(model, np.arange(5) % 5, steps=1, batch_size=1, rng=rng)
     with pytest.raises(ValueError, match="W_E must have shape"):
-        Model(config=model.config, W_E=model.W_E[:4], W_P=model.W_P, layers=model.layers, W_U=model.W_U,
+        AttentionLM(config=model.config, W_E=model.W_E[:4], W_P=model.W_P, layers=model.layers, W_U=model.W_U,
               b_U=model.b_U)
     with pytest.raises(ValueError, match="heldout fraction must be a number in"):
         split_heldout(np.arange(10), 1.0)
@@ -145,10 +145,10 @@ def test_bad_input(rng):
 @pytest.mark.parametrize("scheme", POSITION_SCHEMES)
 def test_loss_and_gradient_match_torch_autograd(rng, scheme):
     pytest.importorskip("torch")
-    from attnlab._torch_reference import torch_loss, torch_params
+    from attnlab.lm._torch_reference import torch_loss, torch_params
 
-    config = ModelConfig(vocab_size=7, d_model=16, n_heads=4, n_layers=2, n_ctx=9, positions=scheme)
-    model = Model.init(config, rng=rng, std=0.4, dtype=np.float64)
+    config = LMConfig(vocab_size=7, d_model=16, n_heads=4, n_layers=2, n_ctx=9, positions=scheme)
+    model = AttentionLM.init(config, rng=rng, std=0.4, dtype=np.float64)
     ids, targets = rng.integers(0, 7, (3, 9)), rng.integers(0, 7, (3, 9))
     value, grads = loss_and_grad(model, ids, targets)
     params = torch_params(model)

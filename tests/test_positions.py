@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab import AttentionConfig, MultiHeadAttention
-from attnlab.model import Model, ModelConfig, forward, new_caches
+from attnlab.lm.model import AttentionLM, LMConfig, forward, new_caches
 from attnlab.multihead import multihead_attention_grad
 from attnlab.positions import (POSITION_SCHEMES, alibi_bias, alibi_slopes, learned_positions, position_ids, rope,
                                sinusoidal_positions)
@@ -141,8 +141,8 @@ def test_layer_rope_through_the_cache_equals_full_pass(rng):
 
 @pytest.mark.parametrize("scheme", POSITION_SCHEMES)
 def test_model_decoding_through_the_cache_equals_one_full_pass(rng, scheme):
-    config = ModelConfig(vocab_size=11, d_model=16, n_heads=4, n_layers=2, n_ctx=12, positions=scheme)
-    model = Model.init(config, rng=rng, std=0.3, dtype=np.float64)
+    config = LMConfig(vocab_size=11, d_model=16, n_heads=4, n_layers=2, n_ctx=12, positions=scheme)
+    model = AttentionLM.init(config, rng=rng, std=0.3, dtype=np.float64)
     ids = rng.integers(0, 11, size=(2, 12))
     full = forward(model, ids)                                               # (2, 12, 11)
     caches = new_caches(model, 12, batch_shape=(2,))
@@ -156,7 +156,7 @@ def test_model_decoding_through_the_cache_equals_one_full_pass(rng, scheme):
 
 
 def test_cache_past_the_learned_table_names_the_limit(rng):
-    model = Model.init(ModelConfig(vocab_size=5, d_model=8, n_heads=2, n_layers=1, n_ctx=4), rng=rng)
+    model = AttentionLM.init(LMConfig(vocab_size=5, d_model=8, n_heads=2, n_layers=1, n_ctx=4), rng=rng)
     with pytest.raises(ValueError, match=r"position 4 has no row: the table holds 4 positions \(0 to 3\)"):
         new_caches(model, 5)
     with pytest.raises(ValueError, match="position 4 has no row"):

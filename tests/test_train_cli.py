@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("rich")
 pytest.importorskip("safetensors")
 
-from attnlab.checkpoint import load_checkpoint  # noqa: E402
+from attnlab.lm.checkpoint import load_checkpoint  # noqa: E402
 from attnlab.cli import main  # noqa: E402
 
 
@@ -57,9 +57,9 @@ def test_generate_samples_from_a_checkpoint(capsys, tmp_path):
 
 
 def test_ctrl_c_keeps_the_last_checkpoint_whole(capsys, tmp_path, monkeypatch):
-    import attnlab.training
+    import attnlab.lm.training
 
-    real, calls = attnlab.training.loss_and_grad, []
+    real, calls = attnlab.lm.training.loss_and_grad, []
 
     def interrupted_at_step_8(*args):
         calls.append(1)
@@ -67,7 +67,7 @@ def test_ctrl_c_keeps_the_last_checkpoint_whole(capsys, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(*args)
 
-    monkeypatch.setattr(attnlab.training, "loss_and_grad", interrupted_at_step_8)
+    monkeypatch.setattr(attnlab.lm.training, "loss_and_grad", interrupted_at_step_8)
     assert main(["train", "--steps", "50", "--context", "16", "--d-model", "16", "--save-every", "5",
                  "--out", str(tmp_path)]) == 130
     assert "interrupted" in capsys.readouterr().err

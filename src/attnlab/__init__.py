@@ -21,7 +21,7 @@ from .attnmap import AttentionMap
 from .cache import KVCache
 from .config import GPT2_SMALL, AttentionConfig
 from .masks import additive_mask, causal_mask
-from .model import Model, ModelConfig
+from .lm import AttentionLM, LMConfig
 from .multihead import (MultiHeadAttention, merge_heads, multihead_attention, multihead_attention_grad,
                         split_heads)
 from .positions import alibi_bias, alibi_slopes, learned_positions, rope, sinusoidal_positions
@@ -36,8 +36,8 @@ __all__ = [
     "AttentionConfig",
     "AttentionMap",
     "KVCache",
-    "Model",
-    "ModelConfig",
+    "AttentionLM",
+    "LMConfig",
     "MultiHeadAttention",
     "additive_mask",
     "alibi_bias",

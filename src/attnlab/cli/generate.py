@@ -19,9 +19,9 @@ def register(sub) -> None:
 
 
 def cmd_generate(args) -> int:
-    from ..checkpoint import load_checkpoint
-    from ..model import generate
-    from ..training import one_blas_thread
+    from ..lm.checkpoint import load_checkpoint
+    from ..lm.model import generate
+    from ..lm.training import one_blas_thread
 
     model, vocab = load_checkpoint(args.dir)
     prompt = vocab.encode(args.prompt)

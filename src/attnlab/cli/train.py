@@ -12,7 +12,7 @@ import numpy as np
 from ._app import add_json_flag, print_json
 
 if TYPE_CHECKING:
-    from ..text import Vocab
+    from ..lm.text import Vocab
 
 FLOOR_MAX_K = 3          # floors shown for k = 0 … 3
 BASELINE_KS = (1, 2)     # the add-α predictors the model is set beside
@@ -59,7 +59,7 @@ class Data:
 def load_data(file, level: str, heldout: float) -> Data:
     from ..guide.ngrams import read_utf8
     from ..guide.toy import TOY_TEXT
-    from ..text import Vocab, split_heldout
+    from ..lm.text import Vocab, split_heldout
 
     text = TOY_TEXT if file is None else read_utf8(file)
     vocab = Vocab.from_text(text, level)
@@ -68,17 +68,17 @@ def load_data(file, level: str, heldout: float) -> Data:
 
 
 def cmd_train(args) -> int:
-    from ..checkpoint import load_checkpoint, save_checkpoint
-    from ..compare import ALPHA, loss_beside_counts
-    from ..model import Model, ModelConfig
-    from ..training import AdamConfig, check_text_length, cosine_decay, one_blas_thread, training_steps
+    from ..lm.checkpoint import load_checkpoint, save_checkpoint
+    from ..lm.compare import ALPHA, loss_beside_counts
+    from ..lm.model import AttentionLM, LMConfig
+    from ..lm.training import AdamConfig, check_text_length, cosine_decay, one_blas_thread, training_steps
 
     if args.save_every < 1:
         raise ValueError(f"--save-every must be a positive integer, got {args.save_every}")
     if args.resume and not args.out:
         raise ValueError("--resume needs --out DIR, the checkpoint to start from")
     data = load_data(args.file, args.level, args.heldout)
-    config = ModelConfig(vocab_size=data.vocab.size, d_model=args.d_model, n_heads=args.heads,
+    config = LMConfig(vocab_size=data.vocab.size, d_model=args.d_model, n_heads=args.heads,
                          n_layers=args.layers, n_ctx=args.context, positions=args.positions)
     check_text_length(data.train, config.n_ctx)
     if args.out and not args.resume:
@@ -87,7 +87,7 @@ def cmd_train(args) -> int:
     if args.resume:
         model, _ = load_checkpoint(args.out, config=config, vocab=data.vocab)
     else:
-        model = Model.init(config, rng=rng)
+        model = AttentionLM.init(config, rng=rng)
     adam = AdamConfig(lr=args.lr, weight_decay=args.weight_decay)
     schedule = cosine_decay(args.steps) if args.schedule == "cosine" and args.steps > 0 else None
     steps = training_steps(model, data.train, steps=args.steps, batch_size=args.batch, rng=rng, adam=adam,
@@ -137,7 +137,7 @@ def run_with_progress(steps, total: int, *, save, save_every: int) -> list[float
 def print_table(figures: dict, config) -> None:
     from rich.console import Console
 
-    from ..compare import ALPHA
+    from ..lm.compare import ALPHA
     from rich.table import Table
 
     parts = list(figures)

@@ -2,8 +2,8 @@
 
 A checkpoint directory holds
 
-    model.safetensors   every array of :meth:`Model.params`, by name; its metadata repeats config.json
-    config.json         {"model": ModelConfig fields, "vocab": {"level": ..., "symbols": [...]}}
+    model.safetensors   every array of :meth:`AttentionLM.params`, by name; its metadata repeats config.json
+    config.json         {"model": LMConfig fields, "vocab": {"level": ..., "symbols": [...]}}
 
 Each file is written through :func:`attnlab._io.atomic_path`, so an interrupted save (Ctrl-C included)
 leaves the previous file whole. Loading checks that the two files agree and, when asked, that the
@@ -16,21 +16,21 @@ import json
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from ._io import atomic_path
-from .model import Model, ModelConfig
+from .._io import atomic_path
+from .model import AttentionLM, LMConfig
 from .text import Vocab
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 
 
-def checkpoint_json(config: ModelConfig, vocab: Vocab) -> str:
+def checkpoint_json(config: LMConfig, vocab: Vocab) -> str:
     """The text of config.json."""
     return json.dumps({"model": asdict(config), "vocab": {"level": vocab.level, "symbols": list(vocab.symbols)}},
                       indent=1, sort_keys=True, ensure_ascii=False)
 
 
-def save_checkpoint(model: Model, vocab: Vocab, directory) -> Path:
+def save_checkpoint(model: AttentionLM, vocab: Vocab, directory) -> Path:
     """Write ``model`` and ``vocab`` into ``directory`` (created if missing); returns the directory."""
     from safetensors.numpy import save_file
 
@@ -46,8 +46,8 @@ def save_checkpoint(model: Model, vocab: Vocab, directory) -> Path:
     return directory
 
 
-def load_checkpoint(directory, *, config: ModelConfig | None = None,
-                    vocab: Vocab | None = None) -> tuple[Model, Vocab]:
+def load_checkpoint(directory, *, config: LMConfig | None = None,
+                    vocab: Vocab | None = None) -> tuple[AttentionLM, Vocab]:
     """The model and vocabulary saved in ``directory``.
 
     Raises
@@ -84,18 +84,18 @@ def load_checkpoint(directory, *, config: ModelConfig | None = None,
         raise ValueError(f"the checkpoint in {directory} was made with a different vocabulary: "
                          f"{saved_vocab.size} {saved_vocab.level}s in the checkpoint, {vocab.size} {vocab.level}s "
                          "here, or the same number with different symbols")
-    return Model.from_params(saved, params), saved_vocab
+    return AttentionLM.from_params(saved, params), saved_vocab
 
 
-def parse_checkpoint_json(text: str, where) -> tuple[ModelConfig, Vocab]:
+def parse_checkpoint_json(text: str, where) -> tuple[LMConfig, Vocab]:
     try:
         data = json.loads(text)
-        return ModelConfig(**data["model"]), Vocab(tuple(data["vocab"]["symbols"]), data["vocab"]["level"])
+        return LMConfig(**data["model"]), Vocab(tuple(data["vocab"]["symbols"]), data["vocab"]["level"])
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise ValueError(f"{where} is not an attnlab checkpoint config ({type(e).__name__}: {e})") from None
 
 
-def config_difference(saved: ModelConfig, asked: ModelConfig) -> str:
+def config_difference(saved: LMConfig, asked: LMConfig) -> str:
     """The fields that differ, as "n_layers 2 in the checkpoint, 3 asked; …"."""
     return "; ".join(f"{f.name} {getattr(saved, f.name)!r} in the checkpoint, {getattr(asked, f.name)!r} asked"
-                     for f in fields(ModelConfig) if getattr(saved, f.name) != getattr(asked, f.name))
+                     for f in fields(LMConfig) if getattr(saved, f.name) != getattr(asked, f.name))

@@ -17,15 +17,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_float_array, as_positive_int, check_rng
-from .cache import KVCache
-from .config import AttentionConfig
-from .multihead import MultiHeadAttention, multihead_attention, multihead_attention_grad
-from .positions import alibi_bias, alibi_slopes, check_scheme, learned_positions, sinusoidal_positions
+from .._checks import as_float_array, as_positive_int, check_rng
+from ..cache import KVCache
+from ..config import AttentionConfig
+from ..multihead import MultiHeadAttention, multihead_attention, multihead_attention_grad
+from ..positions import alibi_bias, alibi_slopes, check_scheme, learned_positions, sinusoidal_positions
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class LMConfig:
     """The sizes of the model. Defaults are small enough to train in numpy in a minute."""
     vocab_size: int                  # distinct tokens (characters or words) of the training text
     d_model: int = 64                # width of each token's vector
@@ -55,9 +55,9 @@ class ModelConfig:
 
 
 @dataclass(frozen=True, eq=False)
-class Model:
+class AttentionLM:
     """The parameters. Gradients come back in the same structure, so an optimizer walks both alike."""
-    config: ModelConfig
+    config: LMConfig
     W_E: np.ndarray                          # (vocab, d_model) token embeddings
     W_P: np.ndarray | None                   # (n_ctx, d_model) learned positions, or None for the others
     layers: tuple[MultiHeadAttention, ...]   # n_layers attention layers, each with W_O
@@ -66,8 +66,8 @@ class Model:
 
     def __post_init__(self):
         c = self.config
-        if not isinstance(c, ModelConfig):
-            raise TypeError(f"config must be a ModelConfig, got {type(c).__name__}")
+        if not isinstance(c, LMConfig):
+            raise TypeError(f"config must be a LMConfig, got {type(c).__name__}")
         object.__setattr__(self, "layers", tuple(self.layers))
         if len(self.layers) != c.n_layers:
             raise ValueError(f"the config has n_layers {c.n_layers}, got {len(self.layers)} layers")
@@ -87,8 +87,8 @@ class Model:
                                  f"asks for ({c.d_model}, {c.d_model}) and {c.n_heads}")
 
     @classmethod
-    def init(cls, config: ModelConfig, *, rng: np.random.Generator, std: float = 0.02,
-             dtype=np.float32) -> "Model":
+    def init(cls, config: LMConfig, *, rng: np.random.Generator, std: float = 0.02,
+             dtype=np.float32) -> "AttentionLM":
         """Weights from N(0, std²) as GPT-2 initialises them, zero biases."""
         check_rng(rng)
         c = config
@@ -118,7 +118,7 @@ class Model:
         return getattr(self, name)
 
     @classmethod
-    def from_params(cls, config: ModelConfig, params: dict) -> "Model":
+    def from_params(cls, config: LMConfig, params: dict) -> "AttentionLM":
         """The inverse of :meth:`params`; refuses missing or extra names and wrong shapes."""
         expected = set(param_names(config))
         if set(params) != expected:
@@ -133,8 +133,8 @@ class Model:
 LAYER_PARAMS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
 
 
-def param_names(config: ModelConfig) -> list[str]:
-    """The names :meth:`Model.params` uses, in order: "W_E", ["W_P"], "layers.0.W_Q", …, "W_U", "b_U"."""
+def param_names(config: LMConfig) -> list[str]:
+    """The names :meth:`AttentionLM.params` uses, in order: "W_E", ["W_P"], "layers.0.W_Q", …, "W_U", "b_U"."""
     names = ["W_E"] + (["W_P"] if config.positions == "learned" else [])
     names += [f"layers.{i}.{n}" for i in range(config.n_layers) for n in LAYER_PARAMS]
     return names + ["W_U", "b_U"]
@@ -153,7 +153,7 @@ def check_ids(name: str, ids, vocab_size: int) -> np.ndarray:
     return arr
 
 
-def embed(model: Model, ids: np.ndarray, *, start: int = 0) -> np.ndarray:
+def embed(model: AttentionLM, ids: np.ndarray, *, start: int = 0) -> np.ndarray:
     """The first layer's input: token rows plus, for learned and sinusoidal, the position rows."""
     c, n = model.config, ids.shape[-1]
     x = model.W_E[ids]                                                   # (..., n, d_model)
@@ -164,7 +164,7 @@ def embed(model: Model, ids: np.ndarray, *, start: int = 0) -> np.ndarray:
     return x
 
 
-def attention_options(model: Model, n: int, n_k: int) -> dict:
+def attention_options(model: AttentionLM, n: int, n_k: int) -> dict:
     """What every layer's attention takes: causal, plus RoPE's rotation or ALiBi's bias."""
     c = model.config
     bias = None
@@ -173,7 +173,7 @@ def attention_options(model: Model, n: int, n_k: int) -> dict:
     return {"is_causal": True, "rope": c.positions == "rope", "bias": bias}
 
 
-def forward(model: Model, ids, *, caches: list[KVCache] | None = None) -> np.ndarray:
+def forward(model: AttentionLM, ids, *, caches: list[KVCache] | None = None) -> np.ndarray:
     """Logits (..., n, vocab) for token ids (..., n). With ``caches`` (one per layer, see :func:`new_caches`)
     the ids are the next tokens after those already cached: one decode step per call."""
     ids = check_ids("ids", ids, model.config.vocab_size)
@@ -188,7 +188,7 @@ def forward(model: Model, ids, *, caches: list[KVCache] | None = None) -> np.nda
     return x @ model.W_U + model.b_U                                     # (..., n, vocab)
 
 
-def new_caches(model: Model, capacity: int, *, batch_shape: tuple = ()) -> list[KVCache]:
+def new_caches(model: AttentionLM, capacity: int, *, batch_shape: tuple = ()) -> list[KVCache]:
     """One empty KV cache per layer, room for ``capacity`` tokens (at most n_ctx with a learned table)."""
     capacity = as_positive_int("capacity", capacity)
     if model.config.positions == "learned" and capacity > model.config.n_ctx:
@@ -206,14 +206,14 @@ def cross_entropy(logits: np.ndarray, targets: np.ndarray) -> tuple[float, np.nd
     return float(-picked.mean()), dlogits / targets.size                 # predicted minus correct, over N
 
 
-def loss(model: Model, ids, targets) -> float:
+def loss(model: AttentionLM, ids, targets) -> float:
     """Cross-entropy of ``targets`` (..., n) given ``ids`` (..., n), in nats per token."""
     targets = check_ids("targets", targets, model.config.vocab_size)
     return cross_entropy(forward(model, ids), targets)[0]
 
 
-def loss_and_grad(model: Model, ids, targets) -> tuple[float, Model]:
-    """The loss and dL/d every parameter, as a Model of gradients (W_P None unless learned)."""
+def loss_and_grad(model: AttentionLM, ids, targets) -> tuple[float, AttentionLM]:
+    """The loss and dL/d every parameter, as a AttentionLM of gradients (W_P None unless learned)."""
     c = model.config
     ids = check_ids("ids", ids, c.vocab_size)
     targets = check_ids("targets", targets, c.vocab_size)
@@ -243,10 +243,10 @@ def loss_and_grad(model: Model, ids, targets) -> tuple[float, Model]:
     if c.positions == "learned":
         dW_P = np.zeros_like(model.W_P)                                  # (n_ctx, d_model)
         dW_P[:n] = dx.reshape(-1, n, d).sum(0)                           # (n, d_model) summed over the batch
-    return value, Model(config=c, W_E=dW_E, W_P=dW_P, layers=tuple(reversed(grads)), W_U=dW_U, b_U=db_U)
+    return value, AttentionLM(config=c, W_E=dW_E, W_P=dW_P, layers=tuple(reversed(grads)), W_U=dW_U, b_U=db_U)
 
 
-def generate(model: Model, prompt, n_tokens: int, *, rng: np.random.Generator,
+def generate(model: AttentionLM, prompt, n_tokens: int, *, rng: np.random.Generator,
              temperature: float = 1.0) -> np.ndarray:
     """Sample ``n_tokens`` ids after ``prompt`` (n,), one decode step per token through the KV cache.
 
@@ -256,7 +256,7 @@ def generate(model: Model, prompt, n_tokens: int, *, rng: np.random.Generator,
     logits (0 = always the most likely token). The prompt must fit n_ctx (with a learned table, the error
     names the position that has no row).
     """
-    from .models.gpt2 import sample_next           # the sampler GPT-2's generate uses
+    from ..models.gpt2 import sample_next           # the sampler GPT-2's generate uses
 
     c = model.config
     prompt = check_ids("prompt", prompt, c.vocab_size)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import as_nonnegative_int, as_positive_float, as_positive_int
+from .._checks import as_nonnegative_int, as_positive_float, as_positive_int
 
 
 def context_keys(ids: np.ndarray, k: int, base: int) -> np.ndarray:

@@ -9,8 +9,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ._checks import as_positive_float, as_positive_int, check_rng
-from .model import Model, check_ids, loss, loss_and_grad
+from .._checks import as_positive_float, as_positive_int, check_rng
+from .model import AttentionLM, check_ids, loss, loss_and_grad
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def sample_batch(ids: np.ndarray, n_ctx: int, batch_size: int, rng: np.random.Ge
     return window[:, :-1], window[:, 1:]                                 # (B, n_ctx) each
 
 
-def evaluate(model: Model, ids) -> float:
+def evaluate(model: AttentionLM, ids) -> float:
     """Mean cross-entropy (nats per token) of predicting every token of ``ids`` after the first.
 
     The text is cut into windows of n_ctx + 1 tokens that overlap by one, so every token is predicted
@@ -129,7 +129,7 @@ class Step:
     tokens: int        # tokens predicted in this step
 
 
-def training_steps(model: Model, ids, *, steps: int, batch_size: int, rng: np.random.Generator,
+def training_steps(model: AttentionLM, ids, *, steps: int, batch_size: int, rng: np.random.Generator,
                    adam: AdamConfig = AdamConfig(), schedule=None, state: AdamState | None = None):
     """Train ``model`` in place on ``ids`` (n,), yielding a :class:`Step` after each update.
 
@@ -157,7 +157,7 @@ def _steps(model, ids, steps, batch_size, rng, adam, schedule, state):
         yield Step(step=step, loss=value, tokens=y.size)
 
 
-def train(model: Model, ids, *, steps: int, batch_size: int, rng: np.random.Generator,
+def train(model: AttentionLM, ids, *, steps: int, batch_size: int, rng: np.random.Generator,
           adam: AdamConfig = AdamConfig(), schedule=None) -> list[float]:
     """Run :func:`training_steps` to the end; the batch losses, step by step."""
     return [s.loss for s in training_steps(model, ids, steps=steps, batch_size=batch_size, rng=rng, adam=adam,

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_choice
-from .guide.ngrams import LEVELS, encode
+from .._checks import as_choice
+from ..guide.ngrams import LEVELS, encode
 
 
 @dataclass(frozen=True)

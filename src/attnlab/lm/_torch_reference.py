@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from .model import Model
-from .positions import alibi_slopes
+from .model import AttentionLM
+from ..positions import alibi_slopes
 
 
-def torch_params(model: Model, *, requires_grad: bool = True) -> dict:
-    """Every parameter of ``model`` as a torch leaf tensor (a copy), by the names of :meth:`Model.params`."""
+def torch_params(model: AttentionLM, *, requires_grad: bool = True) -> dict:
+    """Every parameter of ``model`` as a torch leaf tensor (a copy), by the names of :meth:`AttentionLM.params`."""
     import torch
 
     return {k: torch.tensor(np.array(a), requires_grad=requires_grad) for k, a in model.params().items()}
 
 
-def torch_loss(model: Model, params: dict, ids, targets):
+def torch_loss(model: AttentionLM, params: dict, ids, targets):
     """Mean next-token cross-entropy of the model given by ``params`` (from :func:`torch_params`)."""
     import torch
     import torch.nn.functional as F
