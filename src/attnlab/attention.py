@@ -2,7 +2,8 @@
 
     Attention(Q, K, V) = softmax(Q Kᵀ / √d_k + M) V
 
-This module holds the naive reference, which builds the whole (n_q, n_k) grid of scores.
+This module holds the naive reference, which builds the whole (n_q, n_k) grid of scores, and the
+dispatch that hands big inputs to the tiled kernel in :mod:`attnlab.tiled`, which never does.
 """
 
 from __future__ import annotations
@@ -96,6 +97,10 @@ def attention(query, key, value, *, mask=None, bias=None, is_causal=False, scale
 
     A query with no key left to attend to gets output 0 and weights 0: no NaN, no warning.
 
+    From ``TILED_MIN_QUERIES`` queries and ``TILED_MIN_SCORES`` scores per head (without ``bias`` or
+    ``return_weights``) the work goes to :func:`attnlab.tiled.tiled_attention`, which gives the same
+    result without building the grid.
+
     Examples
     --------
     The guide's hand example: the query of "sat" against the keys of "the cat sat".
@@ -106,6 +111,10 @@ def attention(query, key, value, *, mask=None, bias=None, is_causal=False, scale
     >>> a.round(3), out.round(3)
     (array([[0.09 , 0.665, 0.245]]), array([[0.335, 0.91 ]]))
     """
+    if takes_tiled_path(query, key, bias=bias, return_weights=return_weights):
+        from .tiled import tiled_attention
+        return tiled_attention(query, key, value, mask=mask, is_causal=is_causal, scale=scale,
+                               check_finite=check_finite)
     c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, scale=scale,
                              require_finite=check_finite)
     out, a = naive_attention(c)
@@ -130,8 +139,12 @@ def attention_grad(query, key, value, dout, *, mask=None, bias=None, is_causal=F
     to the output is ``dout`` (..., n_q, d_v). Each has the shape and dtype of its input; leading axes that
     were broadcast in the forward pass are summed back.
 
-    This is the naive reference: it rebuilds the (n_q, n_k) grid of weights.
+    Above the crossover size this runs FlashAttention-2's tiled backward (:mod:`attnlab.tiled`);
+    below it, the naive reference that rebuilds the (n_q, n_k) grid of weights.
     """
+    if takes_tiled_path(query, key, bias=bias, return_weights=False):
+        from .tiled import tiled_attention_grad
+        return tiled_attention_grad(query, key, value, dout, mask=mask, is_causal=is_causal, scale=scale)
     c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
     out_shape = (*np.broadcast_shapes(c.q.shape[:-2], c.k.shape[:-2], c.v.shape[:-2]),
                  c.q.shape[-2], c.v.shape[-1])
@@ -150,6 +163,27 @@ def attention_grad(query, key, value, dout, *, mask=None, bias=None, is_causal=F
     dk = np.swapaxes(ds, -1, -2) @ c.q * c.scale         # (..., n_k, d_k)
     return tuple(unbroadcast(g, np.shape(x)).astype(np.asarray(x).dtype, copy=False)
                  for g, x in ((dq, query), (dk, key), (dv, value)))
+
+
+# ----------------------------------------------------------------------------------------------------
+# dispatch: the naive reference below the crossover, the tiled kernel above it
+
+# attention() and attention_grad() take the tiled path when each head has at least this many queries and
+# scores. Below, the naive grid is small and one batched numpy call per step beats the tiled loop's
+# per-tile overhead (measured with `attnlab bench` on 2 cores: the tiled path wins from n = 256 on).
+TILED_MIN_QUERIES = 128
+TILED_MIN_SCORES = 256 * 256
+
+
+def takes_tiled_path(query, key, *, bias, return_weights) -> bool:
+    """True when the tiled kernel is the faster path and computes everything that was asked for."""
+    if bias is not None or return_weights:
+        return False                  # the tiled kernel takes no additive bias and never builds the weights
+    q_shape, k_shape = np.shape(query), np.shape(key)
+    if len(q_shape) < 2 or len(k_shape) < 2:
+        return False                  # the naive path's checks will say what is wrong
+    n_q, n_k = q_shape[-2], k_shape[-2]
+    return n_q >= TILED_MIN_QUERIES and n_q * n_k >= TILED_MIN_SCORES
 
 
 def unbroadcast(g: np.ndarray, shape: tuple) -> np.ndarray:
