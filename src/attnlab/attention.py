@@ -146,12 +146,11 @@ def attention_grad(query, key, value, dout, *, mask=None, bias=None, is_causal=F
         from .tiled import tiled_attention_grad
         return tiled_attention_grad(query, key, value, dout, mask=mask, is_causal=is_causal, scale=scale)
     c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
-    out_shape = (*np.broadcast_shapes(c.q.shape[:-2], c.k.shape[:-2], c.v.shape[:-2]),
-                 c.q.shape[-2], c.v.shape[-1])
-    do = as_float_array("dout", dout)
-    if do.shape != out_shape:
-        raise ValueError(f"dout must have the output's shape {out_shape}, got {do.shape}")
-    do = do.astype(c.q.dtype, copy=False)
+    return grads_like(naive_attention_grad(c, check_dout(c, dout)), (query, key, value))
+
+
+def naive_attention_grad(c: Checked, do: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The reference backward: (dq, dk, dv) over the broadcast batch, from the whole grid of weights."""
     out, a = naive_attention(c)                          # (..., n_q, d_v), (..., n_q, n_k)
     # forward: out = a @ v
     dv = np.swapaxes(a, -1, -2) @ do                     # (..., n_k, d_v)
@@ -161,8 +160,23 @@ def attention_grad(query, key, value, dout, *, mask=None, bias=None, is_causal=F
     # forward: s = (q @ kᵀ) * scale
     dq = ds @ c.k * c.scale                              # (..., n_q, d_k)
     dk = np.swapaxes(ds, -1, -2) @ c.q * c.scale         # (..., n_k, d_k)
+    return dq, dk, dv
+
+
+def check_dout(c: Checked, dout) -> np.ndarray:
+    """``dout`` as an array of the output's shape (..., n_q, d_v), in the compute dtype."""
+    out_shape = (*np.broadcast_shapes(c.q.shape[:-2], c.k.shape[:-2], c.v.shape[:-2]),
+                 c.q.shape[-2], c.v.shape[-1])
+    do = as_float_array("dout", dout)
+    if do.shape != out_shape:
+        raise ValueError(f"dout must have the output's shape {out_shape}, got {do.shape}")
+    return do.astype(c.q.dtype, copy=False)
+
+
+def grads_like(grads, inputs) -> tuple:
+    """Each gradient summed back over broadcast axes to its input's shape, in its input's dtype."""
     return tuple(unbroadcast(g, np.shape(x)).astype(np.asarray(x).dtype, copy=False)
-                 for g, x in ((dq, query), (dk, key), (dv, value)))
+                 for g, x in zip(grads, inputs))
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._checks import as_float_array, as_positive_int
-from .attention import Checked, check_attention_args, unbroadcast
+from .attention import Checked, check_attention_args, check_dout, grads_like
 
 # Tiles of 128 × 1024 float32 (512 KiB) stay in a core's L2 cache while the softmax passes over them,
 # and are big enough that numpy's per-call overhead is a few percent. Measured with benchmarks/.
@@ -329,18 +329,7 @@ def tiled_attention_grad(query, key, value, dout, *, mask=None, is_causal=False,
     do = check_dout(c, dout)
     out, lse = tiled_forward(c, plan, workers=workers)          # (..., n_q, d_v), (..., n_q)
     dq, dk, dv = tiled_backward(c, plan, out, lse, do, workers=workers)
-    return tuple(unbroadcast(g, np.shape(x)).astype(np.asarray(x).dtype, copy=False)
-                 for g, x in ((dq, query), (dk, key), (dv, value)))
-
-
-def check_dout(c: Checked, dout) -> np.ndarray:
-    """``dout`` as an array of the output's shape, in the compute dtype."""
-    out_shape = (*np.broadcast_shapes(c.q.shape[:-2], c.k.shape[:-2], c.v.shape[:-2]),
-                 c.q.shape[-2], c.v.shape[-1])
-    do = as_float_array("dout", dout)
-    if do.shape != out_shape:
-        raise ValueError(f"dout must have the output's shape {out_shape}, got {do.shape}")
-    return do.astype(c.q.dtype, copy=False)
+    return grads_like((dq, dk, dv), (query, key, value))
 
 
 def tiled_backward(c: Checked, plan: Plan, out, lse, do, *, workers=None):
