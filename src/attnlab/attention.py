@@ -53,7 +53,7 @@ def check_attention_args(query, key, value, *, mask=None, bias=None, is_causal=F
     keep = None
     if mask is not None:
         keep = broadcast_to("mask", as_bool_array("mask", mask), grid, "the score grid (..., n_q, n_k) =")
-    if is_causal:
+    if is_causal and n_q > 1:                                  # one query is the last position: it sees all
         c = causal_mask(n_q, n_k)                              # (n_q, n_k)
         keep = c if keep is None else keep & c                 # (..., n_q, n_k)
     if bias is not None:
