@@ -273,3 +273,20 @@ def test_other_bad_input(rng):
         tiled_attention(q, q, q, mask=np.ones((4, 4)))
     with pytest.raises(ValueError, match=r"dout must have the output's shape \(4, 2\), got \(4, 3\)"):
         tiled_attention_grad(q, q, q, np.ones((4, 3)))
+
+
+def test_without_threadpoolctl_the_tiled_path_runs_on_one_thread(rng, monkeypatch):
+    import sys
+    import threading
+    monkeypatch.setitem(sys.modules, "threadpoolctl", None)                   # import now fails
+    tiled.blas_limiter.cache_clear()
+    try:
+        assert tiled.blas_limiter() is None
+        seen = set()
+        q, k, v = (rng.normal(size=(4, 20, 3)) for _ in range(3))
+        tiled.run_items(list(range(6)), lambda item, buf: seen.add(threading.get_ident()), lambda: None, workers=2)
+        assert seen == {threading.get_ident()}
+        got = tiled_attention(q, k, v, is_causal=True, block_q=3, block_k=4, workers=2)
+        np.testing.assert_allclose(got, naive(q, k, v, is_causal=True)[0], rtol=1e-12, atol=1e-13)
+    finally:
+        tiled.blas_limiter.cache_clear()

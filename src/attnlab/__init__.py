@@ -24,6 +24,7 @@ from .masks import additive_mask, causal_mask
 from .multihead import (MultiHeadAttention, merge_heads, multihead_attention, multihead_attention_grad,
                         split_heads)
 from .softmax import softmax
+from .tiled import attention_weights_rows, tiled_attention, tiled_attention_grad
 
 __version__ = "0.1.0"
 
@@ -35,6 +36,7 @@ __all__ = [
     "MultiHeadAttention",
     "additive_mask",
     "attention",
+    "attention_weights_rows",
     "attention_grad",
     "causal_mask",
     "merge_heads",
@@ -42,4 +44,6 @@ __all__ = [
     "multihead_attention_grad",
     "softmax",
     "split_heads",
+    "tiled_attention",
+    "tiled_attention_grad",
 ]
