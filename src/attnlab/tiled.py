@@ -131,7 +131,8 @@ class Scratch:
         if backward:
             self.dp = np.empty(bq * bk, dtype)          # dL/da, then dL/ds, of one tile
             self.dq = np.empty((bq, d_k), dtype)        # one tile's ds k
-            self.tmp_k = np.empty((bk, max(d_k, d_v)), dtype)
+            self.tmp_k = np.empty((bk, max(d_k, d_v)), dtype)   # one tile's aᵀ dout or dsᵀ q
+            self.vT = np.empty((d_v, plan.n_k), dtype)  # the current head's values, transposed
 
     def tile(self, buf: np.ndarray, rows: int, cols: int) -> np.ndarray:
         return buf[:rows * cols].reshape(rows, cols)
@@ -345,23 +346,22 @@ def tiled_backward(c: Checked, plan: Plan, out, lse, do, *, workers=None):
     lse = np.where(lse == -np.inf, np.inf, lse)         # (..., n_q)
 
     def work(idx, buf):
-        backward_head(q[idx], k[idx], v[idx], None if keep is None else keep[idx], plan, c.scale,
-                      lse[idx], delta[idx], do[idx], dq[idx], dk[idx], dv[idx], buf)
+        np.copyto(buf.vT, v[idx].T)
+        backward_head(q[idx], k[idx], buf.keys_transposed(idx, k[idx]), buf.vT, None if keep is None else keep[idx],
+                      plan, c.scale, lse[idx], delta[idx], do[idx], dq[idx], dk[idx], dv[idx], buf)
 
     run_items(list(np.ndindex(batch)), work,
               lambda: Scratch(plan, d_k, d_v, q.dtype, backward=True), workers)
     return dq, dk, dv
 
 
-def backward_head(q, k, v, keep, plan: Plan, scale, lse, delta, do, dq, dk, dv, buf: Scratch) -> None:
+def backward_head(q, k, kT, vT, keep, plan: Plan, scale, lse, delta, do, dq, dk, dv, buf: Scratch) -> None:
     """One (batch, head): for each key block, walk the query blocks that see it (FlashAttention-2, alg. 2).
 
-    q (n_q, d_k), k (n_k, d_k), v (n_k, d_v), lse and delta (n_q,), do (n_q, d_v); dq accumulates,
-    dk and dv are written.
+    q (n_q, d_k), k (n_k, d_k) and kT (d_k, n_k), vT (d_v, n_k), lse and delta (n_q,), do (n_q, d_v);
+    dq accumulates, dk and dv are written.
     """
     qs = q * scale                                              # (n_q, d_k) scaled once per head
-    kT = np.ascontiguousarray(k.T)                              # (d_k, n_k) q @ kT beats q @ k.T in OpenBLAS
-    vT = np.ascontiguousarray(v.T)                              # (d_v, n_k)
     q_blocks = plan.query_blocks()
     for j0 in range(0, plan.n_k, plan.block_k):
         j1 = min(j0 + plan.block_k, plan.n_k)
