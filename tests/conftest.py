@@ -24,3 +24,61 @@ def central_differences(f, x, eps=1e-6):
 @pytest.fixture
 def numeric_grad():
     return central_differences
+
+
+# A test-only writer of GPT-2 checkpoints in the Hugging Face layout, with safetensors' numpy API (no torch).
+
+GPT2_MERGES = ["Ġ c", "a t", "Ġc at", "Ġ s", "Ġs at", "Ġ t", "h e", "Ġt he"]   # so " cat" is one token
+
+
+def gpt2_tensors(rng, *, n_layer, n_head, n_embd, n_positions, vocab_size, std=0.3, dtype=np.float32):
+    """Random GPT-2 weights under their HF names (no ``transformer.`` prefix), Conv1D as [in, out]."""
+    d, w = n_embd, {}
+    draw = lambda *shape: rng.normal(0.0, std, shape).astype(dtype)   # noqa: E731
+    w["wte.weight"], w["wpe.weight"] = draw(vocab_size, d), draw(n_positions, d)
+    for i in range(n_layer):
+        p = f"h.{i}."
+        for ln in ("ln_1", "ln_2"):
+            w[p + ln + ".weight"], w[p + ln + ".bias"] = 1 + draw(d), draw(d)
+        for name, shape in (("attn.c_attn", (d, 3 * d)), ("attn.c_proj", (d, d)),
+                            ("mlp.c_fc", (d, 4 * d)), ("mlp.c_proj", (4 * d, d))):
+            w[p + name + ".weight"], w[p + name + ".bias"] = draw(*shape), draw(shape[1])
+    w["ln_f.weight"], w["ln_f.bias"] = 1 + draw(d), draw(d)
+    return w
+
+
+def write_gpt2_folder(folder, *, rng=None, n_layer=2, n_head=4, n_embd=16, n_positions=16, prefix="transformer.",
+                      dtype=np.float32, edit=None, config=None):
+    """A folder with config.json, model.safetensors, vocab.json and merges.txt (264 tokens: bytes + merges)."""
+    import json
+
+    from safetensors.numpy import save_file
+    from tokenizers import pre_tokenizers
+
+    folder.mkdir()
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {tok: i for i, tok in enumerate(alphabet + ["".join(m.split()) for m in GPT2_MERGES])}
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(GPT2_MERGES) + "\n")
+    cfg = {"model_type": "gpt2", "n_layer": n_layer, "n_head": n_head, "n_embd": n_embd,
+           "n_positions": n_positions, "vocab_size": len(vocab), "n_inner": None,
+           "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, **(config or {})}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    tensors = gpt2_tensors(rng if rng is not None else np.random.default_rng(0), n_layer=n_layer,
+                           n_head=n_head, n_embd=n_embd, n_positions=n_positions, vocab_size=len(vocab), dtype=dtype)
+    if edit is not None:
+        edit(tensors)                  # a test breaks the checkpoint on purpose
+    save_file({prefix + k: v for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    return folder
+
+
+@pytest.fixture
+def write_gpt2(tmp_path):
+    """``write_gpt2(name="gpt2", **options)`` -> a fresh GPT-2 folder (see write_gpt2_folder)."""
+    return lambda name="gpt2", **options: write_gpt2_folder(tmp_path / name, **options)
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2_folder(tmp_path_factory):
+    """One GPT-2 folder (2 layers, 4 heads, width 16, 16 positions) shared by a module's tests."""
+    return write_gpt2_folder(tmp_path_factory.mktemp("tiny") / "gpt2")

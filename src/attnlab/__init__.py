@@ -24,12 +24,14 @@ from .masks import additive_mask, causal_mask
 from .multihead import (MultiHeadAttention, merge_heads, multihead_attention, multihead_attention_grad,
                         split_heads)
 from .softmax import softmax
+from .summary import HeadSummary, summarize_heads
 from .tiled import attention_weights_rows, tiled_attention, tiled_attention_grad
 
 __version__ = "0.1.0"
 
 __all__ = [
     "GPT2_SMALL",
+    "HeadSummary",
     "AttentionConfig",
     "AttentionMap",
     "KVCache",
@@ -44,6 +46,7 @@ __all__ = [
     "multihead_attention_grad",
     "softmax",
     "split_heads",
+    "summarize_heads",
     "tiled_attention",
     "tiled_attention_grad",
 ]

@@ -73,3 +73,26 @@ def broadcast_to(name: str, arr: np.ndarray, shape: tuple, what: str) -> np.ndar
 def compute_dtype(*arrays: np.ndarray) -> np.dtype:
     """The dtype the math runs in: the arrays' common float type, at least float32."""
     return np.result_type(np.float32, *arrays)
+
+
+def as_nonnegative_int(name: str, v) -> int:
+    """``v`` as an int >= 0; bools and floats refused."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"{name} must be an integer >= 0, got {type(v).__name__} {v!r}")
+    if v < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {v}")
+    return int(v)
+
+
+def as_choice(name: str, v, choices: tuple[str, ...]) -> str:
+    """``v`` as one of ``choices``."""
+    if v not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {v!r}")
+    return v
+
+
+def check_rng(rng) -> np.random.Generator:
+    """Randomness comes only from an explicit ``numpy.random.Generator``."""
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    return rng

@@ -63,3 +63,8 @@ class AttentionMap:
             if not isinstance(i, (int, np.integer)) or isinstance(i, bool) or not 0 <= i < n:
                 raise ValueError(f"{name} must be an integer from 0 to {n - 1}, got {i!r}")
         return self.weights[layer, head]                        # (n_q, n_k)
+
+    def _repr_html_(self) -> str:
+        """Jupyter shows the interactive HTML view (attnlab.viz.render_html) in an iframe."""
+        from .viz.html import repr_html
+        return repr_html(self)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import numpy as np
@@ -22,7 +23,12 @@ class ArgumentParser(argparse.ArgumentParser):
 def run(func, args) -> int:
     """Call a command; bad input becomes one line on stderr and exit code 2, never a traceback."""
     try:
-        return func(args) or 0
+        code = func(args) or 0
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:            # `attnlab ... | head`: the reader left; say nothing
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # Python's documented recipe
+        return 0
     except (ValueError, TypeError, OSError, UsageError) as e:
         print(f"attnlab: error: {one_line(e)}", file=sys.stderr)
         return 2

