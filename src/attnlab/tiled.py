@@ -11,6 +11,10 @@ and an accumulator ``acc``::
     acc = acc · exp(m - m') + p vⱼ        the accumulator, rescaled likewise
     out = acc / l,   lse = m + log l      after the last block
 
+Any reference point works in place of m' (it cancels in acc / l) as long as exp does not overflow, so
+each row keeps its reference fixed while m stays within ±SHIFT_SLACK of it: then a tile needs neither
+the subtraction pass nor the rescaling (see :func:`forward_rows`).
+
 Backward, FlashAttention-2's: the forward keeps only ``out`` and ``lse`` (one number per query); the
 backward rebuilds each tile's weights as ``exp(s - lse)`` and never holds the grid either.
 
