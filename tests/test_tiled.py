@@ -128,7 +128,8 @@ def test_memory_stays_far_below_the_grid(rng):
 
 
 def test_attention_dispatches_to_the_tiled_path_above_the_crossover(rng, monkeypatch):
-    n = attention_module.TILED_MIN_QUERIES * 2
+    n = max(attention_module.TILED_MIN_QUERIES, int(np.ceil(np.sqrt(attention_module.TILED_MIN_SCORES))))
+    assert not takes_tiled_path(np.zeros((n - 1, 4)), np.zeros((n - 1, 4)), bias=None, return_weights=False)
     assert takes_tiled_path(np.zeros((n, 4)), np.zeros((n, 4)), bias=None, return_weights=False)
     assert not takes_tiled_path(np.zeros((n, 4)), np.zeros((n, 4)), bias=None, return_weights=True)
     assert not takes_tiled_path(np.zeros((n, 4)), np.zeros((n, 4)), bias=np.zeros(1), return_weights=False)
