@@ -77,7 +77,8 @@ def test_step_by_step_decode_equals_full_pass_on_the_tiled_path(rng, monkeypatch
     monkeypatch.setattr(tiled, "BLOCK_Q", 3)
     monkeypatch.setattr(tiled, "BLOCK_K", 5)
     calls = []
-    monkeypatch.setattr(tiled, "tiled_forward", lambda *a, _f=tiled.tiled_forward, **kw: calls.append(1) or _f(*a, **kw))
+    monkeypatch.setattr(tiled, "tiled_forward",
+                        lambda *a, _f=tiled.tiled_forward, **kw: calls.append(1) or _f(*a, **kw))
     layer = MultiHeadAttention.init(AttentionConfig(d_model=32, n_heads=4), rng=rng, std=0.2)
     x = rng.normal(size=(2, 20, 32)).astype(np.float32)
     full = layer(x, is_causal=True)

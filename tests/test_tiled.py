@@ -135,7 +135,8 @@ def test_attention_dispatches_to_the_tiled_path_above_the_crossover(rng, monkeyp
     assert not takes_tiled_path(np.zeros((n, 4)), np.zeros((n, 4)), bias=np.zeros(1), return_weights=False)
     assert not takes_tiled_path(np.zeros((1, 4)), np.zeros((n, 4)), bias=None, return_weights=False)
     calls = []
-    monkeypatch.setattr(tiled, "tiled_forward", lambda *a, _f=tiled.tiled_forward, **kw: calls.append(1) or _f(*a, **kw))
+    monkeypatch.setattr(tiled, "tiled_forward",
+                        lambda *a, _f=tiled.tiled_forward, **kw: calls.append(1) or _f(*a, **kw))
     for dtype, rtol in ((np.float32, 1e-6), (np.float64, 1e-12)):
         q, k, v = (rng.standard_normal((2, n, 16)).astype(dtype) for _ in range(3))
         for is_causal in (False, True):
@@ -153,7 +154,8 @@ def test_attention_grad_dispatches_to_the_tiled_backward(rng, monkeypatch):
     monkeypatch.setattr(tiled, "BLOCK_K", 4)
     q, k, v, do = (rng.normal(size=(2, 9, 3)) for _ in range(4))
     calls = []
-    monkeypatch.setattr(tiled, "tiled_backward", lambda *a, _f=tiled.tiled_backward, **kw: calls.append(1) or _f(*a, **kw))
+    monkeypatch.setattr(tiled, "tiled_backward",
+                        lambda *a, _f=tiled.tiled_backward, **kw: calls.append(1) or _f(*a, **kw))
     got = attention_grad(q, k, v, do, is_causal=True)
     c = check_attention_args(q, k, v, is_causal=True)
     ref = attention_module.naive_attention_grad(c, do)
@@ -236,7 +238,8 @@ def test_tiled_backward_matches_torch_autograd(rng, is_causal):
 def test_tiled_backward_float32(rng):
     q, k, v, do = (rng.normal(size=(2, 30, 8)) for _ in range(4))
     ref = tiled_attention_grad(q, k, v, do, is_causal=True, block_q=4, block_k=8)
-    got = tiled_attention_grad(*(x.astype(np.float32) for x in (q, k, v, do)), is_causal=True, block_q=4, block_k=8)
+    got = tiled_attention_grad(*(x.astype(np.float32) for x in (q, k, v, do)), is_causal=True,
+                               block_q=4, block_k=8)
     for g, r in zip(got, ref):
         assert g.dtype == np.float32
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)

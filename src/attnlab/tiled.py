@@ -379,8 +379,9 @@ def tiled_backward(c: Checked, plan: Plan, out, lse, do, *, workers=None):
 
     def work(idx, buf):
         np.copyto(buf.vT, v[idx].T)
-        backward_head(q[idx], k[idx], buf.keys_transposed(idx, k[idx]), buf.vT, None if keep is None else keep[idx],
-                      plan, c.scale, lse[idx], delta[idx], do[idx], dq[idx], dk[idx], dv[idx], buf)
+        backward_head(q[idx], k[idx], buf.keys_transposed(idx, k[idx]), buf.vT,
+                      None if keep is None else keep[idx], plan, c.scale, lse[idx], delta[idx], do[idx],
+                      dq[idx], dk[idx], dv[idx], buf)
 
     run_items(list(np.ndindex(batch)), work,
               lambda: Scratch(plan, d_k, d_v, q.dtype, backward=True), workers)

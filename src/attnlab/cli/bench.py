@@ -11,8 +11,8 @@ from ._app import add_json_flag, print_json
 def register(sub) -> None:
     p = sub.add_parser("bench", help="time the tiled and naive attention paths against PyTorch SDPA")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (n = 256, 1024, 2048)")
-    p.add_argument("--scale", action="store_true",
-                   help="instead, run causal attention once at n = 65,536 (12 heads) and report its time and memory")
+    p.add_argument("--scale", action="store_true", help="instead, run causal attention once at n = 65,536 "
+                   "(12 heads) and report its time and memory")
     add_json_flag(p)
     p.set_defaults(func=cmd_bench)
 
@@ -65,20 +65,22 @@ def print_table(r: dict) -> None:
     torch = r["torch"]
     print(f"float32, batch 1, {r['shape']['n_heads']} heads, d_head {r['shape']['d_head']}; medians of "
           "alternated runs")
-    print(f"BLAS: {blas}; torch: {torch['version'] + ', ' + str(torch['threads']) + ' threads' if torch else 'not installed'}")
+    torch_text = f"{torch['version']}, {torch['threads']} threads" if torch else "not installed"
+    print(f"BLAS: {blas}; torch: {torch_text}")
     print(f"numpy float32 GEMM: {r['gemm_gflops']:.0f} GFLOP/s")
     print()
-    print(f"{'n':>6} {'causal':>6} {'tiled ms':>9} {'GFLOP/s':>8} {'of GEMM':>8} {'naive ms':>9} {'torch ms':>9} "
-          f"{'tiled/torch':>11} {'out MiB':>8} {'tiled MiB':>9} {'naive MiB':>9}")
+    print(f"{'n':>6} {'causal':>6} {'tiled ms':>9} {'GFLOP/s':>8} {'of GEMM':>8} {'naive ms':>9} "
+          f"{'torch ms':>9} {'tiled/torch':>11} {'out MiB':>8} {'tiled MiB':>9} {'naive MiB':>9}")
     for f in r["forward"]:
-        print(f"{f['n']:>6} {'yes' if f['is_causal'] else 'no':>6} {f['tiled_ms']:>9.1f} {f['tiled_gflops']:>8.0f} "
-              f"{f['tiled_vs_gemm']:>8.0%} {fmt(f['naive_ms']):>9} {fmt(f['torch_ms']):>9} "
-              f"{fmt(f['tiled_vs_torch'], '.2f'):>11} {f['output_mib']:>8.1f} {f['tiled_extra_mib']:>9.1f} "
-              f"{fmt(f['naive_extra_mib']):>9}")
+        print(f"{f['n']:>6} {'yes' if f['is_causal'] else 'no':>6} {f['tiled_ms']:>9.1f} "
+              f"{f['tiled_gflops']:>8.0f} {f['tiled_vs_gemm']:>8.0%} {fmt(f['naive_ms']):>9} "
+              f"{fmt(f['torch_ms']):>9} {fmt(f['tiled_vs_torch'], '.2f'):>11} {f['output_mib']:>8.1f} "
+              f"{f['tiled_extra_mib']:>9.1f} {fmt(f['naive_extra_mib']):>9}")
     print()
     print(f"{'decode: context':>16} {'attnlab ms':>11} {'torch ms':>9} {'ratio':>6}")
     for d in r["decode"]:
-        print(f"{d['context']:>16} {d['attnlab_ms']:>11.3f} {fmt(d['torch_ms'], '.3f'):>9} {fmt(d['ratio'], '.2f'):>6}")
+        print(f"{d['context']:>16} {d['attnlab_ms']:>11.3f} {fmt(d['torch_ms'], '.3f'):>9} "
+              f"{fmt(d['ratio'], '.2f'):>6}")
     print()
     print(f"{'backward: n':>12} {'tiled ms':>9} {'naive ms':>9} {'torch fwd+bwd ms':>17} {'ratio':>6}")
     for b in r["backward"]:
