@@ -6,22 +6,8 @@ import pytest
 from attnlab import AttentionConfig, MultiHeadAttention, attention, attention_grad, multihead_attention_grad
 
 
-def numeric_grad(f, x, eps=1e-6):
-    """Central differences of the scalar f() with respect to every entry of x (changed in place)."""
-    g = np.zeros_like(x)
-    for i in np.ndindex(x.shape):
-        old = x[i]
-        x[i] = old + eps
-        up = f()
-        x[i] = old - eps
-        down = f()
-        x[i] = old
-        g[i] = (up - down) / (2 * eps)
-    return g
-
-
 @pytest.mark.parametrize("case", ["plain", "causal", "mask", "bias", "cross_causal", "broadcast"])
-def test_attention_grad_matches_finite_differences(rng, case):
+def test_attention_grad_matches_finite_differences(rng, numeric_grad, case):
     n_q = 3 if case == "cross_causal" else 4
     q = rng.normal(size=(2, n_q, 3))
     k = rng.normal(size=(1, 4, 3)) if case == "broadcast" else rng.normal(size=(2, 4, 3))
@@ -58,7 +44,7 @@ def _layer(rng, dtype=np.float64):
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_multihead_grad_matches_finite_differences(rng, is_causal):
+def test_multihead_grad_matches_finite_differences(rng, numeric_grad, is_causal):
     layer = _layer(rng)
     x = rng.normal(size=(2, 4, 6))
     w = rng.normal(size=(2, 4, 6))

@@ -64,3 +64,45 @@ def test_failed_layer_step_leaves_cache_unchanged(rng):
     with pytest.raises(TypeError, match="cache holds float32"):
         layer(rng.normal(size=(1, 8)), cache=cache)          # float64 x gives float64 keys
     assert cache.length == 2
+
+
+def test_step_by_step_decode_equals_full_pass_on_the_tiled_path(rng, monkeypatch):
+    """The same check with the prompt and the full pass going through the tiled kernel (small tiles)."""
+    import importlib
+
+    from attnlab import tiled
+    attention_module = importlib.import_module("attnlab.attention")
+    monkeypatch.setattr(attention_module, "TILED_MIN_QUERIES", 4)
+    monkeypatch.setattr(attention_module, "TILED_MIN_SCORES", 16)
+    monkeypatch.setattr(tiled, "BLOCK_Q", 3)
+    monkeypatch.setattr(tiled, "BLOCK_K", 5)
+    calls = []
+    monkeypatch.setattr(tiled, "tiled_forward",
+                        lambda *a, _f=tiled.tiled_forward, **kw: calls.append(1) or _f(*a, **kw))
+    layer = MultiHeadAttention.init(AttentionConfig(d_model=32, n_heads=4), rng=rng, std=0.2)
+    x = rng.normal(size=(2, 20, 32)).astype(np.float32)
+    full = layer(x, is_causal=True)
+    cache = layer.new_cache(24, batch_shape=(2,))
+    first = layer(x[:, :12], is_causal=True, cache=cache)                  # tiled: 12 queries against 12 keys
+    steps = [layer(x[:, t:t + 1], is_causal=True, cache=cache) for t in range(12, 20)]   # naive: one query
+    assert len(calls) == 2
+    np.testing.assert_allclose(np.concatenate([first, *steps], axis=1), full, rtol=1e-6, atol=1e-6)
+
+
+def test_cache_refuses_non_finite_values_and_stays_unchanged():
+    cache = KVCache.empty(1, 4, 2)
+    bad = np.array([[[np.nan, 0.0]]], np.float32)                           # (h, t, d_head)
+    with pytest.raises(ValueError, match="key must be finite to enter the cache"):
+        cache.append(bad, np.zeros((1, 1, 2), np.float32))
+    with pytest.raises(ValueError, match="value must be finite to enter the cache"):
+        cache.append(np.zeros((1, 1, 2), np.float32), bad)
+    assert cache.length == 0
+
+
+def test_layer_decode_still_refuses_non_finite_input(rng):
+    layer = MultiHeadAttention.init(AttentionConfig(d_model=8, n_heads=2), rng=rng)
+    cache = layer.new_cache(4)
+    x = np.full((1, 8), np.inf, np.float32)
+    with pytest.raises(ValueError, match="must be finite"), np.errstate(invalid="ignore"):
+        layer(x, is_causal=True, cache=cache)
+    assert cache.length == 0

@@ -27,6 +27,7 @@ from .multihead import (MultiHeadAttention, merge_heads, multihead_attention, mu
 from .positions import alibi_bias, alibi_slopes, learned_positions, rope, sinusoidal_positions
 from .softmax import softmax
 from .summary import HeadSummary, summarize_heads
+from .tiled import attention_weights_rows, tiled_attention, tiled_attention_grad
 
 __version__ = "0.1.0"
 
@@ -43,6 +44,7 @@ __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "attention",
+    "attention_weights_rows",
     "attention_grad",
     "causal_mask",
     "learned_positions",
@@ -54,4 +56,6 @@ __all__ = [
     "softmax",
     "split_heads",
     "summarize_heads",
+    "tiled_attention",
+    "tiled_attention_grad",
 ]

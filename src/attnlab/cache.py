@@ -52,7 +52,9 @@ class KVCache:
         """Write ``key`` and ``value`` (..., n_heads, t, d_head) after the cached tokens.
 
         Returns the keys and values of all tokens so far, as views (..., n_heads, length, d_head).
-        Raises, with the cache unchanged, when the shapes or dtype do not match or there is no room.
+        Raises, with the cache unchanged, when the shapes or dtype do not match, a value is not finite, or
+        there is no room. So the cache only ever holds finite values, and a decode step need not scan it
+        again (``attention(..., check_finite=False)``): that scan would cost as much as the step.
         """
         key = as_float_array("key", key, min_ndim=2)
         value = as_float_array("value", value, min_ndim=2)
@@ -63,6 +65,8 @@ class KVCache:
             if new.shape[:-2] != self.k.shape[:-2] or new.shape[-1] != self.k.shape[-1]:
                 raise ValueError(f"{name} has shape {new.shape}, the cache expects {expected} "
                                  f"(width {self.k.shape[-1]})")
+            if not np.isfinite(new).all():
+                raise ValueError(f"{name} must be finite to enter the cache, got NaN or inf")
         if key.shape[-2] != value.shape[-2]:
             raise ValueError(f"key has {key.shape[-2]} tokens, value has {value.shape[-2]}; they must match")
         t = key.shape[-2]

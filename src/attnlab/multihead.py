@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_float_array, as_positive_int
+from ._checks import as_float_array, as_positive_int, check_finite
 from .attention import attention, attention_grad
 from .cache import KVCache
 from .config import AttentionConfig
@@ -129,7 +129,9 @@ def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_ca
         before = cache.length
         k, v = cache.append(k, v)                    # (..., h, n_k, d_head) each: every token so far
         try:
-            out = attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal, return_weights=return_weights)
+            check_finite("query", q)                 # the cached keys and values were checked on append
+            out = attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal, return_weights=return_weights,
+                            check_finite=False)
         except Exception:
             cache.length = before                    # a failed step leaves the cache as it was
             raise
