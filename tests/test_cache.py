@@ -106,3 +106,56 @@ def test_layer_decode_still_refuses_non_finite_input(rng):
     with pytest.raises(ValueError, match="must be finite"), np.errstate(invalid="ignore"):
         layer(x, is_causal=True, cache=cache)
     assert cache.length == 0
+
+
+# ---------------------------------------------------------------------------- the decode kernel
+
+
+@pytest.mark.parametrize("n_k", [1, 2, 37])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_decode_kernel_matches_the_naive_reference(rng, n_k, is_causal):
+    """One query per head against every key (a decode step): float64 to 1e-12, float32 to 1e-6."""
+    from attnlab.attention import check_attention_args, decode_attention, naive_attention
+    q = rng.normal(size=(2, 3, 1, 8)) * 3                        # (B, h, 1, d) large scores: the max matters
+    k = rng.normal(size=(2, 3, n_k, 8))
+    v = rng.normal(size=(1, 3, n_k, 5))                          # broadcast over the batch
+    for dtype, tol in ((np.float64, 1e-12), (np.float32, 1e-6)):
+        args = [x.astype(dtype) for x in (q, k, v)]
+        c = check_attention_args(*args, is_causal=is_causal)
+        ref, _ = naive_attention(check_attention_args(*(x.astype(np.float64) for x in args), is_causal=is_causal))
+        got = attention(*args, is_causal=is_causal)
+        assert got.dtype == dtype and got.shape == (2, 3, 1, 5)
+        np.testing.assert_allclose(decode_attention(c), ref, rtol=tol, atol=tol)
+        np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
+
+
+def test_decode_path_is_taken_only_when_it_computes_what_was_asked(rng, monkeypatch):
+    import importlib
+    attention_module = importlib.import_module("attnlab.attention")
+    calls = []
+    monkeypatch.setattr(attention_module, "decode_attention",
+                        lambda c, _f=attention_module.decode_attention: calls.append(1) or _f(c))
+    q, k, v = rng.normal(size=(2, 1, 4)), rng.normal(size=(2, 6, 4)), rng.normal(size=(2, 6, 3))
+    attention(q, k, v, is_causal=True)
+    assert len(calls) == 1
+    pad = np.ones((2, 1, 6), bool)
+    pad[0, 0, :2] = False
+    out_pad = attention(q, k, v, mask=pad)                                       # a mask: naive
+    _, a = attention(q, k, v, return_weights=True)                               # weights asked: naive
+    attention(q, k, v, bias=np.zeros((2, 1, 6)))                                 # a bias: naive
+    attention(rng.normal(size=(2, 2, 4)), k, v)                                  # two queries: naive
+    assert len(calls) == 1
+    assert a.shape == (2, 1, 6)
+    ref, _ = attention_module.naive_attention(attention_module.check_attention_args(q[0], k[0, 2:], v[0, 2:]))
+    np.testing.assert_allclose(out_pad[0], ref, rtol=1e-12)
+    np.testing.assert_array_equal(attention(q, k[:, :0], v[:, :0]), 0)           # no key: naive gives 0
+    assert len(calls) == 1
+
+
+def test_decode_kernel_keeps_extreme_scores_finite(rng):
+    """Scores far beyond exp's range: the row max is subtracted, so the result matches the float64 grid."""
+    q, k, v = rng.normal(size=(3, 1, 4)) * 400, rng.normal(size=(3, 9, 4)), rng.normal(size=(3, 9, 2))
+    got = attention(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32))
+    ref = attention(np.repeat(q, 2, axis=1), k, v)[:, :1]                        # two queries: the naive path
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)

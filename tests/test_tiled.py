@@ -312,3 +312,31 @@ def test_scores_far_from_zero_and_growing_across_blocks(rng, spread):
         np.testing.assert_allclose(lse, naive_lse(q, k, **kw), rtol=1e-12)
         out32 = tiled_attention(*(x.astype(np.float32) for x in (q, k, v)), block_q=5, block_k=3, **kw)
         np.testing.assert_allclose(out32, out, rtol=1e-4, atol=1e-5)
+
+
+def test_bounded_rows_skip_the_running_max_and_agree_with_moving_rows(rng, monkeypatch):
+    """‖q‖‖k‖·scale within SHIFT_SLACK: no running max is kept (shift stays 0); just beyond it, the moving
+    reference runs. Both match the float64 grid, in float64 and float32."""
+    n, d = 40, 8
+    q, k, v = rng.normal(size=(2, n, d)), rng.normal(size=(2, n, d)), rng.normal(size=(2, n, 3))
+    q /= np.linalg.norm(q, axis=-1, keepdims=True)
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)                               # unit rows: the bound is c²·scale
+    maxima = []
+    monkeypatch.setattr(tiled, "move_shift", lambda *a, _f=tiled.move_shift, **kw: maxima.append(1) or _f(*a, **kw))
+    for c, bounded in ((np.sqrt(tiled.SHIFT_SLACK) * 0.99, True), (np.sqrt(tiled.SHIFT_SLACK) * 1.01, False)):
+        maxima.clear()
+        for kw in ({}, {"is_causal": True}):
+            out, lse = tiled_attention(q * c, k * c, v, scale=1.0, block_q=7, block_k=9, return_lse=True,
+                                       workers=1, **kw)
+            np.testing.assert_allclose(out, naive(q * c, k * c, v, scale=1.0, **kw)[0], rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(lse, naive_lse(q * c, k * c, scale=1.0, **kw), rtol=1e-12)
+            out32 = tiled_attention(*(x.astype(np.float32) for x in (q * c, k * c, v)), scale=1.0, block_q=7,
+                                    block_k=9, **kw)
+            np.testing.assert_allclose(out32, out, rtol=1e-5, atol=1e-6)
+        assert (len(maxima) == 0) == bounded
+
+
+def test_max_row_norm():
+    x = np.array([[3.0, 4.0], [1.0, 0.0], [0.0, -6.0]])
+    assert tiled.max_row_norm(x) == 6.0
+    assert tiled.max_row_norm(x[:0]) == 0.0

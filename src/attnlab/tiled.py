@@ -248,7 +248,8 @@ def forward_rows(q, kT, v, keep, plan: Plan, scale: float, i0: int, i1: int, out
     lse = shift + log l; it only has to keep exp(s - shift) from overflowing. So a row keeps shift = 0
     while its running max m stays within ``SHIFT_SLACK`` of it, and then the tile needs neither the
     subtraction pass nor a rescale; the shift moves to m (and what came before is rescaled) only when
-    m leaves that band (FlashAttention-4 rescales only past a threshold in the same way).
+    m leaves that band (FlashAttention-4 rescales only past a threshold in the same way). When
+    ‖q_i‖ · max_j ‖k_j‖ · scale bounds every score of the block within the band, m is not tracked at all.
     """
     bq = i1 - i0
     qs = np.multiply(q[i0:i1], scale, out=buf.qs[:bq])          # (bq, d_k) queries, scaled once
@@ -270,18 +271,7 @@ def forward_rows(q, kT, v, keep, plan: Plan, scale: float, i0: int, i1: int, out
             col, drop = masked
             np.copyto(s[:, col:], -np.inf, where=drop)          # (bq, bk) masked scores drop out
         if not bounded:
-            m = np.maximum(m, s.max(axis=1))                    # (bq,) m' = max(m, rowmax s)
-            move = np.abs(m - shift) > SHIFT_SLACK              # (bq,) rows whose max left the band
-            move &= m > -np.inf                                 # (a row with no key yet keeps shift 0)
-            if move.any():
-                new_shift = np.where(move, m, shift)            # (bq,)
-                if n_block > 0:
-                    alpha = np.exp(np.minimum(shift - new_shift, 0))    # (bq,) exp(shift - shift'): rescale
-                    l *= alpha                                  # what came before (1 where unmoved; a
-                    acc *= alpha[:, None]                       # moving-down row had nothing yet)
-                shift = new_shift
-            if shift.any():
-                s -= shift[:, None]                             # (bq, bk)
+            m, shift = move_shift(s, m, shift, l, acc, rescale=n_block > 0)
         p = np.exp(s, out=s)                                    # (bq, bk) p = exp(s - shift)
         if n_block == 0:
             np.matmul(p, buf.ones[:j1 - j0], out=l)             # (bq,) l = rowsum p
@@ -292,6 +282,26 @@ def forward_rows(q, kT, v, keep, plan: Plan, scale: float, i0: int, i1: int, out
     seen = l > 0                                                # (bq,) False: the query saw no key
     np.divide(acc, np.where(seen, l, 1)[:, None], out=out[i0:i1])          # (bq, d_v) out = acc / l, or 0
     lse[i0:i1] = np.where(seen, shift + np.log(np.where(seen, l, 1)), -np.inf)   # (bq,) lse = shift + log l
+
+
+def move_shift(s, m, shift, l, acc, *, rescale: bool):
+    """For rows whose scores are not bounded: fold the tile's scores s (bq, bk) into the running max m (bq,),
+    move the reference ``shift`` (bq,) of rows whose max left the ±SHIFT_SLACK band, rescaling the running
+    sum l (bq,) and accumulator acc (bq, d_v) that came before (``rescale``), and subtract the shift from s
+    in place. Returns (m, shift)."""
+    m = np.maximum(m, s.max(axis=1))                            # (bq,) m' = max(m, rowmax s)
+    move = np.abs(m - shift) > SHIFT_SLACK                      # (bq,) rows whose max left the band
+    move &= m > -np.inf                                         # (a row with no key yet keeps shift 0)
+    if move.any():
+        new_shift = np.where(move, m, shift)                    # (bq,)
+        if rescale:
+            alpha = np.exp(np.minimum(shift - new_shift, 0))    # (bq,) exp(shift - shift'): rescale what
+            l *= alpha                                          # came before (1 where unmoved; a
+            acc *= alpha[:, None]                               # moving-down row had nothing yet)
+        shift = new_shift
+    if shift.any():
+        s -= shift[:, None]                                     # (bq, bk)
+    return m, shift
 
 
 def attention_weights_rows(query, key, lse, rows, *, mask=None, is_causal=False, window=None, scale=None):
