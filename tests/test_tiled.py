@@ -340,3 +340,34 @@ def test_max_row_norm():
     x = np.array([[3.0, 4.0], [1.0, 0.0], [0.0, -6.0]])
     assert tiled.max_row_norm(x) == 6.0
     assert tiled.max_row_norm(x[:0]) == 0.0
+
+
+@pytest.mark.parametrize("n_q, n_k", SHAPES + [(16, 16), (9, 20)])
+@pytest.mark.parametrize("block_q, block_k", [(5, 3), (7, 6), (16, 32)])
+def test_diagonal_strips_match_the_naive_grid(rng, monkeypatch, n_q, n_k, block_q, block_k):
+    """Causal diagonal tiles split into strips of 2 rows: every mask, and scores far beyond the band."""
+    monkeypatch.setattr(tiled, "DIAGONAL_ROWS", 2)
+    for name, q, k, v, kw, ref_kw in cases(rng, n_q, n_k):
+        for spread in (1.0, 200.0):
+            out, lse = tiled_attention(q * spread, k, v, block_q=block_q, block_k=block_k, return_lse=True, **kw)
+            ref, _ = naive(q * spread, k, v, **ref_kw)
+            np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-12, err_msg=f"{name} x{spread}")
+            np.testing.assert_allclose(lse, naive_lse(q * spread, k, **ref_kw), rtol=1e-12, atol=1e-12,
+                                       err_msg=f"{name} x{spread}")
+
+
+@pytest.mark.parametrize("diagonal_rows", [1, 3, 64])
+@pytest.mark.parametrize("n_q, n_k, window", [(20, 20, None), (13, 29, None), (29, 13, None), (20, 20, 6)])
+def test_plan_tiles_cover_every_visible_score_exactly_once(monkeypatch, diagonal_rows, n_q, n_k, window):
+    monkeypatch.setattr(tiled, "DIAGONAL_ROWS", diagonal_rows)
+    plan = tiled.Plan(n_q=n_q, n_k=n_k, block_q=8, block_k=5, is_causal=True, window=window)
+    visible = ~plan.hidden(np.arange(n_q), np.arange(n_k))                   # (n_q, n_k)
+    count = np.zeros((n_q, n_k), int)
+    for i0, i1 in plan.query_blocks():
+        for r0, r1, j0, j1 in plan.tiles(i0, i1):
+            assert i0 <= r0 < r1 <= i1 and j0 < j1
+            count[r0:r1, j0:j1] += 1
+    assert (count[visible] == 1).all() and count.max() <= 1
+    # the strips skip what the unsplit diagonal tiles would have computed above the diagonal
+    unsplit = sum(plan.n_scores(i0, i1) for i0, i1 in plan.query_blocks())
+    assert count.sum() < unsplit if diagonal_rows < 8 else count.sum() == unsplit
