@@ -152,6 +152,7 @@ def test_attention_grad_dispatches_to_the_tiled_backward(rng, monkeypatch):
     monkeypatch.setattr(attention_module, "TILED_MIN_SCORES", 16)
     monkeypatch.setattr(tiled, "BLOCK_Q", 3)
     monkeypatch.setattr(tiled, "BLOCK_K", 4)
+    monkeypatch.setattr(tiled, "BACKWARD_BLOCKS", (3, 4))
     q, k, v, do = (rng.normal(size=(2, 9, 3)) for _ in range(4))
     calls = []
     monkeypatch.setattr(tiled, "tiled_backward",
