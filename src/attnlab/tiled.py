@@ -13,7 +13,9 @@ and an accumulator ``acc``::
 
 Any reference point works in place of m' (it cancels in acc / l) as long as exp does not overflow, so
 each row keeps its reference fixed while m stays within ±SHIFT_SLACK of it: then a tile needs neither
-the subtraction pass nor the rescaling (see :func:`forward_rows`).
+the subtraction pass nor the rescaling; when ‖q_i‖ ‖k_j‖ · scale bounds every score of a block, m is not
+even tracked (see :func:`forward_rows`). The kernel computes exp as exp2 with log₂e folded into q's scale,
+and cuts a causal block's diagonal tile into row strips that skip most of the hidden triangle.
 
 Backward, FlashAttention-2's: the forward keeps only ``out`` and ``lse`` (one number per query); the
 backward rebuilds each tile's weights as ``exp(s - lse)`` and never holds the grid either.
