@@ -203,10 +203,10 @@ def grads_like(grads, inputs) -> tuple:
 
 # attention() and attention_grad() take the tiled path when each head has at least this many queries and
 # scores. Below, the naive grid is small and one batched numpy call per step beats the tiled loop's
-# per-tile overhead. Measured on 2 cores, 12 heads, d_head 64, float32 (tiled time / naive time):
-# n = 192: 1.2-1.4; n = 256: 0.75 causal, 1.5 full; n = 320: 0.66-0.78; n = 512: 0.5.
+# per-tile overhead. Measured on 2 cores, 12 heads, d_head 64, float32 (tiled time / naive time, min of 15):
+# n = 128: 1.0-1.6; n = 160: 0.84-2.0; n = 192: 0.67-0.78; n = 256: 0.6-0.7; n = 512: 0.5.
 TILED_MIN_QUERIES = 128
-TILED_MIN_SCORES = 300 * 300
+TILED_MIN_SCORES = 192 * 192
 
 
 def takes_tiled_path(query, key, *, bias, return_weights) -> bool:
