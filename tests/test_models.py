@@ -74,7 +74,7 @@ def test_gpt2_float64_checkpoint_matches_reference_exactly(write_gpt2, prefix):
     folder = write_gpt2(prefix=prefix, dtype=np.float64)
     model = load_model(folder)
     ids = np.array([3, 200, 17, 256, 5, 99])
-    out = model.network(ids)
+    out = model.network(ids, return_weights=True)
     logits, attns = ref_gpt2(read_safetensors(folder / "model.safetensors"), ids, n_head=4)
     assert out.logits.dtype == np.float64
     np.testing.assert_allclose(out.logits, logits, rtol=1e-12, atol=1e-12)
@@ -86,11 +86,30 @@ def test_gpt2_float32_checkpoint_matches_float64_reference(write_gpt2):
     folder = write_gpt2(dtype=np.float32)
     model = load_model(folder)
     ids = np.arange(0, 250, 17)[:16]                       # the full 16 positions
-    out = model.network(ids)
+    out = model.network(ids, return_weights=True)
     logits, attns = ref_gpt2(read_safetensors(folder / "model.safetensors"), ids, n_head=4)
     assert out.logits.dtype == np.float32
     np.testing.assert_allclose(out.logits, logits, atol=2e-5 * np.abs(logits).max())
     np.testing.assert_allclose(out.attentions, attns, atol=2e-6)
+
+
+def test_gpt2_logits_without_weights_take_the_tiled_path_and_match_the_reference(write_gpt2, monkeypatch):
+    import attnlab.tiled
+
+    folder = write_gpt2(n_positions=320, dtype=np.float32)
+    model = load_network(folder)
+    ids = np.random.default_rng(1).integers(0, 264, 320)   # 320 × 320 scores per head: past the crossover
+    calls = []
+    real = attnlab.tiled.tiled_attention
+    monkeypatch.setattr(attnlab.tiled, "tiled_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    out = gpt2_forward(model, ids)                         # logits only: no weights asked for
+    assert out.attentions is None
+    assert len(calls) == 2                                 # each layer went through the tiled kernel
+    logits, _ = ref_gpt2(read_safetensors(folder / "model.safetensors"), ids, n_head=4)
+    np.testing.assert_allclose(out.logits, logits, atol=2e-5 * np.abs(logits).max())
+    with_weights = gpt2_forward(model, ids, return_weights=True)   # the naive path, which builds the grids
+    assert len(calls) == 2 and with_weights.attentions.shape == (2, 4, 320, 320)
+    np.testing.assert_allclose(out.logits, with_weights.logits, atol=1e-5 * np.abs(logits).max())
 
 
 def test_attend_on_gpt2_folder_tokenizes_with_its_vocab_and_masks_the_future(write_gpt2):
@@ -107,10 +126,10 @@ def test_attend_on_gpt2_folder_tokenizes_with_its_vocab_and_masks_the_future(wri
 def test_cached_decode_equals_full_forward(write_gpt2):
     model = load_model(write_gpt2()).network
     ids = np.array([5, 9, 200, 31, 7, 7, 100])
-    full = gpt2_forward(model, ids)
+    full = gpt2_forward(model, ids, return_weights=True)
     caches = new_caches(model, 7)
-    first = gpt2_forward(model, ids[:3], caches)
-    steps = [gpt2_forward(model, ids[t:t + 1], caches) for t in range(3, 7)]
+    first = gpt2_forward(model, ids[:3], caches, return_weights=True)
+    steps = [gpt2_forward(model, ids[t:t + 1], caches, return_weights=True) for t in range(3, 7)]
     np.testing.assert_allclose(np.concatenate([first.logits] + [s.logits for s in steps]), full.logits,
                                rtol=1e-5, atol=1e-5)
     last = steps[-1].attentions                            # (2, 4, 1, 7): the last query against all 7 keys
@@ -210,7 +229,7 @@ def test_bert_both_layouts_match_float64_reference(tmp_path, rng, prefix):
     w = write_bert(tmp_path / "bert", rng, prefix=prefix)
     bert = load_network(tmp_path / "bert")                 # no tokenizer.json needed to run on ids
     ids, types = np.array([1, 7, 29, 3, 3, 0]), np.array([0, 0, 0, 1, 1, 1])
-    out = bert_forward(bert, ids, types)
+    out = bert_forward(bert, ids, types, return_weights=True)
     last, attns = ref_bert(w, ids, types, n_heads=2)
     np.testing.assert_allclose(out.attentions, attns, atol=1e-9)   # erfc is accurate to 1.2e-7 relative
     np.testing.assert_allclose(out.hidden_states[-1], last, atol=1e-6)

@@ -135,7 +135,7 @@ def attend(text: str, model: str | Path | Model = MINILM) -> Attended:
     """
     m = model if isinstance(model, Model) else load_model(model)
     ids, labels = m.encode(text)
-    out = m.network(ids)
+    out = m.network(ids, return_weights=True)
     n = len(ids)
     keep = causal_mask(n) if m.kind == "gpt2" else None           # (n, n)
     amap = AttentionMap(labels, out.attentions, keep=keep, source=f"{m.name} ({m.kind})")

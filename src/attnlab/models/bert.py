@@ -19,7 +19,7 @@ import numpy as np
 from ..multihead import MultiHeadAttention
 from .checkpoint import Tensors, check_layer_count, config_float, config_int
 from .layers import MLP, LayerNorm, activation_name
-from .output import ModelOutput, check_ids
+from .output import ModelOutput, attention_and_weights, check_ids
 
 
 @dataclass(frozen=True)
@@ -69,12 +69,14 @@ class Bert:
     ln_embed: LayerNorm
     blocks: tuple            # of BertBlock
 
-    def __call__(self, ids, token_types=None) -> ModelOutput:
-        return bert_forward(self, ids, token_types)
+    def __call__(self, ids, token_types=None, *, return_weights: bool = False) -> ModelOutput:
+        return bert_forward(self, ids, token_types, return_weights=return_weights)
 
 
-def bert_forward(model: Bert, ids, token_types=None) -> ModelOutput:
-    """Token ids (n,) -> hidden states (n_layers+1, n, d_model) and attention weights (n_layers, h, n, n).
+def bert_forward(model: Bert, ids, token_types=None, *, return_weights: bool = False) -> ModelOutput:
+    """Token ids (n,) -> hidden states (n_layers+1, n, d_model), and with ``return_weights=True`` every head's
+    attention weights (n_layers, h, n, n) as ``attentions`` (None otherwise: a long input then takes
+    attention's tiled path).
 
     ``hidden_states[0]`` is the embedding output, ``hidden_states[i]`` the output of block i.
     ``token_types`` (n,) defaults to all 0 (one segment).
@@ -89,12 +91,13 @@ def bert_forward(model: Bert, ids, token_types=None) -> ModelOutput:
     x = model.ln_embed(x)                                           # (n, d_model)
     hidden, weights = [x], []
     for block in model.blocks:
-        y, a = block.attn(x, return_weights=True)       # (n, d_model), (h, n, n)
+        y, a = attention_and_weights(block.attn, x, return_weights)   # (n, d_model), (h, n, n) or None
         x = block.ln_attn(x + y)                        # (n, d_model)
         x = block.ln_mlp(x + block.mlp(x))              # (n, d_model)
         hidden.append(x)
         weights.append(a)
-    return ModelOutput(hidden_states=np.stack(hidden), attentions=np.stack(weights))   # (L+1, n, d), (L, h, n, n)
+    return ModelOutput(hidden_states=np.stack(hidden),                      # (L+1, n, d_model)
+                       attentions=np.stack(weights) if return_weights else None)   # (L, h, n, n)
 
 
 def load_bert(tensors: Tensors, config: dict) -> Bert:

@@ -22,7 +22,7 @@ from ..multihead import MultiHeadAttention
 from ..softmax import softmax
 from .checkpoint import Tensors, check_layer_count, config_float, config_int
 from .layers import MLP, LayerNorm, activation_name
-from .output import ModelOutput, check_ids
+from .output import ModelOutput, attention_and_weights, check_ids
 
 
 @dataclass(frozen=True)
@@ -73,17 +73,21 @@ class GPT2:
     blocks: tuple            # of GPT2Block
     ln_f: LayerNorm
 
-    def __call__(self, ids, caches: tuple[KVCache, ...] | None = None) -> ModelOutput:
-        return gpt2_forward(self, ids, caches)
+    def __call__(self, ids, caches: tuple[KVCache, ...] | None = None, *,
+                 return_weights: bool = False) -> ModelOutput:
+        return gpt2_forward(self, ids, caches, return_weights=return_weights)
 
 
-def gpt2_forward(model: GPT2, ids, caches: tuple[KVCache, ...] | None = None) -> ModelOutput:
-    """Token ids (n,) -> hidden states (n_layers+1, n, d_model), attentions (n_layers, h, n, n_k), logits (n, vocab).
+def gpt2_forward(model: GPT2, ids, caches: tuple[KVCache, ...] | None = None, *,
+                 return_weights: bool = False) -> ModelOutput:
+    """Token ids (n,) -> hidden states (n_layers+1, n, d_model) and logits (n, vocab_size).
 
     With ``caches`` (one :class:`~attnlab.KVCache` per layer, from :func:`new_caches`) the ids continue the
     tokens already cached: they take the next positions, their keys and values are appended, and they
     attend to all ``n_k`` tokens so far. ``hidden_states[-1]`` has ``ln_f`` applied, as transformers
-    returns it.
+    returns it. ``return_weights=True`` also returns every head's weights as ``attentions``
+    (n_layers, h, n, n_k); without it ``attentions`` is None and a long input takes attention's tiled
+    path, which never builds the (n, n_k) grids.
     """
     cfg = model.config
     start = check_caches(caches, cfg.n_layers)
@@ -91,14 +95,16 @@ def gpt2_forward(model: GPT2, ids, caches: tuple[KVCache, ...] | None = None) ->
     x = model.W_E[ids] + model.W_P[start:start + len(ids)]   # (n, d_model) X = W_E[ids] + W_P[positions]
     hidden, weights = [x], []
     for block, cache in zip(model.blocks, caches or itertools.repeat(None)):
-        y, a = block.attn(block.ln_1(x), is_causal=True, return_weights=True, cache=cache)   # (n, d), (h, n, n_k)
+        y, a = attention_and_weights(block.attn, block.ln_1(x), return_weights, is_causal=True,
+                                     cache=cache)          # (n, d_model), (h, n, n_k) or None
         x = x + y                                          # (n, d_model)
         x = x + block.mlp(block.ln_2(x))                   # (n, d_model)
         hidden.append(x)
         weights.append(a)
     hidden[-1] = model.ln_f(x)                             # (n, d_model)
     logits = hidden[-1] @ model.W_E.T                      # (n, vocab_size)
-    return ModelOutput(hidden_states=np.stack(hidden), attentions=np.stack(weights), logits=logits)
+    return ModelOutput(hidden_states=np.stack(hidden), logits=logits,
+                       attentions=np.stack(weights) if return_weights else None)   # (L, h, n, n_k)
 
 
 def new_caches(model: GPT2, capacity: int) -> tuple[KVCache, ...]:

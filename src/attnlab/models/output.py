@@ -13,11 +13,19 @@ class ModelOutput:
     """A forward pass's results for ``n`` tokens.
 
     ``hidden_states[0]`` is the embedding output and ``hidden_states[i]`` the output of block i (for GPT-2
-    the last one has the final layer norm applied, as in transformers). ``logits`` is None for encoders.
+    the last one has the final layer norm applied, as in transformers). ``attentions`` is None unless the
+    forward pass was asked for the weights (``return_weights=True``); ``logits`` is None for encoders.
     """
     hidden_states: np.ndarray              # (n_layers+1, n, d_model)
-    attentions: np.ndarray                 # (n_layers, n_heads, n, n_k); n_k > n with a KV cache
+    attentions: np.ndarray | None = None   # (n_layers, n_heads, n, n_k); n_k > n with a KV cache
     logits: np.ndarray | None = None       # (n, vocab_size)
+
+
+def attention_and_weights(attn, x: np.ndarray, return_weights: bool, **options):
+    """One block's attention on x (n, d_model): its output (n, d_model) and its weights (h, n, n_k), the weights
+    only when asked (otherwise None), so that a long input can take attention's tiled path."""
+    out = attn(x, return_weights=return_weights, **options)
+    return out if return_weights else (out, None)
 
 
 def check_ids(ids, vocab_size: int, n_ctx: int, *, name: str = "ids", start: int = 0) -> np.ndarray:
