@@ -11,6 +11,7 @@ MiniLM's (``embeddings.…``, ``encoder.layer.0.…``) and the ``bert.``-prefixe
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,8 +109,7 @@ def load_bert(tensors: Tensors, config: dict) -> Bert:
     d, d_mlp = cfg.d_model, cfg.d_mlp
     why = f"hidden_size={d}, intermediate_size={d_mlp}"
 
-    def norm(prefix: str) -> LayerNorm:
-        return LayerNorm(t.take(f"{prefix}.weight", (d,), why), t.take(f"{prefix}.bias", (d,), why), cfg.ln_eps)
+    norm = functools.partial(LayerNorm.load, t, d_model=d, eps=cfg.ln_eps, why=why)   # norm(prefix)
 
     def linear(prefix: str, d_in: int, d_out: int) -> tuple[np.ndarray, np.ndarray]:
         w = t.take(f"{prefix}.weight", (d_out, d_in), why)       # (out, in) as torch stores it

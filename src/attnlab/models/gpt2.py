@@ -11,6 +11,7 @@ then ``LN_f`` and the logits ``x W_Eᵀ`` (``lm_head`` is tied to ``wte``). Conv
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -173,8 +174,7 @@ def load_gpt2(tensors: Tensors, config: dict) -> GPT2:
     d, d_mlp = cfg.d_model, cfg.d_mlp
     why = f"n_embd={d}, MLP width {d_mlp}"
 
-    def norm(prefix: str) -> LayerNorm:
-        return LayerNorm(t.take(f"{prefix}.weight", (d,), why), t.take(f"{prefix}.bias", (d,), why), cfg.ln_eps)
+    norm = functools.partial(LayerNorm.load, t, d_model=d, eps=cfg.ln_eps, why=why)   # norm(prefix)
 
     def conv1d(prefix: str, d_in: int, d_out: int) -> tuple[np.ndarray, np.ndarray]:
         return t.take(f"{prefix}.weight", (d_in, d_out), why), t.take(f"{prefix}.bias", (d_out,), why)
