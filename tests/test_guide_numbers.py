@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attnlab import AttentionConfig
 from attnlab import guide as g
 
 # --- references written the guide's way, independent of attnlab ------------------------------------
@@ -356,11 +357,24 @@ def test_cost_beyond_the_guide():
     assert g.cost(1024).kv_cache_bytes == 72 * 2**20
     c = g.cost(1024)
     assert c.grid_bytes_naive == 12 * 1024 * 1024 * 4                 # 48 MiB of float32 scores
-    assert c.grid_bytes_tiled == 12 * (128 * 128 + 2 * 1024) * 4
+    assert c.grid_bytes_tiled == (2 * 128 * 1024 + 2 * 12 * 1024) * 4   # 2 workers' 128 × 1024 tiles, m and l
     # FLOPs: projections 4 × (2 n d_model²), QKᵀ and AV 2 × (2 h n² d_head)
     assert c.flops_projections == 4 * 2 * 1024 * 768 * 768
     assert c.flops_scores == 2 * 2 * 12 * 1024 * 1024 * 64
     assert c.flops_per_model == 12 * c.flops_per_layer
+
+
+@pytest.mark.parametrize("n", [1, 5, 128, 200, 1024, 4096, 65_536])
+def test_tiled_grid_bytes_are_the_tiled_kernels_score_buffers(n):
+    from attnlab.tiled import BLOCK_K, BLOCK_Q, Plan, Scratch
+    plan = Plan(n_q=n, n_k=n, block_q=BLOCK_Q, block_k=BLOCK_K, is_causal=True)
+    scratch = Scratch(plan, 64, 64, np.float32)            # what one worker of the kernel allocates
+    m_and_l = 2 * 12 * n * 4                               # a running max and sum per query of 12 heads
+    assert g.cost(n).grid_bytes_tiled == 2 * scratch.s.nbytes + m_and_l
+    assert g.tile_shape(n) == (min(n, BLOCK_Q), min(n, BLOCK_K))
+    one_worker = g.CostConfig(attention=AttentionConfig(d_model=64, n_heads=1), workers=4)
+    if n <= BLOCK_Q:                                       # one head, one query block: one work item, one worker
+        assert g.cost(n, one_worker).grid_bytes_tiled == scratch.s.nbytes + 2 * n * 4
 
 
 def test_growth_table_is_quadratic_for_scores_linear_for_the_cache():

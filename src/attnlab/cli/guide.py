@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -327,11 +327,13 @@ def cmd_order(args) -> int:
 
 # --- 9. cost ------------------------------------------------------------------------------------
 
-def report_cost(n: int = 5, config_name: str = "gpt2-small", *, tile: int = 128, bytes_per_number: int = 4,
+def report_cost(n: int = 5, config_name: str = "gpt2-small", *, block_q: int | None = None,
+                block_k: int | None = None, workers: int | None = None, bytes_per_number: int = 4,
                 growth_table: bool = True) -> Report:
+    """The cost section; the tiled kernel's blocks and workers default to the config's (the kernel's own)."""
     base = g.COST_CONFIGS[config_name]
-    config = g.CostConfig(attention=base.attention, n_layers=base.n_layers, tile=tile,
-                          bytes_per_number=bytes_per_number)
+    tiled = {k: v for k, v in (("block_q", block_q), ("block_k", block_k), ("workers", workers)) if v is not None}
+    config = replace(base, bytes_per_number=bytes_per_number, **tiled)
     p, c = g.params(config), g.cost(n, config)
     n_ctx = config.attention.n_ctx
     at_ctx = g.cost(n_ctx, config)
@@ -342,7 +344,8 @@ def report_cost(n: int = 5, config_name: str = "gpt2-small", *, tile: int = 128,
              f"At n = {n:,}: {c.flops_per_layer:,} FLOPs per layer ({c.flops_projections:,} in the projections, "
              f"{c.flops_scores:,} in QKᵀ and AV); {c.flops_per_model:,} for {config.n_layers} layers",
              f"Score grid of one layer: {_bytes(c.grid_bytes_naive)} naive, {_bytes(c.grid_bytes_tiled)} tiled "
-             f"({min(n, tile)}×{min(n, tile)} tiles)",
+             f"({config.workers} workers × {'×'.join(map(str, g.tile_shape(n, config)))} tiles, plus a running max "
+             "and sum per query)",
              f"KV cache: {_bytes(g.kv_bytes_per_token(config))} per token, {_bytes(c.kv_cache_bytes)} at n = {n:,}, "
              f"{_bytes(at_ctx.kv_cache_bytes)} at n_ctx = {n_ctx} ({bytes_per_number} bytes per number)"]
     if n > n_ctx:
@@ -353,7 +356,8 @@ def report_cost(n: int = 5, config_name: str = "gpt2-small", *, tile: int = 128,
                                    [[f"{r.n:,}", f"{r.scores_per_layer:,}", f"{r.flops_per_layer:.3g}",
                                      _bytes(r.grid_bytes_naive), _bytes(r.grid_bytes_tiled),
                                      _bytes(r.kv_cache_bytes)] for r in rows])]
-    return Report("\n".join(lines), {"config": config_name, "n_layers": config.n_layers, "tile": tile,
+    return Report("\n".join(lines), {"config": config_name, "n_layers": config.n_layers,
+                                     "block_q": config.block_q, "block_k": config.block_k, "workers": config.workers,
                                      "bytes_per_number": bytes_per_number, "params": vars(p), "cost": vars(c),
                                      "at_n_ctx": vars(at_ctx), "kv_bytes_per_token": g.kv_bytes_per_token(config),
                                      "growth": [vars(r) for r in rows]})
@@ -367,8 +371,8 @@ def _bytes(b: int) -> str:
 
 
 def cmd_cost(args) -> int:
-    return emit(args, report_cost(args.n, args.config, tile=args.tile, bytes_per_number=args.bytes,
-                                  growth_table=not args.no_growth))
+    return emit(args, report_cost(args.n, args.config, block_q=args.block_q, block_k=args.block_k,
+                                  workers=args.workers, bytes_per_number=args.bytes, growth_table=not args.no_growth))
 
 
 # --- 10. tokens ---------------------------------------------------------------------------------
@@ -460,7 +464,9 @@ def register(sub) -> None:
     p = sub.add_parser("cost", help="parameters, scores, FLOPs, score-grid and KV-cache memory")
     p.add_argument("--n", type=_int, default=5, help="sequence length (default 5, the running example)")
     p.add_argument("--config", choices=sorted(g.COST_CONFIGS), default="gpt2-small")
-    p.add_argument("--tile", type=_int, default=128, help="tile size of tiled attention (128)")
+    p.add_argument("--block-q", type=_int, help=f"queries per tile of tiled attention ({g.CostConfig.block_q})")
+    p.add_argument("--block-k", type=_int, help=f"keys per tile of tiled attention ({g.CostConfig.block_k})")
+    p.add_argument("--workers", type=_int, help=f"tiles in flight at once ({g.CostConfig.workers})")
     p.add_argument("--bytes", type=_int, default=4, help="bytes per number (4: float32)")
     p.add_argument("--no-growth", action="store_true", help="leave out the growth table")
     _done(p, cmd_cost)
