@@ -61,5 +61,26 @@ def print_json(data) -> None:
     print(json.dumps(jsonable(data), indent=2))
 
 
+def stderr_progress(*columns, **options):
+    """A transient rich progress bar on stderr, drawn only when stderr is a terminal: a pipe or a log file
+    gets nothing, not even the blank line rich leaves behind, so an error stays one line."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    console = Console(stderr=True)
+    return Progress(*columns, console=console, transient=True, disable=not console.is_terminal, **options)
+
+
+def seed_arg(text: str) -> int:
+    """An argparse type for ``--seed``: an integer >= 0, which ``numpy.random.default_rng`` takes."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
 def add_json_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the results as JSON, for scripts")

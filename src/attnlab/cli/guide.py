@@ -8,13 +8,12 @@ and the tour can never disagree.
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from .. import guide as g
-from ._app import add_json_flag, print_json
+from ._app import add_json_flag, print_json, seed_arg, stderr_progress
 
 
 @dataclass(frozen=True)
@@ -62,6 +61,9 @@ def emit(args, report: Report) -> int:
 def report_floors(text: str, max_k: int = 5, *, level: str = "char", source: str = "the guide's toy text",
                   progress: bool = False) -> Report:
     rows = list(_with_progress(g.iter_floors(text, max_k, level=level), max_k + 1, "counting contexts", progress))
+    if not rows:                           # the library returns no rows; a command that prints none would mislead
+        unit = "characters" if level == "char" else "words"
+        raise ValueError(f"{source} must hold at least 2 {unit} to score one prediction")
     lines = [f"Lowest possible cross-entropy with k {'characters' if level == 'char' else 'words'} of context,"
              f" {source}:", "k floor contexts"]
     lines += [f"{r.k} {r.floor:.3f} {r.n_contexts}" for r in rows]
@@ -83,17 +85,11 @@ def _with_progress(rows, total: int, what: str, show: bool):
     if not show:
         yield from rows
         return
-    from rich.progress import Progress
-    with Progress(transient=True, console=_stderr_console()) as bar:
+    with stderr_progress() as bar:
         task = bar.add_task(what, total=total)
         for r in rows:
             bar.advance(task)
             yield r
-
-
-def _stderr_console():
-    from rich.console import Console
-    return Console(file=sys.stderr)
 
 
 # --- 2. lookup ---------------------------------------------------------------------------------
@@ -172,6 +168,8 @@ def report_explain(toy: g.GuideToy, sentence: str, *, is_causal: bool = True) ->
 def report_shapes(sentence: str = g.RUNNING_EXAMPLE, config_name: str = "gpt2-small") -> Report:
     config = g.COST_CONFIGS[config_name].attention
     n = len(gpt2_tokenize(sentence)[0])
+    if n == 0:
+        raise ValueError("sentence must hold at least one token, got an empty string")
     steps = g.shapes(n, config)
     letters = g.shape_sizes(n, config)
     rows = [[st.symbol.name, _shape_str(st.symbol.shape), str(st.shape)] for st in steps]
@@ -187,8 +185,10 @@ def _shape_str(letters) -> str:
 
 def cmd_explain(args) -> int:
     if args.config is not None:
-        return emit(args, report_shapes(args.sentence or g.RUNNING_EXAMPLE, args.config))
-    return emit(args, report_explain(g.guide_toy(), args.sentence or "the cat sat", is_causal=not args.no_mask))
+        sentence = g.RUNNING_EXAMPLE if args.sentence is None else args.sentence
+        return emit(args, report_shapes(sentence, args.config))
+    sentence = "the cat sat" if args.sentence is None else args.sentence   # an empty one is an error, not the default
+    return emit(args, report_explain(g.guide_toy(), sentence, is_causal=not args.no_mask))
 
 
 # --- 4. scale -----------------------------------------------------------------------------------
@@ -390,6 +390,8 @@ def gpt2_tokenize(text: str) -> tuple[list[int], list[str]]:
 
 def report_tokens(text: str = g.RUNNING_EXAMPLE) -> Report:
     ids, pieces = gpt2_tokenize(text)
+    if not ids:
+        raise ValueError("text must hold at least one token, got an empty string")
     lines = [f"GPT-2 tokens of {text!r}:", " ".join(map(str, ids)),
              table(["id", "token"], [[i, repr(p)] for i, p in zip(ids, pieces)])]
     if len(ids) > 1:
@@ -434,7 +436,7 @@ def register(sub) -> None:
     _done(p, cmd_explain)
 
     p = sub.add_parser("scale", help="why the scores are divided by √d_k")
-    p.add_argument("--seed", type=_int, default=g.scaling.SEED, help="the guide uses 0")
+    p.add_argument("--seed", type=seed_arg, default=g.scaling.SEED, help="the guide uses 0")
     p.add_argument("--pairs", type=_int, default=10_000, help="random pairs per width (10,000)")
     p.add_argument("--trials", type=_int, default=2000, help="random queries for the top weight (2,000)")
     _done(p, cmd_scale)
@@ -448,17 +450,17 @@ def register(sub) -> None:
     p = sub.add_parser("embed", help="retrain the toy embeddings; attention grids with random W_Q, W_K, W_V")
     p.add_argument("--sentence", action="append", help="a sentence of toy words (repeatable; default: the guide's two)")
     p.add_argument("--pair", nargs=2, default=("cat", "dog"), metavar=("A", "B"), help="words to compare (cat dog)")
-    p.add_argument("--seed", type=_int, default=g.toy.EMBED_SEED, help="seed of the embedding table (0)")
-    p.add_argument("--proj-seed", type=_int, default=g.toy.PROJECTION_SEED, help="seed of W_Q, W_K, W_V (1)")
+    p.add_argument("--seed", type=seed_arg, default=g.toy.EMBED_SEED, help="seed of the embedding table (0)")
+    p.add_argument("--proj-seed", type=seed_arg, default=g.toy.PROJECTION_SEED, help="seed of W_Q, W_K, W_V (1)")
     _done(p, cmd_embed)
 
     p = sub.add_parser("heads", help="multi-head attention on GPT-2 small's shapes")
     p.add_argument("--n", type=_int, default=5, help="tokens (default 5)")
-    p.add_argument("--seed", type=_int, default=g.heads.SEED, help="the guide uses 0")
+    p.add_argument("--seed", type=seed_arg, default=g.heads.SEED, help="the guide uses 0")
     _done(p, cmd_heads)
 
     p = sub.add_parser("order", help="attention is blind to order until positions are added")
-    p.add_argument("--seed", type=_int, default=g.order.POSITION_SEED, help="seed of the position vectors (2)")
+    p.add_argument("--seed", type=seed_arg, default=g.order.POSITION_SEED, help="seed of the position vectors (2)")
     _done(p, cmd_order)
 
     p = sub.add_parser("cost", help="parameters, scores, FLOPs, score-grid and KV-cache memory")

@@ -106,5 +106,7 @@ def mask_table(tokens) -> MaskTable:
     tokens = tuple(tokens)
     if not tokens:
         raise ValueError("tokens must hold at least one token, got none")
+    if not all(t.strip() for t in tokens):
+        raise ValueError(f"tokens must be labels with at least one visible character, got {list(tokens)!r}")
     keep = causal_mask(len(tokens))                         # (n, n)
     return MaskTable(tokens=tokens, keep=keep, M=additive_mask(keep))

@@ -6,6 +6,7 @@ lookup is the limit where one score towers over the rest.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,6 +72,8 @@ def hard_lookup(lookup: Lookup | None = None, *, index: int | None = None,
     (True, [0.0, 1.0])
     """
     r = soft_lookup() if lookup is None else lookup
+    if isinstance(score, bool) or not isinstance(score, numbers.Real) or not np.isfinite(score):
+        raise ValueError(f"score must be a finite number, got {score!r}")
     s = r.scores.copy()                                                     # (n,)
     index = int(np.argmax(s)) if index is None else index
     if not -len(s) <= index < len(s):
