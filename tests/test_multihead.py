@@ -82,6 +82,8 @@ def test_config_validation():
 def test_layer_validation(rng):
     with pytest.raises(TypeError, match="rng must be a numpy.random.Generator"):
         MultiHeadAttention.init(GPT2_SMALL, rng=0)
+    with pytest.raises(TypeError, match="config must be an AttentionConfig, got dict"):
+        MultiHeadAttention.init({"d_model": 8, "n_heads": 2}, rng=rng)
     layer = MultiHeadAttention.init(AttentionConfig(d_model=8, n_heads=2), rng=rng)
     with pytest.raises(ValueError, match="x has width 6, the layer's d_model is 8"):
         layer(rng.normal(size=(3, 6)))

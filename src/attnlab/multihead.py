@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_float_array, as_positive_int, check_finite
+from ._checks import as_float_array, as_positive_int, check_finite, check_rng
 from .attention import attention, attention_grad
 from .cache import KVCache
 from .config import AttentionConfig
@@ -65,8 +65,9 @@ class MultiHeadAttention:
     def init(cls, config: AttentionConfig, *, rng: np.random.Generator, std: float = 0.02,
              dtype=np.float32) -> "MultiHeadAttention":
         """Random weights from N(0, std²), as GPT-2 initialises them; zero biases."""
-        if not isinstance(rng, np.random.Generator):
-            raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+        if not isinstance(config, AttentionConfig):
+            raise TypeError(f"config must be an AttentionConfig, got {type(config).__name__}")
+        check_rng(rng)
         d, w = config.d_model, config.n_heads * config.d_head
         draw = lambda *shape: rng.normal(0.0, std, shape).astype(dtype)   # noqa: E731
         zeros = lambda n: np.zeros(n, dtype)                               # noqa: E731

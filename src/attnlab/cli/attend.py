@@ -99,9 +99,10 @@ def report_trained_head(text: str):
 
 
 def label(token: str) -> str:
-    """A token as a column label: visible spaces, at most 8 characters."""
-    shown = token.replace(" ", "␣").replace("\n", "⏎")
-    return shown if len(shown) <= 8 else shown[:7] + "…"
+    """A token in a line of text: spaces made visible (␣), line breaks as every view shows them, at most 8
+    characters."""
+    from ..viz._style import display_token
+    return display_token(token.replace(" ", "␣"), 8)
 
 
 def format_summary(summary) -> str:
