@@ -13,8 +13,9 @@ from attnlab import AttentionMap
 from attnlab.models import attend, load_model, load_network, summarize_heads
 from attnlab.models.bert import bert_forward
 from attnlab.models.checkpoint import read_safetensors
-from attnlab.models.gpt2 import generate, gpt2_forward, new_caches, sample_next
+from attnlab.models.gpt2 import generate, gpt2_forward, new_caches
 from attnlab.models.layers import erfc, gelu
+from attnlab.sampling import sample_next
 
 pytest.importorskip("safetensors")
 pytest.importorskip("tokenizers")
@@ -166,8 +167,9 @@ def test_generate_bad_arguments(write_gpt2):
     model = load_model(write_gpt2()).network
     with pytest.raises(TypeError, match="rng must be a numpy.random.Generator when temperature > 0"):
         generate(model, [1, 2], 3, temperature=1.0)
-    with pytest.raises(ValueError, match="temperature must be a positive finite number"):
-        generate(model, [1, 2], 3, temperature=-1.0, rng=np.random.default_rng(0))
+    for bad in (-1.0, float("nan"), float("inf"), True):   # one check, shared with attnlab.lm.generate
+        with pytest.raises(ValueError, match="temperature must be a number >= 0"):
+            generate(model, [1, 2], 3, temperature=bad, rng=np.random.default_rng(0))
     with pytest.raises(ValueError, match=r"n_new=16 after a prompt of 2 tokens needs 17 positions.*n_ctx=16"):
         generate(model, [1, 2], 16)
     assert len(generate(model, [1, 2], 15)) == 15          # the last new token needs no position of its own

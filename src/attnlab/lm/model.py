@@ -22,6 +22,7 @@ from ..cache import KVCache
 from ..config import AttentionConfig
 from ..multihead import MultiHeadAttention, multihead_attention, multihead_attention_grad
 from ..positions import alibi_bias, alibi_slopes, check_scheme, learned_positions, sinusoidal_positions
+from ..sampling import check_temperature, sample_next
 
 
 @dataclass(frozen=True)
@@ -256,8 +257,6 @@ def generate(model: AttentionLM, prompt, n_tokens: int, *, rng: np.random.Genera
     logits (0 = always the most likely token). The prompt must fit n_ctx (with a learned table, the error
     names the position that has no row).
     """
-    from ..models.gpt2 import sample_next           # the sampler GPT-2's generate uses
-
     c = model.config
     prompt = check_ids("prompt", prompt, c.vocab_size)
     if prompt.ndim != 1:
@@ -267,8 +266,7 @@ def generate(model: AttentionLM, prompt, n_tokens: int, *, rng: np.random.Genera
             learned_positions(model.W_P, prompt.size)                   # raises: position n_ctx has no row
         raise ValueError(f"the prompt has {prompt.size} tokens, more than the model's context n_ctx {c.n_ctx}")
     n_tokens = as_positive_int("n_tokens", n_tokens)
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
-        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
+    temperature = check_temperature(temperature)
     check_rng(rng)
     tokens = np.concatenate([prompt, np.empty(n_tokens, prompt.dtype)])   # (n + n_tokens,)
     caches = new_caches(model, c.n_ctx)

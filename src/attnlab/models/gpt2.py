@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import as_positive_float, as_positive_int
+from .._checks import as_positive_int
 from ..cache import KVCache
 from ..multihead import MultiHeadAttention
-from ..softmax import softmax
+from ..sampling import check_temperature, sample_next
 from .checkpoint import Tensors, check_layer_count, config_float, config_int
 from .layers import MLP, LayerNorm, activation_name
 from .output import ModelOutput, attention_and_weights, check_ids
@@ -130,21 +130,6 @@ def check_caches(caches, n_layers: int) -> int:
     return lengths.pop()
 
 
-def sample_next(logits, temperature: float = 0.0, rng: np.random.Generator | None = None) -> int:
-    """The next token from one row of logits (vocab,): the argmax, or a draw from softmax(logits / temperature).
-
-    >>> sample_next(np.array([0.1, 2.0, -1.0]))
-    1
-    """
-    if temperature == 0:
-        return int(np.argmax(logits))
-    temperature = as_positive_float("temperature", temperature)
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng must be a numpy.random.Generator when temperature > 0, got {type(rng).__name__}")
-    p = softmax(np.asarray(logits, np.float64) / temperature)   # (vocab,) float64, so it sums to 1 for choice
-    return int(rng.choice(p.size, p=p))
-
-
 def generate(model: GPT2, ids, n_new: int, *, temperature: float = 0.0,
              rng: np.random.Generator | None = None) -> np.ndarray:
     """``n_new`` token ids after the prompt ``ids``: greedy (``temperature=0``) or sampled with ``rng``.
@@ -153,6 +138,7 @@ def generate(model: GPT2, ids, n_new: int, *, temperature: float = 0.0,
     """
     cfg = model.config
     n_new = as_positive_int("n_new", n_new)
+    temperature = check_temperature(temperature)
     ids = check_ids(ids, cfg.vocab_size, cfg.n_ctx)
     if len(ids) + n_new - 1 > cfg.n_ctx:
         raise ValueError(f"n_new={n_new} after a prompt of {len(ids)} tokens needs {len(ids) + n_new - 1} "
