@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab import AttentionMap
-from attnlab.models import attend, load_model, load_network, summarize_heads
+from attnlab import AttentionMap, summarize_heads
+from attnlab.models import attend, load_model, load_network
 from attnlab.models.bert import bert_forward
 from attnlab.models.checkpoint import read_safetensors
 from attnlab.models.gpt2 import generate, gpt2_forward, new_caches

@@ -11,7 +11,6 @@ from .bert import Bert, BertConfig, bert_forward
 from .checkpoint import read_safetensors
 from .gpt2 import GPT2, GPT2Config, generate, gpt2_forward, new_caches
 from .output import ModelOutput
-from ..summary import HeadSummary, summarize_heads
 
 __all__ = [
     "GPT2",
@@ -20,7 +19,6 @@ __all__ = [
     "Bert",
     "BertConfig",
     "GPT2Config",
-    "HeadSummary",
     "Model",
     "ModelOutput",
     "attend",
@@ -33,5 +31,4 @@ __all__ = [
     "new_caches",
     "random_heads",
     "read_safetensors",
-    "summarize_heads",
 ]
