@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
+
+from .._checks import as_token_ids
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,20 +34,9 @@ def check_ids(ids, vocab_size: int, n_ctx: int, *, name: str = "ids", start: int
 
     ``start`` is the position of the first token (the tokens already in a KV cache).
     """
-    if isinstance(ids, (str, bytes)):
-        raise TypeError(f"{name} must be a sequence of integer token ids, got {type(ids).__name__}; "
-                        "tokenize text first")
-    arr = np.asarray(ids)
-    if arr.size and not (np.issubdtype(arr.dtype, np.integer) or all(isinstance(i, numbers.Integral)
-                                                                       for i in arr.ravel().tolist())):
-        raise TypeError(f"{name} must hold integer token ids, got dtype {arr.dtype}")
-    arr = arr.astype(np.int64)
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"{name} must be a 1-D sequence of at least one token id, got shape {arr.shape}")
-    bad = (arr < 0) | (arr >= vocab_size)
-    if bad.any():
-        raise ValueError(f"{name} must be in [0, {vocab_size}) (the model's vocab_size), got {int(arr[bad][0])} "
-                         f"at index {int(np.argmax(bad))}")
+    arr = as_token_ids(name, ids, vocab_size)                # (n,) once it is 1-D
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D sequence of token ids, got shape {arr.shape}")
     if start + arr.size > n_ctx:
         already = f" after {start} already processed" if start else ""
         raise ValueError(f"{name} has {arr.size} tokens{already}, but the model has only {n_ctx} positions "
