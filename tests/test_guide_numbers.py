@@ -150,6 +150,20 @@ def test_lookup_bad_input():
         g.soft_lookup(np.ones((2, 2)))
     with pytest.raises(ValueError, match="index must pick one of the 3 scores"):
         g.hard_lookup(index=5)
+    for bad in (float("nan"), float("inf")):                # a softmax of them would be NaN, silently
+        with pytest.raises(ValueError, match="score must be a finite number"):
+            g.hard_lookup(score=bad)
+    with pytest.raises(TypeError, match="score must be a finite number, got str"):
+        g.hard_lookup(score="20")
+
+
+def test_explain_and_shapes_bad_input():
+    with pytest.raises(TypeError, match="config must be an AttentionConfig, got str"):
+        g.shapes(5, "gpt2-small")
+    with pytest.raises(TypeError, match=r"toy must be a GuideToy \(see guide_toy\(\)\), got NoneType"):
+        g.explain(None, "the cat")
+    with pytest.raises(ValueError, match="tokens must be labels with at least one visible character"):
+        g.mask_table(["the", " "])
 
 
 # --- 3. explain and shapes ---------------------------------------------------------------------------
@@ -223,6 +237,8 @@ def test_scaling_bad_input():
         g.top_weight(rng=0)
     with pytest.raises(ValueError, match="n_pairs must be a positive integer"):
         g.dot_product_spread(n_pairs=0, rng=np.random.default_rng(0))
+    with pytest.raises(ValueError, match="nudge must be a finite number, got nan"):
+        g.saturation(nudge=float("nan"))
 
 
 # --- 5/6. toy embeddings and the grids ------------------------------------------------------------

@@ -123,6 +123,10 @@ def test_bad_input(rng):
         LMConfig(vocab_size=5, d_model=12, n_heads=4, positions="rope")
     with pytest.raises(ValueError, match="n_ctx must be a positive integer, got 0"):
         LMConfig(vocab_size=5, n_ctx=0)
+    with pytest.raises(TypeError, match="config must be a LMConfig, got dict"):
+        AttentionLM.init({"vocab_size": 5}, rng=rng)
+    with pytest.raises(TypeError, match="beta1 must be a finite number, got str"):
+        AdamConfig(beta1="0.9")
     model = tiny("learned", rng)
     with pytest.raises(TypeError, match="ids must hold integer token ids, got dtype float64"):
         forward(model, np.zeros(3))

@@ -167,6 +167,10 @@ def test_generate_bad_arguments(write_gpt2):
     model = load_model(write_gpt2()).network
     with pytest.raises(TypeError, match="rng must be a numpy.random.Generator when temperature > 0"):
         generate(model, [1, 2], 3, temperature=1.0)
+    with pytest.raises(TypeError, match=r"model must be a GPT2 \(from attnlab.models.load_network\), got str"):
+        generate("gpt2", [1], 1)
+    with pytest.raises(TypeError, match="model must be a Bert .*got GPT2"):
+        bert_forward(model, [1])
     for bad in (-1.0, float("nan"), float("inf"), True):   # one check, shared with attnlab.lm.generate
         with pytest.raises(ValueError, match="temperature must be a number >= 0"):
             generate(model, [1, 2], 3, temperature=bad, rng=np.random.default_rng(0))

@@ -62,6 +62,15 @@ def as_positive_float(name: str, v) -> float:
     return float(v)
 
 
+def as_finite_float(name: str, v) -> float:
+    """``v`` as a float that is neither NaN nor ±inf; bools and non-numbers refused."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{name} must be a finite number, got {type(v).__name__} {v!r}")
+    if not np.isfinite(v):
+        raise ValueError(f"{name} must be a finite number, got {v}")
+    return float(v)
+
+
 def broadcast_to(name: str, arr: np.ndarray, shape: tuple, what: str) -> np.ndarray:
     """``arr`` broadcast to ``shape``, or an error naming both shapes."""
     try:

@@ -20,6 +20,10 @@ from .positions import rope as rotate
 
 def split_heads(x: np.ndarray, n_heads: int) -> np.ndarray:
     """(..., n, n_heads·d_head) -> (..., n_heads, n, d_head): one slice per head."""
+    n_heads = as_positive_int("n_heads", n_heads)
+    if np.ndim(x) < 2 or np.shape(x)[-1] % n_heads:
+        raise ValueError(f"x must be (..., n, n_heads·d_head) with a width n_heads={n_heads} divides, "
+                         f"got shape {np.shape(x)}")
     *lead, n, width = x.shape
     x = x.reshape(*lead, n, n_heads, width // n_heads)   # (..., n, h, d_head)
     return np.swapaxes(x, -2, -3)                        # (..., h, n, d_head)
@@ -27,6 +31,8 @@ def split_heads(x: np.ndarray, n_heads: int) -> np.ndarray:
 
 def merge_heads(x: np.ndarray) -> np.ndarray:
     """(..., n_heads, n, d_head) -> (..., n, n_heads·d_head): heads side by side."""
+    if np.ndim(x) < 3:
+        raise ValueError(f"x must be (..., n_heads, n, d_head), at least 3 axes, got shape {np.shape(x)}")
     *lead, h, n, d_head = x.shape
     return np.swapaxes(x, -2, -3).reshape(*lead, n, h * d_head)   # (..., n, h·d_head)
 

@@ -6,12 +6,11 @@ lookup is the limit where one score towers over the rest.
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import as_float_array
+from .._checks import as_finite_float, as_float_array
 from ..attention import attention
 from ..softmax import softmax
 
@@ -72,8 +71,7 @@ def hard_lookup(lookup: Lookup | None = None, *, index: int | None = None,
     (True, [0.0, 1.0])
     """
     r = soft_lookup() if lookup is None else lookup
-    if isinstance(score, bool) or not isinstance(score, numbers.Real) or not np.isfinite(score):
-        raise ValueError(f"score must be a finite number, got {score!r}")
+    score = as_finite_float("score", score)
     s = r.scores.copy()                                                     # (n,)
     index = int(np.argmax(s)) if index is None else index
     if not -len(s) <= index < len(s):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import as_float_array, as_positive_int, check_rng
+from .._checks import as_finite_float, as_float_array, as_positive_int, check_rng
 from ..softmax import softmax
 
 SEED = 0                       # both experiments start from default_rng(0), as in the guide
@@ -90,5 +90,5 @@ def saturation(scores=(10.0, 0.0, 0.0), *, index: int = 0, nudge: float = 0.1) -
     if s.ndim != 1 or not -len(s) <= index < len(s):
         raise ValueError(f"index must pick one of the {s.size} scores, got {index}")
     before = softmax(s)[index]
-    s[index] += nudge
+    s[index] += as_finite_float("nudge", nudge)
     return float(before), float(softmax(s)[index])

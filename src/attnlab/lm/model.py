@@ -91,6 +91,8 @@ class AttentionLM:
     def init(cls, config: LMConfig, *, rng: np.random.Generator, std: float = 0.02,
              dtype=np.float32) -> "AttentionLM":
         """Weights from N(0, std²) as GPT-2 initialises them, zero biases."""
+        if not isinstance(config, LMConfig):
+            raise TypeError(f"config must be a LMConfig, got {type(config).__name__}")
         check_rng(rng)
         c = config
         draw = lambda *shape: rng.normal(0.0, std, shape).astype(dtype)   # noqa: E731

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .._checks import as_positive_float, as_positive_int, as_token_ids, check_rng
+from .._checks import as_finite_float, as_positive_float, as_positive_int, as_token_ids, check_rng
 from .model import AttentionLM, loss, loss_and_grad
 
 
@@ -28,7 +28,7 @@ class AdamConfig:
         if not (isinstance(self.weight_decay, (int, float)) and 0 <= self.weight_decay < 1 / self.lr):
             raise ValueError(f"weight_decay must be a number in [0, 1/lr), got {self.weight_decay!r}")
         for name in ("beta1", "beta2"):
-            if not 0 <= getattr(self, name) < 1:
+            if not 0 <= as_finite_float(name, getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
 
 

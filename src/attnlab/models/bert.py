@@ -20,7 +20,7 @@ import numpy as np
 from ..multihead import MultiHeadAttention
 from .checkpoint import Tensors, check_layer_count, config_float, config_int
 from .layers import MLP, LayerNorm, activation_name
-from .output import ModelOutput, attention_and_weights, check_ids
+from .output import ModelOutput, attention_and_weights, check_ids, check_model
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,7 @@ def bert_forward(model: Bert, ids, token_types=None, *, return_weights: bool = F
     ``hidden_states[0]`` is the embedding output, ``hidden_states[i]`` the output of block i.
     ``token_types`` (n,) defaults to all 0 (one segment).
     """
+    check_model(model, Bert)
     cfg = model.config
     ids = check_ids(ids, cfg.vocab_size, cfg.n_ctx)                   # (n,)
     types = np.zeros_like(ids) if token_types is None else check_ids(token_types, cfg.n_types, cfg.n_ctx,

@@ -23,7 +23,7 @@ from ..multihead import MultiHeadAttention
 from ..sampling import check_temperature, sample_next
 from .checkpoint import Tensors, check_layer_count, config_float, config_int
 from .layers import MLP, LayerNorm, activation_name
-from .output import ModelOutput, attention_and_weights, check_ids
+from .output import ModelOutput, attention_and_weights, check_ids, check_model
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,7 @@ def gpt2_forward(model: GPT2, ids, caches: tuple[KVCache, ...] | None = None, *,
     (n_layers, h, n, n_k); without it ``attentions`` is None and a long input takes attention's tiled
     path, which never builds the (n, n_k) grids.
     """
+    check_model(model, GPT2)
     cfg = model.config
     start = check_caches(caches, cfg.n_layers)
     ids = check_ids(ids, cfg.vocab_size, cfg.n_ctx, start=start)
@@ -110,6 +111,7 @@ def gpt2_forward(model: GPT2, ids, caches: tuple[KVCache, ...] | None = None, *,
 
 def new_caches(model: GPT2, capacity: int) -> tuple[KVCache, ...]:
     """One empty KV cache per layer, each with room for ``capacity`` tokens."""
+    check_model(model, GPT2)
     capacity = as_positive_int("capacity", capacity)
     if capacity > model.config.n_ctx:
         raise ValueError(f"capacity must be at most the model's n_ctx={model.config.n_ctx}, got {capacity}")
@@ -136,6 +138,7 @@ def generate(model: GPT2, ids, n_new: int, *, temperature: float = 0.0,
 
     The prompt runs once; each new token is then one decode step against the layers' KV caches.
     """
+    check_model(model, GPT2)
     cfg = model.config
     n_new = as_positive_int("n_new", n_new)
     temperature = check_temperature(temperature)

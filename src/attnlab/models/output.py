@@ -29,6 +29,13 @@ def attention_and_weights(attn, x: np.ndarray, return_weights: bool, **options):
     return out if return_weights else (out, None)
 
 
+def check_model(model, kind: type) -> None:
+    """A TypeError unless ``model`` is a ``kind`` (a loaded network, see attnlab.models.load_network)."""
+    if not isinstance(model, kind):
+        raise TypeError(f"model must be a {kind.__name__} (from attnlab.models.load_network), "
+                        f"got {type(model).__name__}")
+
+
 def check_ids(ids, vocab_size: int, n_ctx: int, *, name: str = "ids", start: int = 0) -> np.ndarray:
     """``ids`` as a 1-D int64 array of at least one token, each below ``vocab_size``, fitting in ``n_ctx``.
 
