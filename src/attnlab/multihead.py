@@ -176,7 +176,7 @@ def multihead_attention_grad(p: MultiHeadAttention, x, dy, *, mask=None, bias=No
         dq, dk = rotate(dq, inverse=True), rotate(dk, inverse=True)   # (..., h, n, d_head) each
     # forward: q = split_heads(x @ W_Q + b_Q), likewise k and v
     x2 = x.reshape(-1, d_model)                            # (N, d_model)
-    grads, dx = {}, np.zeros_like(x)
+    grads, dx = {}, np.zeros_like(x)                      # dx: (..., n, d_model)
     for name, d in (("Q", dq), ("K", dk), ("V", dv)):
         d_lin = merge_heads(d)                             # (..., n, h·d_head)
         grads[f"W_{name}"] = x2.T @ d_lin.reshape(-1, width)   # (d_model, h·d_head)

@@ -70,7 +70,7 @@ def top_weight(d_k: int = 64, n_keys: int = 16, n_trials: int = 2000, *, rng: np
     check_rng(rng)
     d_k, n_keys, n_trials = (as_positive_int(n, v) for n, v in
                              (("d_k", d_k), ("n_keys", n_keys), ("n_trials", n_trials)))
-    top, top_scaled = np.empty(n_trials), np.empty(n_trials)
+    top, top_scaled = np.empty(n_trials), np.empty(n_trials)   # (n_trials,) each
     for t in range(n_trials):
         q = rng.normal(size=d_k)                                # (d_k,) one random query
         k = rng.normal(size=(n_keys, d_k))                      # (n_keys, d_k) random keys

@@ -105,7 +105,7 @@ def gpt2_forward(model: GPT2, ids, caches: tuple[KVCache, ...] | None = None, *,
         weights.append(a)
     hidden[-1] = model.ln_f(x)                             # (n, d_model)
     logits = hidden[-1] @ model.W_E.T                      # (n, vocab_size)
-    return ModelOutput(hidden_states=np.stack(hidden), logits=logits,
+    return ModelOutput(hidden_states=np.stack(hidden), logits=logits,   # (L+1, n, d_model), (n, vocab_size)
                        attentions=np.stack(weights) if return_weights else None)   # (L, h, n, n_k)
 
 
