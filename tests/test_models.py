@@ -81,6 +81,7 @@ def test_gpt2_float64_checkpoint_matches_reference_exactly(write_gpt2, prefix):
     np.testing.assert_allclose(out.logits, logits, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(out.attentions, attns, rtol=1e-12, atol=1e-13)
     assert out.hidden_states.shape == (3, 6, 16)
+    np.testing.assert_array_equal(model.network.embed(ids), out.hidden_states[0])   # the first block's input
 
 
 def test_gpt2_float32_checkpoint_matches_float64_reference(write_gpt2):
@@ -236,6 +237,7 @@ def test_bert_both_layouts_match_float64_reference(tmp_path, rng, prefix):
     bert = load_network(tmp_path / "bert")                 # no tokenizer.json needed to run on ids
     ids, types = np.array([1, 7, 29, 3, 3, 0]), np.array([0, 0, 0, 1, 1, 1])
     out = bert_forward(bert, ids, types, return_weights=True)
+    np.testing.assert_array_equal(bert.embed(ids, types), out.hidden_states[0])
     last, attns = ref_bert(w, ids, types, n_heads=2)
     np.testing.assert_allclose(out.attentions, attns, atol=1e-9)   # erfc is accurate to 1.2e-7 relative
     np.testing.assert_allclose(out.hidden_states[-1], last, atol=1e-6)

@@ -7,9 +7,9 @@ safetensors and tokenizers are imported only when a model is loaded.
 """
 
 from .attend import MINILM, Attended, Model, attend, load_model, load_network, minilm_path, random_heads
-from .bert import Bert, BertConfig, bert_forward
+from .bert import Bert, BertConfig, bert_embed, bert_forward
 from .checkpoint import read_safetensors
-from .gpt2 import GPT2, GPT2Config, generate, gpt2_forward, new_caches
+from .gpt2 import GPT2, GPT2Config, generate, gpt2_embed, gpt2_forward, new_caches
 from .output import ModelOutput
 
 __all__ = [
@@ -22,8 +22,10 @@ __all__ = [
     "Model",
     "ModelOutput",
     "attend",
+    "bert_embed",
     "bert_forward",
     "generate",
+    "gpt2_embed",
     "gpt2_forward",
     "load_model",
     "load_network",

@@ -73,13 +73,13 @@ class Bert:
     def __call__(self, ids, token_types=None, *, return_weights: bool = False) -> ModelOutput:
         return bert_forward(self, ids, token_types, return_weights=return_weights)
 
+    def embed(self, ids, token_types=None) -> np.ndarray:
+        return bert_embed(self, ids, token_types)
 
-def bert_forward(model: Bert, ids, token_types=None, *, return_weights: bool = False) -> ModelOutput:
-    """Token ids (n,) -> hidden states (n_layers+1, n, d_model), and with ``return_weights=True`` every head's
-    attention weights (n_layers, h, n, n) as ``attentions`` (None otherwise: a long input then takes
-    attention's tiled path).
 
-    ``hidden_states[0]`` is the embedding output, ``hidden_states[i]`` the output of block i.
+def bert_embed(model: Bert, ids, token_types=None) -> np.ndarray:
+    """Token ids (n,) -> the first block's input (n, d_model): word, position and segment rows, normalised.
+
     ``token_types`` (n,) defaults to all 0 (one segment).
     """
     check_model(model, Bert)
@@ -90,7 +90,18 @@ def bert_forward(model: Bert, ids, token_types=None, *, return_weights: bool = F
     if types.shape != ids.shape:
         raise ValueError(f"token_types must have shape {ids.shape} like ids, got {types.shape}")
     x = model.W_E[ids] + model.W_P[: len(ids)] + model.W_T[types]   # (n, d_model)
-    x = model.ln_embed(x)                                           # (n, d_model)
+    return model.ln_embed(x)                                        # (n, d_model)
+
+
+def bert_forward(model: Bert, ids, token_types=None, *, return_weights: bool = False) -> ModelOutput:
+    """Token ids (n,) -> hidden states (n_layers+1, n, d_model), and with ``return_weights=True`` every head's
+    attention weights (n_layers, h, n, n) as ``attentions`` (None otherwise: a long input then takes
+    attention's tiled path).
+
+    ``hidden_states[0]`` is the embedding output, ``hidden_states[i]`` the output of block i.
+    ``token_types`` (n,) defaults to all 0 (one segment).
+    """
+    x = bert_embed(model, ids, token_types)                         # (n, d_model)
     hidden, weights = [x], []
     for block in model.blocks:
         y, a = attention_and_weights(block.attn, x, return_weights)   # (n, d_model), (h, n, n) or None

@@ -78,6 +78,16 @@ class GPT2:
                  return_weights: bool = False) -> ModelOutput:
         return gpt2_forward(self, ids, caches, return_weights=return_weights)
 
+    def embed(self, ids, *, start: int = 0) -> np.ndarray:
+        return gpt2_embed(self, ids, start=start)
+
+
+def gpt2_embed(model: GPT2, ids, *, start: int = 0) -> np.ndarray:
+    """Token ids (n,) at positions start, start + 1, … -> the first block's input X = W_E[ids] + W_P[positions]."""
+    check_model(model, GPT2)
+    ids = check_ids(ids, model.config.vocab_size, model.config.n_ctx, start=start)
+    return model.W_E[ids] + model.W_P[start:start + len(ids)]     # (n, d_model)
+
 
 def gpt2_forward(model: GPT2, ids, caches: tuple[KVCache, ...] | None = None, *,
                  return_weights: bool = False) -> ModelOutput:
@@ -91,10 +101,8 @@ def gpt2_forward(model: GPT2, ids, caches: tuple[KVCache, ...] | None = None, *,
     path, which never builds the (n, n_k) grids.
     """
     check_model(model, GPT2)
-    cfg = model.config
-    start = check_caches(caches, cfg.n_layers)
-    ids = check_ids(ids, cfg.vocab_size, cfg.n_ctx, start=start)
-    x = model.W_E[ids] + model.W_P[start:start + len(ids)]   # (n, d_model) X = W_E[ids] + W_P[positions]
+    start = check_caches(caches, model.config.n_layers)
+    x = gpt2_embed(model, ids, start=start)                # (n, d_model) X = W_E[ids] + W_P[positions]
     hidden, weights = [x], []
     for block, cache in zip(model.blocks, caches or itertools.repeat(None)):
         y, a = attention_and_weights(block.attn, block.ln_1(x), return_weights, is_causal=True,
