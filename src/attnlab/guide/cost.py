@@ -11,9 +11,10 @@ The guide counts parameters and scores; the rest follows from the same shapes.
   softmax, as in FlashAttention; attnlab's kernel in :mod:`attnlab.tiled`) holds, in each worker, one
   tile of min(n, block_q) × min(n, block_k) scores (its reusable scratch buffer), and per query a running
   max and sum: workers · min(n, block_q) · min(n, block_k) + 2 · h · n numbers, which grows with n, not n².
-  Assumed: the kernel's own tile (BLOCK_Q × BLOCK_K = 128 × 2048) and 2 workers, one per core of the
-  machines attnlab is measured on (fewer when there are fewer (head, query block) work items than
-  workers); the max and sum are counted for all h · n queries, an upper bound on the query blocks in flight.
+  Assumed: the kernel's own tile (attnlab.tiled.BLOCK_Q × BLOCK_K, 128 × 2048 today) and 2 workers, one
+  per core of the machines attnlab is measured on (fewer when there are fewer (head, query block) work
+  items than workers); the max and sum are counted for all h · n queries, an upper bound on the query
+  blocks in flight.
 - KV cache: every layer keeps each token's key and value, 2 · n_layers · h · d_head numbers per token.
 """
 
