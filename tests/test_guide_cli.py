@@ -187,6 +187,8 @@ def bad_cases(tmp_path):
         (["cost", "--workers", "0"], "workers must be a positive integer, got 0"),
         (["mask", "--png", str(tmp_path / "missing" / "m.png")], "No such directory"),
         (["mask", "--png", str(tmp_path)], "Is a directory"),
+        (["scale", "--pairs", str(10**15)], "not enough memory for these numbers (Unable to allocate"),   # 57 PiB
+        (["mask", str(10**8)], "not enough memory for these numbers"),   # a 10^8 × 10^8 grid: 8.9 PiB
     ]
 
 

@@ -32,6 +32,10 @@ def run(func, args) -> int:
     except (ValueError, TypeError, OSError, UsageError) as e:
         print(f"attnlab: error: {one_line(e)}", file=sys.stderr)
         return 2
+    except MemoryError as e:           # numbers too big for this machine, e.g. `scale --pairs 10**12`
+        print(f"attnlab: error: not enough memory for these numbers ({one_line(e)}); try smaller ones",
+              file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("attnlab: interrupted", file=sys.stderr)
         return 130
