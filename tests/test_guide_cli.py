@@ -188,7 +188,8 @@ def bad_cases(tmp_path):
         (["mask", "--png", str(tmp_path / "missing" / "m.png")], "No such directory"),
         (["mask", "--png", str(tmp_path)], "Is a directory"),
         (["scale", "--pairs", str(10**15)], "not enough memory for these numbers (Unable to allocate"),   # 57 PiB
-        (["mask", str(10**8)], "not enough memory for these numbers"),   # a 10^8 × 10^8 grid: 8.9 PiB
+        (["mask", str(10**8)], "N must be at most 1,024 (the table has N × N cells), got 100,000,000"),
+        (["heads", "--n", str(10**12)], "not enough memory for these numbers"),   # X alone: 5.5 EiB
     ]
 
 

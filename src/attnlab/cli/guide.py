@@ -243,12 +243,17 @@ def report_mask(tokens) -> Report:
     return Report(text, {"tokens": list(m.tokens), "M": m.M, "keep": m.keep})
 
 
+MASK_MOST = 1024          # tokens in a printed mask: more is no table anyone reads (PNGs stop there too)
+
+
 def mask_tokens(n: int | None, tokens) -> list[str]:
     if tokens is None:
         if n is None:
             return g.RUNNING_EXAMPLE.split()
         if n < 1:
             raise ValueError(f"N must be at least 1, got {n}")
+        if n > MASK_MOST:
+            raise ValueError(f"N must be at most {MASK_MOST:,} (the table has N × N cells), got {n:,}")
         return [f"t{i + 1}" for i in range(n)]
     if n is not None and n != len(tokens):
         raise ValueError(f"N is {n} but --tokens names {len(tokens)} tokens")
