@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_float_array
+from .._checks import as_float_array, as_positive_int
 from .png import _figure, _save
 
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
@@ -22,6 +22,7 @@ def save_histograms(path, panels, *, title: str | None = None, bins: int = 60) -
     panels : sequence of (panel title, x label, {label: samples (m,)})
         Each panel overlays its samples on shared bins.
     """
+    bins = as_positive_int("bins", bins)
     panels = list(panels)
     if not panels:
         raise ValueError("panels must hold at least one (title, xlabel, {label: samples}) panel, got none")
