@@ -61,11 +61,10 @@ def emit(args, report: Report) -> int:
 def report_floors(text: str, max_k: int = 5, *, level: str = "char", source: str = "the guide's toy text",
                   progress: bool = False) -> Report:
     rows = list(_with_progress(g.iter_floors(text, max_k, level=level), max_k + 1, "counting contexts", progress))
+    unit = "characters" if level == "char" else "words"
     if not rows:                           # the library returns no rows; a command that prints none would mislead
-        unit = "characters" if level == "char" else "words"
         raise ValueError(f"{source} must hold at least 2 {unit} to score one prediction")
-    lines = [f"Lowest possible cross-entropy with k {'characters' if level == 'char' else 'words'} of context,"
-             f" {source}:", "k floor contexts"]
+    lines = [f"Lowest possible cross-entropy with k {unit} of context, {source}:", "k floor contexts"]
     lines += [f"{r.k} {r.floor:.3f} {r.n_contexts}" for r in rows]
     return Report("\n".join(lines), {"level": level, "source": source,
                                      "rows": [vars(r) for r in rows]})
