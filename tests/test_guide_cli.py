@@ -193,6 +193,18 @@ def bad_cases(tmp_path):
     ]
 
 
+def test_a_folder_that_refuses_files_is_one_line_exit_2(capsys, tmp_path, monkeypatch):
+    import tempfile
+
+    def refuse(*args, **kwargs):                           # what a read-only folder does, even as root
+        raise PermissionError(13, "Permission denied", str(tmp_path / ".m.png.abc.part"))
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    assert main(["mask", "--png", str(tmp_path / "m.png")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"attnlab: error: Cannot write here (Permission denied): {tmp_path / 'm.png'}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_empty_text_for_the_tokenizer_is_one_line_exit_2(capsys):
     skip_without_gpt2()
     for argv, message in [(["tokens", ""], "text must hold at least one token, got an empty string"),
