@@ -68,7 +68,7 @@ def gpt2() -> None:
         hf = transformers.GPT2LMHeadModel.from_pretrained(folder, attn_implementation="eager").eval()
         ours = load_network(folder)
     ids = np.random.default_rng(0).integers(0, 300, 40)
-    out = gpt2_forward(ours, ids)
+    out = gpt2_forward(ours, ids, return_weights=True)
     with torch.no_grad():
         o = hf(torch.from_numpy(ids)[None], output_attentions=True, output_hidden_states=True)
         g = hf.generate(torch.from_numpy(ids[:5])[None], max_new_tokens=40, do_sample=False, pad_token_id=0,

@@ -245,3 +245,9 @@ def test_bad_scale(rng, scale, exc):
 def test_causal_mask_inside_attention_matches_explicit_mask(rng):
     q, k, v = rng.normal(size=(3, 4)), rng.normal(size=(6, 4)), rng.normal(size=(6, 2))
     np.testing.assert_array_equal(attention(q, k, v, is_causal=True), attention(q, k, v, mask=causal_mask(3, 6)))
+
+
+@pytest.mark.parametrize("flag", ["yes", 1, None])
+def test_is_causal_must_be_a_bool(rng, flag):
+    with pytest.raises(TypeError, match="is_causal must be True or False"):
+        attention(*_qkv(rng), is_causal=flag)

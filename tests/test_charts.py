@@ -27,6 +27,8 @@ def test_chart_bad_input_leaves_no_file(tmp_path):
         save_histograms(tmp_path / "h.png", [])
     with pytest.raises(ValueError, match="has no samples"):
         save_histograms(tmp_path / "h.png", [("a", "x", {})])
+    with pytest.raises(ValueError, match="bins must be a positive integer, got 0"):
+        save_histograms(tmp_path / "h.png", [("a", "x", {"s": np.array([1.0, 2.0])})], bins=0)
     with pytest.raises(ValueError, match="must be finite"):
         save_histograms(tmp_path / "h.png", [("a", "x", {"s": np.array([1.0, np.nan])})])
     with pytest.raises(ValueError, match=r"series\['y'\] must hold 3 positive values"):

@@ -152,6 +152,10 @@ def bad_cases(tmp_path):
     latin1.write_bytes("caf\xe9".encode("latin-1"))
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    spaces = tmp_path / "spaces.txt"
+    spaces.write_text("  \n \t")
     return [
         (["floors", str(latin1)], "not UTF-8"),
         (["floors", str(tmp_path / "missing.txt")], "No such file"),
@@ -171,7 +175,53 @@ def bad_cases(tmp_path):
         (["cost", "--n", "0"], "n must be a positive integer"),
         (["heads", "--n", "0"], "n must be a positive integer"),
         (["tour", "--out", str(blocker / "sub")], str(blocker)),
+        (["floors", str(empty)], "must hold at least 2 characters to score one prediction"),
+        (["floors", str(spaces), "--level", "word"], "must hold at least 2 words"),
+        (["explain", ""], "sentence must hold at least one word, got an empty string"),
+        (["mask", "--tokens", " "], "tokens must be labels with at least one visible character"),
+        (["lookup", "--hard", "nan"], "score must be a finite number, got nan"),
+        (["lookup", "--hard", "inf"], "score must be a finite number, got inf"),
+        (["scale", "--seed", "-1"], "argument --seed: expected an integer >= 0, got '-1'"),
+        (["order", "--seed", "x"], "argument --seed: expected an integer >= 0, got 'x'"),
+        (["cost", "--block-q", "0"], "block_q must be a positive integer, got 0"),
+        (["cost", "--workers", "0"], "workers must be a positive integer, got 0"),
+        (["mask", "--png", str(tmp_path / "missing" / "m.png")], "No such directory"),
+        (["mask", "--png", str(tmp_path)], "Is a directory"),
+        (["scale", "--pairs", str(10**15)], "not enough memory for these numbers (Unable to allocate"),   # 57 PiB
+        (["mask", str(10**8)], "N must be at most 1,024 (the table has N × N cells), got 100,000,000"),
+        (["heads", "--n", str(10**12)], "not enough memory for these numbers"),   # X alone: 5.5 EiB
     ]
+
+
+def test_a_folder_that_refuses_files_is_one_line_exit_2(capsys, tmp_path, monkeypatch):
+    import tempfile
+
+    def refuse(*args, **kwargs):                           # what a read-only folder does, even as root
+        raise PermissionError(13, "Permission denied", str(tmp_path / ".m.png.abc.part"))
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    assert main(["mask", "--png", str(tmp_path / "m.png")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"attnlab: error: Cannot write here (Permission denied): {tmp_path / 'm.png'}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_empty_text_for_the_tokenizer_is_one_line_exit_2(capsys):
+    skip_without_gpt2()
+    for argv, message in [(["tokens", ""], "text must hold at least one token, got an empty string"),
+                          (["explain", "--config", "gpt2-small", ""], "sentence must hold at least one token")]:
+        assert main(argv) == 2, argv
+        captured = capsys.readouterr()
+        assert captured.err.startswith("attnlab: error:") and captured.err.count("\n") == 1, (argv, captured.err)
+        assert message in captured.err and captured.out == ""
+
+
+def test_a_progress_bar_leaves_nothing_on_a_non_terminal_stderr(capsys, tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("the cat sat on the mat")
+    assert main(["floors", str(text), "--max-k", "2"]) == 0    # a file: the command shows a progress bar
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert captured.out.splitlines()[1:] == ["k floor contexts", "0 2.108 1", "1 0.515 10", "2 0.139 15"]
 
 
 def test_bad_input_is_one_line_exit_2(capsys, tmp_path):

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attnlab import AttentionConfig
 from attnlab import guide as g
 
 # --- references written the guide's way, independent of attnlab ------------------------------------
@@ -149,6 +150,20 @@ def test_lookup_bad_input():
         g.soft_lookup(np.ones((2, 2)))
     with pytest.raises(ValueError, match="index must pick one of the 3 scores"):
         g.hard_lookup(index=5)
+    for bad in (float("nan"), float("inf")):                # a softmax of them would be NaN, silently
+        with pytest.raises(ValueError, match="score must be a finite number"):
+            g.hard_lookup(score=bad)
+    with pytest.raises(TypeError, match="score must be a finite number, got str"):
+        g.hard_lookup(score="20")
+
+
+def test_explain_and_shapes_bad_input():
+    with pytest.raises(TypeError, match="config must be an AttentionConfig, got str"):
+        g.shapes(5, "gpt2-small")
+    with pytest.raises(TypeError, match=r"toy must be a GuideToy \(see guide_toy\(\)\), got NoneType"):
+        g.explain(None, "the cat")
+    with pytest.raises(ValueError, match="tokens must be labels with at least one visible character"):
+        g.mask_table(["the", " "])
 
 
 # --- 3. explain and shapes ---------------------------------------------------------------------------
@@ -222,6 +237,8 @@ def test_scaling_bad_input():
         g.top_weight(rng=0)
     with pytest.raises(ValueError, match="n_pairs must be a positive integer"):
         g.dot_product_spread(n_pairs=0, rng=np.random.default_rng(0))
+    with pytest.raises(ValueError, match="nudge must be a finite number, got nan"):
+        g.saturation(nudge=float("nan"))
 
 
 # --- 5/6. toy embeddings and the grids ------------------------------------------------------------
@@ -356,11 +373,24 @@ def test_cost_beyond_the_guide():
     assert g.cost(1024).kv_cache_bytes == 72 * 2**20
     c = g.cost(1024)
     assert c.grid_bytes_naive == 12 * 1024 * 1024 * 4                 # 48 MiB of float32 scores
-    assert c.grid_bytes_tiled == 12 * (128 * 128 + 2 * 1024) * 4
+    assert c.grid_bytes_tiled == (2 * 128 * 1024 + 2 * 12 * 1024) * 4   # 2 workers' 128 × 1024 tiles, m and l
     # FLOPs: projections 4 × (2 n d_model²), QKᵀ and AV 2 × (2 h n² d_head)
     assert c.flops_projections == 4 * 2 * 1024 * 768 * 768
     assert c.flops_scores == 2 * 2 * 12 * 1024 * 1024 * 64
     assert c.flops_per_model == 12 * c.flops_per_layer
+
+
+@pytest.mark.parametrize("n", [1, 5, 128, 200, 1024, 4096, 65_536])
+def test_tiled_grid_bytes_are_the_tiled_kernels_score_buffers(n):
+    from attnlab.tiled import BLOCK_K, BLOCK_Q, Plan, Scratch
+    plan = Plan(n_q=n, n_k=n, block_q=BLOCK_Q, block_k=BLOCK_K, is_causal=True)
+    scratch = Scratch(plan, 64, 64, np.float32)            # what one worker of the kernel allocates
+    m_and_l = 2 * 12 * n * 4                               # a running max and sum per query of 12 heads
+    assert g.cost(n).grid_bytes_tiled == 2 * scratch.s.nbytes + m_and_l
+    assert g.tile_shape(n) == (min(n, BLOCK_Q), min(n, BLOCK_K))
+    one_worker = g.CostConfig(attention=AttentionConfig(d_model=64, n_heads=1), workers=4)
+    if n <= BLOCK_Q:                                       # one head, one query block: one work item, one worker
+        assert g.cost(n, one_worker).grid_bytes_tiled == scratch.s.nbytes + 2 * n * 4
 
 
 def test_growth_table_is_quadratic_for_scores_linear_for_the_cache():

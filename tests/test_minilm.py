@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from attnlab.cli import main
-from attnlab.models import attend, load_model, summarize_heads
+from attnlab import summarize_heads
+from attnlab.models import attend, load_model
 
 pytest.importorskip("safetensors")
 pytest.importorskip("tokenizers")

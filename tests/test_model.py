@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 
+from attnlab._checks import as_token_ids
 from attnlab.guide.ngrams import floors
 from attnlab.guide.toy import TOY_TEXT
-from attnlab.lm.model import (AttentionLM, LMConfig, check_ids, cross_entropy, forward, generate, loss, loss_and_grad,
+from attnlab.lm.model import (AttentionLM, LMConfig, cross_entropy, forward, generate, loss, loss_and_grad,
                            param_names)
 from attnlab.positions import POSITION_SCHEMES
 from attnlab.lm.text import Vocab, split_heldout
@@ -122,11 +123,19 @@ def test_bad_input(rng):
         LMConfig(vocab_size=5, d_model=12, n_heads=4, positions="rope")
     with pytest.raises(ValueError, match="n_ctx must be a positive integer, got 0"):
         LMConfig(vocab_size=5, n_ctx=0)
+    with pytest.raises(TypeError, match="config must be a LMConfig, got dict"):
+        AttentionLM.init({"vocab_size": 5}, rng=rng)
+    with pytest.raises(TypeError, match="beta1 must be a finite number, got str"):
+        AdamConfig(beta1="0.9")
     model = tiny("learned", rng)
-    with pytest.raises(TypeError, match="ids must be an integer array of token ids, got dtype float64"):
+    with pytest.raises(TypeError, match="ids must hold integer token ids, got dtype float64"):
         forward(model, np.zeros(3))
-    with pytest.raises(ValueError, match="ids holds the id 5, the vocabulary has ids 0 to 4"):
-        check_ids("ids", [1, 5], 5)
+    with pytest.raises(ValueError, match=r"ids must be in \[0, 5\) \(the model's vocab_size\), got 5 at index 1"):
+        as_token_ids("ids", [1, 5], 5)
+    with pytest.raises(ValueError, match=r"targets must be in \[0, 5\).*got -1 at index \(1, 0\)"):
+        loss(model, np.zeros((2, 3), int), [[0, 1, 2], [-1, 0, 0]])
+    with pytest.raises(ValueError, match=r"ids must hold at least one token id, got shape \(2, 0\)"):
+        forward(model, np.zeros((2, 0), int))
     with pytest.raises(ValueError, match=r"position 6 has no row: the table holds 6 positions \(0 to 5\)"):
         generate(model, np.arange(7) % 5, 2, rng=rng)
     with pytest.raises(ValueError, match="the text is empty"):

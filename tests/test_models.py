@@ -9,12 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab import AttentionMap
-from attnlab.models import attend, load_model, load_network, summarize_heads
+from attnlab import AttentionMap, summarize_heads
+from attnlab.models import attend, load_model, load_network
 from attnlab.models.bert import bert_forward
 from attnlab.models.checkpoint import read_safetensors
-from attnlab.models.gpt2 import generate, gpt2_forward, new_caches, sample_next
+from attnlab.models.gpt2 import generate, gpt2_forward, new_caches
 from attnlab.models.layers import erfc, gelu
+from attnlab.sampling import sample_next
 
 pytest.importorskip("safetensors")
 pytest.importorskip("tokenizers")
@@ -74,23 +75,43 @@ def test_gpt2_float64_checkpoint_matches_reference_exactly(write_gpt2, prefix):
     folder = write_gpt2(prefix=prefix, dtype=np.float64)
     model = load_model(folder)
     ids = np.array([3, 200, 17, 256, 5, 99])
-    out = model.network(ids)
+    out = model.network(ids, return_weights=True)
     logits, attns = ref_gpt2(read_safetensors(folder / "model.safetensors"), ids, n_head=4)
     assert out.logits.dtype == np.float64
     np.testing.assert_allclose(out.logits, logits, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(out.attentions, attns, rtol=1e-12, atol=1e-13)
     assert out.hidden_states.shape == (3, 6, 16)
+    np.testing.assert_array_equal(model.network.embed(ids), out.hidden_states[0])   # the first block's input
 
 
 def test_gpt2_float32_checkpoint_matches_float64_reference(write_gpt2):
     folder = write_gpt2(dtype=np.float32)
     model = load_model(folder)
     ids = np.arange(0, 250, 17)[:16]                       # the full 16 positions
-    out = model.network(ids)
+    out = model.network(ids, return_weights=True)
     logits, attns = ref_gpt2(read_safetensors(folder / "model.safetensors"), ids, n_head=4)
     assert out.logits.dtype == np.float32
     np.testing.assert_allclose(out.logits, logits, atol=2e-5 * np.abs(logits).max())
     np.testing.assert_allclose(out.attentions, attns, atol=2e-6)
+
+
+def test_gpt2_logits_without_weights_take_the_tiled_path_and_match_the_reference(write_gpt2, monkeypatch):
+    import attnlab.tiled
+
+    folder = write_gpt2(n_positions=320, dtype=np.float32)
+    model = load_network(folder)
+    ids = np.random.default_rng(1).integers(0, 264, 320)   # 320 × 320 scores per head: past the crossover
+    calls = []
+    real = attnlab.tiled.tiled_attention
+    monkeypatch.setattr(attnlab.tiled, "tiled_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    out = gpt2_forward(model, ids)                         # logits only: no weights asked for
+    assert out.attentions is None
+    assert len(calls) == 2                                 # each layer went through the tiled kernel
+    logits, _ = ref_gpt2(read_safetensors(folder / "model.safetensors"), ids, n_head=4)
+    np.testing.assert_allclose(out.logits, logits, atol=2e-5 * np.abs(logits).max())
+    with_weights = gpt2_forward(model, ids, return_weights=True)   # the naive path, which builds the grids
+    assert len(calls) == 2 and with_weights.attentions.shape == (2, 4, 320, 320)
+    np.testing.assert_allclose(out.logits, with_weights.logits, atol=1e-5 * np.abs(logits).max())
 
 
 def test_attend_on_gpt2_folder_tokenizes_with_its_vocab_and_masks_the_future(write_gpt2):
@@ -107,10 +128,10 @@ def test_attend_on_gpt2_folder_tokenizes_with_its_vocab_and_masks_the_future(wri
 def test_cached_decode_equals_full_forward(write_gpt2):
     model = load_model(write_gpt2()).network
     ids = np.array([5, 9, 200, 31, 7, 7, 100])
-    full = gpt2_forward(model, ids)
+    full = gpt2_forward(model, ids, return_weights=True)
     caches = new_caches(model, 7)
-    first = gpt2_forward(model, ids[:3], caches)
-    steps = [gpt2_forward(model, ids[t:t + 1], caches) for t in range(3, 7)]
+    first = gpt2_forward(model, ids[:3], caches, return_weights=True)
+    steps = [gpt2_forward(model, ids[t:t + 1], caches, return_weights=True) for t in range(3, 7)]
     np.testing.assert_allclose(np.concatenate([first.logits] + [s.logits for s in steps]), full.logits,
                                rtol=1e-5, atol=1e-5)
     last = steps[-1].attentions                            # (2, 4, 1, 7): the last query against all 7 keys
@@ -147,8 +168,13 @@ def test_generate_bad_arguments(write_gpt2):
     model = load_model(write_gpt2()).network
     with pytest.raises(TypeError, match="rng must be a numpy.random.Generator when temperature > 0"):
         generate(model, [1, 2], 3, temperature=1.0)
-    with pytest.raises(ValueError, match="temperature must be a positive finite number"):
-        generate(model, [1, 2], 3, temperature=-1.0, rng=np.random.default_rng(0))
+    with pytest.raises(TypeError, match=r"model must be a GPT2 \(from attnlab.models.load_network\), got str"):
+        generate("gpt2", [1], 1)
+    with pytest.raises(TypeError, match="model must be a Bert .*got GPT2"):
+        bert_forward(model, [1])
+    for bad in (-1.0, float("nan"), float("inf"), True):   # one check, shared with attnlab.lm.generate
+        with pytest.raises(ValueError, match="temperature must be a number >= 0"):
+            generate(model, [1, 2], 3, temperature=bad, rng=np.random.default_rng(0))
     with pytest.raises(ValueError, match=r"n_new=16 after a prompt of 2 tokens needs 17 positions.*n_ctx=16"):
         generate(model, [1, 2], 16)
     assert len(generate(model, [1, 2], 15)) == 15          # the last new token needs no position of its own
@@ -210,7 +236,8 @@ def test_bert_both_layouts_match_float64_reference(tmp_path, rng, prefix):
     w = write_bert(tmp_path / "bert", rng, prefix=prefix)
     bert = load_network(tmp_path / "bert")                 # no tokenizer.json needed to run on ids
     ids, types = np.array([1, 7, 29, 3, 3, 0]), np.array([0, 0, 0, 1, 1, 1])
-    out = bert_forward(bert, ids, types)
+    out = bert_forward(bert, ids, types, return_weights=True)
+    np.testing.assert_array_equal(bert.embed(ids, types), out.hidden_states[0])
     last, attns = ref_bert(w, ids, types, n_heads=2)
     np.testing.assert_allclose(out.attentions, attns, atol=1e-9)   # erfc is accurate to 1.2e-7 relative
     np.testing.assert_allclose(out.hidden_states[-1], last, atol=1e-6)

@@ -75,7 +75,7 @@ def gpt2_pair(tmp_path_factory):
 def test_gpt2_matches_gpt2lmheadmodel(gpt2_pair):
     ours, hf = gpt2_pair
     ids = np.random.default_rng(0).integers(0, 300, 40)
-    out = gpt2_forward(ours, ids)
+    out = gpt2_forward(ours, ids, return_weights=True)
     with torch.no_grad():
         o = hf(torch.from_numpy(ids)[None], output_attentions=True, output_hidden_states=True)
     np.testing.assert_allclose(out.attentions, _stack(o.attentions), rtol=0, atol=1e-5)

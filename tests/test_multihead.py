@@ -79,9 +79,22 @@ def test_config_validation():
         GPT2_SMALL.d_model = 5
 
 
+def test_split_and_merge_heads_say_which_shape_they_need():
+    with pytest.raises(ValueError, match=r"width n_heads=2 divides, got shape \(3, 5\)"):
+        split_heads(np.ones((3, 5)), 2)
+    with pytest.raises(ValueError, match=r"got shape \(4,\)"):
+        split_heads(np.ones(4), 2)
+    with pytest.raises(ValueError, match="n_heads must be a positive integer, got 0"):
+        split_heads(np.ones((3, 4)), 0)
+    with pytest.raises(ValueError, match=r"at least 3 axes, got shape \(3, 4\)"):
+        merge_heads(np.ones((3, 4)))
+
+
 def test_layer_validation(rng):
     with pytest.raises(TypeError, match="rng must be a numpy.random.Generator"):
         MultiHeadAttention.init(GPT2_SMALL, rng=0)
+    with pytest.raises(TypeError, match="config must be an AttentionConfig, got dict"):
+        MultiHeadAttention.init({"d_model": 8, "n_heads": 2}, rng=rng)
     layer = MultiHeadAttention.init(AttentionConfig(d_model=8, n_heads=2), rng=rng)
     with pytest.raises(ValueError, match="x has width 6, the layer's d_model is 8"):
         layer(rng.normal(size=(3, 6)))

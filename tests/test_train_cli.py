@@ -111,6 +111,9 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path):
     one_line_error(capsys, ["generate", str(tmp_path / "ck"), "--prompt", "the fox"], "'f' is not in the vocabulary")
     one_line_error(capsys, ["generate", str(tmp_path / "ck"), "--prompt", "the", "--temperature", "-1"],
                    "temperature must be a number >= 0")
+    one_line_error(capsys, ["generate", str(tmp_path / "ck"), "--prompt", "the", "--seed", "-1"],
+                   "argument --seed: expected an integer >= 0, got '-1'")
+    one_line_error(capsys, ["train", "--seed", "-1"], "argument --seed: expected an integer >= 0, got '-1'")
 
 
 def test_word_level(capsys, tmp_path):

@@ -106,6 +106,13 @@ def test_bad_input(monkeypatch, amap):
         render_html(amap)
 
 
+def test_demo_map_bad_input():
+    with pytest.raises(TypeError, match="rng must be a numpy.random.Generator, got int"):
+        demo_map(["a", "b"], rng=0)
+    with pytest.raises(TypeError, match="config must be an AttentionConfig, got dict"):
+        demo_map(["a", "b"], rng=np.random.default_rng(0), config={"d_model": 8})
+
+
 def test_script_json_escapes_what_could_close_the_block():
     text = html_view.script_json({"t": "</script><!-- & \u2028"})
     assert not set("<>&\u2028") & set(text)

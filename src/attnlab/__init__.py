@@ -20,8 +20,8 @@ from .attention import attention, attention_grad
 from .attnmap import AttentionMap
 from .cache import KVCache
 from .config import GPT2_SMALL, AttentionConfig
-from .masks import additive_mask, causal_mask
 from .lm import AttentionLM, LMConfig
+from .masks import additive_mask, causal_mask
 from .multihead import (MultiHeadAttention, merge_heads, multihead_attention, multihead_attention_grad,
                         split_heads)
 from .positions import alibi_bias, alibi_slopes, learned_positions, rope, sinusoidal_positions
@@ -32,20 +32,20 @@ from .tiled import attention_weights_rows, tiled_attention, tiled_attention_grad
 __version__ = "0.1.0"
 
 __all__ = [
+    "AttentionConfig",
+    "AttentionLM",
+    "AttentionMap",
     "GPT2_SMALL",
     "HeadSummary",
-    "AttentionConfig",
-    "AttentionMap",
     "KVCache",
-    "AttentionLM",
     "LMConfig",
     "MultiHeadAttention",
     "additive_mask",
     "alibi_bias",
     "alibi_slopes",
     "attention",
-    "attention_weights_rows",
     "attention_grad",
+    "attention_weights_rows",
     "causal_mask",
     "learned_positions",
     "merge_heads",

@@ -62,6 +62,15 @@ def as_positive_float(name: str, v) -> float:
     return float(v)
 
 
+def as_finite_float(name: str, v) -> float:
+    """``v`` as a float that is neither NaN nor ±inf; bools and non-numbers refused."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{name} must be a finite number, got {type(v).__name__} {v!r}")
+    if not np.isfinite(v):
+        raise ValueError(f"{name} must be a finite number, got {v}")
+    return float(v)
+
+
 def broadcast_to(name: str, arr: np.ndarray, shape: tuple, what: str) -> np.ndarray:
     """``arr`` broadcast to ``shape``, or an error naming both shapes."""
     try:
@@ -96,3 +105,25 @@ def check_rng(rng) -> np.random.Generator:
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
     return rng
+
+
+def as_token_ids(name: str, ids, vocab_size: int) -> np.ndarray:
+    """``ids`` as an int64 array of token ids (..., n), n >= 1, each in 0 … vocab_size − 1.
+
+    Text, floats and bools are refused with TypeError; an empty array or an id out of range with ValueError.
+    """
+    if isinstance(ids, (str, bytes)):
+        raise TypeError(f"{name} must be a sequence of integer token ids, got {type(ids).__name__}; "
+                        "tokenize text first")
+    arr = np.asarray(ids)
+    if arr.ndim == 0 or arr.shape[-1] == 0:
+        raise ValueError(f"{name} must hold at least one token id, got shape {arr.shape}")
+    if arr.dtype.kind not in "iu" and not (arr.dtype == object and all(
+            isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in arr.ravel().tolist())):
+        raise TypeError(f"{name} must hold integer token ids, got dtype {arr.dtype}")
+    bad = (arr < 0) | (arr >= vocab_size)
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"{name} must be in [0, {vocab_size}) (the model's vocab_size), got {arr[where]} at index "
+                         f"{where[0] if len(where) == 1 else where}")
+    return arr.astype(np.int64, copy=False)

@@ -32,6 +32,8 @@ class Checked:
 def check_attention_args(query, key, value, *, mask=None, bias=None, is_causal=False, scale=None,
                          require_finite: bool = True) -> Checked:
     """Validate the arguments that every attention path shares; raise with names and shapes."""
+    if not isinstance(is_causal, (bool, np.bool_)):
+        raise TypeError(f"is_causal must be True or False, got {type(is_causal).__name__} {is_causal!r}")
     query = as_float_array("query", query, min_ndim=2)
     key = as_float_array("key", key, min_ndim=2)
     value = as_float_array("value", value, min_ndim=2)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_float_array, as_positive_int, check_finite
+from ._checks import as_float_array, as_positive_int, check_finite, check_rng
 from .attention import attention, attention_grad
 from .cache import KVCache
 from .config import AttentionConfig
@@ -20,6 +20,10 @@ from .positions import rope as rotate
 
 def split_heads(x: np.ndarray, n_heads: int) -> np.ndarray:
     """(..., n, n_heads·d_head) -> (..., n_heads, n, d_head): one slice per head."""
+    n_heads = as_positive_int("n_heads", n_heads)
+    if np.ndim(x) < 2 or np.shape(x)[-1] % n_heads:
+        raise ValueError(f"x must be (..., n, n_heads·d_head) with a width n_heads={n_heads} divides, "
+                         f"got shape {np.shape(x)}")
     *lead, n, width = x.shape
     x = x.reshape(*lead, n, n_heads, width // n_heads)   # (..., n, h, d_head)
     return np.swapaxes(x, -2, -3)                        # (..., h, n, d_head)
@@ -27,6 +31,8 @@ def split_heads(x: np.ndarray, n_heads: int) -> np.ndarray:
 
 def merge_heads(x: np.ndarray) -> np.ndarray:
     """(..., n_heads, n, d_head) -> (..., n, n_heads·d_head): heads side by side."""
+    if np.ndim(x) < 3:
+        raise ValueError(f"x must be (..., n_heads, n, d_head), at least 3 axes, got shape {np.shape(x)}")
     *lead, h, n, d_head = x.shape
     return np.swapaxes(x, -2, -3).reshape(*lead, n, h * d_head)   # (..., n, h·d_head)
 
@@ -65,8 +71,9 @@ class MultiHeadAttention:
     def init(cls, config: AttentionConfig, *, rng: np.random.Generator, std: float = 0.02,
              dtype=np.float32) -> "MultiHeadAttention":
         """Random weights from N(0, std²), as GPT-2 initialises them; zero biases."""
-        if not isinstance(rng, np.random.Generator):
-            raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+        if not isinstance(config, AttentionConfig):
+            raise TypeError(f"config must be an AttentionConfig, got {type(config).__name__}")
+        check_rng(rng)
         d, w = config.d_model, config.n_heads * config.d_head
         draw = lambda *shape: rng.normal(0.0, std, shape).astype(dtype)   # noqa: E731
         zeros = lambda n: np.zeros(n, dtype)                               # noqa: E731
@@ -169,7 +176,7 @@ def multihead_attention_grad(p: MultiHeadAttention, x, dy, *, mask=None, bias=No
         dq, dk = rotate(dq, inverse=True), rotate(dk, inverse=True)   # (..., h, n, d_head) each
     # forward: q = split_heads(x @ W_Q + b_Q), likewise k and v
     x2 = x.reshape(-1, d_model)                            # (N, d_model)
-    grads, dx = {}, np.zeros_like(x)
+    grads, dx = {}, np.zeros_like(x)                      # dx: (..., n, d_model)
     for name, d in (("Q", dq), ("K", dk), ("V", dv)):
         d_lin = merge_heads(d)                             # (..., n, h·d_head)
         grads[f"W_{name}"] = x2.T @ d_lin.reshape(-1, width)   # (d_model, h·d_head)

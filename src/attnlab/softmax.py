@@ -29,7 +29,7 @@ def softmax(x, axis: int = -1) -> np.ndarray:
     array([0., 0.])
     """
     x = as_float_array("x", x)
-    z = x.astype(np.result_type(x, np.float32), copy=False)
+    z = x.astype(np.result_type(x, np.float32), copy=False)   # (...) at least float32
     m = np.max(z, axis=axis, keepdims=True) if z.size else z  # (..., 1, ...) row maxima
     m = np.where(np.isneginf(m), 0, m)                       # all -inf rows: subtract 0, exp gives 0s
     e = np.exp(z - m)                                        # (...) in (0, 1], 0 where x was -inf

@@ -79,7 +79,8 @@ def summarize_heads(amap: AttentionMap) -> HeadSummary:
     me = q + n_k - n_q                                             # (n_q,) each query's own key
     dist = np.abs(me[:, None] - np.arange(n_k)[None, :])           # (n_q, n_k) |i − j|
     layers = [_layer_facts(a.astype(np.float64), q, me, dist) for a in amap.weights]   # a: (h, n_q, n_k)
-    return HeadSummary(tokens=amap.tokens, **{k: np.stack([f[k] for f in layers]) for k in layers[0]})
+    return HeadSummary(tokens=amap.tokens, **{k: np.stack([f[k] for f in layers])   # (n_layers, h, ...) each
+                                              for k in layers[0]})
 
 
 def _layer_facts(a: np.ndarray, q, me, dist) -> dict[str, np.ndarray]:

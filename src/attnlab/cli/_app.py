@@ -32,6 +32,10 @@ def run(func, args) -> int:
     except (ValueError, TypeError, OSError, UsageError) as e:
         print(f"attnlab: error: {one_line(e)}", file=sys.stderr)
         return 2
+    except MemoryError as e:           # numbers too big for this machine, e.g. `scale --pairs 10**12`
+        print(f"attnlab: error: not enough memory for these numbers ({one_line(e)}); try smaller ones",
+              file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("attnlab: interrupted", file=sys.stderr)
         return 130
@@ -59,6 +63,27 @@ def jsonable(x):
 
 def print_json(data) -> None:
     print(json.dumps(jsonable(data), indent=2))
+
+
+def stderr_progress(*columns, **options):
+    """A transient rich progress bar on stderr, drawn only when stderr is a terminal: a pipe or a log file
+    gets nothing, not even the blank line rich leaves behind, so an error stays one line."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    console = Console(stderr=True)
+    return Progress(*columns, console=console, transient=True, disable=not console.is_terminal, **options)
+
+
+def seed_arg(text: str) -> int:
+    """An argparse type for ``--seed``: an integer >= 0, which ``numpy.random.default_rng`` takes."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
 
 
 def add_json_flag(p: argparse.ArgumentParser) -> None:

@@ -27,7 +27,8 @@ def register(sub) -> None:
 
 
 def cmd_attend(args) -> int:
-    from ..models import attend, summarize_heads
+    from ..models import attend
+    from ..summary import summarize_heads
 
     result = attend(args.text, args.model)
     amap = result.attentions
@@ -68,7 +69,8 @@ def save_views(amap, layer: int, head: int, *, png=None, html=None) -> None:
 def report_trained_head(text: str):
     """The text through all-MiniLM-L6-v2: its most focused head (lowest entropy) beside an untrained head of
     the same shape on the same input. A :class:`~attnlab.cli.guide.Report` for the tour."""
-    from ..models import attend, load_model, random_heads, summarize_heads
+    from ..models import attend, load_model, random_heads
+    from ..summary import summarize_heads
     from ..viz import terminal_text
     from .guide import Report
 
@@ -99,9 +101,10 @@ def report_trained_head(text: str):
 
 
 def label(token: str) -> str:
-    """A token as a column label: visible spaces, at most 8 characters."""
-    shown = token.replace(" ", "␣").replace("\n", "⏎")
-    return shown if len(shown) <= 8 else shown[:7] + "…"
+    """A token in a line of text: spaces made visible (␣), line breaks as every view shows them, at most 8
+    characters."""
+    from ..viz._style import display_token
+    return display_token(token.replace(" ", "␣"), 8)
 
 
 def format_summary(summary) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 
-from ._app import add_json_flag, print_json
+from ._app import add_json_flag, print_json, stderr_progress
 
 
 def register(sub) -> None:
@@ -37,12 +37,11 @@ def cmd_bench(args) -> int:
 def progress_bar(total: int):
     """A rich progress bar on stderr, advanced by calling the yielded function with the step's name."""
     try:
-        from rich.console import Console
-        from rich.progress import Progress
+        import rich  # noqa: F401
     except ImportError:
         yield lambda name: print(f"  {name}", file=sys.stderr)
         return
-    with Progress(console=Console(stderr=True), transient=True) as bar:
+    with stderr_progress() as bar:
         task = bar.add_task("bench", total=total)
         started = [False]
 

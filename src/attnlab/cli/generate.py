@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._app import add_json_flag, print_json
+from ._app import add_json_flag, print_json, seed_arg
 
 
 def register(sub) -> None:
@@ -13,7 +13,7 @@ def register(sub) -> None:
     g.add_argument("--prompt", required=True, help="text to start from (its tokens must be in the vocabulary)")
     g.add_argument("--tokens", type=int, default=100, help="tokens to generate (default 100)")
     g.add_argument("--temperature", type=float, default=1.0, help="divides the logits; 0 = greedy (default 1)")
-    g.add_argument("--seed", type=int, default=0, help="seed of the sampler (default 0)")
+    g.add_argument("--seed", type=seed_arg, default=0, help="seed of the sampler (default 0)")
     add_json_flag(g)
     g.set_defaults(func=cmd_generate)
 

@@ -8,13 +8,12 @@ and the tour can never disagree.
 from __future__ import annotations
 
 import argparse
-import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from .. import guide as g
-from ._app import add_json_flag, print_json
+from ._app import add_json_flag, print_json, seed_arg, stderr_progress
 
 
 @dataclass(frozen=True)
@@ -62,8 +61,10 @@ def emit(args, report: Report) -> int:
 def report_floors(text: str, max_k: int = 5, *, level: str = "char", source: str = "the guide's toy text",
                   progress: bool = False) -> Report:
     rows = list(_with_progress(g.iter_floors(text, max_k, level=level), max_k + 1, "counting contexts", progress))
-    lines = [f"Lowest possible cross-entropy with k {'characters' if level == 'char' else 'words'} of context,"
-             f" {source}:", "k floor contexts"]
+    unit = "characters" if level == "char" else "words"
+    if not rows:                           # the library returns no rows; a command that prints none would mislead
+        raise ValueError(f"{source} must hold at least 2 {unit} to score one prediction")
+    lines = [f"Lowest possible cross-entropy with k {unit} of context, {source}:", "k floor contexts"]
     lines += [f"{r.k} {r.floor:.3f} {r.n_contexts}" for r in rows]
     return Report("\n".join(lines), {"level": level, "source": source,
                                      "rows": [vars(r) for r in rows]})
@@ -83,17 +84,11 @@ def _with_progress(rows, total: int, what: str, show: bool):
     if not show:
         yield from rows
         return
-    from rich.progress import Progress
-    with Progress(transient=True, console=_stderr_console()) as bar:
+    with stderr_progress() as bar:
         task = bar.add_task(what, total=total)
         for r in rows:
             bar.advance(task)
             yield r
-
-
-def _stderr_console():
-    from rich.console import Console
-    return Console(file=sys.stderr)
 
 
 # --- 2. lookup ---------------------------------------------------------------------------------
@@ -172,6 +167,8 @@ def report_explain(toy: g.GuideToy, sentence: str, *, is_causal: bool = True) ->
 def report_shapes(sentence: str = g.RUNNING_EXAMPLE, config_name: str = "gpt2-small") -> Report:
     config = g.COST_CONFIGS[config_name].attention
     n = len(gpt2_tokenize(sentence)[0])
+    if n == 0:
+        raise ValueError("sentence must hold at least one token, got an empty string")
     steps = g.shapes(n, config)
     letters = g.shape_sizes(n, config)
     rows = [[st.symbol.name, _shape_str(st.symbol.shape), str(st.shape)] for st in steps]
@@ -187,8 +184,10 @@ def _shape_str(letters) -> str:
 
 def cmd_explain(args) -> int:
     if args.config is not None:
-        return emit(args, report_shapes(args.sentence or g.RUNNING_EXAMPLE, args.config))
-    return emit(args, report_explain(g.guide_toy(), args.sentence or "the cat sat", is_causal=not args.no_mask))
+        sentence = g.RUNNING_EXAMPLE if args.sentence is None else args.sentence
+        return emit(args, report_shapes(sentence, args.config))
+    sentence = "the cat sat" if args.sentence is None else args.sentence   # an empty one is an error, not the default
+    return emit(args, report_explain(g.guide_toy(), sentence, is_causal=not args.no_mask))
 
 
 # --- 4. scale -----------------------------------------------------------------------------------
@@ -243,12 +242,17 @@ def report_mask(tokens) -> Report:
     return Report(text, {"tokens": list(m.tokens), "M": m.M, "keep": m.keep})
 
 
+MASK_MOST = 1024          # tokens in a printed mask: more is no table anyone reads (PNGs stop there too)
+
+
 def mask_tokens(n: int | None, tokens) -> list[str]:
     if tokens is None:
         if n is None:
             return g.RUNNING_EXAMPLE.split()
         if n < 1:
             raise ValueError(f"N must be at least 1, got {n}")
+        if n > MASK_MOST:
+            raise ValueError(f"N must be at most {MASK_MOST:,} (the table has N × N cells), got {n:,}")
         return [f"t{i + 1}" for i in range(n)]
     if n is not None and n != len(tokens):
         raise ValueError(f"N is {n} but --tokens names {len(tokens)} tokens")
@@ -327,11 +331,13 @@ def cmd_order(args) -> int:
 
 # --- 9. cost ------------------------------------------------------------------------------------
 
-def report_cost(n: int = 5, config_name: str = "gpt2-small", *, tile: int = 128, bytes_per_number: int = 4,
+def report_cost(n: int = 5, config_name: str = "gpt2-small", *, block_q: int | None = None,
+                block_k: int | None = None, workers: int | None = None, bytes_per_number: int = 4,
                 growth_table: bool = True) -> Report:
+    """The cost section; the tiled kernel's blocks and workers default to the config's (the kernel's own)."""
     base = g.COST_CONFIGS[config_name]
-    config = g.CostConfig(attention=base.attention, n_layers=base.n_layers, tile=tile,
-                          bytes_per_number=bytes_per_number)
+    tiled = {k: v for k, v in (("block_q", block_q), ("block_k", block_k), ("workers", workers)) if v is not None}
+    config = replace(base, bytes_per_number=bytes_per_number, **tiled)
     p, c = g.params(config), g.cost(n, config)
     n_ctx = config.attention.n_ctx
     at_ctx = g.cost(n_ctx, config)
@@ -342,7 +348,8 @@ def report_cost(n: int = 5, config_name: str = "gpt2-small", *, tile: int = 128,
              f"At n = {n:,}: {c.flops_per_layer:,} FLOPs per layer ({c.flops_projections:,} in the projections, "
              f"{c.flops_scores:,} in QKᵀ and AV); {c.flops_per_model:,} for {config.n_layers} layers",
              f"Score grid of one layer: {_bytes(c.grid_bytes_naive)} naive, {_bytes(c.grid_bytes_tiled)} tiled "
-             f"({min(n, tile)}×{min(n, tile)} tiles)",
+             f"({config.workers} workers × {'×'.join(map(str, g.tile_shape(n, config)))} tiles, plus a running max "
+             "and sum per query)",
              f"KV cache: {_bytes(g.kv_bytes_per_token(config))} per token, {_bytes(c.kv_cache_bytes)} at n = {n:,}, "
              f"{_bytes(at_ctx.kv_cache_bytes)} at n_ctx = {n_ctx} ({bytes_per_number} bytes per number)"]
     if n > n_ctx:
@@ -353,7 +360,8 @@ def report_cost(n: int = 5, config_name: str = "gpt2-small", *, tile: int = 128,
                                    [[f"{r.n:,}", f"{r.scores_per_layer:,}", f"{r.flops_per_layer:.3g}",
                                      _bytes(r.grid_bytes_naive), _bytes(r.grid_bytes_tiled),
                                      _bytes(r.kv_cache_bytes)] for r in rows])]
-    return Report("\n".join(lines), {"config": config_name, "n_layers": config.n_layers, "tile": tile,
+    return Report("\n".join(lines), {"config": config_name, "n_layers": config.n_layers,
+                                     "block_q": config.block_q, "block_k": config.block_k, "workers": config.workers,
                                      "bytes_per_number": bytes_per_number, "params": vars(p), "cost": vars(c),
                                      "at_n_ctx": vars(at_ctx), "kv_bytes_per_token": g.kv_bytes_per_token(config),
                                      "growth": [vars(r) for r in rows]})
@@ -367,8 +375,8 @@ def _bytes(b: int) -> str:
 
 
 def cmd_cost(args) -> int:
-    return emit(args, report_cost(args.n, args.config, tile=args.tile, bytes_per_number=args.bytes,
-                                  growth_table=not args.no_growth))
+    return emit(args, report_cost(args.n, args.config, block_q=args.block_q, block_k=args.block_k,
+                                  workers=args.workers, bytes_per_number=args.bytes, growth_table=not args.no_growth))
 
 
 # --- 10. tokens ---------------------------------------------------------------------------------
@@ -386,6 +394,8 @@ def gpt2_tokenize(text: str) -> tuple[list[int], list[str]]:
 
 def report_tokens(text: str = g.RUNNING_EXAMPLE) -> Report:
     ids, pieces = gpt2_tokenize(text)
+    if not ids:
+        raise ValueError("text must hold at least one token, got an empty string")
     lines = [f"GPT-2 tokens of {text!r}:", " ".join(map(str, ids)),
              table(["id", "token"], [[i, repr(p)] for i, p in zip(ids, pieces)])]
     if len(ids) > 1:
@@ -430,7 +440,7 @@ def register(sub) -> None:
     _done(p, cmd_explain)
 
     p = sub.add_parser("scale", help="why the scores are divided by √d_k")
-    p.add_argument("--seed", type=_int, default=g.scaling.SEED, help="the guide uses 0")
+    p.add_argument("--seed", type=seed_arg, default=g.scaling.SEED, help="the guide uses 0")
     p.add_argument("--pairs", type=_int, default=10_000, help="random pairs per width (10,000)")
     p.add_argument("--trials", type=_int, default=2000, help="random queries for the top weight (2,000)")
     _done(p, cmd_scale)
@@ -444,23 +454,25 @@ def register(sub) -> None:
     p = sub.add_parser("embed", help="retrain the toy embeddings; attention grids with random W_Q, W_K, W_V")
     p.add_argument("--sentence", action="append", help="a sentence of toy words (repeatable; default: the guide's two)")
     p.add_argument("--pair", nargs=2, default=("cat", "dog"), metavar=("A", "B"), help="words to compare (cat dog)")
-    p.add_argument("--seed", type=_int, default=g.toy.EMBED_SEED, help="seed of the embedding table (0)")
-    p.add_argument("--proj-seed", type=_int, default=g.toy.PROJECTION_SEED, help="seed of W_Q, W_K, W_V (1)")
+    p.add_argument("--seed", type=seed_arg, default=g.toy.EMBED_SEED, help="seed of the embedding table (0)")
+    p.add_argument("--proj-seed", type=seed_arg, default=g.toy.PROJECTION_SEED, help="seed of W_Q, W_K, W_V (1)")
     _done(p, cmd_embed)
 
     p = sub.add_parser("heads", help="multi-head attention on GPT-2 small's shapes")
     p.add_argument("--n", type=_int, default=5, help="tokens (default 5)")
-    p.add_argument("--seed", type=_int, default=g.heads.SEED, help="the guide uses 0")
+    p.add_argument("--seed", type=seed_arg, default=g.heads.SEED, help="the guide uses 0")
     _done(p, cmd_heads)
 
     p = sub.add_parser("order", help="attention is blind to order until positions are added")
-    p.add_argument("--seed", type=_int, default=g.order.POSITION_SEED, help="seed of the position vectors (2)")
+    p.add_argument("--seed", type=seed_arg, default=g.order.POSITION_SEED, help="seed of the position vectors (2)")
     _done(p, cmd_order)
 
     p = sub.add_parser("cost", help="parameters, scores, FLOPs, score-grid and KV-cache memory")
     p.add_argument("--n", type=_int, default=5, help="sequence length (default 5, the running example)")
     p.add_argument("--config", choices=sorted(g.COST_CONFIGS), default="gpt2-small")
-    p.add_argument("--tile", type=_int, default=128, help="tile size of tiled attention (128)")
+    p.add_argument("--block-q", type=_int, help=f"queries per tile of tiled attention ({g.CostConfig.block_q})")
+    p.add_argument("--block-k", type=_int, help=f"keys per tile of tiled attention ({g.CostConfig.block_k})")
+    p.add_argument("--workers", type=_int, help=f"tiles in flight at once ({g.CostConfig.workers})")
     p.add_argument("--bytes", type=_int, default=4, help="bytes per number (4: float32)")
     p.add_argument("--no-growth", action="store_true", help="leave out the growth table")
     _done(p, cmd_cost)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._app import add_json_flag, print_json
+from ._app import add_json_flag, print_json, seed_arg, stderr_progress
 
 if TYPE_CHECKING:
     from ..lm.text import Vocab
@@ -39,7 +39,7 @@ def register(sub) -> None:
                    help="learning rate: constant, or cosine decay to 0.1× (default)")
     p.add_argument("--heldout", type=float, default=0.1, help="fraction of the text kept for evaluation "
                    "(default 0.1, its tail)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the one random generator (default 0)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="seed of the one random generator (default 0)")
     p.add_argument("--out", metavar="DIR", help="save the checkpoint here (every --save-every steps and at the end)")
     p.add_argument("--save-every", type=int, default=100, help="steps between checkpoints (default 100)")
     p.add_argument("--resume", action="store_true", help="start from the checkpoint in --out (same "
@@ -116,13 +116,12 @@ def cmd_train(args) -> int:
 
 def run_with_progress(steps, total: int, *, save, save_every: int) -> list[float]:
     """Drive the training generator with a rich progress bar on stderr (loss, tokens/s); save as asked."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
     losses, tokens, t0 = [], 0, time.perf_counter()
     columns = (TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
                TextColumn("{task.fields[rate]} tokens/s"), TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    with stderr_progress(*columns) as bar:
         task = bar.add_task("train", total=total, loss="-", rate="-")
         for s in steps:
             losses.append(s.loss)

@@ -12,7 +12,8 @@ cost       parameters, scores, FLOPs, memory, KV cache
 ========== =========================================================
 """
 
-from .cost import COST_CONFIGS, GPT2_SMALL_COST, Cost, CostConfig, cost, growth, kv_bytes_per_token, params
+from .cost import (COST_CONFIGS, GPT2_SMALL_COST, Cost, CostConfig, cost, growth, kv_bytes_per_token, params,
+                   tile_shape, tiled_grid_numbers)
 from .explain import SYMBOLS, MaskTable, Step, explain, mask_table, shape_sizes, shapes
 from .heads import HeadsRun, run_heads
 from .lookup import Lookup, hard_lookup, soft_lookup
@@ -29,5 +30,5 @@ __all__ = [
     "cost", "dot_product_spread", "encode", "explain", "floors", "growth", "guide_toy", "hard_lookup",
     "iter_floors", "kv_bytes_per_token", "mask_table", "order_checks", "params", "random_projections",
     "read_utf8", "run_heads", "saturation", "self_attention", "shape_sizes", "shapes", "soft_lookup",
-    "top_weight", "train_embeddings",
+    "tile_shape", "tiled_grid_numbers", "top_weight", "train_embeddings",
 ]

@@ -8,8 +8,13 @@ The guide counts parameters and scores; the rest follows from the same shapes.
 - FLOPs per layer (a multiply-add is 2 FLOPs): the four projections, 8 · n · d_model · h · d_head, grow
   with n; QKᵀ and AV, 4 · h · n² · d_head, grow with n². Softmax and masking are left out (O(h · n²) too).
 - Score-grid bytes: naive attention holds one layer's h × n × n scores at once. Tiled attention (online
-  softmax, as in FlashAttention) holds one tile of scores per head plus a running max and sum per query:
-  h · (min(n, tile)² + 2n) numbers, which grows with n, not n².
+  softmax, as in FlashAttention; attnlab's kernel in :mod:`attnlab.tiled`) holds, in each worker, one
+  tile of min(n, block_q) × min(n, block_k) scores (its reusable scratch buffer), and per query a running
+  max and sum: workers · min(n, block_q) · min(n, block_k) + 2 · h · n numbers, which grows with n, not n².
+  Assumed: the kernel's own tile (attnlab.tiled.BLOCK_Q × BLOCK_K, 128 × 2048 today) and 2 workers, one
+  per core of the machines attnlab is measured on (fewer when there are fewer (head, query block) work
+  items than workers); the max and sum are counted for all h · n queries, an upper bound on the query
+  blocks in flight.
 - KV cache: every layer keeps each token's key and value, 2 · n_layers · h · d_head numbers per token.
 """
 
@@ -19,6 +24,7 @@ from dataclasses import dataclass
 
 from .._checks import as_positive_int
 from ..config import GPT2_SMALL, AttentionConfig
+from ..tiled import BLOCK_K, BLOCK_Q
 
 GROWTH_MAX = 1_048_576       # the growth table runs n = 1, 2, 4, … up to 2^20
 
@@ -29,12 +35,14 @@ class CostConfig:
     attention: AttentionConfig = GPT2_SMALL   # one layer's shapes
     n_layers: int = 12                        # GPT-2 small stacks 12 transformer layers
     bytes_per_number: int = 4                 # float32, what numpy computes in here
-    tile: int = 128                           # query and key block of the tiled kernel
+    block_q: int = BLOCK_Q                    # queries per tile of attnlab's tiled kernel
+    block_k: int = BLOCK_K                    # keys per tile of attnlab's tiled kernel
+    workers: int = 2                          # tiles in flight at once: one per core, 2 cores here
 
     def __post_init__(self):
         if not isinstance(self.attention, AttentionConfig):
             raise TypeError(f"attention must be an AttentionConfig, got {type(self.attention).__name__}")
-        for name in ("n_layers", "bytes_per_number", "tile"):
+        for name in ("n_layers", "bytes_per_number", "block_q", "block_k", "workers"):
             as_positive_int(name, getattr(self, name))
 
 
@@ -62,7 +70,7 @@ class Cost:
     flops_per_layer: int
     flops_per_model: int
     grid_bytes_naive: int        # one layer's score grid, all heads at once
-    grid_bytes_tiled: int        # one tile per head plus running max and sum
+    grid_bytes_tiled: int        # one tile per worker plus a running max and sum per query
     kv_cache_bytes: int          # keys and values of n tokens, every layer
 
 
@@ -91,12 +99,32 @@ def cost(n: int, config: CostConfig = GPT2_SMALL_COST) -> Cost:
     flops_projections = 2 * n * a.d_model * width * 4        # Q, K, V in; W_O out
     flops_scores = 2 * h * n * n * a.d_head * 2              # QKᵀ, then AV
     flops_layer = flops_projections + flops_scores
-    tile = min(n, config.tile)
     return Cost(n=n, scores_per_head=n * n, scores_per_layer=h * n * n, scores_per_model=config.n_layers * h * n * n,
                 flops_projections=flops_projections, flops_scores=flops_scores, flops_per_layer=flops_layer,
                 flops_per_model=config.n_layers * flops_layer,
-                grid_bytes_naive=h * n * n * b, grid_bytes_tiled=h * (tile * tile + 2 * n) * b,
+                grid_bytes_naive=h * n * n * b, grid_bytes_tiled=tiled_grid_numbers(n, config) * b,
                 kv_cache_bytes=n * kv_bytes_per_token(config))
+
+
+def tile_shape(n: int, config: CostConfig = GPT2_SMALL_COST) -> tuple[int, int]:
+    """The (queries, keys) of one tile the tiled kernel holds for ``n`` tokens: its blocks, cut to n.
+
+    >>> tile_shape(5), tile_shape(1024)
+    ((5, 5), (128, 1024))
+    """
+    return min(n, config.block_q), min(n, config.block_k)
+
+
+def tiled_grid_numbers(n: int, config: CostConfig = GPT2_SMALL_COST) -> int:
+    """Numbers tiled attention holds for one layer's scores: a tile per busy worker, a max and sum per query.
+
+    >>> tiled_grid_numbers(1024)      # 2 workers × 128 × 1024, plus 2 · 12 heads · 1024 queries
+    286720
+    """
+    h = config.attention.n_heads
+    rows, cols = tile_shape(n, config)
+    busy = min(config.workers, h * -(-n // config.block_q))   # the work items are (head, query block)
+    return busy * rows * cols + 2 * h * n
 
 
 def kv_bytes_per_token(config: CostConfig = GPT2_SMALL_COST) -> int:

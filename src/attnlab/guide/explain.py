@@ -52,6 +52,8 @@ class Step:
 def shape_sizes(n: int, config: AttentionConfig = GPT2_SMALL) -> dict[str, int]:
     """The guide's letters for one head of ``config`` on ``n`` tokens."""
     n = as_positive_int("n", n)
+    if not isinstance(config, AttentionConfig):
+        raise TypeError(f"config must be an AttentionConfig, got {type(config).__name__}")
     return {"n": n, "d_model": config.d_model, "d_k": config.d_head, "d_v": config.d_head}
 
 
@@ -71,6 +73,8 @@ def explain(toy: GuideToy, sentence: str, *, is_causal: bool = True) -> list[Ste
     The weights come from :func:`attnlab.attention`; S, M and S + M are shown as the guide writes them.
     Without the causal mask, M is all zeros.
     """
+    if not isinstance(toy, GuideToy):
+        raise TypeError(f"toy must be a GuideToy (see guide_toy()), got {type(toy).__name__}")
     x = toy.embeddings.embed(sentence)                      # (n, d_model)
     q, k, v = x @ toy.W_Q, x @ toy.W_K, x @ toy.W_V         # (n, d_k), (n, d_k), (n, d_v)
     n, d_k = q.shape
@@ -106,5 +110,7 @@ def mask_table(tokens) -> MaskTable:
     tokens = tuple(tokens)
     if not tokens:
         raise ValueError("tokens must hold at least one token, got none")
+    if not all(t.strip() for t in tokens):
+        raise ValueError(f"tokens must be labels with at least one visible character, got {list(tokens)!r}")
     keep = causal_mask(len(tokens))                         # (n, n)
     return MaskTable(tokens=tokens, keep=keep, M=additive_mask(keep))

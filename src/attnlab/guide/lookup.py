@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import as_float_array
+from .._checks import as_finite_float, as_float_array
 from ..attention import attention
 from ..softmax import softmax
 
@@ -71,6 +71,7 @@ def hard_lookup(lookup: Lookup | None = None, *, index: int | None = None,
     (True, [0.0, 1.0])
     """
     r = soft_lookup() if lookup is None else lookup
+    score = as_finite_float("score", score)
     s = r.scores.copy()                                                     # (n,)
     index = int(np.argmax(s)) if index is None else index
     if not -len(s) <= index < len(s):

@@ -64,7 +64,7 @@ def _encode_words(words: list[str]) -> tuple[np.ndarray, tuple[str, ...]]:
     codes = np.fromiter((first.setdefault(w, len(first)) for w in words), np.int64, len(words))   # (L,)
     symbols = sorted(first)
     rank = np.empty(len(first), dtype=np.int64)                          # (V,) first-seen number -> sorted
-    rank[[first[w] for w in symbols]] = np.arange(len(symbols))
+    rank[[first[w] for w in symbols]] = np.arange(len(symbols))        # (V,)
     return rank[codes], tuple(symbols)                                   # (L,), (V,)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import as_float_array, as_positive_int, check_rng
+from .._checks import as_finite_float, as_float_array, as_positive_int, check_rng
 from ..softmax import softmax
 
 SEED = 0                       # both experiments start from default_rng(0), as in the guide
@@ -70,7 +70,7 @@ def top_weight(d_k: int = 64, n_keys: int = 16, n_trials: int = 2000, *, rng: np
     check_rng(rng)
     d_k, n_keys, n_trials = (as_positive_int(n, v) for n, v in
                              (("d_k", d_k), ("n_keys", n_keys), ("n_trials", n_trials)))
-    top, top_scaled = np.empty(n_trials), np.empty(n_trials)
+    top, top_scaled = np.empty(n_trials), np.empty(n_trials)   # (n_trials,) each
     for t in range(n_trials):
         q = rng.normal(size=d_k)                                # (d_k,) one random query
         k = rng.normal(size=(n_keys, d_k))                      # (n_keys, d_k) random keys
@@ -90,5 +90,5 @@ def saturation(scores=(10.0, 0.0, 0.0), *, index: int = 0, nudge: float = 0.1) -
     if s.ndim != 1 or not -len(s) <= index < len(s):
         raise ValueError(f"index must pick one of the {s.size} scores, got {index}")
     before = softmax(s)[index]
-    s[index] += nudge
+    s[index] += as_finite_float("nudge", nudge)
     return float(before), float(softmax(s)[index])

@@ -17,11 +17,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import as_float_array, as_positive_int, check_rng
+from .._checks import as_float_array, as_positive_int, as_token_ids, check_rng
 from ..cache import KVCache
 from ..config import AttentionConfig
 from ..multihead import MultiHeadAttention, multihead_attention, multihead_attention_grad
 from ..positions import alibi_bias, alibi_slopes, check_scheme, learned_positions, sinusoidal_positions
+from ..sampling import check_temperature, sample_next
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,8 @@ class AttentionLM:
     def init(cls, config: LMConfig, *, rng: np.random.Generator, std: float = 0.02,
              dtype=np.float32) -> "AttentionLM":
         """Weights from N(0, std²) as GPT-2 initialises them, zero biases."""
+        if not isinstance(config, LMConfig):
+            raise TypeError(f"config must be a LMConfig, got {type(config).__name__}")
         check_rng(rng)
         c = config
         draw = lambda *shape: rng.normal(0.0, std, shape).astype(dtype)   # noqa: E731
@@ -140,19 +143,6 @@ def param_names(config: LMConfig) -> list[str]:
     return names + ["W_U", "b_U"]
 
 
-def check_ids(name: str, ids, vocab_size: int) -> np.ndarray:
-    """Token ids as an integer array of at least one axis, every id in 0 … vocab_size − 1."""
-    arr = np.asarray(ids)
-    if arr.dtype.kind not in "iu":
-        raise TypeError(f"{name} must be an integer array of token ids, got dtype {arr.dtype}")
-    if arr.ndim < 1 or arr.shape[-1] < 1:
-        raise ValueError(f"{name} must hold at least one token, got shape {arr.shape}")
-    if arr.min() < 0 or arr.max() >= vocab_size:
-        bad = arr.min() if arr.min() < 0 else arr.max()
-        raise ValueError(f"{name} holds the id {bad}, the vocabulary has ids 0 to {vocab_size - 1}")
-    return arr
-
-
 def embed(model: AttentionLM, ids: np.ndarray, *, start: int = 0) -> np.ndarray:
     """The first layer's input: token rows plus, for learned and sinusoidal, the position rows."""
     c, n = model.config, ids.shape[-1]
@@ -176,7 +166,7 @@ def attention_options(model: AttentionLM, n: int, n_k: int) -> dict:
 def forward(model: AttentionLM, ids, *, caches: list[KVCache] | None = None) -> np.ndarray:
     """Logits (..., n, vocab) for token ids (..., n). With ``caches`` (one per layer, see :func:`new_caches`)
     the ids are the next tokens after those already cached: one decode step per call."""
-    ids = check_ids("ids", ids, model.config.vocab_size)
+    ids = as_token_ids("ids", ids, model.config.vocab_size)
     if caches is not None and len(caches) != model.config.n_layers:
         raise ValueError(f"caches must hold one KVCache per layer ({model.config.n_layers}), got {len(caches)}")
     start = 0 if caches is None else caches[0].length
@@ -208,15 +198,15 @@ def cross_entropy(logits: np.ndarray, targets: np.ndarray) -> tuple[float, np.nd
 
 def loss(model: AttentionLM, ids, targets) -> float:
     """Cross-entropy of ``targets`` (..., n) given ``ids`` (..., n), in nats per token."""
-    targets = check_ids("targets", targets, model.config.vocab_size)
+    targets = as_token_ids("targets", targets, model.config.vocab_size)
     return cross_entropy(forward(model, ids), targets)[0]
 
 
 def loss_and_grad(model: AttentionLM, ids, targets) -> tuple[float, AttentionLM]:
     """The loss and dL/d every parameter, as a AttentionLM of gradients (W_P None unless learned)."""
     c = model.config
-    ids = check_ids("ids", ids, c.vocab_size)
-    targets = check_ids("targets", targets, c.vocab_size)
+    ids = as_token_ids("ids", ids, c.vocab_size)
+    targets = as_token_ids("targets", targets, c.vocab_size)
     if targets.shape != ids.shape:
         raise ValueError(f"targets must have the shape of ids {ids.shape}, got {targets.shape}")
     n = ids.shape[-1]
@@ -256,10 +246,8 @@ def generate(model: AttentionLM, prompt, n_tokens: int, *, rng: np.random.Genera
     logits (0 = always the most likely token). The prompt must fit n_ctx (with a learned table, the error
     names the position that has no row).
     """
-    from ..models.gpt2 import sample_next           # the sampler GPT-2's generate uses
-
     c = model.config
-    prompt = check_ids("prompt", prompt, c.vocab_size)
+    prompt = as_token_ids("prompt", prompt, c.vocab_size)
     if prompt.ndim != 1:
         raise ValueError(f"prompt must be 1-D (n,), got shape {prompt.shape}")
     if prompt.size > c.n_ctx:
@@ -267,8 +255,7 @@ def generate(model: AttentionLM, prompt, n_tokens: int, *, rng: np.random.Genera
             learned_positions(model.W_P, prompt.size)                   # raises: position n_ctx has no row
         raise ValueError(f"the prompt has {prompt.size} tokens, more than the model's context n_ctx {c.n_ctx}")
     n_tokens = as_positive_int("n_tokens", n_tokens)
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
-        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
+    temperature = check_temperature(temperature)
     check_rng(rng)
     tokens = np.concatenate([prompt, np.empty(n_tokens, prompt.dtype)])   # (n + n_tokens,)
     caches = new_caches(model, c.n_ctx)

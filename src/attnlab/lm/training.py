@@ -9,8 +9,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .._checks import as_positive_float, as_positive_int, check_rng
-from .model import AttentionLM, check_ids, loss, loss_and_grad
+from .._checks import as_finite_float, as_positive_float, as_positive_int, as_token_ids, check_rng
+from .model import AttentionLM, loss, loss_and_grad
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class AdamConfig:
         if not (isinstance(self.weight_decay, (int, float)) and 0 <= self.weight_decay < 1 / self.lr):
             raise ValueError(f"weight_decay must be a number in [0, 1/lr), got {self.weight_decay!r}")
         for name in ("beta1", "beta2"):
-            if not 0 <= getattr(self, name) < 1:
+            if not 0 <= as_finite_float(name, getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
 
 
@@ -102,7 +102,7 @@ def evaluate(model: AttentionLM, ids) -> float:
     The text is cut into windows of n_ctx + 1 tokens that overlap by one, so every token is predicted
     exactly once, from the earlier tokens of its window.
     """
-    ids = check_ids("ids", ids, model.config.vocab_size)
+    ids = as_token_ids("ids", ids, model.config.vocab_size)
     if ids.ndim != 1 or ids.size < 2:
         raise ValueError(f"ids must be 1-D with at least 2 tokens to predict one, got shape {ids.shape}")
     n_ctx = model.config.n_ctx
@@ -139,7 +139,7 @@ def training_steps(model: AttentionLM, ids, *, steps: int, batch_size: int, rng:
     leaves a model that is whole after its last completed step. The arguments are checked here, before
     the first step.
     """
-    ids = check_ids("ids", ids, model.config.vocab_size)
+    ids = as_token_ids("ids", ids, model.config.vocab_size)
     steps = as_positive_int("steps", steps)
     batch_size = as_positive_int("batch_size", batch_size)
     check_rng(rng)

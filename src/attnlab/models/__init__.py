@@ -7,11 +7,10 @@ safetensors and tokenizers are imported only when a model is loaded.
 """
 
 from .attend import MINILM, Attended, Model, attend, load_model, load_network, minilm_path, random_heads
-from .bert import Bert, BertConfig, bert_forward
+from .bert import Bert, BertConfig, bert_embed, bert_forward
 from .checkpoint import read_safetensors
-from .gpt2 import GPT2, GPT2Config, generate, gpt2_forward, new_caches
+from .gpt2 import GPT2, GPT2Config, generate, gpt2_embed, gpt2_forward, new_caches
 from .output import ModelOutput
-from ..summary import HeadSummary, summarize_heads
 
 __all__ = [
     "GPT2",
@@ -20,12 +19,13 @@ __all__ = [
     "Bert",
     "BertConfig",
     "GPT2Config",
-    "HeadSummary",
     "Model",
     "ModelOutput",
     "attend",
+    "bert_embed",
     "bert_forward",
     "generate",
+    "gpt2_embed",
     "gpt2_forward",
     "load_model",
     "load_network",
@@ -33,5 +33,4 @@ __all__ = [
     "new_caches",
     "random_heads",
     "read_safetensors",
-    "summarize_heads",
 ]

@@ -135,7 +135,7 @@ def attend(text: str, model: str | Path | Model = MINILM) -> Attended:
     """
     m = model if isinstance(model, Model) else load_model(model)
     ids, labels = m.encode(text)
-    out = m.network(ids)
+    out = m.network(ids, return_weights=True)
     n = len(ids)
     keep = causal_mask(n) if m.kind == "gpt2" else None           # (n, n)
     amap = AttentionMap(labels, out.attentions, keep=keep, source=f"{m.name} ({m.kind})")
@@ -155,7 +155,7 @@ def random_heads(text: str, model: str | Path | Model = MINILM, *, rng: np.rando
 
     m = model if isinstance(model, Model) else load_model(model)
     ids, labels = m.encode(text)
-    x = m.network(ids).hidden_states[0]                          # (n, d_model) the embedding output
+    x = m.network.embed(ids)                                     # (n, d_model) the embedding output
     is_causal = m.kind == "gpt2"
     if is_causal:
         x = m.network.blocks[0].ln_1(x)                          # (n, d_model) GPT-2 normalises first

@@ -11,6 +11,7 @@ MiniLM's (``embeddings.…``, ``encoder.layer.0.…``) and the ``bert.``-prefixe
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import numpy as np
 from ..multihead import MultiHeadAttention
 from .checkpoint import Tensors, check_layer_count, config_float, config_int
 from .layers import MLP, LayerNorm, activation_name
-from .output import ModelOutput, check_ids
+from .output import ModelOutput, attention_and_weights, check_ids, check_model
 
 
 @dataclass(frozen=True)
@@ -69,16 +70,19 @@ class Bert:
     ln_embed: LayerNorm
     blocks: tuple            # of BertBlock
 
-    def __call__(self, ids, token_types=None) -> ModelOutput:
-        return bert_forward(self, ids, token_types)
+    def __call__(self, ids, token_types=None, *, return_weights: bool = False) -> ModelOutput:
+        return bert_forward(self, ids, token_types, return_weights=return_weights)
+
+    def embed(self, ids, token_types=None) -> np.ndarray:
+        return bert_embed(self, ids, token_types)
 
 
-def bert_forward(model: Bert, ids, token_types=None) -> ModelOutput:
-    """Token ids (n,) -> hidden states (n_layers+1, n, d_model) and attention weights (n_layers, h, n, n).
+def bert_embed(model: Bert, ids, token_types=None) -> np.ndarray:
+    """Token ids (n,) -> the first block's input (n, d_model): word, position and segment rows, normalised.
 
-    ``hidden_states[0]`` is the embedding output, ``hidden_states[i]`` the output of block i.
     ``token_types`` (n,) defaults to all 0 (one segment).
     """
+    check_model(model, Bert)
     cfg = model.config
     ids = check_ids(ids, cfg.vocab_size, cfg.n_ctx)                   # (n,)
     types = np.zeros_like(ids) if token_types is None else check_ids(token_types, cfg.n_types, cfg.n_ctx,
@@ -86,15 +90,27 @@ def bert_forward(model: Bert, ids, token_types=None) -> ModelOutput:
     if types.shape != ids.shape:
         raise ValueError(f"token_types must have shape {ids.shape} like ids, got {types.shape}")
     x = model.W_E[ids] + model.W_P[: len(ids)] + model.W_T[types]   # (n, d_model)
-    x = model.ln_embed(x)                                           # (n, d_model)
+    return model.ln_embed(x)                                        # (n, d_model)
+
+
+def bert_forward(model: Bert, ids, token_types=None, *, return_weights: bool = False) -> ModelOutput:
+    """Token ids (n,) -> hidden states (n_layers+1, n, d_model), and with ``return_weights=True`` every head's
+    attention weights (n_layers, h, n, n) as ``attentions`` (None otherwise: a long input then takes
+    attention's tiled path).
+
+    ``hidden_states[0]`` is the embedding output, ``hidden_states[i]`` the output of block i.
+    ``token_types`` (n,) defaults to all 0 (one segment).
+    """
+    x = bert_embed(model, ids, token_types)                         # (n, d_model)
     hidden, weights = [x], []
     for block in model.blocks:
-        y, a = block.attn(x, return_weights=True)       # (n, d_model), (h, n, n)
+        y, a = attention_and_weights(block.attn, x, return_weights)   # (n, d_model), (h, n, n) or None
         x = block.ln_attn(x + y)                        # (n, d_model)
         x = block.ln_mlp(x + block.mlp(x))              # (n, d_model)
         hidden.append(x)
         weights.append(a)
-    return ModelOutput(hidden_states=np.stack(hidden), attentions=np.stack(weights))   # (L+1, n, d), (L, h, n, n)
+    return ModelOutput(hidden_states=np.stack(hidden),                      # (L+1, n, d_model)
+                       attentions=np.stack(weights) if return_weights else None)   # (L, h, n, n)
 
 
 def load_bert(tensors: Tensors, config: dict) -> Bert:
@@ -105,8 +121,7 @@ def load_bert(tensors: Tensors, config: dict) -> Bert:
     d, d_mlp = cfg.d_model, cfg.d_mlp
     why = f"hidden_size={d}, intermediate_size={d_mlp}"
 
-    def norm(prefix: str) -> LayerNorm:
-        return LayerNorm(t.take(f"{prefix}.weight", (d,), why), t.take(f"{prefix}.bias", (d,), why), cfg.ln_eps)
+    norm = functools.partial(LayerNorm.load, t, d_model=d, eps=cfg.ln_eps, why=why)   # norm(prefix)
 
     def linear(prefix: str, d_in: int, d_out: int) -> tuple[np.ndarray, np.ndarray]:
         w = t.take(f"{prefix}.weight", (d_out, d_in), why)       # (out, in) as torch stores it

@@ -11,18 +11,19 @@ then ``LN_f`` and the logits ``x W_Eᵀ`` (``lm_head`` is tied to ``wte``). Conv
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import as_positive_float, as_positive_int
+from .._checks import as_positive_int
 from ..cache import KVCache
 from ..multihead import MultiHeadAttention
-from ..softmax import softmax
+from ..sampling import check_temperature, sample_next
 from .checkpoint import Tensors, check_layer_count, config_float, config_int
 from .layers import MLP, LayerNorm, activation_name
-from .output import ModelOutput, check_ids
+from .output import ModelOutput, attention_and_weights, check_ids, check_model
 
 
 @dataclass(frozen=True)
@@ -73,36 +74,52 @@ class GPT2:
     blocks: tuple            # of GPT2Block
     ln_f: LayerNorm
 
-    def __call__(self, ids, caches: tuple[KVCache, ...] | None = None) -> ModelOutput:
-        return gpt2_forward(self, ids, caches)
+    def __call__(self, ids, caches: tuple[KVCache, ...] | None = None, *,
+                 return_weights: bool = False) -> ModelOutput:
+        return gpt2_forward(self, ids, caches, return_weights=return_weights)
+
+    def embed(self, ids, *, start: int = 0) -> np.ndarray:
+        return gpt2_embed(self, ids, start=start)
 
 
-def gpt2_forward(model: GPT2, ids, caches: tuple[KVCache, ...] | None = None) -> ModelOutput:
-    """Token ids (n,) -> hidden states (n_layers+1, n, d_model), attentions (n_layers, h, n, n_k), logits (n, vocab).
+def gpt2_embed(model: GPT2, ids, *, start: int = 0) -> np.ndarray:
+    """Token ids (n,) at positions start, start + 1, … -> the first block's input X = W_E[ids] + W_P[positions]."""
+    check_model(model, GPT2)
+    ids = check_ids(ids, model.config.vocab_size, model.config.n_ctx, start=start)
+    return model.W_E[ids] + model.W_P[start:start + len(ids)]     # (n, d_model)
+
+
+def gpt2_forward(model: GPT2, ids, caches: tuple[KVCache, ...] | None = None, *,
+                 return_weights: bool = False) -> ModelOutput:
+    """Token ids (n,) -> hidden states (n_layers+1, n, d_model) and logits (n, vocab_size).
 
     With ``caches`` (one :class:`~attnlab.KVCache` per layer, from :func:`new_caches`) the ids continue the
     tokens already cached: they take the next positions, their keys and values are appended, and they
     attend to all ``n_k`` tokens so far. ``hidden_states[-1]`` has ``ln_f`` applied, as transformers
-    returns it.
+    returns it. ``return_weights=True`` also returns every head's weights as ``attentions``
+    (n_layers, h, n, n_k); without it ``attentions`` is None and a long input takes attention's tiled
+    path, which never builds the (n, n_k) grids.
     """
-    cfg = model.config
-    start = check_caches(caches, cfg.n_layers)
-    ids = check_ids(ids, cfg.vocab_size, cfg.n_ctx, start=start)
-    x = model.W_E[ids] + model.W_P[start:start + len(ids)]   # (n, d_model) X = W_E[ids] + W_P[positions]
+    check_model(model, GPT2)
+    start = check_caches(caches, model.config.n_layers)
+    x = gpt2_embed(model, ids, start=start)                # (n, d_model) X = W_E[ids] + W_P[positions]
     hidden, weights = [x], []
     for block, cache in zip(model.blocks, caches or itertools.repeat(None)):
-        y, a = block.attn(block.ln_1(x), is_causal=True, return_weights=True, cache=cache)   # (n, d), (h, n, n_k)
+        y, a = attention_and_weights(block.attn, block.ln_1(x), return_weights, is_causal=True,
+                                     cache=cache)          # (n, d_model), (h, n, n_k) or None
         x = x + y                                          # (n, d_model)
         x = x + block.mlp(block.ln_2(x))                   # (n, d_model)
         hidden.append(x)
         weights.append(a)
     hidden[-1] = model.ln_f(x)                             # (n, d_model)
     logits = hidden[-1] @ model.W_E.T                      # (n, vocab_size)
-    return ModelOutput(hidden_states=np.stack(hidden), attentions=np.stack(weights), logits=logits)
+    return ModelOutput(hidden_states=np.stack(hidden), logits=logits,   # (L+1, n, d_model), (n, vocab_size)
+                       attentions=np.stack(weights) if return_weights else None)   # (L, h, n, n_k)
 
 
 def new_caches(model: GPT2, capacity: int) -> tuple[KVCache, ...]:
     """One empty KV cache per layer, each with room for ``capacity`` tokens."""
+    check_model(model, GPT2)
     capacity = as_positive_int("capacity", capacity)
     if capacity > model.config.n_ctx:
         raise ValueError(f"capacity must be at most the model's n_ctx={model.config.n_ctx}, got {capacity}")
@@ -123,29 +140,16 @@ def check_caches(caches, n_layers: int) -> int:
     return lengths.pop()
 
 
-def sample_next(logits, temperature: float = 0.0, rng: np.random.Generator | None = None) -> int:
-    """The next token from one row of logits (vocab,): the argmax, or a draw from softmax(logits / temperature).
-
-    >>> sample_next(np.array([0.1, 2.0, -1.0]))
-    1
-    """
-    if temperature == 0:
-        return int(np.argmax(logits))
-    temperature = as_positive_float("temperature", temperature)
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng must be a numpy.random.Generator when temperature > 0, got {type(rng).__name__}")
-    p = softmax(np.asarray(logits, np.float64) / temperature)   # (vocab,) float64, so it sums to 1 for choice
-    return int(rng.choice(p.size, p=p))
-
-
 def generate(model: GPT2, ids, n_new: int, *, temperature: float = 0.0,
              rng: np.random.Generator | None = None) -> np.ndarray:
     """``n_new`` token ids after the prompt ``ids``: greedy (``temperature=0``) or sampled with ``rng``.
 
     The prompt runs once; each new token is then one decode step against the layers' KV caches.
     """
+    check_model(model, GPT2)
     cfg = model.config
     n_new = as_positive_int("n_new", n_new)
+    temperature = check_temperature(temperature)
     ids = check_ids(ids, cfg.vocab_size, cfg.n_ctx)
     if len(ids) + n_new - 1 > cfg.n_ctx:
         raise ValueError(f"n_new={n_new} after a prompt of {len(ids)} tokens needs {len(ids) + n_new - 1} "
@@ -167,8 +171,7 @@ def load_gpt2(tensors: Tensors, config: dict) -> GPT2:
     d, d_mlp = cfg.d_model, cfg.d_mlp
     why = f"n_embd={d}, MLP width {d_mlp}"
 
-    def norm(prefix: str) -> LayerNorm:
-        return LayerNorm(t.take(f"{prefix}.weight", (d,), why), t.take(f"{prefix}.bias", (d,), why), cfg.ln_eps)
+    norm = functools.partial(LayerNorm.load, t, d_model=d, eps=cfg.ln_eps, why=why)   # norm(prefix)
 
     def conv1d(prefix: str, d_in: int, d_out: int) -> tuple[np.ndarray, np.ndarray]:
         return t.take(f"{prefix}.weight", (d_in, d_out), why), t.take(f"{prefix}.bias", (d_out,), why)

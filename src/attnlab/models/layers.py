@@ -67,6 +67,13 @@ class LayerNorm:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return layer_norm(x, self.weight, self.bias, self.eps)
 
+    @classmethod
+    def load(cls, tensors, prefix: str, *, d_model: int, eps: float, why: str = "") -> "LayerNorm":
+        """The norm stored as ``{prefix}.weight`` and ``{prefix}.bias`` (d_model,) in a checkpoint's
+        :class:`~attnlab.models.checkpoint.Tensors`; ``why`` says where the expected shape comes from."""
+        return cls(tensors.take(f"{prefix}.weight", (d_model,), why), tensors.take(f"{prefix}.bias", (d_model,), why),
+                   eps)
+
 
 @dataclass(frozen=True, eq=False)
 class MLP:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
+
+from .._checks import as_token_ids
 
 
 @dataclass(frozen=True, eq=False)
@@ -13,11 +14,26 @@ class ModelOutput:
     """A forward pass's results for ``n`` tokens.
 
     ``hidden_states[0]`` is the embedding output and ``hidden_states[i]`` the output of block i (for GPT-2
-    the last one has the final layer norm applied, as in transformers). ``logits`` is None for encoders.
+    the last one has the final layer norm applied, as in transformers). ``attentions`` is None unless the
+    forward pass was asked for the weights (``return_weights=True``); ``logits`` is None for encoders.
     """
     hidden_states: np.ndarray              # (n_layers+1, n, d_model)
-    attentions: np.ndarray                 # (n_layers, n_heads, n, n_k); n_k > n with a KV cache
+    attentions: np.ndarray | None = None   # (n_layers, n_heads, n, n_k); n_k > n with a KV cache
     logits: np.ndarray | None = None       # (n, vocab_size)
+
+
+def attention_and_weights(attn, x: np.ndarray, return_weights: bool, **options):
+    """One block's attention on x (n, d_model): its output (n, d_model) and its weights (h, n, n_k), the weights
+    only when asked (otherwise None), so that a long input can take attention's tiled path."""
+    out = attn(x, return_weights=return_weights, **options)
+    return out if return_weights else (out, None)
+
+
+def check_model(model, kind: type) -> None:
+    """A TypeError unless ``model`` is a ``kind`` (a loaded network, see attnlab.models.load_network)."""
+    if not isinstance(model, kind):
+        raise TypeError(f"model must be a {kind.__name__} (from attnlab.models.load_network), "
+                        f"got {type(model).__name__}")
 
 
 def check_ids(ids, vocab_size: int, n_ctx: int, *, name: str = "ids", start: int = 0) -> np.ndarray:
@@ -25,20 +41,9 @@ def check_ids(ids, vocab_size: int, n_ctx: int, *, name: str = "ids", start: int
 
     ``start`` is the position of the first token (the tokens already in a KV cache).
     """
-    if isinstance(ids, (str, bytes)):
-        raise TypeError(f"{name} must be a sequence of integer token ids, got {type(ids).__name__}; "
-                        "tokenize text first")
-    arr = np.asarray(ids)
-    if arr.size and not (np.issubdtype(arr.dtype, np.integer) or all(isinstance(i, numbers.Integral)
-                                                                       for i in arr.ravel().tolist())):
-        raise TypeError(f"{name} must hold integer token ids, got dtype {arr.dtype}")
-    arr = arr.astype(np.int64)
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"{name} must be a 1-D sequence of at least one token id, got shape {arr.shape}")
-    bad = (arr < 0) | (arr >= vocab_size)
-    if bad.any():
-        raise ValueError(f"{name} must be in [0, {vocab_size}) (the model's vocab_size), got {int(arr[bad][0])} "
-                         f"at index {int(np.argmax(bad))}")
+    arr = as_token_ids(name, ids, vocab_size)                # (n,) once it is 1-D
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D sequence of token ids, got shape {arr.shape}")
     if start + arr.size > n_ctx:
         already = f" after {start} already processed" if start else ""
         raise ValueError(f"{name} has {arr.size} tokens{already}, but the model has only {n_ctx} positions "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_float_array
+from .._checks import as_float_array, as_positive_int
 from .png import _figure, _save
 
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
@@ -22,6 +22,7 @@ def save_histograms(path, panels, *, title: str | None = None, bins: int = 60) -
     panels : sequence of (panel title, x label, {label: samples (m,)})
         Each panel overlays its samples on shared bins.
     """
+    bins = as_positive_int("bins", bins)
     panels = list(panels)
     if not panels:
         raise ValueError("panels must hold at least one (title, xlabel, {label: samples}) panel, got none")
@@ -55,13 +56,13 @@ def save_growth(path, n, series, *, ylabel: str, title: str | None = None, marks
     marks : sequence of (x, label)
         Vertical lines, e.g. a model's context length.
     """
-    x = as_float_array("n", np.asarray(n, dtype=float), finite=True)
+    x = as_float_array("n", np.asarray(n, dtype=float), finite=True)                      # (points,)
     if x.ndim != 1 or (x <= 0).any():
         raise ValueError(f"n must be a 1-D array of positive numbers, got shape {x.shape}")
     fig = _figure(6.4, 4.2)
     ax = fig.add_subplot()
     for colour, (label, y) in zip(COLOURS, series.items()):
-        y = as_float_array(f"series[{label!r}]", np.asarray(y, dtype=float), finite=True)
+        y = as_float_array(f"series[{label!r}]", np.asarray(y, dtype=float), finite=True)   # (points,)
         if y.shape != x.shape or (y <= 0).any():
             raise ValueError(f"series[{label!r}] must hold {len(x)} positive values to match n, got {y.shape}")
         ax.loglog(x, y, marker="o", markersize=3, color=colour, label=label)

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_positive_float, as_positive_int
+from .._checks import as_positive_float, as_positive_int, check_rng
 from ..attnmap import AttentionMap
 from ..config import AttentionConfig
 from ..masks import causal_mask
+from ..models.layers import layer_norm
 from ..multihead import MultiHeadAttention
 
 DEMO_CONFIG = AttentionConfig(d_model=32, n_heads=4, n_ctx=1024)   # small: fast in tests, enough heads to see
@@ -29,8 +30,11 @@ def demo_map(tokens, *, rng: np.random.Generator, n_layers: int = 2,
     >>> m.weights.shape, bool(m.keep[0, 1])
     ((2, 4, 3, 3), False)
     """
+    check_rng(rng)
     tokens = tuple(tokens)
     n_layers = as_positive_int("n_layers", n_layers)
+    if not isinstance(config, AttentionConfig):
+        raise TypeError(f"config must be an AttentionConfig, got {type(config).__name__}")
     if not tokens:
         raise ValueError("tokens must hold at least one token, got none")
     std = 1.4 / np.sqrt(config.d_model) if std is None else as_positive_float("std", std)
@@ -38,7 +42,7 @@ def demo_map(tokens, *, rng: np.random.Generator, n_layers: int = 2,
     grids = []
     for _ in range(n_layers):
         layer = MultiHeadAttention.init(config, rng=rng, std=std, dtype=np.float64)
-        x_norm = (x - x.mean(-1, keepdims=True)) / x.std(-1, keepdims=True)   # (n, d_model)
+        x_norm = layer_norm(x, 1.0, 0.0, eps=0.0)                  # (n, d_model) no learned scale or shift
         y, a = layer(x_norm, is_causal=True, return_weights=True)  # (n, d_model), (h, n, n)
         x = x + y                                                 # (n, d_model)
         grids.append(a)

@@ -59,7 +59,7 @@ def view_data(amap: AttentionMap) -> dict:
                          f"more than one page can hold ({MAX_HTML_CELLS:,}); pass fewer layers or tokens")
     fractions = np.empty(amap.weights.shape, "<u2")                          # (L, h, n_q, n_k)
     for layer, a in enumerate(amap.weights):                                  # a: (h, n_q, n_k); NaN drawn as 0
-        fractions[layer] = np.rint(np.clip(np.nan_to_num(a, nan=0.0), 0.0, 1.0) * 65535)
+        fractions[layer] = np.rint(np.clip(np.nan_to_num(a, nan=0.0), 0.0, 1.0) * 65535)   # (h, n_q, n_k)
     summary = summarize_heads(amap).table()
     return {
         "source": amap.source, "tokens": list(amap.tokens),
