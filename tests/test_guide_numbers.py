@@ -373,7 +373,7 @@ def test_cost_beyond_the_guide():
     assert g.cost(1024).kv_cache_bytes == 72 * 2**20
     c = g.cost(1024)
     assert c.grid_bytes_naive == 12 * 1024 * 1024 * 4                 # 48 MiB of float32 scores
-    assert c.grid_bytes_tiled == (2 * 128 * 1024 + 2 * 12 * 1024) * 4   # 2 workers' 128 × 1024 tiles, m and l
+    assert c.grid_bytes_tiled == (2 * 512 * 512 + 2 * 12 * 1024) * 4    # 2 workers' 512 × 512 tiles, m and l
     # FLOPs: projections 4 × (2 n d_model²), QKᵀ and AV 2 × (2 h n² d_head)
     assert c.flops_projections == 4 * 2 * 1024 * 768 * 768
     assert c.flops_scores == 2 * 2 * 12 * 1024 * 1024 * 64

@@ -11,7 +11,7 @@ The guide counts parameters and scores; the rest follows from the same shapes.
   softmax, as in FlashAttention; attnlab's kernel in :mod:`attnlab.tiled`) holds, in each worker, one
   tile of min(n, block_q) × min(n, block_k) scores (its reusable scratch buffer), and per query a running
   max and sum: workers · min(n, block_q) · min(n, block_k) + 2 · h · n numbers, which grows with n, not n².
-  Assumed: the kernel's own tile (attnlab.tiled.BLOCK_Q × BLOCK_K, 128 × 2048 today) and 2 workers, one
+  Assumed: the kernel's own tile (attnlab.tiled.BLOCK_Q × BLOCK_K, 512 × 512 today) and 2 workers, one
   per core of the machines attnlab is measured on (fewer when there are fewer (head, query block) work
   items than workers); the max and sum are counted for all h · n queries, an upper bound on the query
   blocks in flight.
@@ -110,7 +110,7 @@ def tile_shape(n: int, config: CostConfig = GPT2_SMALL_COST) -> tuple[int, int]:
     """The (queries, keys) of one tile the tiled kernel holds for ``n`` tokens: its blocks, cut to n.
 
     >>> tile_shape(5), tile_shape(1024)
-    ((5, 5), (128, 1024))
+    ((5, 5), (512, 512))
     """
     return min(n, config.block_q), min(n, config.block_k)
 
@@ -118,8 +118,8 @@ def tile_shape(n: int, config: CostConfig = GPT2_SMALL_COST) -> tuple[int, int]:
 def tiled_grid_numbers(n: int, config: CostConfig = GPT2_SMALL_COST) -> int:
     """Numbers tiled attention holds for one layer's scores: a tile per busy worker, a max and sum per query.
 
-    >>> tiled_grid_numbers(1024)      # 2 workers × 128 × 1024, plus 2 · 12 heads · 1024 queries
-    286720
+    >>> tiled_grid_numbers(1024)      # 2 workers × 512 × 512, plus 2 · 12 heads · 1024 queries
+    548864
     """
     h = config.attention.n_heads
     rows, cols = tile_shape(n, config)
