@@ -127,6 +127,11 @@ def test_decode_kernel_matches_the_naive_reference(rng, n_k, is_causal):
         assert got.dtype == dtype and got.shape == (2, 3, 1, 5)
         np.testing.assert_allclose(decode_attention(c), ref, rtol=tol, atol=tol)
         np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
+    h = [x.astype(np.float16) for x in (q, k, v)]                # float16 in, float32 math, float16 out
+    ref16, _ = naive_attention(check_attention_args(*(x.astype(np.float64) for x in h), is_causal=is_causal))
+    got16 = attention(*h, is_causal=is_causal)
+    assert got16.dtype == np.float16
+    np.testing.assert_allclose(got16, ref16, rtol=2e-3, atol=2e-3)              # within float16 rounding
 
 
 def test_decode_path_is_taken_only_when_it_computes_what_was_asked(rng, monkeypatch):
