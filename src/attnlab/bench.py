@@ -10,7 +10,7 @@ from __future__ import annotations
 import resource
 import time
 import tracemalloc
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -194,12 +194,18 @@ def run_bench(*, quick: bool = False, progress=None) -> dict:
     torch = load_torch()
     repeat = 3 if quick else 5
     say("numpy float32 GEMM rate")
-    gemm = gemm_gflops()
+    gemms = [gemm_gflops()]
     forward = []
     for n in QUICK_SIZES if quick else SIZES:
         for is_causal in (True, False):
             say(f"forward n={n} {'causal' if is_causal else 'full'}")
-            forward.append(forward_row(n, is_causal, gemm, repeat=repeat, torch=torch))
+            forward.append(forward_row(n, is_causal, gemms[0], repeat=repeat, torch=torch))
+    # On a shared machine one measurement of the GEMM rate can land while another process holds a core:
+    # the rate is measured again after the forward rows and the faster one (the machine's) is the yardstick.
+    say("numpy float32 GEMM rate, again")
+    gemms.append(gemm_gflops())
+    gemm = max(gemms)
+    forward = [replace(f, tiled_vs_gemm=f.tiled_gflops / gemm) for f in forward]
     decode = []
     for context in DECODE_CONTEXTS:
         say(f"decode at context {context}")
@@ -209,7 +215,7 @@ def run_bench(*, quick: bool = False, progress=None) -> dict:
         say(f"backward n={n}")
         backward.append(backward_row(n, repeat=repeat, torch=torch))
     return {"shape": {"batch": 1, "n_heads": N_HEADS, "d_head": D_HEAD, "dtype": "float32"},
-            "gemm_gflops": gemm, "blas": blas_info(),
+            "gemm_gflops": gemm, "gemm_gflops_measured": gemms, "blas": blas_info(),
             "torch": None if torch is None else {"version": torch.__version__, "threads": torch.get_num_threads()},
             "forward": [asdict(r) for r in forward], "decode": [asdict(r) for r in decode],
             "backward": [asdict(r) for r in backward]}

@@ -66,7 +66,9 @@ def print_table(r: dict) -> None:
           "alternated runs")
     torch_text = f"{torch['version']}, {torch['threads']} threads" if torch else "not installed"
     print(f"BLAS: {blas}; torch: {torch_text}")
-    print(f"numpy float32 GEMM: {r['gemm_gflops']:.0f} GFLOP/s")
+    measured = " and ".join(f"{g:.0f}" for g in r["gemm_gflops_measured"])
+    print(f"numpy float32 GEMM: {r['gemm_gflops']:.0f} GFLOP/s (the faster of {measured}, before and after "
+          "the forward rows)")
     print()
     print(f"{'n':>6} {'causal':>6} {'tiled ms':>9} {'GFLOP/s':>8} {'of GEMM':>8} {'naive ms':>9} "
           f"{'torch ms':>9} {'tiled/torch':>11} {'out MiB':>8} {'tiled MiB':>9} {'naive MiB':>9}")
