@@ -251,3 +251,12 @@ def test_causal_mask_inside_attention_matches_explicit_mask(rng):
 def test_is_causal_must_be_a_bool(rng, flag):
     with pytest.raises(TypeError, match="is_causal must be True or False"):
         attention(*_qkv(rng), is_causal=flag)
+
+
+def test_finite_check_accepts_large_values_whose_sum_overflows():
+    from attnlab._checks import check_finite
+    check_finite("value", np.full((4, 2), 3e38, np.float32))       # the sum overflows, the values are finite
+    big = np.full((4, 2), 3e38, np.float32)
+    big[2, 1] = np.nan
+    with pytest.raises(ValueError, match=r"value must be finite, got nan at index \(2, 1\)"):
+        check_finite("value", big)
