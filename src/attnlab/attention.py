@@ -173,15 +173,69 @@ def attention_grad(query, key, value, dout, *, mask=None, bias=None, is_causal=F
 def naive_attention_grad(c: Checked, do: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The reference backward: (dq, dk, dv) over the broadcast batch, from the whole grid of weights."""
     out, a = naive_attention(c)                          # (..., n_q, d_v), (..., n_q, n_k)
+    return naive_attention_backward(c, out, a, do)
+
+
+def naive_attention_backward(c: Checked, out: np.ndarray, a: np.ndarray, do: np.ndarray):
+    """(dq, dk, dv) over the broadcast batch from the forward's ``out`` and weights ``a``."""
     # forward: out = a @ v
     dv = np.swapaxes(a, -1, -2) @ do                     # (..., n_k, d_v)
     da = do @ np.swapaxes(c.v, -1, -2)                   # (..., n_q, n_k)
     # forward: a = softmax(s), so ds = a * (da - Σ_j a·da); and Σ_j a·da = Σ_d out·dout
-    ds = a * (da - (out * do).sum(-1, keepdims=True))    # (..., n_q, n_k) zero wherever a was masked
+    da -= (out * do).sum(-1, keepdims=True)              # (..., n_q, n_k) in place: da is ours
+    ds = np.multiply(a, da, out=da)                      # (..., n_q, n_k) zero wherever a was masked
     # forward: s = (q @ kᵀ) * scale
     dq = ds @ c.k * c.scale                              # (..., n_q, d_k)
     dk = np.swapaxes(ds, -1, -2) @ c.q * c.scale         # (..., n_k, d_k)
     return dq, dk, dv
+
+
+# ----------------------------------------------------------------------------------------------------
+# forward and backward as a pair: the forward keeps what its backward needs (for training)
+
+
+@dataclass(frozen=True, eq=False)
+class Saved:
+    """What :func:`attention_forward` keeps for :func:`attention_backward`: the checked inputs, the output in
+    the compute dtype, and either the weights (naive path) or the log-sum-exp per query (tiled path)."""
+    c: Checked
+    inputs: tuple                # the caller's query, key, value: the gradients take their shapes and dtypes
+    out: np.ndarray              # (..., n_q, d_v)
+    a: np.ndarray | None         # (..., n_q, n_k) naive path
+    lse: np.ndarray | None       # (..., n_q) tiled path
+    plan: object = None          # the tiled backward's tiles (attnlab.tiled.Plan), tiled path only
+
+
+def attention_forward(query, key, value, *, mask=None, bias=None, is_causal=False, scale=None):
+    """:func:`attention`, and what its backward needs: returns ``(out, saved)``.
+
+    ``out`` is what :func:`attention` returns; ``attention_backward(saved, dout)`` then gives what
+    :func:`attention_grad` gives, without running the forward again. The same crossover picks the path.
+    """
+    if takes_tiled_path(query, key, bias=bias, return_weights=False):
+        from .tiled import BACKWARD_BLOCKS, make_plan, tiled_forward
+        c = check_attention_args(query, key, value, mask=mask, scale=scale)
+        plans = [make_plan(c, is_causal=is_causal, window=None, block_q=None, block_k=None, default=d)
+                 for d in (None, BACKWARD_BLOCKS)]
+        out, lse = tiled_forward(c, plans[0])            # (..., n_q, d_v), (..., n_q)
+        saved = Saved(c=c, inputs=(query, key, value), out=out, a=None, lse=lse, plan=plans[1])
+    else:
+        c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+        out, a = naive_attention(c)                      # (..., n_q, d_v), (..., n_q, n_k)
+        saved = Saved(c=c, inputs=(query, key, value), out=out, a=a, lse=None)
+    return out.astype(c.out_dtype, copy=False), saved
+
+
+def attention_backward(saved: Saved, dout) -> tuple:
+    """Backward of :func:`attention_forward`: ``(dq, dk, dv)``, as :func:`attention_grad` returns them."""
+    c = saved.c
+    do = check_dout(c, dout)                             # (..., n_q, d_v)
+    if saved.a is None:
+        from .tiled import tiled_backward
+        grads = tiled_backward(c, saved.plan, saved.out, saved.lse, do)
+    else:
+        grads = naive_attention_backward(c, saved.out, saved.a, do)
+    return grads_like(grads, saved.inputs)
 
 
 def check_dout(c: Checked, dout) -> np.ndarray:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._checks import as_float_array, as_positive_int, check_finite, check_rng
-from .attention import attention, attention_grad
+from .attention import Saved, attention, attention_backward, attention_forward
 from .cache import KVCache
 from .config import AttentionConfig
 from .positions import rope as rotate
@@ -152,26 +152,50 @@ def multihead_attention_grad(p: MultiHeadAttention, x, dy, *, mask=None, bias=No
     """Backward of :func:`multihead_attention` (no cache): returns ``(dx, grads)``.
 
     ``grads`` is a MultiHeadAttention holding dL/dW_Q, …, dL/db_O, so it can be used like the
-    parameters themselves (an optimizer walks both alike). The forward is recomputed here. ``bias`` is
-    treated as a constant (ALiBi's is fixed); ``rope`` must be what the forward used.
+    parameters themselves (an optimizer walks both alike). The forward is recomputed here, once. ``bias``
+    is treated as a constant (ALiBi's is fixed); ``rope`` must be what the forward used. To keep the
+    forward instead of recomputing it, use :func:`multihead_attention_forward` and
+    :func:`multihead_attention_backward`.
     """
+    _, saved = multihead_attention_forward(p, x, mask=mask, bias=bias, is_causal=is_causal, rope=rope)
+    return multihead_attention_backward(p, saved, dy)
+
+
+@dataclass(frozen=True, eq=False)
+class SavedLayer:
+    """What :func:`multihead_attention_forward` keeps for :func:`multihead_attention_backward`."""
+    x: np.ndarray            # (..., n, d_model) the layer's input
+    merged: np.ndarray       # (..., n, h·d_head) the heads side by side, before W_O
+    attn: Saved              # the attention's own saved forward
+    rope: bool
+
+
+def multihead_attention_forward(p: MultiHeadAttention, x, *, mask=None, bias=None, is_causal=False,
+                                rope=False):
+    """:func:`multihead_attention` without a cache, and what its backward needs: returns ``(y, saved)``."""
     x = _check_x(p, x)
+    q, k, v = _project(p, x, rope=rope)                    # (..., h, n, d_head) each
+    heads, attn = attention_forward(q, k, v, mask=mask, bias=bias, is_causal=is_causal)   # (..., h, n, d_head)
+    merged = merge_heads(heads)                            # (..., n, h·d_head)
+    y = merged @ p.W_O + p.b_O                             # (..., n, d_model)
+    return y, SavedLayer(x=x, merged=merged, attn=attn, rope=rope)
+
+
+def multihead_attention_backward(p: MultiHeadAttention, saved: SavedLayer, dy):
+    """Backward of :func:`multihead_attention_forward`: ``(dx, grads)`` as :func:`multihead_attention_grad`."""
+    x = saved.x                                            # (..., n, d_model)
     dy = as_float_array("dy", dy)
     if dy.shape != x.shape:
         raise ValueError(f"dy must have the shape of x {x.shape}, got {dy.shape}")
     d_model, width = p.W_Q.shape
-    q, k, v = _project(p, x, rope=rope)                    # (..., h, n, d_head) each
-    heads = attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal)   # (..., h, n, d_head)
-    merged = merge_heads(heads)                            # (..., n, h·d_head)
     # forward: y = merged @ W_O + b_O
     dy2 = dy.reshape(-1, d_model)                          # (N, d_model), N = all tokens
-    dW_O = merged.reshape(-1, width).T @ dy2               # (h·d_head, d_model)
+    dW_O = saved.merged.reshape(-1, width).T @ dy2         # (h·d_head, d_model)
     db_O = dy2.sum(0)                                      # (d_model,)
     d_merged = dy @ p.W_O.T                                # (..., n, h·d_head)
     # forward: heads = attention(q, k, v)
-    dq, dk, dv = attention_grad(q, k, v, split_heads(d_merged, p.n_heads), mask=mask, bias=bias,
-                                is_causal=is_causal)
-    if rope:
+    dq, dk, dv = attention_backward(saved.attn, split_heads(d_merged, p.n_heads))   # (..., h, n, d_head) each
+    if saved.rope:
         # forward: q = rope(q), k = rope(k); a rotation's transpose is the inverse rotation
         dq, dk = rotate(dq, inverse=True), rotate(dk, inverse=True)   # (..., h, n, d_head) each
     # forward: q = split_heads(x @ W_Q + b_Q), likewise k and v

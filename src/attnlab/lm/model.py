@@ -8,7 +8,8 @@
 RoPE and ALiBi add nothing to x: they act inside attention (rotated q and k; a bias on the scores).
 There is no MLP and no layer norm: the guide's attention and nothing else, so what the model learns
 beyond the bigram floor it learns by looking back. The backward pass is written by hand, each line
-naming the forward line it undoes, and uses :func:`attnlab.multihead_attention_grad`.
+naming the forward line it undoes; each layer's backward reuses what its forward kept
+(:func:`attnlab.multihead.multihead_attention_forward` and ``multihead_attention_backward``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import numpy as np
 from .._checks import as_float_array, as_positive_int, as_token_ids, check_rng
 from ..cache import KVCache
 from ..config import AttentionConfig
-from ..multihead import MultiHeadAttention, multihead_attention, multihead_attention_grad
+from ..multihead import (MultiHeadAttention, multihead_attention, multihead_attention_backward,
+                         multihead_attention_forward)
 from ..positions import alibi_bias, alibi_slopes, check_scheme, learned_positions, sinusoidal_positions
 from ..sampling import check_temperature, sample_next
 
@@ -211,20 +213,23 @@ def loss_and_grad(model: AttentionLM, ids, targets) -> tuple[float, AttentionLM]
         raise ValueError(f"targets must have the shape of ids {ids.shape}, got {targets.shape}")
     n = ids.shape[-1]
     opts = attention_options(model, n, n)
-    xs = [embed(model, ids)]                                             # (..., n, d_model) residual stream
+    x = embed(model, ids)                                                # (..., n, d_model) residual stream
+    saved = []                                                           # each layer's forward, for its backward
     for layer in model.layers:
-        xs.append(xs[-1] + multihead_attention(layer, xs[-1], **opts))   # (..., n, d_model)
-    value, dlogits = cross_entropy(xs[-1] @ model.W_U + model.b_U, targets)   # (..., n, vocab)
+        y, s = multihead_attention_forward(layer, x, **opts)             # (..., n, d_model)
+        x = x + y                                                        # (..., n, d_model)
+        saved.append(s)
+    value, dlogits = cross_entropy(x @ model.W_U + model.b_U, targets)   # (..., n, vocab)
     # forward: logits = x_L @ W_U + b_U
     V, d = c.vocab_size, c.d_model
-    dW_U = xs[-1].reshape(-1, d).T @ dlogits.reshape(-1, V)              # (d_model, vocab)
+    dW_U = x.reshape(-1, d).T @ dlogits.reshape(-1, V)                   # (d_model, vocab)
     db_U = dlogits.reshape(-1, V).sum(0)                                 # (vocab,)
     dx = dlogits @ model.W_U.T                                           # (..., n, d_model)
     grads = []
-    for layer, x in zip(reversed(model.layers), reversed(xs[:-1])):
+    for layer, s in zip(reversed(model.layers), reversed(saved)):
         # forward: x_out = x + multihead_attention(layer, x): the residual passes dx straight through
-        dx_attn, g = multihead_attention_grad(layer, x, dx, **opts)      # (..., n, d_model), layer grads
-        dx = dx + dx_attn                                                # (..., n, d_model)
+        dx_attn, g = multihead_attention_backward(layer, s, dx)          # (..., n, d_model), layer grads
+        dx += dx_attn                                                    # (..., n, d_model)
         grads.append(g)
     # forward: x_0 = W_E[ids] + W_P[0 … n−1]
     dW_E = np.zeros_like(model.W_E)                                      # (vocab, d_model)
