@@ -132,8 +132,10 @@ def naive_attention(c: Checked) -> tuple[np.ndarray, np.ndarray]:
     s *= c.scale                                         # (..., n_q, n_k) S = QKᵀ/√d_k
     if c.bias is not None:
         s = s + c.bias                                   # (..., n_q, n_k)
-    if c.keep is not None:
-        s = np.where(c.keep, s, -np.inf)                 # (..., n_q, n_k) S + M
+    if c.keep is not None and s.shape == np.broadcast_shapes(s.shape, c.keep.shape):
+        np.copyto(s, -np.inf, where=~c.keep)             # (..., n_q, n_k) S + M, in place
+    elif c.keep is not None:
+        s = np.where(c.keep, s, -np.inf)                 # (..., n_q, n_k) S + M, a mask with more batch axes
     a = softmax(s)                                       # (..., n_q, n_k) A, rows with no key are 0
     return a @ c.v, a                                    # (..., n_q, d_v), (..., n_q, n_k)
 

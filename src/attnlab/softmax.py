@@ -32,7 +32,8 @@ def softmax(x, axis: int = -1) -> np.ndarray:
     z = x.astype(np.result_type(x, np.float32), copy=False)   # (...) at least float32
     m = np.max(z, axis=axis, keepdims=True) if z.size else z  # (..., 1, ...) row maxima
     m = np.where(np.isneginf(m), 0, m)                       # all -inf rows: subtract 0, exp gives 0s
-    e = np.exp(z - m)                                        # (...) in (0, 1], 0 where x was -inf
+    e = z - m                                                # (...) a new array: the steps below work in it
+    np.exp(e, out=e)                                         # (...) in (0, 1], 0 where x was -inf
     total = e.sum(axis=axis, keepdims=True)                  # (..., 1, ...) >= 1 unless the row was empty
-    out = e / np.where(total == 0, 1, total)                 # (...) empty rows stay 0
-    return out.astype(x.dtype, copy=False)
+    e /= np.where(total == 0, 1, total)                      # (...) empty rows stay 0
+    return e.astype(x.dtype, copy=False)
