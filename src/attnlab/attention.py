@@ -217,10 +217,10 @@ def attention_forward(query, key, value, *, mask=None, bias=None, is_causal=Fals
     if takes_tiled_path(query, key, bias=bias, return_weights=False):
         from .tiled import BACKWARD_BLOCKS, make_plan, tiled_forward
         c = check_attention_args(query, key, value, mask=mask, scale=scale)
-        plans = [make_plan(c, is_causal=is_causal, window=None, block_q=None, block_k=None, default=d)
-                 for d in (None, BACKWARD_BLOCKS)]
-        out, lse = tiled_forward(c, plans[0])            # (..., n_q, d_v), (..., n_q)
-        saved = Saved(c=c, inputs=(query, key, value), out=out, a=None, lse=lse, plan=plans[1])
+        plan = make_plan(c, is_causal=is_causal, window=None, block_q=None, block_k=None)
+        back = make_plan(c, is_causal=is_causal, window=None, block_q=None, block_k=None, default=BACKWARD_BLOCKS)
+        out, lse = tiled_forward(c, plan)                # (..., n_q, d_v), (..., n_q)
+        saved = Saved(c=c, inputs=(query, key, value), out=out, a=None, lse=lse, plan=back)
     else:
         c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
         out, a = naive_attention(c)                      # (..., n_q, d_v), (..., n_q, n_k)
