@@ -372,3 +372,12 @@ def test_plan_tiles_cover_every_visible_score_exactly_once(monkeypatch, diagonal
     # the strips skip what the unsplit diagonal tiles would have computed above the diagonal
     unsplit = sum(plan.n_scores(i0, i1) for i0, i1 in plan.query_blocks())
     assert count.sum() < unsplit if diagonal_rows < 8 else count.sum() == unsplit
+
+
+def test_is_causal_must_be_a_bool_on_the_tiled_path_too():
+    from attnlab import attention
+    from attnlab.tiled import tiled_attention
+    x = np.zeros((256, 8), np.float32)                 # above the crossover: attention() goes tiled
+    for f in (attention, tiled_attention):
+        with pytest.raises(TypeError, match="is_causal must be True or False, got str 'yes'"):
+            f(x, x, x, is_causal="yes")

@@ -41,6 +41,13 @@ def check_finite(name: str, arr: np.ndarray) -> None:
             f"({int(bad.sum())} non-finite values); pass check_finite=False to let them propagate")
 
 
+def check_flag(name: str, v) -> bool:
+    """A True/False option; 1, "yes" or None are refused rather than read as truthy."""
+    if not isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {type(v).__name__} {v!r}")
+    return bool(v)
+
+
 def as_bool_array(name: str, x) -> np.ndarray:
     arr = np.asarray(x)
     if arr.dtype != np.bool_:

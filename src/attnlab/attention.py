@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_bool_array, as_float_array, as_positive_float, broadcast_to, check_finite, compute_dtype
+from ._checks import (as_bool_array, as_float_array, as_positive_float, broadcast_to, check_finite, check_flag,
+                      compute_dtype)
 from .masks import causal_mask
 from .softmax import softmax
 
@@ -32,8 +33,7 @@ class Checked:
 def check_attention_args(query, key, value, *, mask=None, bias=None, is_causal=False, scale=None,
                          require_finite: bool = True) -> Checked:
     """Validate the arguments that every attention path shares; raise with names and shapes."""
-    if not isinstance(is_causal, (bool, np.bool_)):
-        raise TypeError(f"is_causal must be True or False, got {type(is_causal).__name__} {is_causal!r}")
+    check_flag("is_causal", is_causal)
     query = as_float_array("query", query, min_ndim=2)
     key = as_float_array("key", key, min_ndim=2)
     value = as_float_array("value", value, min_ndim=2)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_float_array, as_positive_int
+from ._checks import as_float_array, as_positive_int, check_flag
 from .attention import Checked, check_attention_args, check_dout, grads_like
 
 # Tiles of 512 × 512: OpenBLAS (SkylakeX kernel, one thread) runs q·kᵀ (512×64 by 64×512) and p·v
@@ -246,7 +246,8 @@ def make_plan(c: Checked, *, is_causal, window, block_q, block_k, default=None) 
     n_q, n_k = c.q.shape[-2], c.k.shape[-2]
     default = (BLOCK_Q, BLOCK_K) if default is None else default
     return Plan(n_q=n_q, n_k=n_k, block_q=default[0] if block_q is None else block_q,
-                block_k=default[1] if block_k is None else block_k, is_causal=bool(is_causal), window=window)
+                block_k=default[1] if block_k is None else block_k, is_causal=check_flag("is_causal", is_causal),
+                window=window)
 
 
 def tiled_forward(c: Checked, plan: Plan, *, workers=None) -> tuple[np.ndarray, np.ndarray]:
