@@ -158,18 +158,32 @@ def decode_attention(c: Checked) -> np.ndarray:
 
 
 def attention_grad(query, key, value, dout, *, mask=None, bias=None, is_causal=False, scale=None):
-    """Backward of :func:`attention`: the gradients ``(dq, dk, dv)`` of a loss whose gradient with respect
-    to the output is ``dout`` (..., n_q, d_v). Each has the shape and dtype of its input; leading axes that
-    were broadcast in the forward pass are summed back.
+    """Backward of :func:`attention`: the gradients ``(dq, dk, dv)`` of a loss L.
 
-    Above the crossover size this runs FlashAttention-2's tiled backward (:mod:`attnlab.tiled`);
-    below it, the naive reference that rebuilds the (n_q, n_k) grid of weights.
+    The forward is run once (:func:`attention_forward`), then its backward (:func:`attention_backward`).
+    Above the crossover size that is FlashAttention-2's tiled backward (:mod:`attnlab.tiled`; Dao, 2023);
+    below it, the naive reference that holds the (n_q, n_k) grid of weights.
+
+    Parameters
+    ----------
+    query, key, value, mask, bias, is_causal, scale
+        As in :func:`attention`. ``bias`` is treated as a constant: no gradient flows into it.
+    dout : float array (..., n_q, d_v)
+        dL/d(out), the shape of :func:`attention`'s output.
+
+    Returns
+    -------
+    dq, dk, dv : arrays
+        dL/dquery, dL/dkey, dL/dvalue, each in the shape and dtype of its input; leading axes that were
+        broadcast in the forward pass are summed back.
+
+    Raises
+    ------
+    ValueError, TypeError
+        As :func:`attention` does, and when ``dout`` does not have the output's shape.
     """
-    if takes_tiled_path(query, key, bias=bias, return_weights=False):
-        from .tiled import tiled_attention_grad
-        return tiled_attention_grad(query, key, value, dout, mask=mask, is_causal=is_causal, scale=scale)
-    c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
-    return grads_like(naive_attention_grad(c, check_dout(c, dout)), (query, key, value))
+    _, saved = attention_forward(query, key, value, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+    return attention_backward(saved, dout)
 
 
 def naive_attention_grad(c: Checked, do: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -215,11 +229,9 @@ def attention_forward(query, key, value, *, mask=None, bias=None, is_causal=Fals
     :func:`attention_grad` gives, without running the forward again. The same crossover picks the path.
     """
     if takes_tiled_path(query, key, bias=bias, return_weights=False):
-        from .tiled import BACKWARD_BLOCKS, make_plan, tiled_forward
+        from .tiled import forward_for_backward
         c = check_attention_args(query, key, value, mask=mask, scale=scale)
-        plan = make_plan(c, is_causal=is_causal, window=None, block_q=None, block_k=None)
-        back = make_plan(c, is_causal=is_causal, window=None, block_q=None, block_k=None, default=BACKWARD_BLOCKS)
-        out, lse = tiled_forward(c, plan)                # (..., n_q, d_v), (..., n_q)
+        out, lse, back = forward_for_backward(c, is_causal=is_causal)   # (..., n_q, d_v), (..., n_q)
         saved = Saved(c=c, inputs=(query, key, value), out=out, a=None, lse=lse, plan=back)
     else:
         c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, scale=scale)

@@ -414,13 +414,24 @@ def tiled_attention_grad(query, key, value, dout, *, mask=None, is_causal=False,
     Arguments as in :func:`tiled_attention`.
     """
     c = check_attention_args(query, key, value, mask=mask, scale=scale)
+    do = check_dout(c, dout)                                    # (..., n_q, d_v)
+    out, lse, back = forward_for_backward(c, is_causal=is_causal, window=window, block_q=block_q,
+                                          block_k=block_k, workers=workers)   # (..., n_q, d_v), (..., n_q)
+    dq, dk, dv = tiled_backward(c, back, out, lse, do, workers=workers)
+    return grads_like((dq, dk, dv), (query, key, value))
+
+
+def forward_for_backward(c: Checked, *, is_causal, window=None, block_q=None, block_k=None, workers=None):
+    """The forward of a training step: ``(out, lse, back)``, what :func:`tiled_backward` needs.
+
+    ``out`` (..., n_q, d_v) and ``lse`` (..., n_q) in the compute dtype, and ``back``, the backward's
+    plan: the same grid and mask, in its own default tiles (``BACKWARD_BLOCKS``) where none was given.
+    """
     plan = make_plan(c, is_causal=is_causal, window=window, block_q=block_q, block_k=block_k)
     back = make_plan(c, is_causal=is_causal, window=window, block_q=block_q, block_k=block_k,
                      default=BACKWARD_BLOCKS)
-    do = check_dout(c, dout)
     out, lse = tiled_forward(c, plan, workers=workers)          # (..., n_q, d_v), (..., n_q)
-    dq, dk, dv = tiled_backward(c, back, out, lse, do, workers=workers)
-    return grads_like((dq, dk, dv), (query, key, value))
+    return out, lse, back
 
 
 def tiled_backward(c: Checked, plan: Plan, out, lse, do, *, workers=None):
