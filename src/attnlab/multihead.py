@@ -118,14 +118,38 @@ class MultiHeadAttention:
 
 def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_causal=False, rope=False,
                         return_weights=False, cache: KVCache | None = None):
-    """x (..., n, d_model) -> (..., n, d_model); with ``return_weights`` also (..., n_heads, n, n_k).
+    """Multi-head attention (Vaswani et al., 2017, §3.2.2):
+    ``y = concat_i(attention(x W_Qᵢ + b_Qᵢ, x W_Kᵢ + b_Kᵢ, x W_Vᵢ + b_Vᵢ)) W_O + b_O``.
 
-    ``mask`` is bool, True = may attend, broadcasting to (..., n_heads, n, n_k); ``bias`` is added to the
-    scaled scores and broadcasts the same way (ALiBi: :func:`attnlab.positions.alibi_bias`). ``rope=True``
-    rotates every head's q and k at their absolute positions (:func:`attnlab.positions.rope`). With a
-    ``cache``, the new tokens sit after the ``cache.length`` cached ones: they are rotated at those
-    positions, their keys and values are appended, and the n queries attend to all n_k cached tokens
-    (bottom-right causal alignment: the queries are the last n positions).
+    Parameters
+    ----------
+    p : MultiHeadAttention
+        The layer's weights.
+    x : float array (..., n, d_model)
+    mask : bool array broadcasting to (..., n_heads, n, n_k), optional
+        True = may attend.
+    bias : float array broadcasting to (..., n_heads, n, n_k), optional
+        Added to the scaled scores (ALiBi: :func:`attnlab.positions.alibi_bias`).
+    is_causal : bool
+    rope : bool
+        Rotate every head's q and k at their absolute positions (:func:`attnlab.positions.rope`).
+    return_weights : bool
+        Also return the weights (..., n_heads, n, n_k).
+    cache : KVCache, optional
+        The new tokens sit after the ``cache.length`` cached ones: they are rotated at those positions,
+        their keys and values are appended, and the n queries attend to all n_k cached tokens
+        (bottom-right causal alignment: the queries are the last n positions). A step that raises
+        leaves the cache as it was.
+
+    Returns
+    -------
+    y : (..., n, d_model)
+    weights : (..., n_heads, n, n_k), only with ``return_weights=True``
+
+    Raises
+    ------
+    ValueError, TypeError
+        When ``x`` is not (..., n, d_model), and as :func:`attnlab.attention` or :meth:`KVCache.append` do.
     """
     x = _check_x(p, x)
     start = 0 if cache is None else cache.length
@@ -133,17 +157,16 @@ def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_ca
     if cache is None:
         out = attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal, return_weights=return_weights)
     else:
-        before = cache.length
         k, v = cache.append(k, v)                    # (..., h, n_k, d_head) each: every token so far
         try:
             check_finite("query", q)                 # the cached keys and values were checked on append
             out = attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal, return_weights=return_weights,
                             check_finite=False)
         except Exception:
-            cache.length = before                    # a failed step leaves the cache as it was
+            cache.length = start                     # a failed step leaves the cache as it was
             raise
-    heads, a = out if return_weights else (out, None)   # (..., h, n, d_head), (..., h, n, n)
-    y = merge_heads(heads) @ p.W_O + p.b_O           # (..., n, d_model)
+    heads, a = out if return_weights else (out, None)   # (..., h, n, d_head), (..., h, n, n_k)
+    _, y = _output(p, heads)                         # (..., n, d_model)
     return (y, a) if return_weights else y
 
 
@@ -172,17 +195,52 @@ class SavedLayer:
 
 def multihead_attention_forward(p: MultiHeadAttention, x, *, mask=None, bias=None, is_causal=False,
                                 rope=False):
-    """:func:`multihead_attention` without a cache, and what its backward needs: returns ``(y, saved)``."""
+    """:func:`multihead_attention` without a cache, and what its backward needs.
+
+    Parameters
+    ----------
+    p, x, mask, bias, is_causal, rope
+        As in :func:`multihead_attention`.
+
+    Returns
+    -------
+    y : (..., n, d_model)
+        What :func:`multihead_attention` returns.
+    saved : SavedLayer
+        For :func:`multihead_attention_backward`: the input, the merged heads, the attention's own
+        saved forward (its weights below the crossover, one log-sum-exp per query above it).
+    """
     x = _check_x(p, x)
     q, k, v = _project(p, x, rope=rope)                    # (..., h, n, d_head) each
     heads, attn = attention_forward(q, k, v, mask=mask, bias=bias, is_causal=is_causal)   # (..., h, n, d_head)
-    merged = merge_heads(heads)                            # (..., n, h·d_head)
-    y = merged @ p.W_O + p.b_O                             # (..., n, d_model)
+    merged, y = _output(p, heads)                          # (..., n, h·d_head), (..., n, d_model)
     return y, SavedLayer(x=x, merged=merged, attn=attn, rope=rope)
 
 
 def multihead_attention_backward(p: MultiHeadAttention, saved: SavedLayer, dy):
-    """Backward of :func:`multihead_attention_forward`: ``(dx, grads)`` as :func:`multihead_attention_grad`."""
+    """Backward of :func:`multihead_attention_forward`: ``(dx, grads)`` as :func:`multihead_attention_grad`.
+
+    Parameters
+    ----------
+    p : MultiHeadAttention
+        The weights the forward ran with.
+    saved : SavedLayer
+        What :func:`multihead_attention_forward` returned.
+    dy : float array (..., n, d_model)
+        dL/dy.
+
+    Returns
+    -------
+    dx : (..., n, d_model)
+        dL/dx.
+    grads : MultiHeadAttention
+        dL/dW_Q, …, dL/db_O in the layout of the parameters.
+
+    Raises
+    ------
+    ValueError
+        When ``dy`` does not have the shape of ``x``.
+    """
     x = saved.x                                            # (..., n, d_model)
     dy = as_float_array("dy", dy)
     if dy.shape != x.shape:
@@ -207,6 +265,12 @@ def multihead_attention_backward(p: MultiHeadAttention, saved: SavedLayer, dy):
         grads[f"b_{name}"] = d_lin.reshape(-1, width).sum(0)   # (h·d_head,)
         dx += d_lin @ getattr(p, f"W_{name}").T            # (..., n, d_model)
     return dx, MultiHeadAttention(**grads, W_O=dW_O, b_O=db_O, n_heads=p.n_heads)
+
+
+def _output(p: MultiHeadAttention, heads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The heads (..., h, n, d_head) side by side, and the layer's output ``merged W_O + b_O``."""
+    merged = merge_heads(heads)                      # (..., n, h·d_head)
+    return merged, merged @ p.W_O + p.b_O            # (..., n, h·d_head), (..., n, d_model)
 
 
 def _project(p: MultiHeadAttention, x: np.ndarray, *, rope: bool, start: int = 0):
