@@ -97,6 +97,13 @@ def attention(query, key, value, *, mask=None, bias=None, is_causal=False, scale
     out : (..., n_q, d_v), in the inputs' dtype (float16 is computed in float32)
     weights : (..., n_q, n_k), only with ``return_weights=True``
 
+    Raises
+    ------
+    TypeError
+        When an input is not a float array (integer input is refused) or ``is_causal`` is not a bool.
+    ValueError
+        When the shapes do not line up (named, with both shapes), or an input holds NaN/inf.
+
     A query with no key left to attend to gets output 0 and weights 0: no NaN, no warning.
 
     From ``TILED_MIN_QUERIES`` queries and ``TILED_MIN_SCORES`` scores per head (without ``bias`` or
@@ -223,10 +230,28 @@ class Saved:
 
 
 def attention_forward(query, key, value, *, mask=None, bias=None, is_causal=False, scale=None):
-    """:func:`attention`, and what its backward needs: returns ``(out, saved)``.
+    """:func:`attention`, and what its backward needs (for training).
 
-    ``out`` is what :func:`attention` returns; ``attention_backward(saved, dout)`` then gives what
-    :func:`attention_grad` gives, without running the forward again. The same crossover picks the path.
+    The same crossover as :func:`attention` picks the path: below it the naive grid, whose weights are
+    kept; above it the tiled kernel, which keeps one log-sum-exp per query (FlashAttention-2, Dao 2023).
+
+    Parameters
+    ----------
+    query, key, value, mask, bias, is_causal, scale
+        As in :func:`attention`.
+
+    Returns
+    -------
+    out : (..., n_q, d_v)
+        What :func:`attention` returns.
+    saved : Saved
+        For :func:`attention_backward`, which then gives what :func:`attention_grad` gives without running
+        the forward again.
+
+    Raises
+    ------
+    ValueError, TypeError
+        As :func:`attention` does.
     """
     if takes_tiled_path(query, key, bias=bias, return_weights=False):
         from .tiled import forward_for_backward
@@ -241,7 +266,25 @@ def attention_forward(query, key, value, *, mask=None, bias=None, is_causal=Fals
 
 
 def attention_backward(saved: Saved, dout) -> tuple:
-    """Backward of :func:`attention_forward`: ``(dq, dk, dv)``, as :func:`attention_grad` returns them."""
+    """Backward of :func:`attention_forward`: ``(dq, dk, dv)``, as :func:`attention_grad` returns them.
+
+    Parameters
+    ----------
+    saved : Saved
+        What :func:`attention_forward` returned.
+    dout : float array (..., n_q, d_v)
+        dL/d(out).
+
+    Returns
+    -------
+    dq, dk, dv : arrays
+        Each in the shape and dtype of its input; broadcast leading axes are summed back.
+
+    Raises
+    ------
+    ValueError
+        When ``dout`` does not have the output's shape.
+    """
     c = saved.c
     do = check_dout(c, dout)                             # (..., n_q, d_v)
     if saved.a is None:
@@ -271,7 +314,7 @@ def grads_like(grads, inputs) -> tuple:
 # ----------------------------------------------------------------------------------------------------
 # dispatch: the naive reference below the crossover, the tiled kernel above it
 
-# attention() and attention_grad() take the tiled path when each head has at least this many queries and
+# attention(), attention_forward() and attention_grad() take the tiled path when each head has at least this many queries and
 # scores. Below, the naive grid is small and one batched numpy call per step beats the tiled loop's
 # per-tile overhead. Measured on 2 cores, 12 heads, d_head 64, float32 (tiled time / naive time, min of 15):
 # n = 128: 1.0-1.6; n = 160: 0.84-2.0; n = 192: 0.67-0.78; n = 256: 0.6-0.7; n = 512: 0.5.

@@ -169,7 +169,8 @@ class Scratch:
         self.l = np.empty(bq, dtype)                    # running sum
         self.pv = np.empty((bq, d_v), dtype)            # one tile's p v
         self.kT = np.empty((d_k, plan.n_k), dtype)      # the current head's keys, transposed: q @ kT is
-        self.head = None                                # ~15% faster in OpenBLAS than q @ k.T
+                                                        # ~15% faster in OpenBLAS than q @ k.T
+        self.head = None                                # which (batch, head) kT holds
         self.key_norm = np.inf                          # the current head's largest ‖k_j‖
         if backward:
             self.dp = np.empty(bq * bk, dtype)          # dL/da, then dL/ds, of one tile
@@ -411,7 +412,9 @@ def tiled_attention_grad(query, key, value, dout, *, mask=None, is_causal=False,
 
     The forward is run once for ``out`` and ``lse``; each tile's weights are then rebuilt as
     ``exp(s - lse)``. Each gradient has the shape and dtype of its input; broadcast axes are summed back.
-    Arguments as in :func:`tiled_attention`.
+    Arguments as in :func:`tiled_attention`, except that ``block_q``, ``block_k`` left None take
+    ``BLOCK_Q``, ``BLOCK_K`` in the forward and ``BACKWARD_BLOCKS`` (128, 2048) in the backward; given,
+    both passes use them.
     """
     c = check_attention_args(query, key, value, mask=mask, scale=scale)
     do = check_dout(c, dout)                                    # (..., n_q, d_v)
