@@ -65,3 +65,9 @@ def test_bench_bad_flag_is_one_line_exit_2(capsys):
     assert main(["bench", "--sizes", "3"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("attnlab: error:") and "--sizes" in err and err.count("\n") == 1
+
+
+def test_n_steps_counts_the_steps_run_bench_announces(tiny):
+    steps = []
+    bench.run_bench(quick=True, progress=steps.append)
+    assert bench.n_steps(quick=True) == len(steps) == 2 + 2 + 1 + 1   # GEMM twice, 64 causal/full, decode, backward

@@ -188,6 +188,13 @@ def naive_backward(q, k, v, do):
     return naive_attention_grad(c, check_dout(c, do))
 
 
+def n_steps(*, quick: bool = False) -> int:
+    """How many steps :func:`run_bench` announces to ``progress``: the GEMM rate twice, then each row."""
+    n_forward = 2 * len(QUICK_SIZES if quick else SIZES)                  # causal and full at each size
+    n_backward = len(QUICK_BACKWARD_SIZES if quick else BACKWARD_SIZES)
+    return 2 + n_forward + len(DECODE_CONTEXTS) + n_backward
+
+
 def run_bench(*, quick: bool = False, progress=None) -> dict:
     """The whole benchmark as plain data. ``progress(str)`` is called before each step (the CLI's bar)."""
     say = progress or (lambda step: None)

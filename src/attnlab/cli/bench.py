@@ -25,9 +25,7 @@ def cmd_bench(args) -> int:
             result = bench.run_scale(bench.SCALE_N)
         print_json(result) if args.json else print_scale(result)
         return 0
-    n_steps = (1 + 2 * len(bench.QUICK_SIZES if args.quick else bench.SIZES) + len(bench.DECODE_CONTEXTS)
-               + len(bench.QUICK_BACKWARD_SIZES if args.quick else bench.BACKWARD_SIZES))
-    with progress_bar(n_steps) as step:
+    with progress_bar(bench.n_steps(quick=args.quick)) as step:
         result = bench.run_bench(quick=args.quick, progress=step)
     print_json(result) if args.json else print_table(result)
     return 0
@@ -35,7 +33,8 @@ def cmd_bench(args) -> int:
 
 @contextlib.contextmanager
 def progress_bar(total: int):
-    """A rich progress bar on stderr, advanced by calling the yielded function with the step's name."""
+    """A rich progress bar on stderr for ``total`` steps: calling the yielded function with a step's name
+    starts that step (and completes the one before); leaving the block completes the last."""
     try:
         import rich  # noqa: F401
     except ImportError:
@@ -52,6 +51,8 @@ def progress_bar(total: int):
             bar.update(task, description=name)
 
         yield step
+        if started[0]:
+            bar.advance(task)
 
 
 def fmt(x, spec: str = ".1f") -> str:
