@@ -205,7 +205,29 @@ def loss(model: AttentionLM, ids, targets) -> float:
 
 
 def loss_and_grad(model: AttentionLM, ids, targets) -> tuple[float, AttentionLM]:
-    """The loss and dL/d every parameter, as a AttentionLM of gradients (W_P None unless learned)."""
+    """The cross-entropy loss of ``targets`` given ``ids``, and its gradient with respect to every parameter.
+
+    One forward pass keeps each layer's saved forward (:func:`attnlab.multihead.multihead_attention_forward`); the
+    backward then walks the layers in reverse, the residual passing dx straight through.
+
+    Parameters
+    ----------
+    model : AttentionLM
+    ids, targets : int arrays (..., n)
+        Token ids and the token expected at each position (usually ids shifted by one).
+
+    Returns
+    -------
+    loss : float
+        Mean −log p(target) over every position, in nats per token (as :func:`loss`).
+    grads : AttentionLM
+        dL/dW_E, dL/dW_P (None unless positions are learned), each layer's gradients, dL/dW_U, dL/db_U.
+
+    Raises
+    ------
+    ValueError, TypeError
+        When ids or targets are not token ids of the vocabulary, or their shapes differ.
+    """
     c = model.config
     ids = as_token_ids("ids", ids, c.vocab_size)
     targets = as_token_ids("targets", targets, c.vocab_size)
