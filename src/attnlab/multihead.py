@@ -174,11 +174,26 @@ def multihead_attention_grad(p: MultiHeadAttention, x, dy, *, mask=None, bias=No
                              rope=False):
     """Backward of :func:`multihead_attention` (no cache): returns ``(dx, grads)``.
 
-    ``grads`` is a MultiHeadAttention holding dL/dW_Q, …, dL/db_O, so it can be used like the
-    parameters themselves (an optimizer walks both alike). The forward is recomputed here, once. ``bias``
-    is treated as a constant (ALiBi's is fixed); ``rope`` must be what the forward used. To keep the
-    forward instead of recomputing it, use :func:`multihead_attention_forward` and
-    :func:`multihead_attention_backward`.
+    The forward is recomputed here, once. To keep the forward instead of recomputing it, use
+    :func:`multihead_attention_forward` and :func:`multihead_attention_backward`.
+
+    Parameters
+    ----------
+    p, x, mask, bias, is_causal, rope
+        As given to :func:`multihead_attention`. ``bias`` is treated as a constant (ALiBi's is fixed).
+    dy : float array (..., n, d_model)
+        dL/dy.
+
+    Returns
+    -------
+    dx, grads
+        As :func:`multihead_attention_backward`: dL/dx (..., n, d_model), and dL/dW_Q, …, dL/db_O as a
+        MultiHeadAttention, so it can be used like the parameters themselves (an optimizer walks both alike).
+
+    Raises
+    ------
+    ValueError, TypeError
+        As :func:`multihead_attention` does, and when ``dy`` does not have the shape of ``x``.
     """
     _, saved = multihead_attention_forward(p, x, mask=mask, bias=bias, is_causal=is_causal, rope=rope)
     return multihead_attention_backward(p, saved, dy)

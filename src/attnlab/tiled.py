@@ -226,6 +226,12 @@ def tiled_attention(query, key, value, *, mask=None, is_causal=False, window=Non
     out : (..., n_q, d_v) in the inputs' dtype (float16 is computed in float32)
     lse : (..., n_q) in the compute dtype, only with ``return_lse=True``
 
+    Raises
+    ------
+    ValueError, TypeError
+        As :func:`attnlab.attention` does; also for a block size or ``workers`` that is not a positive
+        int, and a ``window`` without ``is_causal``.
+
     Examples
     --------
     >>> rng = np.random.default_rng(0)
@@ -360,6 +366,13 @@ def attention_weights_rows(query, key, lse, rows, *, mask=None, is_causal=False,
     -------
     (..., len(rows), n_k) weights in the inputs' dtype; each row sums to 1, or is 0 for a query that saw
     no key.
+
+    Raises
+    ------
+    TypeError
+        When ``rows`` is not an int or a non-empty sequence of ints, and as :func:`tiled_attention` does.
+    ValueError
+        When a row is out of range or ``lse`` is not one number per query, and as :func:`tiled_attention`.
 
     Examples
     --------
