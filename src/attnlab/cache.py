@@ -28,7 +28,22 @@ class KVCache:
     @classmethod
     def empty(cls, n_heads: int, capacity: int, d_head: int, *, batch_shape: tuple = (),
               dtype=np.float32) -> "KVCache":
-        """A cache with room for ``capacity`` tokens, allocated once."""
+        """A cache with room for ``capacity`` tokens, allocated once.
+
+        Parameters
+        ----------
+        n_heads, capacity, d_head : int
+            The buffers are (*batch_shape, n_heads, capacity, d_head).
+        batch_shape : tuple of int
+            Leading axes, as those of the keys and values that will be appended.
+        dtype : float16, float32 or float64
+            What the buffers hold; ``append`` refuses any other dtype.
+
+        Raises
+        ------
+        ValueError, TypeError
+            For a size that is not a positive int, or another dtype.
+        """
         n_heads, capacity, d_head = (as_positive_int(name, v) for name, v in
                                      (("n_heads", n_heads), ("capacity", capacity), ("d_head", d_head)))
         if np.dtype(dtype) not in (np.float16, np.float32, np.float64):
