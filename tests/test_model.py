@@ -166,3 +166,11 @@ def test_loss_and_gradient_match_torch_autograd(rng, scheme):
     assert value == pytest.approx(ref.item(), rel=1e-12)
     for name, g in grads.params().items():
         np.testing.assert_allclose(g, params[name].grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+def test_loss_and_its_gradient_refuse_targets_of_another_shape(rng):
+    model = tiny("learned", rng)
+    ids = np.array([[0, 1, 2]])
+    for f in (loss, loss_and_grad):
+        with pytest.raises(ValueError, match=r"targets must have the shape of ids \(1, 3\), got \(1, 2\)"):
+            f(model, ids, np.array([[1, 2]]))

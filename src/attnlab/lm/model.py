@@ -200,8 +200,16 @@ def cross_entropy(logits: np.ndarray, targets: np.ndarray) -> tuple[float, np.nd
 
 def loss(model: AttentionLM, ids, targets) -> float:
     """Cross-entropy of ``targets`` (..., n) given ``ids`` (..., n), in nats per token."""
-    targets = as_token_ids("targets", targets, model.config.vocab_size)
-    return cross_entropy(forward(model, ids), targets)[0]
+    logits = forward(model, ids)                                         # (..., n, vocab)
+    return cross_entropy(logits, check_targets(targets, logits.shape[:-1], model.config.vocab_size))[0]
+
+
+def check_targets(targets, shape: tuple, vocab_size: int) -> np.ndarray:
+    """``targets`` as token ids of the vocabulary, with the shape of the ids they follow."""
+    targets = as_token_ids("targets", targets, vocab_size)
+    if targets.shape != shape:
+        raise ValueError(f"targets must have the shape of ids {shape}, got {targets.shape}")
+    return targets
 
 
 def loss_and_grad(model: AttentionLM, ids, targets) -> tuple[float, AttentionLM]:
@@ -230,9 +238,7 @@ def loss_and_grad(model: AttentionLM, ids, targets) -> tuple[float, AttentionLM]
     """
     c = model.config
     ids = as_token_ids("ids", ids, c.vocab_size)
-    targets = as_token_ids("targets", targets, c.vocab_size)
-    if targets.shape != ids.shape:
-        raise ValueError(f"targets must have the shape of ids {ids.shape}, got {targets.shape}")
+    targets = check_targets(targets, ids.shape, c.vocab_size)
     n = ids.shape[-1]
     opts = attention_options(model, n, n)
     x = embed(model, ids)                                                # (..., n, d_model) residual stream
