@@ -381,3 +381,68 @@ def test_is_causal_must_be_a_bool_on_the_tiled_path_too():
     for f in (attention, tiled_attention):
         with pytest.raises(TypeError, match="is_causal must be True or False, got str 'yes'"):
             f(x, x, x, is_causal="yes")
+
+
+# ----------------------------------------------------------------------------------------------------
+# q_offset: query 0 sits at key index q_offset; against a dense mask built by hand
+
+
+def offset_keep(n_q, n_k, q_offset, window=None):
+    """keep[i, j] = j <= i + q_offset and j > i + q_offset - window, cell by cell."""
+    keep = np.zeros((n_q, n_k), bool)
+    for i in range(n_q):
+        for j in range(n_k):
+            keep[i, j] = j <= i + q_offset and (window is None or j > i + q_offset - window)
+    return keep
+
+
+OFFSET_CASES = [(5, 9, off, w) for off in (-7, -2, 0, 1, 4, 8, 20) for w in (None, 1, 3)] + [(9, 4, 2, None)]
+
+
+@pytest.mark.parametrize("n_q, n_k, q_offset, window", OFFSET_CASES)
+def test_q_offset_matches_a_hand_built_mask(rng, n_q, n_k, q_offset, window):
+    q, k, v = rng.normal(size=(2, n_q, 4)), rng.normal(size=(2, n_k, 4)), rng.normal(size=(2, n_k, 3))
+    keep = offset_keep(n_q, n_k, q_offset, window)
+    want, a_want = naive(q, k, v, mask=keep)
+    kw = {"is_causal": True, "window": window, "q_offset": q_offset}
+    np.testing.assert_allclose(attention(q, k, v, **kw), want, rtol=0, atol=1e-12)
+    for bq, bk in [(2, 3), (3, 2), (64, 64)]:
+        out, lse = tiled_attention(q, k, v, block_q=bq, block_k=bk, return_lse=True, **kw)
+        np.testing.assert_allclose(out, want, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(lse, naive_lse(q, k, mask=keep), rtol=0, atol=1e-12)
+        rows = attention_weights_rows(q, k, lse, list(range(n_q)), **kw)
+        np.testing.assert_allclose(rows, a_want, rtol=0, atol=1e-12)
+        dout = rng.normal(size=want.shape)
+        got = tiled_attention_grad(q, k, v, dout, block_q=bq, block_k=bk, **kw)
+        ref = attention_grad(q, k, v, dout, mask=keep)
+        for g, r in zip(got, ref):
+            np.testing.assert_allclose(g, r, rtol=0, atol=1e-12)
+    for g, r in zip(attention_grad(q, k, v, dout, **kw), attention_grad(q, k, v, dout, mask=keep)):
+        np.testing.assert_allclose(g, r, rtol=0, atol=1e-12)
+
+
+def test_q_offset_default_is_bottom_right(rng):
+    q, k, v = rng.normal(size=(3, 4)), rng.normal(size=(7, 4)), rng.normal(size=(7, 2))
+    np.testing.assert_array_equal(attention(q, k, v, is_causal=True, q_offset=4), attention(q, k, v, is_causal=True))
+    np.testing.assert_array_equal(tiled_attention(q, k, v, is_causal=True, q_offset=4),
+                                  tiled_attention(q, k, v, is_causal=True))
+
+
+def test_q_offset_and_window_are_checked():
+    q = np.zeros((2, 4))
+    with pytest.raises(TypeError, match="q_offset must be an integer"):
+        attention(q, q, q, is_causal=True, q_offset=1.5)
+    with pytest.raises(TypeError, match="q_offset must be an integer"):
+        tiled_attention(q, q, q, is_causal=True, q_offset=True)
+    with pytest.raises(ValueError, match="window=2 needs is_causal=True"):
+        attention(q, q, q, window=2)
+    with pytest.raises(ValueError, match="window must be a positive integer"):
+        attention(q, q, q, is_causal=True, window=0)
+
+
+def test_attention_window_and_offset_on_the_tiled_path(rng):
+    n = attention_module.TILED_MIN_QUERIES + 72
+    q, k, v = rng.normal(size=(n, 8)), rng.normal(size=(n + 30, 8)), rng.normal(size=(n + 30, 8))
+    assert takes_tiled_path(q, k, bias=None, return_weights=False)
+    want, _ = naive(q, k, v, mask=offset_keep(n, n + 30, 11, 50))
+    np.testing.assert_allclose(attention(q, k, v, is_causal=True, window=50, q_offset=11), want, rtol=0, atol=1e-12)

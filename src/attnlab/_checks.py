@@ -104,6 +104,13 @@ def as_nonnegative_int(name: str, v) -> int:
     return int(v)
 
 
+def as_int(name: str, v) -> int:
+    """``v`` as an int of any sign; bools and floats refused."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(v).__name__} {v!r}")
+    return int(v)
+
+
 def as_choice(name: str, v, choices: tuple[str, ...]) -> str:
     """``v`` as one of ``choices``."""
     if v not in choices:

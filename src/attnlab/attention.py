@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import (as_bool_array, as_float_array, as_positive_float, broadcast_to, check_finite, check_flag,
-                      compute_dtype)
+from ._checks import (as_bool_array, as_float_array, as_int, as_positive_float, as_positive_int, broadcast_to,
+                      check_finite, check_flag, compute_dtype)
 from .masks import causal_mask
 from .softmax import softmax
 
@@ -30,10 +30,13 @@ class Checked:
     out_dtype: np.dtype      # what the caller gets back
 
 
-def check_attention_args(query, key, value, *, mask=None, bias=None, is_causal=False, scale=None,
-                         require_finite: bool = True) -> Checked:
+def check_attention_args(query, key, value, *, mask=None, bias=None, is_causal=False, window=None, q_offset=None,
+                         scale=None, require_finite: bool = True) -> Checked:
     """Validate the arguments that every attention path shares; raise with names and shapes."""
     check_flag("is_causal", is_causal)
+    window = as_positive_int("window", window, allow_none=True)
+    if window is not None and not is_causal:
+        raise ValueError(f"window={window} needs is_causal=True: it keeps the last `window` keys up to each query")
     query = as_float_array("query", query, min_ndim=2)
     key = as_float_array("key", key, min_ndim=2)
     value = as_float_array("value", value, min_ndim=2)
@@ -55,8 +58,9 @@ def check_attention_args(query, key, value, *, mask=None, bias=None, is_causal=F
     keep = None
     if mask is not None:
         keep = broadcast_to("mask", as_bool_array("mask", mask), grid, "the score grid (..., n_q, n_k) =")
-    if is_causal and n_q > 1:                                  # one query is the last position: it sees all
-        c = causal_mask(n_q, n_k)                              # (n_q, n_k)
+    q_offset = n_k - n_q if q_offset is None else as_int("q_offset", q_offset)
+    if is_causal and n_q and n_k and hides_keys(n_q, n_k, window, q_offset):
+        c = causal_mask(n_q, n_k, window=window, q_offset=q_offset)   # (n_q, n_k)
         keep = c if keep is None else keep & c                 # (..., n_q, n_k)
     if bias is not None:
         bias = broadcast_to("bias", as_float_array("bias", bias), grid, "the score grid (..., n_q, n_k) =")
@@ -68,7 +72,13 @@ def check_attention_args(query, key, value, *, mask=None, bias=None, is_causal=F
                    keep=keep, bias=bias, scale=float(scale), out_dtype=np.result_type(query, key, value))
 
 
-def attention(query, key, value, *, mask=None, bias=None, is_causal=False, scale=None,
+def hides_keys(n_q: int, n_k: int, window: int | None, q_offset: int) -> bool:
+    """Whether the causal mask (with ``window``, query 0 at key ``q_offset``) hides any of the n_q × n_k scores:
+    the first query must see the last key, and the last query the first key."""
+    return q_offset < n_k - 1 or (window is not None and n_q - 1 + q_offset - window >= 0)
+
+
+def attention(query, key, value, *, mask=None, bias=None, is_causal=False, window=None, q_offset=None, scale=None,
               return_weights=False, check_finite=True):
     """Scaled dot-product attention: ``softmax(q kᵀ · scale + bias, masked) v``.
 
@@ -85,6 +95,11 @@ def attention(query, key, value, *, mask=None, bias=None, is_causal=False, scale
     is_causal : bool
         AND the causal mask into ``mask``. With ``n_k > n_q`` the queries are the last ``n_q``
         positions (bottom-right alignment).
+    window : int, optional
+        With ``is_causal``: each query sees only the last ``window`` keys up to itself (sliding window).
+    q_offset : int, optional
+        The key index that query 0 sits at (default ``n_k - n_q``, bottom-right): query ``i`` may see key
+        ``j`` when ``j <= i + q_offset`` (causal) and ``j > i + q_offset - window``.
     scale : float, optional
         Multiplies the scores. Defaults to ``1/√d_k`` (Vaswani et al., 2017).
     return_weights : bool
@@ -122,10 +137,10 @@ def attention(query, key, value, *, mask=None, bias=None, is_causal=False, scale
     """
     if takes_tiled_path(query, key, bias=bias, return_weights=return_weights):
         from .tiled import tiled_attention
-        return tiled_attention(query, key, value, mask=mask, is_causal=is_causal, scale=scale,
-                               check_finite=check_finite)
-    c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, scale=scale,
-                             require_finite=check_finite)
+        return tiled_attention(query, key, value, mask=mask, is_causal=is_causal, window=window,
+                               q_offset=q_offset, scale=scale, check_finite=check_finite)
+    c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, window=window,
+                             q_offset=q_offset, scale=scale, require_finite=check_finite)
     if takes_decode_path(c, return_weights=return_weights):
         return decode_attention(c).astype(c.out_dtype, copy=False)
     out, a = naive_attention(c)
@@ -164,7 +179,8 @@ def decode_attention(c: Checked) -> np.ndarray:
     return out
 
 
-def attention_grad(query, key, value, dout, *, mask=None, bias=None, is_causal=False, scale=None):
+def attention_grad(query, key, value, dout, *, mask=None, bias=None, is_causal=False, window=None, q_offset=None,
+                   scale=None):
     """Backward of :func:`attention`: the gradients ``(dq, dk, dv)`` of a loss L.
 
     The forward is run once (:func:`attention_forward`), then its backward (:func:`attention_backward`).
@@ -189,7 +205,8 @@ def attention_grad(query, key, value, dout, *, mask=None, bias=None, is_causal=F
     ValueError, TypeError
         As :func:`attention` does, and when ``dout`` does not have the output's shape.
     """
-    _, saved = attention_forward(query, key, value, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+    _, saved = attention_forward(query, key, value, mask=mask, bias=bias, is_causal=is_causal, window=window,
+                                 q_offset=q_offset, scale=scale)
     return attention_backward(saved, dout)
 
 
@@ -229,7 +246,8 @@ class Saved:
     plan: object = None          # the tiled backward's tiles (attnlab.tiled.Plan), tiled path only
 
 
-def attention_forward(query, key, value, *, mask=None, bias=None, is_causal=False, scale=None):
+def attention_forward(query, key, value, *, mask=None, bias=None, is_causal=False, window=None, q_offset=None,
+                      scale=None):
     """:func:`attention`, and what its backward needs (for training).
 
     The same crossover as :func:`attention` picks the path: below it the naive grid, whose weights are
@@ -256,10 +274,12 @@ def attention_forward(query, key, value, *, mask=None, bias=None, is_causal=Fals
     if takes_tiled_path(query, key, bias=bias, return_weights=False):
         from .tiled import forward_for_backward
         c = check_attention_args(query, key, value, mask=mask, scale=scale)
-        out, lse, back = forward_for_backward(c, is_causal=is_causal)   # (..., n_q, d_v), (..., n_q)
+        out, lse, back = forward_for_backward(c, is_causal=is_causal, window=window,
+                                              q_offset=q_offset)          # (..., n_q, d_v), (..., n_q)
         saved = Saved(c=c, inputs=(query, key, value), out=out, a=None, lse=lse, plan=back)
     else:
-        c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+        c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, window=window,
+                                 q_offset=q_offset, scale=scale)
         out, a = naive_attention(c)                      # (..., n_q, d_v), (..., n_q, n_k)
         saved = Saved(c=c, inputs=(query, key, value), out=out, a=a, lse=None)
     return out.astype(c.out_dtype, copy=False), saved

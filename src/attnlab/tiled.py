@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_float_array, as_positive_int, check_flag
+from ._checks import as_float_array, as_int, as_positive_int, check_flag
 from .attention import Checked, check_attention_args, check_dout, grads_like
 
 # Tiles of 512 × 512: OpenBLAS (SkylakeX kernel, one thread) runs q·kᵀ (512×64 by 64×512) and p·v
@@ -68,19 +68,22 @@ class Plan:
     block_k: int
     is_causal: bool = False
     window: int | None = None   # with is_causal: only the last `window` keys up to each query
+    q_offset: int | None = None  # the key index query 0 sits at; None: n_k - n_q (bottom-right)
 
     def __post_init__(self):
         as_positive_int("block_q", self.block_q)
         as_positive_int("block_k", self.block_k)
         as_positive_int("window", self.window, allow_none=True)
+        if self.q_offset is not None:
+            as_int("q_offset", self.q_offset)
         if self.window is not None and not self.is_causal:
             raise ValueError(f"window={self.window} needs is_causal=True: it keeps the last `window` keys "
                              "up to each query")
 
     @property
     def offset(self) -> int:
-        """Query i sits at absolute position i + offset (bottom-right alignment)."""
-        return self.n_k - self.n_q
+        """Query i sits at key index i + offset (``q_offset``; by default bottom-right alignment)."""
+        return self.n_k - self.n_q if self.q_offset is None else self.q_offset
 
     def query_blocks(self) -> list[tuple[int, int]]:
         return [(i0, min(i0 + self.block_q, self.n_q)) for i0 in range(0, self.n_q, self.block_q)]
@@ -199,7 +202,7 @@ def max_row_norm(x: np.ndarray) -> float:
 # forward
 
 
-def tiled_attention(query, key, value, *, mask=None, is_causal=False, window=None, scale=None,
+def tiled_attention(query, key, value, *, mask=None, is_causal=False, window=None, q_offset=None, scale=None,
                     block_q=None, block_k=None, return_lse=False, check_finite=True, workers=None):
     """Scaled dot-product attention computed tile by tile with the online softmax; same result as
     :func:`attnlab.attention` without ever allocating the (n_q, n_k) grid.
@@ -213,6 +216,10 @@ def tiled_attention(query, key, value, *, mask=None, is_causal=False, window=Non
     window : int, optional
         With ``is_causal``: each query sees only the last ``window`` keys up to itself (sliding window,
         as ``causal_mask(..., window=)``). Tiles outside the window are skipped.
+    q_offset : int, optional
+        The key index that query 0 sits at (default ``n_k - n_q``, bottom-right): query ``i`` may see key
+        ``j`` when ``j <= i + q_offset`` (causal) and ``j > i + q_offset - window``. A query that sees no key
+        gets output 0 and lse ``-inf``.
     block_q, block_k : int, optional
         Tile size: queries per block and keys per block (default ``BLOCK_Q`` = ``BLOCK_K`` = 512).
     return_lse : bool
@@ -242,19 +249,19 @@ def tiled_attention(query, key, value, *, mask=None, is_causal=False, window=Non
     True
     """
     c = check_attention_args(query, key, value, mask=mask, scale=scale, require_finite=check_finite)
-    plan = make_plan(c, is_causal=is_causal, window=window, block_q=block_q, block_k=block_k)
+    plan = make_plan(c, is_causal=is_causal, window=window, q_offset=q_offset, block_q=block_q, block_k=block_k)
     out, lse = tiled_forward(c, plan, workers=workers)
     out = out.astype(c.out_dtype, copy=False)
     return (out, lse) if return_lse else out
 
 
-def make_plan(c: Checked, *, is_causal, window, block_q, block_k, default=None) -> Plan:
+def make_plan(c: Checked, *, is_causal, window, block_q, block_k, q_offset=None, default=None) -> Plan:
     """The tiles for c's shapes; a block size left None takes its ``default`` (BLOCK_Q, BLOCK_K)."""
     n_q, n_k = c.q.shape[-2], c.k.shape[-2]
     default = (BLOCK_Q, BLOCK_K) if default is None else default
     return Plan(n_q=n_q, n_k=n_k, block_q=default[0] if block_q is None else block_q,
                 block_k=default[1] if block_k is None else block_k, is_causal=check_flag("is_causal", is_causal),
-                window=window)
+                window=window, q_offset=q_offset)
 
 
 def tiled_forward(c: Checked, plan: Plan, *, workers=None) -> tuple[np.ndarray, np.ndarray]:
@@ -344,7 +351,8 @@ def move_shift(s, m, shift, l, acc, *, rescale: bool):
     return m, shift
 
 
-def attention_weights_rows(query, key, lse, rows, *, mask=None, is_causal=False, window=None, scale=None):
+def attention_weights_rows(query, key, lse, rows, *, mask=None, is_causal=False, window=None, q_offset=None,
+                           scale=None):
     """The exact attention weights of chosen query rows, rebuilt from ``lse`` without the rest of the grid.
 
     ``a[i, j] = exp(s[i, j] - lse[i])`` with ``s = q kᵀ · scale`` (masked scores -inf): the softmax's
@@ -355,7 +363,7 @@ def attention_weights_rows(query, key, lse, rows, *, mask=None, is_causal=False,
 
     Parameters
     ----------
-    query, key, mask, is_causal, window, scale
+    query, key, mask, is_causal, window, q_offset, scale
         As given to :func:`tiled_attention`.
     lse : float array (..., n_q)
         As returned by ``tiled_attention(..., return_lse=True)``.
@@ -387,7 +395,7 @@ def attention_weights_rows(query, key, lse, rows, *, mask=None, is_causal=False,
     True
     """
     c = check_attention_args(query, key, key, mask=mask, scale=scale)
-    plan = make_plan(c, is_causal=is_causal, window=window, block_q=None, block_k=None)
+    plan = make_plan(c, is_causal=is_causal, window=window, q_offset=q_offset, block_q=None, block_k=None)
     rows = as_rows("rows", rows, plan.n_q)                            # (r,)
     batch = np.broadcast_shapes(c.q.shape[:-2], c.k.shape[:-2])
     lse = as_float_array("lse", lse)
@@ -418,8 +426,8 @@ def as_rows(name: str, rows, n: int) -> np.ndarray:
 # backward
 
 
-def tiled_attention_grad(query, key, value, dout, *, mask=None, is_causal=False, window=None, scale=None,
-                         block_q=None, block_k=None, workers=None):
+def tiled_attention_grad(query, key, value, dout, *, mask=None, is_causal=False, window=None, q_offset=None,
+                         scale=None, block_q=None, block_k=None, workers=None):
     """Backward of :func:`tiled_attention` (FlashAttention-2): ``(dq, dk, dv)`` of a loss whose gradient
     with respect to the output is ``dout`` (..., n_q, d_v), without the (n_q, n_k) grid.
 
@@ -431,20 +439,21 @@ def tiled_attention_grad(query, key, value, dout, *, mask=None, is_causal=False,
     """
     c = check_attention_args(query, key, value, mask=mask, scale=scale)
     do = check_dout(c, dout)                                    # (..., n_q, d_v)
-    out, lse, back = forward_for_backward(c, is_causal=is_causal, window=window, block_q=block_q,
-                                          block_k=block_k, workers=workers)   # (..., n_q, d_v), (..., n_q)
+    out, lse, back = forward_for_backward(c, is_causal=is_causal, window=window, q_offset=q_offset,
+                                          block_q=block_q, block_k=block_k, workers=workers)   # (..., n_q, d_v), (..., n_q)
     dq, dk, dv = tiled_backward(c, back, out, lse, do, workers=workers)
     return grads_like((dq, dk, dv), (query, key, value))
 
 
-def forward_for_backward(c: Checked, *, is_causal, window=None, block_q=None, block_k=None, workers=None):
+def forward_for_backward(c: Checked, *, is_causal, window=None, q_offset=None, block_q=None, block_k=None,
+                         workers=None):
     """The forward of a training step: ``(out, lse, back)``, what :func:`tiled_backward` needs.
 
     ``out`` (..., n_q, d_v) and ``lse`` (..., n_q) in the compute dtype, and ``back``, the backward's
     plan: the same grid and mask, in its own default tiles (``BACKWARD_BLOCKS``) where none was given.
     """
-    plan = make_plan(c, is_causal=is_causal, window=window, block_q=block_q, block_k=block_k)
-    back = make_plan(c, is_causal=is_causal, window=window, block_q=block_q, block_k=block_k,
+    plan = make_plan(c, is_causal=is_causal, window=window, q_offset=q_offset, block_q=block_q, block_k=block_k)
+    back = make_plan(c, is_causal=is_causal, window=window, q_offset=q_offset, block_q=block_q, block_k=block_k,
                      default=BACKWARD_BLOCKS)
     out, lse = tiled_forward(c, plan, workers=workers)          # (..., n_q, d_v), (..., n_q)
     return out, lse, back
