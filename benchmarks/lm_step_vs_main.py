@@ -18,7 +18,8 @@ import numpy as np
 import attnlab_old.lm.model as old_model
 import attnlab_old.lm.training as old_training
 from attnlab.lm.model import AttentionLM, LMConfig, loss_and_grad
-from attnlab.lm.training import AdamConfig, AdamState, adam_step, one_blas_thread
+from attnlab._threads import one_blas_thread
+from attnlab.lm.training import AdamConfig, AdamState, adam_step
 
 
 def main() -> None:

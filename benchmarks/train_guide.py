@@ -32,7 +32,8 @@ from attnlab.guide.ngrams import read_utf8
 from attnlab.lm.model import AttentionLM, LMConfig, loss_and_grad
 from attnlab.positions import POSITION_SCHEMES
 from attnlab.lm.text import Vocab, split_heldout
-from attnlab.lm.training import (AdamConfig, AdamState, adam_step, cosine_decay, evaluate, one_blas_thread, sample_batch,
+from attnlab._threads import one_blas_thread
+from attnlab.lm.training import (AdamConfig, AdamState, adam_step, cosine_decay, evaluate, sample_batch,
                               training_steps)
 
 GUIDE = Path("/work/shared/guide/attention-guide.txt")

@@ -5,38 +5,43 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab import attention, causal_mask, softmax
+from attnlab import attention, attention_weights, causal_mask, softmax
 
 K = np.array([[0.0, 0.0], [2.0, 0.0], [1.0, 1.0]])   # keys of the, cat, sat
 V = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])   # values of the, cat, sat
 Q = np.array([[1.0, 0.0]])                          # query of sat
 
 
+def attention_and_weights(q, k, v, **kw):
+    """The output and the weights grid, from the two front doors."""
+    return attention(q, k, v, **kw), attention_weights(q, k, **kw)
+
+
 # --- the guide's hand example -------------------------------------------------------------
 
 def test_guide_hand_example_unscaled():
-    out, a = attention(Q, K, V, scale=1.0, return_weights=True)
+    out, a = attention_and_weights(Q, K, V, scale=1.0)
     np.testing.assert_allclose(Q @ K.T, [[0, 2, 1]])
     assert [f"{w:.3f}" for w in a[0]] == ["0.090", "0.665", "0.245"]
     assert [f"{o:.3f}" for o in out[0]] == ["0.335", "0.910"]
 
 
 def test_guide_hand_example_scaled_by_sqrt_dk():
-    _, a = attention(Q, K, V, return_weights=True)     # default scale 1/sqrt(2)
+    _, a = attention_and_weights(Q, K, V)     # default scale 1/sqrt(2)
     assert [f"{w:.3f}" for w in a[0]] == ["0.140", "0.576", "0.284"]
 
 
 def test_score_of_20_is_a_hard_lookup():
     k = K.copy()
     k[1, 0] = 20.0
-    out, a = attention(Q, k, V, scale=1.0, return_weights=True)
+    out, a = attention_and_weights(Q, k, V, scale=1.0)
     assert a[0, 1] > 0.999999
     np.testing.assert_allclose(out[0], V[1], atol=1e-6)
 
 
 def test_hand_computed_weights_equinox_style():
     # query [0, sqrt(2)] against identity keys, scale 1/sqrt(2): scores [0, 1] -> [1, e] / (1 + e)
-    _, a = attention(np.array([[0.0, np.sqrt(2)]]), np.eye(2), np.eye(2), return_weights=True)
+    _, a = attention_and_weights(np.array([[0.0, np.sqrt(2)]]), np.eye(2), np.eye(2))
     np.testing.assert_allclose(a[0], np.array([1, np.e]) / (1 + np.e))
 
 
@@ -48,7 +53,7 @@ def test_fully_masked_row_gives_zero_no_nan_no_warning(rng):
     mask[1] = False
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        out, a = attention(q, k, v, mask=mask, return_weights=True)
+        out, a = attention_and_weights(q, k, v, mask=mask)
     np.testing.assert_array_equal(out[1], 0)
     np.testing.assert_array_equal(a[1], 0)
     assert np.isfinite(out).all()
@@ -65,14 +70,14 @@ def test_bias_neginf_row_gives_zero(rng):
 def test_bias_is_added_to_scaled_scores(rng):
     q, k, v = rng.normal(size=(3, 4)), rng.normal(size=(5, 4)), rng.normal(size=(5, 2))
     bias = rng.normal(size=(3, 5))
-    _, a = attention(q, k, v, bias=bias, scale=0.3, return_weights=True)
+    _, a = attention_and_weights(q, k, v, bias=bias, scale=0.3)
     np.testing.assert_allclose(a, softmax(q @ k.T * 0.3 + bias), rtol=1e-12)
 
 
 def test_is_causal_and_mask_are_anded(rng):
     q, k, v = rng.normal(size=(4, 3)), rng.normal(size=(4, 3)), rng.normal(size=(4, 3))
     mask = np.array([True, False, True, True])   # key padding: drop key 1
-    _, a = attention(q, k, v, mask=mask, is_causal=True, return_weights=True)
+    _, a = attention_and_weights(q, k, v, mask=mask, is_causal=True)
     assert (a[:, 1] == 0).all()
     assert (a[np.triu_indices(4, 1)] == 0).all()
     np.testing.assert_allclose(a.sum(-1), 1)
@@ -90,7 +95,7 @@ def test_leading_axes_broadcast(rng):
 def test_dtypes_preserved(rng):
     for dt in (np.float16, np.float32, np.float64):
         q, k, v = (rng.normal(size=(3, 4)).astype(dt) for _ in range(3))
-        out, a = attention(q, k, v, return_weights=True)
+        out, a = attention_and_weights(q, k, v)
         assert out.dtype == dt and a.dtype == dt
 
 
@@ -114,7 +119,7 @@ def test_rows_sum_to_one_where_any_key_visible_and_masked_weights_are_exactly_ze
     rng = np.random.default_rng(seed)
     q, k, v = rng.normal(size=(n_q, d)), rng.normal(size=(n_k, d)), rng.normal(size=(n_k, d))
     mask = rng.random((n_q, n_k)) < p
-    out, a = attention(q, k, v, mask=mask, return_weights=True)
+    out, a = attention_and_weights(q, k, v, mask=mask)
     visible = mask.any(-1)
     np.testing.assert_allclose(a.sum(-1)[visible], 1.0, rtol=1e-12)
     assert (a[~mask] == 0).all()
@@ -169,7 +174,7 @@ def test_fully_masked_rows_property(n_q, n_k, seed):
     rng = np.random.default_rng(seed)
     q, k, v = rng.normal(size=(n_q, 3)), rng.normal(size=(n_k, 3)), rng.normal(size=(n_k, 2))
     mask = np.zeros((n_q, n_k), bool)
-    out, a = attention(q, k, v, mask=mask, return_weights=True)
+    out, a = attention_and_weights(q, k, v, mask=mask)
     assert (out == 0).all() and (a == 0).all()
 
 

@@ -4,7 +4,10 @@ import numpy as np
 import pytest
 
 from attnlab import AttentionConfig, MultiHeadAttention, attention, attention_grad, multihead_attention_grad
+from attnlab._checks import check_attention_args
 from attnlab.attention import attention_backward, attention_forward
+from attnlab.naive import NaiveSaved, naive_attention, naive_attention_grad
+from attnlab.tiled import TiledSaved
 from attnlab.multihead import multihead_attention_backward, multihead_attention_forward
 
 
@@ -128,13 +131,13 @@ def test_attention_forward_takes_the_tiled_path_above_the_crossover(rng, monkeyp
                         lambda *a, _f=tiled.tiled_backward, **kw: calls.append(1) or _f(*a, **kw))
     q, k, v, do = (rng.normal(size=(2, 9, 3)) for _ in range(4))
     out, saved = attention_forward(q, k, v, is_causal=True)
-    assert saved.a is None and saved.lse.shape == (2, 9)             # no grid of weights was kept
-    c = attention_module.check_attention_args(q, k, v, is_causal=True)
-    ref_out, _ = attention_module.naive_attention(c)
+    assert isinstance(saved, TiledSaved) and saved.lse.shape == (2, 9)   # no grid of weights was kept
+    c = check_attention_args(q, k, v, is_causal=True)
+    ref_out, _ = naive_attention(c)
     np.testing.assert_allclose(out, ref_out, rtol=1e-12, atol=1e-13)
     got = attention_backward(saved, do)
     assert calls == [1]
-    for g, r in zip(got, attention_module.naive_attention_grad(c, do)):
+    for g, r in zip(got, naive_attention_grad(c, do)):
         np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-13)
 
 

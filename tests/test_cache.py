@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from attnlab import AttentionConfig, KVCache, MultiHeadAttention, attention
+from attnlab import AttentionConfig, KVCache, MultiHeadAttention, attention, attention_weights
 
 
 def test_step_by_step_decode_equals_full_pass(rng):
@@ -115,7 +115,9 @@ def test_layer_decode_still_refuses_non_finite_input(rng):
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_decode_kernel_matches_the_naive_reference(rng, n_k, is_causal):
     """One query per head against every key (a decode step): float64 to 1e-12, float32 to 1e-6."""
-    from attnlab.attention import check_attention_args, decode_attention, naive_attention
+    from attnlab._checks import check_attention_args
+    from attnlab.decode import decode_attention
+    from attnlab.naive import naive_attention
     q = rng.normal(size=(2, 3, 1, 8)) * 3                        # (B, h, 1, d) large scores: the max matters
     k = rng.normal(size=(2, 3, n_k, 8))
     v = rng.normal(size=(1, 3, n_k, 5))                          # broadcast over the batch
@@ -135,23 +137,23 @@ def test_decode_kernel_matches_the_naive_reference(rng, n_k, is_causal):
 
 
 def test_decode_path_is_taken_only_when_it_computes_what_was_asked(rng, monkeypatch):
-    import importlib
-    attention_module = importlib.import_module("attnlab.attention")
+    from attnlab import decode
+    from attnlab._checks import check_attention_args
+    from attnlab.naive import naive_attention
     calls = []
-    monkeypatch.setattr(attention_module, "decode_attention",
-                        lambda c, _f=attention_module.decode_attention: calls.append(1) or _f(c))
+    monkeypatch.setattr(decode, "decode_attention", lambda c, _f=decode.decode_attention: calls.append(1) or _f(c))
     q, k, v = rng.normal(size=(2, 1, 4)), rng.normal(size=(2, 6, 4)), rng.normal(size=(2, 6, 3))
     attention(q, k, v, is_causal=True)
     assert len(calls) == 1
     pad = np.ones((2, 1, 6), bool)
     pad[0, 0, :2] = False
     out_pad = attention(q, k, v, mask=pad)                                       # a mask: naive
-    _, a = attention(q, k, v, return_weights=True)                               # weights asked: naive
+    a = attention_weights(q, k)                                                  # the weights: naive
     attention(q, k, v, bias=np.zeros((2, 1, 6)))                                 # a bias: naive
     attention(rng.normal(size=(2, 2, 4)), k, v)                                  # two queries: naive
     assert len(calls) == 1
     assert a.shape == (2, 1, 6)
-    ref, _ = attention_module.naive_attention(attention_module.check_attention_args(q[0], k[0, 2:], v[0, 2:]))
+    ref, _ = naive_attention(check_attention_args(q[0], k[0, 2:], v[0, 2:]))
     np.testing.assert_allclose(out_pad[0], ref, rtol=1e-12)
     np.testing.assert_array_equal(attention(q, k[:, :0], v[:, :0]), 0)           # no key: naive gives 0
     assert len(calls) == 1

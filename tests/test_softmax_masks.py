@@ -79,3 +79,10 @@ def test_additive_mask_matches_guide_M():
     np.testing.assert_array_equal(additive_mask(causal_mask(5)), M)
     with pytest.raises(TypeError, match="mask must be a bool array"):
         additive_mask(np.ones((2, 2)))
+
+
+def test_causal_mask_q_offset():
+    keep = causal_mask(2, 5, q_offset=1, window=2)
+    np.testing.assert_array_equal(keep.astype(int), [[1, 1, 0, 0, 0], [0, 1, 1, 0, 0]])
+    assert not causal_mask(2, 3, q_offset=-2).any()
+    np.testing.assert_array_equal(causal_mask(3, 5, q_offset=2), causal_mask(3, 5))

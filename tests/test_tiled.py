@@ -10,7 +10,10 @@ from hypothesis import strategies as st
 
 from attnlab import attention, attention_grad, causal_mask
 from attnlab import tiled
-from attnlab.attention import check_attention_args, naive_attention, takes_tiled_path
+from attnlab import _threads
+from attnlab._checks import check_attention_args
+from attnlab.attention import takes_tiled_path
+from attnlab.naive import naive_attention, naive_attention_grad, visible
 from attnlab.tiled import attention_weights_rows, tiled_attention, tiled_attention_grad
 
 attention_module = importlib.import_module("attnlab.attention")   # the module, not the function
@@ -26,8 +29,9 @@ def naive_lse(q, k, *, scale=None, **kw):
     """log Σ_j exp(s_j) over the visible scores of each query, from the whole grid, in float64."""
     c = check_attention_args(q, k, k, scale=scale, **kw)
     s = c.q @ np.swapaxes(c.k, -1, -2) * c.scale                    # (..., n_q, n_k)
-    if c.keep is not None:
-        s = np.where(c.keep, s, -np.inf)
+    keep = visible(c)                                                # (..., n_q, n_k) or None
+    if keep is not None:
+        s = np.where(keep, s, -np.inf)
     m = s.max(-1, keepdims=True)                                     # (..., n_q, 1)
     m = np.where(m == -np.inf, 0, m)
     with np.errstate(divide="ignore"):
@@ -129,11 +133,10 @@ def test_memory_stays_far_below_the_grid(rng):
 
 def test_attention_dispatches_to_the_tiled_path_above_the_crossover(rng, monkeypatch):
     n = max(attention_module.TILED_MIN_QUERIES, int(np.ceil(np.sqrt(attention_module.TILED_MIN_SCORES))))
-    assert not takes_tiled_path(np.zeros((n - 1, 4)), np.zeros((n - 1, 4)), bias=None, return_weights=False)
-    assert takes_tiled_path(np.zeros((n, 4)), np.zeros((n, 4)), bias=None, return_weights=False)
-    assert not takes_tiled_path(np.zeros((n, 4)), np.zeros((n, 4)), bias=None, return_weights=True)
-    assert not takes_tiled_path(np.zeros((n, 4)), np.zeros((n, 4)), bias=np.zeros(1), return_weights=False)
-    assert not takes_tiled_path(np.zeros((1, 4)), np.zeros((n, 4)), bias=None, return_weights=False)
+    assert not takes_tiled_path(np.zeros((n - 1, 4)), np.zeros((n - 1, 4)), bias=None)
+    assert takes_tiled_path(np.zeros((n, 4)), np.zeros((n, 4)), bias=None)
+    assert not takes_tiled_path(np.zeros((n, 4)), np.zeros((n, 4)), bias=np.zeros(1))
+    assert not takes_tiled_path(np.zeros((1, 4)), np.zeros((n, 4)), bias=None)
     calls = []
     monkeypatch.setattr(tiled, "tiled_forward",
                         lambda *a, _f=tiled.tiled_forward, **kw: calls.append(1) or _f(*a, **kw))
@@ -159,7 +162,7 @@ def test_attention_grad_dispatches_to_the_tiled_backward(rng, monkeypatch):
                         lambda *a, _f=tiled.tiled_backward, **kw: calls.append(1) or _f(*a, **kw))
     got = attention_grad(q, k, v, do, is_causal=True)
     c = check_attention_args(q, k, v, is_causal=True)
-    ref = attention_module.naive_attention_grad(c, do)
+    ref = naive_attention_grad(c, do)
     assert calls == [1]
     for g, r in zip(got, ref):
         np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-13)
@@ -286,17 +289,17 @@ def test_without_threadpoolctl_the_tiled_path_runs_on_one_thread(rng, monkeypatc
     import sys
     import threading
     monkeypatch.setitem(sys.modules, "threadpoolctl", None)                   # import now fails
-    tiled.blas_limiter.cache_clear()
+    _threads.blas_limiter.cache_clear()
     try:
-        assert tiled.blas_limiter() is None
+        assert _threads.blas_limiter() is None
         seen = set()
         q, k, v = (rng.normal(size=(4, 20, 3)) for _ in range(3))
-        tiled.run_items(list(range(6)), lambda item, buf: seen.add(threading.get_ident()), lambda: None, workers=2)
+        _threads.run_items(list(range(6)), lambda item, buf: seen.add(threading.get_ident()), lambda: None, workers=2)
         assert seen == {threading.get_ident()}
         got = tiled_attention(q, k, v, is_causal=True, block_q=3, block_k=4, workers=2)
         np.testing.assert_allclose(got, naive(q, k, v, is_causal=True)[0], rtol=1e-12, atol=1e-13)
     finally:
-        tiled.blas_limiter.cache_clear()
+        _threads.blas_limiter.cache_clear()
 
 
 @pytest.mark.parametrize("spread", [1.0, 25.0, 300.0])
@@ -381,3 +384,68 @@ def test_is_causal_must_be_a_bool_on_the_tiled_path_too():
     for f in (attention, tiled_attention):
         with pytest.raises(TypeError, match="is_causal must be True or False, got str 'yes'"):
             f(x, x, x, is_causal="yes")
+
+
+# ----------------------------------------------------------------------------------------------------
+# q_offset: query 0 sits at key index q_offset; against a dense mask built by hand
+
+
+def offset_keep(n_q, n_k, q_offset, window=None):
+    """keep[i, j] = j <= i + q_offset and j > i + q_offset - window, cell by cell."""
+    keep = np.zeros((n_q, n_k), bool)
+    for i in range(n_q):
+        for j in range(n_k):
+            keep[i, j] = j <= i + q_offset and (window is None or j > i + q_offset - window)
+    return keep
+
+
+OFFSET_CASES = [(5, 9, off, w) for off in (-7, -2, 0, 1, 4, 8, 20) for w in (None, 1, 3)] + [(9, 4, 2, None)]
+
+
+@pytest.mark.parametrize("n_q, n_k, q_offset, window", OFFSET_CASES)
+def test_q_offset_matches_a_hand_built_mask(rng, n_q, n_k, q_offset, window):
+    q, k, v = rng.normal(size=(2, n_q, 4)), rng.normal(size=(2, n_k, 4)), rng.normal(size=(2, n_k, 3))
+    keep = offset_keep(n_q, n_k, q_offset, window)
+    want, a_want = naive(q, k, v, mask=keep)
+    kw = {"is_causal": True, "window": window, "q_offset": q_offset}
+    np.testing.assert_allclose(attention(q, k, v, **kw), want, rtol=0, atol=1e-12)
+    for bq, bk in [(2, 3), (3, 2), (64, 64)]:
+        out, lse = tiled_attention(q, k, v, block_q=bq, block_k=bk, return_lse=True, **kw)
+        np.testing.assert_allclose(out, want, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(lse, naive_lse(q, k, mask=keep), rtol=0, atol=1e-12)
+        rows = attention_weights_rows(q, k, lse, list(range(n_q)), **kw)
+        np.testing.assert_allclose(rows, a_want, rtol=0, atol=1e-12)
+        dout = rng.normal(size=want.shape)
+        got = tiled_attention_grad(q, k, v, dout, block_q=bq, block_k=bk, **kw)
+        ref = attention_grad(q, k, v, dout, mask=keep)
+        for g, r in zip(got, ref):
+            np.testing.assert_allclose(g, r, rtol=0, atol=1e-12)
+    for g, r in zip(attention_grad(q, k, v, dout, **kw), attention_grad(q, k, v, dout, mask=keep)):
+        np.testing.assert_allclose(g, r, rtol=0, atol=1e-12)
+
+
+def test_q_offset_default_is_bottom_right(rng):
+    q, k, v = rng.normal(size=(3, 4)), rng.normal(size=(7, 4)), rng.normal(size=(7, 2))
+    np.testing.assert_array_equal(attention(q, k, v, is_causal=True, q_offset=4), attention(q, k, v, is_causal=True))
+    np.testing.assert_array_equal(tiled_attention(q, k, v, is_causal=True, q_offset=4),
+                                  tiled_attention(q, k, v, is_causal=True))
+
+
+def test_q_offset_and_window_are_checked():
+    q = np.zeros((2, 4))
+    with pytest.raises(TypeError, match="q_offset must be an integer"):
+        attention(q, q, q, is_causal=True, q_offset=1.5)
+    with pytest.raises(TypeError, match="q_offset must be an integer"):
+        tiled_attention(q, q, q, is_causal=True, q_offset=True)
+    with pytest.raises(ValueError, match="window=2 needs is_causal=True"):
+        attention(q, q, q, window=2)
+    with pytest.raises(ValueError, match="window must be a positive integer"):
+        attention(q, q, q, is_causal=True, window=0)
+
+
+def test_attention_window_and_offset_on_the_tiled_path(rng):
+    n = attention_module.TILED_MIN_QUERIES + 72
+    q, k, v = rng.normal(size=(n, 8)), rng.normal(size=(n + 30, 8)), rng.normal(size=(n + 30, 8))
+    assert takes_tiled_path(q, k, bias=None)
+    want, _ = naive(q, k, v, mask=offset_keep(n, n + 30, 11, 50))
+    np.testing.assert_allclose(attention(q, k, v, is_causal=True, window=50, q_offset=11), want, rtol=0, atol=1e-12)

@@ -16,7 +16,7 @@ Axis letters, used in every shape comment::
     n_ctx    positions a model has rows for (GPT-2: 1024)
 """
 
-from .attention import attention, attention_grad
+from .attention import attention, attention_backward, attention_forward, attention_grad, attention_weights
 from .attnmap import AttentionMap
 from .cache import KVCache
 from .config import GPT2_SMALL, AttentionConfig
@@ -44,7 +44,10 @@ __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "attention",
+    "attention_backward",
+    "attention_forward",
     "attention_grad",
+    "attention_weights",
     "attention_weights_rows",
     "causal_mask",
     "learned_positions",

@@ -1,12 +1,14 @@
-"""Argument checks shared by the public entry points.
+"""Argument checks shared by the public entry points, and the validated attention inputs.
 
 Every check raises ``TypeError`` (wrong kind of thing) or ``ValueError`` (right kind, bad value),
-and every message names the argument, what was expected, and what arrived.
+and every message names the argument, what was expected, and what arrived. This module sits below every
+attention path (naive, tiled, decode) and imports nothing of attnlab.
 """
 
 from __future__ import annotations
 
 import numbers
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -104,6 +106,13 @@ def as_nonnegative_int(name: str, v) -> int:
     return int(v)
 
 
+def as_int(name: str, v) -> int:
+    """``v`` as an int of any sign; bools and floats refused."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(v).__name__} {v!r}")
+    return int(v)
+
+
 def as_choice(name: str, v, choices: tuple[str, ...]) -> str:
     """``v`` as one of ``choices``."""
     if v not in choices:
@@ -138,3 +147,156 @@ def as_token_ids(name: str, ids, vocab_size: int) -> np.ndarray:
         raise ValueError(f"{name} must be in [0, {vocab_size}) (the model's vocab_size), got {arr[where]} at index "
                          f"{where[0] if len(where) == 1 else where}")
     return arr.astype(np.int64, copy=False)
+
+
+# ----------------------------------------------------------------------------------------------------
+# attention's arguments, checked once for every path
+
+
+@dataclass(frozen=True)
+class Checked:
+    """Validated attention inputs, in the dtype the math runs in (at least float32).
+
+    Grouped-query attention (GQA): ``q`` has ``groups`` times as many heads (axis -3) as ``k`` and ``v``;
+    query head i uses key/value head ``i // groups``. ``groups`` is 1 otherwise (heads match or broadcast).
+    """
+    q: np.ndarray            # (..., h, n_q, d_k)
+    k: np.ndarray            # (..., h_kv, n_k, d_k)
+    v: np.ndarray            # (..., h_kv, n_k, d_v)
+    keep: np.ndarray | None  # (..., h, n_q, n_k) bool, the caller's mask broadcast to the grid, or None
+    bias: np.ndarray | None  # (..., h, n_q, n_k) additive, or None
+    scale: float
+    out_dtype: np.dtype      # what the caller gets back
+    batch: tuple             # the output's leading axes (..., h)
+    is_causal: bool = False
+    window: int | None = None  # with is_causal: the last `window` keys up to each query
+    q_offset: int = 0        # the key index query 0 sits at (causal and window)
+    groups: int = 1          # query heads per key/value head
+
+    @property
+    def causal_hides_keys(self) -> bool:
+        """Whether causality (or the window) hides any score of the (n_q, n_k) grid."""
+        n_q, n_k = self.q.shape[-2], self.k.shape[-2]
+        return self.is_causal and n_q > 0 and n_k > 0 and hides_keys(n_q, n_k, self.window, self.q_offset)
+
+
+def hides_keys(n_q: int, n_k: int, window: int | None, q_offset: int) -> bool:
+    """Whether the causal mask (query 0 at key ``q_offset``, optional ``window``) hides any of n_q × n_k
+    scores: the first query sees the last key only when ``q_offset >= n_k - 1``, and the last query the
+    first key only when it is inside the window."""
+    return q_offset < n_k - 1 or (window is not None and n_q - 1 + q_offset - window >= 0)
+
+
+def check_attention_args(query, key, value, *, mask=None, bias=None, is_causal=False, window=None, q_offset=None,
+                         scale=None, require_finite: bool = True) -> Checked:
+    """Validate the arguments that every attention path shares; raise with names and shapes."""
+    is_causal = check_flag("is_causal", is_causal)
+    window = as_positive_int("window", window, allow_none=True)
+    if window is not None and not is_causal:
+        raise ValueError(f"window={window} needs is_causal=True: it keeps the last `window` keys up to each query")
+    query = as_float_array("query", query, min_ndim=2)
+    key = as_float_array("key", key, min_ndim=2)
+    value = as_float_array("value", value, min_ndim=2)
+    if key.shape[-1] != query.shape[-1]:
+        raise ValueError(f"key has width {key.shape[-1]}, query has width {query.shape[-1]}; they must match")
+    if value.shape[-2] != key.shape[-2]:
+        raise ValueError(f"value has {value.shape[-2]} rows, key has {key.shape[-2]}; "
+                         "there must be one value per key")
+    groups = head_groups(query, key, value)
+    batch = leading_axes(query, key, value, groups)
+    if require_finite:
+        for name, arr in (("query", query), ("key", key), ("value", value)):
+            check_finite(name, arr)
+    n_q, n_k = query.shape[-2], key.shape[-2]
+    grid = (*batch, n_q, n_k)
+    keep = None
+    if mask is not None:
+        keep = broadcast_to("mask", as_bool_array("mask", mask), grid, "the score grid (..., n_q, n_k) =")
+    if bias is not None:
+        bias = broadcast_to("bias", as_float_array("bias", bias), grid, "the score grid (..., n_q, n_k) =")
+        if require_finite and (np.isnan(bias).any() or np.isposinf(bias).any()):
+            raise ValueError("bias must be finite or -inf (to drop a score), got NaN or +inf")
+    scale = 1.0 / np.sqrt(query.shape[-1]) if scale is None else as_positive_float("scale", scale)
+    dt = compute_dtype(query, key, value)
+    return Checked(q=query.astype(dt, copy=False), k=key.astype(dt, copy=False), v=value.astype(dt, copy=False),
+                   keep=keep, bias=bias, scale=float(scale), out_dtype=np.result_type(query, key, value),
+                   batch=batch, is_causal=is_causal, window=window,
+                   q_offset=n_k - n_q if q_offset is None else as_int("q_offset", q_offset), groups=groups)
+
+
+def n_heads_of(x: np.ndarray) -> int:
+    """The head axis (-3) of a (..., h, n, d) array; 1 without one."""
+    return x.shape[-3] if x.ndim >= 3 else 1
+
+
+def head_groups(query: np.ndarray, key: np.ndarray, value: np.ndarray) -> int:
+    """Query heads per key/value head: ``n_heads // n_kv_heads`` for grouped-query attention, else 1.
+
+    Heads that are equal, or 1 on either side, broadcast as any leading axis does (groups = 1); so does a
+    query with fewer heads than the key (which then fails to broadcast, naming the shapes).
+    """
+    n_heads, n_kv_heads = n_heads_of(query), n_heads_of(key)
+    if n_heads <= n_kv_heads or n_kv_heads == 1:
+        return 1                      # as many heads, or fewer, or one shared: plain broadcasting
+    if n_heads % n_kv_heads:
+        raise ValueError(
+            f"query has {n_heads} heads (axis -3) and key has {n_kv_heads}: grouped-query attention needs "
+            f"n_heads to be a multiple of n_kv_heads (query head i uses key/value head i // (n_heads // "
+            f"n_kv_heads)); got shapes query {query.shape}, key {key.shape}")
+    if n_heads_of(value) not in (1, n_kv_heads):
+        raise ValueError(f"value has {n_heads_of(value)} heads (axis -3) and key has {n_kv_heads}; "
+                         f"with grouped-query attention they must match (or value has 1)")
+    return n_heads // n_kv_heads
+
+
+def leading_axes(query: np.ndarray, key: np.ndarray, value: np.ndarray, groups: int) -> tuple:
+    """The output's leading axes (..., h): query's, key's and value's broadcast, the key/value heads
+    counted ``groups`` times."""
+    def as_query_heads(x):
+        lead = x.shape[:-2]
+        return (*lead[:-1], lead[-1] * groups) if groups > 1 and lead and lead[-1] > 1 else lead
+    try:
+        return np.broadcast_shapes(query.shape[:-2], as_query_heads(key), as_query_heads(value))
+    except ValueError:
+        raise ValueError(f"the leading axes of query {query.shape}, key {key.shape} and value {value.shape} "
+                         "do not broadcast") from None
+
+
+def fold(x: np.ndarray, groups: int) -> np.ndarray:
+    """(..., h, n, d) -> (..., h / groups, groups·n, d): the query heads of a group stacked as rows, so a
+    group is one matmul against its key/value head (a view when x is contiguous)."""
+    if groups == 1:
+        return x
+    *lead, h, n, d = x.shape
+    return x.reshape(*lead, h // groups, groups * n, d)      # (..., h_kv, g·n, d)
+
+
+def unfold(x: np.ndarray, groups: int) -> np.ndarray:
+    """Undo :func:`fold`: (..., h_kv, groups·n, d) -> (..., h_kv·groups, n, d)."""
+    if groups == 1:
+        return x
+    *lead, h_kv, gn, d = x.shape
+    return x.reshape(*lead, h_kv * groups, gn // groups, d)  # (..., h, n, d)
+
+
+def check_dout(c: Checked, dout) -> np.ndarray:
+    """``dout`` as an array of the output's shape (..., n_q, d_v), in the compute dtype."""
+    out_shape = (*c.batch, c.q.shape[-2], c.v.shape[-1])
+    do = as_float_array("dout", dout)
+    if do.shape != out_shape:
+        raise ValueError(f"dout must have the output's shape {out_shape}, got {do.shape}")
+    return do.astype(c.q.dtype, copy=False)
+
+
+def grads_like(grads, inputs) -> tuple:
+    """Each gradient summed back over broadcast axes to its input's shape, in its input's dtype."""
+    return tuple(unbroadcast(g, np.shape(x)).astype(np.asarray(x).dtype, copy=False)
+                 for g, x in zip(grads, inputs))
+
+
+def unbroadcast(g: np.ndarray, shape: tuple) -> np.ndarray:
+    """Sum ``g`` over the axes that broadcasting added or stretched, back to ``shape``."""
+    lead = g.ndim - len(shape)
+    g = g.sum(axis=tuple(range(lead))) if lead else g                       # drop added axes
+    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
+    return g.sum(axis=stretched, keepdims=True) if stretched else g         # (shape)

@@ -14,8 +14,11 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from .attention import attention, check_attention_args, check_dout, naive_attention, naive_attention_grad
+from ._checks import check_attention_args, check_dout
+from ._threads import blas_info
+from .attention import attention
 from .cache import KVCache
+from .naive import naive_attention, naive_attention_grad
 from .tiled import tiled_attention, tiled_attention_grad
 
 N_HEADS, D_HEAD = 12, 64
@@ -58,16 +61,6 @@ class BackwardRow:
     naive_ms: float | None
     torch_ms: float | None           # torch SDPA forward + backward
     ratio: float | None              # tiled / torch
-
-
-def blas_info() -> list[dict]:
-    """The BLAS libraries numpy and torch loaded (threadpoolctl), or [] without threadpoolctl."""
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:
-        return []
-    keep = ("user_api", "internal_api", "prefix", "version", "architecture", "num_threads", "threading_layer")
-    return [{k: lib.get(k) for k in keep} for lib in threadpool_info()]
 
 
 def load_torch():

@@ -2,7 +2,8 @@
 
 During generation the keys and values of earlier tokens don't change, so they are stored once in a
 preallocated buffer and reused; each step appends the new token's k and v and attends its query against
-everything so far (bottom-right causal alignment).
+everything so far (bottom-right causal alignment). With grouped-query attention the cache holds only the
+n_kv_heads key/value heads: n_heads / n_kv_heads times less memory than one per query head.
 """
 
 from __future__ import annotations
@@ -16,24 +17,25 @@ from ._checks import as_float_array, as_positive_int
 
 @dataclass(eq=False)
 class KVCache:
-    """One layer's cache: ``k`` and ``v`` buffers of shape (..., n_heads, capacity, d_head).
+    """One layer's cache: ``k`` and ``v`` buffers of shape (..., n_kv_heads, capacity, d_head).
 
     Only the first ``length`` positions hold data. ``append`` either writes all the new tokens or,
     on any error, leaves the cache exactly as it was.
     """
-    k: np.ndarray      # (..., h, capacity, d_head)
-    v: np.ndarray      # (..., h, capacity, d_head)
+    k: np.ndarray      # (..., h_kv, capacity, d_head)
+    v: np.ndarray      # (..., h_kv, capacity, d_head)
     length: int = 0
 
     @classmethod
-    def empty(cls, n_heads: int, capacity: int, d_head: int, *, batch_shape: tuple = (),
+    def empty(cls, n_kv_heads: int, capacity: int, d_head: int, *, batch_shape: tuple = (),
               dtype=np.float32) -> "KVCache":
         """A cache with room for ``capacity`` tokens, allocated once.
 
         Parameters
         ----------
-        n_heads, capacity, d_head : int
-            The buffers are (*batch_shape, n_heads, capacity, d_head).
+        n_kv_heads, capacity, d_head : int
+            The buffers are (*batch_shape, n_kv_heads, capacity, d_head): the key/value heads only (with
+            grouped-query attention, fewer than the query heads; attention reads each once per group).
         batch_shape : tuple of int
             Leading axes, as those of the keys and values that will be appended.
         dtype : float16, float32 or float64
@@ -44,11 +46,11 @@ class KVCache:
         ValueError, TypeError
             For a size that is not a positive int, or another dtype.
         """
-        n_heads, capacity, d_head = (as_positive_int(name, v) for name, v in
-                                     (("n_heads", n_heads), ("capacity", capacity), ("d_head", d_head)))
+        n_kv_heads, capacity, d_head = (as_positive_int(name, v) for name, v in
+                                        (("n_kv_heads", n_kv_heads), ("capacity", capacity), ("d_head", d_head)))
         if np.dtype(dtype) not in (np.float16, np.float32, np.float64):
             raise TypeError(f"dtype must be float16, float32 or float64, got {np.dtype(dtype)}")
-        shape = (*batch_shape, n_heads, capacity, d_head)
+        shape = (*batch_shape, n_kv_heads, capacity, d_head)
         return cls(k=np.zeros(shape, dtype), v=np.zeros(shape, dtype))
 
     @property
@@ -57,16 +59,16 @@ class KVCache:
 
     @property
     def keys(self) -> np.ndarray:
-        return self.k[..., :self.length, :]      # (..., h, length, d_head) a view, no copy
+        return self.k[..., :self.length, :]      # (..., h_kv, length, d_head) a view, no copy
 
     @property
     def values(self) -> np.ndarray:
-        return self.v[..., :self.length, :]      # (..., h, length, d_head)
+        return self.v[..., :self.length, :]      # (..., h_kv, length, d_head)
 
     def append(self, key, value) -> tuple[np.ndarray, np.ndarray]:
-        """Write ``key`` and ``value`` (..., n_heads, t, d_head) after the cached tokens.
+        """Write ``key`` and ``value`` (..., n_kv_heads, t, d_head) after the cached tokens.
 
-        Returns the keys and values of all tokens so far, as views (..., n_heads, length, d_head).
+        Returns the keys and values of all tokens so far, as views (..., n_kv_heads, length, d_head).
         Raises, with the cache unchanged, when the shapes or dtype do not match, a value is not finite, or
         there is no room. So the cache only ever holds finite values, and a decode step need not scan it
         again (``attention(..., check_finite=False)``): that scan would cost as much as the step.
@@ -88,8 +90,8 @@ class KVCache:
         if self.length + t > self.capacity:
             raise ValueError(f"cannot append {t} tokens: the cache holds {self.length} of its capacity "
                              f"{self.capacity}")
-        self.k[..., self.length:self.length + t, :] = key      # (..., h, t, d_head)
-        self.v[..., self.length:self.length + t, :] = value    # (..., h, t, d_head)
+        self.k[..., self.length:self.length + t, :] = key      # (..., h_kv, t, d_head)
+        self.v[..., self.length:self.length + t, :] = value    # (..., h_kv, t, d_head)
         self.length += t
         return self.keys, self.values
 

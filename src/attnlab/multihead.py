@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._checks import as_float_array, as_positive_int, check_finite, check_rng
-from .attention import Saved, attention, attention_backward, attention_forward
+from .attention import Saved, attention, attention_backward, attention_forward, attention_weights
 from .cache import KVCache
 from .config import AttentionConfig
 from .positions import rope as rotate
@@ -155,18 +155,18 @@ def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_ca
     start = 0 if cache is None else cache.length
     q, k, v = _project(p, x, rope=rope, start=start)   # (..., h, n, d_head) each
     if cache is None:
-        out = attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal, return_weights=return_weights)
+        heads = attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal)   # (..., h, n, d_head)
     else:
         k, v = cache.append(k, v)                    # (..., h, n_k, d_head) each: every token so far
         try:
             check_finite("query", q)                 # the cached keys and values were checked on append
-            out = attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal, return_weights=return_weights,
-                            check_finite=False)
+            heads = attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal, check_finite=False)
         except Exception:
             cache.length = start                     # a failed step leaves the cache as it was
             raise
-    heads, a = out if return_weights else (out, None)   # (..., h, n, d_head), (..., h, n, n_k)
     _, y = _output(p, heads)                         # (..., n, d_model)
+    if return_weights:
+        a = attention_weights(q, k, mask=mask, bias=bias, is_causal=is_causal)   # (..., h, n, n_k)
     return (y, a) if return_weights else y
 
 

@@ -20,23 +20,24 @@ and cuts a causal block's diagonal tile into row strips that skip most of the hi
 Backward, FlashAttention-2's: the forward keeps only ``out`` and ``lse`` (one number per query); the
 backward rebuilds each tile's weights as ``exp(s - lse)`` and never holds the grid either.
 
+Grouped-query attention: the query heads of a group walk the same key/value head, a view of it (K and V
+are never repeated); a worker transposes each key head once for all the query heads it serves, and the
+backward sums dk, dv over the group in place.
+
 Each worker holds O(block_q · block_k + n · d) scratch. Work is split over threads by (batch, head)
-and query block: numpy releases the GIL inside matmul and ufuncs, so with BLAS pinned to one thread
-per worker (threadpoolctl, optional) two cores run two tiles at once.
+and query block (:func:`attnlab._threads.run_items`: numpy releases the GIL inside matmul and ufuncs, so
+with BLAS pinned to one thread per worker two cores run two tiles at once).
 """
 
 from __future__ import annotations
 
-import functools
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ._checks import as_float_array, as_positive_int, check_flag
-from .attention import Checked, check_attention_args, check_dout, grads_like
+from ._checks import (Checked, as_float_array, as_int, as_positive_int, check_attention_args, check_dout, fold,
+                      grads_like, unfold)
+from ._threads import run_items
 
 # Tiles of 512 × 512: OpenBLAS (SkylakeX kernel, one thread) runs q·kᵀ (512×64 by 64×512) and p·v
 # (512×512 by 512×64) at 125-140 GFLOP/s, against 110-120 for 128 × 2048; the tile (1 MiB of float32)
@@ -68,19 +69,22 @@ class Plan:
     block_k: int
     is_causal: bool = False
     window: int | None = None   # with is_causal: only the last `window` keys up to each query
+    q_offset: int | None = None  # the key index query 0 sits at; None: n_k - n_q (bottom-right)
 
     def __post_init__(self):
         as_positive_int("block_q", self.block_q)
         as_positive_int("block_k", self.block_k)
         as_positive_int("window", self.window, allow_none=True)
+        if self.q_offset is not None:
+            as_int("q_offset", self.q_offset)
         if self.window is not None and not self.is_causal:
             raise ValueError(f"window={self.window} needs is_causal=True: it keeps the last `window` keys "
                              "up to each query")
 
     @property
     def offset(self) -> int:
-        """Query i sits at absolute position i + offset (bottom-right alignment)."""
-        return self.n_k - self.n_q
+        """Query i sits at key index i + offset (``q_offset``; by default bottom-right alignment)."""
+        return self.n_k - self.n_q if self.q_offset is None else self.q_offset
 
     def query_blocks(self) -> list[tuple[int, int]]:
         return [(i0, min(i0 + self.block_q, self.n_q)) for i0 in range(0, self.n_q, self.block_q)]
@@ -199,7 +203,7 @@ def max_row_norm(x: np.ndarray) -> float:
 # forward
 
 
-def tiled_attention(query, key, value, *, mask=None, is_causal=False, window=None, scale=None,
+def tiled_attention(query, key, value, *, mask=None, is_causal=False, window=None, q_offset=None, scale=None,
                     block_q=None, block_k=None, return_lse=False, check_finite=True, workers=None):
     """Scaled dot-product attention computed tile by tile with the online softmax; same result as
     :func:`attnlab.attention` without ever allocating the (n_q, n_k) grid.
@@ -213,6 +217,10 @@ def tiled_attention(query, key, value, *, mask=None, is_causal=False, window=Non
     window : int, optional
         With ``is_causal``: each query sees only the last ``window`` keys up to itself (sliding window,
         as ``causal_mask(..., window=)``). Tiles outside the window are skipped.
+    q_offset : int, optional
+        The key index that query 0 sits at (default ``n_k - n_q``, bottom-right): query ``i`` may see key
+        ``j`` when ``j <= i + q_offset`` (causal) and ``j > i + q_offset - window``. A query that sees no key
+        gets output 0 and lse ``-inf``.
     block_q, block_k : int, optional
         Tile size: queries per block and keys per block (default ``BLOCK_Q`` = ``BLOCK_K`` = 512).
     return_lse : bool
@@ -241,39 +249,40 @@ def tiled_attention(query, key, value, *, mask=None, is_causal=False, window=Non
     ...             attention(q, k, v, is_causal=True))
     True
     """
-    c = check_attention_args(query, key, value, mask=mask, scale=scale, require_finite=check_finite)
-    plan = make_plan(c, is_causal=is_causal, window=window, block_q=block_q, block_k=block_k)
-    out, lse = tiled_forward(c, plan, workers=workers)
+    c = check_attention_args(query, key, value, mask=mask, is_causal=is_causal, window=window, q_offset=q_offset,
+                             scale=scale, require_finite=check_finite)
+    out, lse = tiled_forward(c, make_plan(c, block_q=block_q, block_k=block_k), workers=workers)
     out = out.astype(c.out_dtype, copy=False)
     return (out, lse) if return_lse else out
 
 
-def make_plan(c: Checked, *, is_causal, window, block_q, block_k, default=None) -> Plan:
-    """The tiles for c's shapes; a block size left None takes its ``default`` (BLOCK_Q, BLOCK_K)."""
-    n_q, n_k = c.q.shape[-2], c.k.shape[-2]
+def make_plan(c: Checked, *, block_q=None, block_k=None, default=None) -> Plan:
+    """The tiles for c's shapes and causal mask; a block size left None takes its ``default`` (the module's
+    BLOCK_Q, BLOCK_K, read at call time)."""
     default = (BLOCK_Q, BLOCK_K) if default is None else default
-    return Plan(n_q=n_q, n_k=n_k, block_q=default[0] if block_q is None else block_q,
-                block_k=default[1] if block_k is None else block_k, is_causal=check_flag("is_causal", is_causal),
-                window=window)
+    return Plan(n_q=c.q.shape[-2], n_k=c.k.shape[-2], block_q=default[0] if block_q is None else block_q,
+                block_k=default[1] if block_k is None else block_k, is_causal=c.is_causal, window=c.window,
+                q_offset=c.q_offset)
 
 
 def tiled_forward(c: Checked, plan: Plan, *, workers=None) -> tuple[np.ndarray, np.ndarray]:
-    """The online softmax over every (batch, head) and query block; returns (out, lse) in the compute dtype."""
-    batch, q, k, v, keep = broadcast_batch(c)
-    d_k, d_v = q.shape[-1], v.shape[-1]
-    out = np.empty((*batch, plan.n_q, d_v), q.dtype)    # (..., n_q, d_v)
-    lse = np.empty((*batch, plan.n_q), q.dtype)         # (..., n_q)
-    # head by head, so a worker transposes each head's keys once; biggest blocks first within a head
-    items = [(idx, i0, i1) for idx in np.ndindex(batch)
+    """The online softmax over every (batch, head) and query block; returns (out, lse) in the compute dtype,
+    (..., h, n_q, d_v) and (..., h, n_q)."""
+    g = group_view(c)
+    d_k, d_v = g.q.shape[-1], g.v.shape[-1]
+    out = np.empty((*g.batch, plan.n_q, d_v), g.q.dtype)    # (..., h_kv, g, n_q, d_v)
+    lse = np.empty((*g.batch, plan.n_q), g.q.dtype)         # (..., h_kv, g, n_q)
+    # head by head, so a worker transposes each key head once; biggest blocks first within a head
+    items = [(idx, i0, i1) for idx in np.ndindex(g.batch)
              for i0, i1 in sorted(plan.query_blocks(), key=lambda b: -plan.n_scores(*b))]
 
     def work(item, buf):
         idx, i0, i1 = item
-        forward_rows(q[idx], buf.keys_transposed(idx, k[idx]), v[idx], None if keep is None else keep[idx],
-                     plan, c.scale, i0, i1, out[idx], lse[idx], buf)
+        forward_rows(g.q[idx], buf.keys_transposed(g.key_head(idx), g.k[idx]), g.v[idx],
+                     None if g.keep is None else g.keep[idx], plan, c.scale, i0, i1, out[idx], lse[idx], buf)
 
-    run_items(items, work, lambda: Scratch(plan, d_k, d_v, q.dtype), workers)
-    return out, lse
+    run_items(items, work, lambda: Scratch(plan, d_k, d_v, g.q.dtype), workers)
+    return out.reshape(*c.batch, plan.n_q, d_v), lse.reshape(*c.batch, plan.n_q)   # (..., h, n_q, d_v), (..., h, n_q)
 
 
 def forward_rows(q, kT, v, keep, plan: Plan, scale: float, i0: int, i1: int, out, lse, buf: Scratch) -> None:
@@ -344,7 +353,8 @@ def move_shift(s, m, shift, l, acc, *, rescale: bool):
     return m, shift
 
 
-def attention_weights_rows(query, key, lse, rows, *, mask=None, is_causal=False, window=None, scale=None):
+def attention_weights_rows(query, key, lse, rows, *, mask=None, is_causal=False, window=None, q_offset=None,
+                           scale=None):
     """The exact attention weights of chosen query rows, rebuilt from ``lse`` without the rest of the grid.
 
     ``a[i, j] = exp(s[i, j] - lse[i])`` with ``s = q kᵀ · scale`` (masked scores -inf): the softmax's
@@ -355,7 +365,7 @@ def attention_weights_rows(query, key, lse, rows, *, mask=None, is_causal=False,
 
     Parameters
     ----------
-    query, key, mask, is_causal, window, scale
+    query, key, mask, is_causal, window, q_offset, scale
         As given to :func:`tiled_attention`.
     lse : float array (..., n_q)
         As returned by ``tiled_attention(..., return_lse=True)``.
@@ -381,20 +391,21 @@ def attention_weights_rows(query, key, lse, rows, *, mask=None, is_causal=False,
     >>> out, lse = tiled_attention(q, k, v, is_causal=True, return_lse=True)
     >>> attention_weights_rows(q, k, lse, [1], is_causal=True).round(3)
     array([[0.366, 0.634, 0.   , 0.   , 0.   , 0.   ]])
-    >>> from attnlab import attention
-    >>> _, a = attention(q, k, v, is_causal=True, return_weights=True)
+    >>> from attnlab import attention_weights
+    >>> a = attention_weights(q, k, is_causal=True)
     >>> np.allclose(attention_weights_rows(q, k, lse, [1, 4], is_causal=True), a[[1, 4]])
     True
     """
-    c = check_attention_args(query, key, key, mask=mask, scale=scale)
-    plan = make_plan(c, is_causal=is_causal, window=window, block_q=None, block_k=None)
+    c = check_attention_args(query, key, key, mask=mask, is_causal=is_causal, window=window, q_offset=q_offset,
+                             scale=scale)
+    plan = make_plan(c)
     rows = as_rows("rows", rows, plan.n_q)                            # (r,)
-    batch = np.broadcast_shapes(c.q.shape[:-2], c.k.shape[:-2])
     lse = as_float_array("lse", lse)
-    if lse.shape != (*batch, plan.n_q):
-        raise ValueError(f"lse must have shape {(*batch, plan.n_q)} (one per query), got {lse.shape}")
-    s = c.q[..., rows, :] @ np.swapaxes(c.k, -1, -2)                  # (..., r, n_k)
-    s *= c.scale                                                      # (..., r, n_k) s = q kᵀ · scale
+    if lse.shape != (*c.batch, plan.n_q):
+        raise ValueError(f"lse must have shape {(*c.batch, plan.n_q)} (one per query), got {lse.shape}")
+    q_r = fold(c.q[..., rows, :], c.groups)                           # (..., h_kv, g·r, d_k)
+    s = unfold(q_r @ np.swapaxes(c.k, -1, -2), c.groups)              # (..., h, r, n_k)
+    s *= c.scale                                                      # (..., h, r, n_k) s = q kᵀ · scale
     if plan.is_causal:
         s[..., plan.hidden(rows, np.arange(plan.n_k))] = -np.inf      # (..., r, n_k)
     if c.keep is not None:
@@ -418,8 +429,8 @@ def as_rows(name: str, rows, n: int) -> np.ndarray:
 # backward
 
 
-def tiled_attention_grad(query, key, value, dout, *, mask=None, is_causal=False, window=None, scale=None,
-                         block_q=None, block_k=None, workers=None):
+def tiled_attention_grad(query, key, value, dout, *, mask=None, is_causal=False, window=None, q_offset=None,
+                         scale=None, block_q=None, block_k=None, workers=None):
     """Backward of :func:`tiled_attention` (FlashAttention-2): ``(dq, dk, dv)`` of a loss whose gradient
     with respect to the output is ``dout`` (..., n_q, d_v), without the (n_q, n_k) grid.
 
@@ -429,70 +440,85 @@ def tiled_attention_grad(query, key, value, dout, *, mask=None, is_causal=False,
     ``BLOCK_Q``, ``BLOCK_K`` in the forward and ``BACKWARD_BLOCKS`` (128, 2048) in the backward; given,
     both passes use them.
     """
-    c = check_attention_args(query, key, value, mask=mask, scale=scale)
-    do = check_dout(c, dout)                                    # (..., n_q, d_v)
-    out, lse, back = forward_for_backward(c, is_causal=is_causal, window=window, block_q=block_q,
-                                          block_k=block_k, workers=workers)   # (..., n_q, d_v), (..., n_q)
-    dq, dk, dv = tiled_backward(c, back, out, lse, do, workers=workers)
-    return grads_like((dq, dk, dv), (query, key, value))
+    c = check_attention_args(query, key, value, mask=mask, is_causal=is_causal, window=window, q_offset=q_offset,
+                             scale=scale)
+    do = check_dout(c, dout)                                    # (..., h, n_q, d_v)
+    _, saved = tiled_forward_saved(c, (query, key, value), block_q=block_q, block_k=block_k, workers=workers)
+    grads = tiled_backward(c, saved.plan, saved.out, saved.lse, do, workers=workers)
+    return grads_like(grads, (query, key, value))
 
 
-def forward_for_backward(c: Checked, *, is_causal, window=None, block_q=None, block_k=None, workers=None):
-    """The forward of a training step: ``(out, lse, back)``, what :func:`tiled_backward` needs.
+@dataclass(frozen=True, eq=False)
+class TiledSaved:
+    """What the tiled forward keeps for its backward: one log-sum-exp per query, never the grid."""
+    c: Checked
+    inputs: tuple            # the caller's query, key, value: the gradients take their shapes and dtypes
+    out: np.ndarray          # (..., h, n_q, d_v) in the compute dtype
+    lse: np.ndarray          # (..., h, n_q) log Σ_j exp(s_j), -inf for a query that sees no key
+    plan: Plan               # the backward's tiles: the forward's grid and mask in BACKWARD_BLOCKS
 
-    ``out`` (..., n_q, d_v) and ``lse`` (..., n_q) in the compute dtype, and ``back``, the backward's
-    plan: the same grid and mask, in its own default tiles (``BACKWARD_BLOCKS``) where none was given.
-    """
-    plan = make_plan(c, is_causal=is_causal, window=window, block_q=block_q, block_k=block_k)
-    back = make_plan(c, is_causal=is_causal, window=window, block_q=block_q, block_k=block_k,
-                     default=BACKWARD_BLOCKS)
-    out, lse = tiled_forward(c, plan, workers=workers)          # (..., n_q, d_v), (..., n_q)
-    return out, lse, back
+
+def tiled_forward_saved(c: Checked, inputs: tuple, *, block_q=None, block_k=None,
+                        workers=None) -> tuple[np.ndarray, TiledSaved]:
+    """The forward of a training step: ``out`` (..., h, n_q, d_v) in the compute dtype, and what
+    :func:`tiled_backward` needs. The backward's plan has the same grid and mask, in its own default tiles
+    (``BACKWARD_BLOCKS``) where none was given."""
+    plan = make_plan(c, block_q=block_q, block_k=block_k)
+    back = make_plan(c, block_q=block_q, block_k=block_k, default=BACKWARD_BLOCKS)
+    out, lse = tiled_forward(c, plan, workers=workers)          # (..., h, n_q, d_v), (..., h, n_q)
+    return out, TiledSaved(c=c, inputs=inputs, out=out, lse=lse, plan=back)
 
 
 def tiled_backward(c: Checked, plan: Plan, out, lse, do, *, workers=None):
-    """FlashAttention-2's backward over every (batch, head); (dq, dk, dv) over the broadcast batch."""
-    batch, q, k, v, keep = broadcast_batch(c)
-    n_q, n_k, d_k, d_v = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
-    dq = np.zeros((*batch, n_q, d_k), q.dtype)          # (..., n_q, d_k)
-    dk = np.empty((*batch, n_k, d_k), q.dtype)          # (..., n_k, d_k)
-    dv = np.empty((*batch, n_k, d_v), q.dtype)          # (..., n_k, d_v)
+    """FlashAttention-2's backward over every (batch, key/value head) and the query heads that use it;
+    (dq, dk, dv) over the broadcast batch: dq (..., h, n_q, d_k), dk and dv (..., h_kv, n_k, ·)."""
+    g = group_view(c)
+    n_q, n_k, d_k, d_v = g.q.shape[-2], g.k.shape[-2], g.q.shape[-1], g.v.shape[-1]
+    do = g.split(do, 2)                                 # (..., h_kv, g, n_q, d_v)
+    dq = np.zeros((*g.batch, n_q, d_k), g.q.dtype)      # (..., h_kv, g, n_q, d_k)
+    dk = np.empty((*g.batch[:-1], n_k, d_k), g.q.dtype)  # (..., h_kv, n_k, d_k) summed over the group
+    dv = np.empty((*g.batch[:-1], n_k, d_v), g.q.dtype)  # (..., h_kv, n_k, d_v)
     # forward: out = Σ_j a_j v_j, so Σ_j a_j · dL/da_j = Σ_d out · dout: one number per query
-    delta = np.einsum("...d,...d->...", out, do)        # (..., n_q)
+    delta = np.einsum("...d,...d->...", g.split(out, 2), do)     # (..., h_kv, g, n_q)
     # a query that saw no key has lse = -inf and zero weights: +inf makes exp(s - lse) = 0 there
-    lse = np.where(lse == -np.inf, np.inf, lse)         # (..., n_q)
+    lse = g.split(np.where(lse == -np.inf, np.inf, lse), 1)     # (..., h_kv, g, n_q)
 
     def work(idx, buf):
-        np.copyto(buf.vT, v[idx].T)
-        backward_head(q[idx], k[idx], buf.keys_transposed(idx, k[idx]), buf.vT,
-                      None if keep is None else keep[idx], plan, c.scale, lse[idx], delta[idx], do[idx],
+        k = g.k[idx][0]                                 # (n_k, d_k) the group's key head (a view)
+        np.copyto(buf.vT, g.v[idx][0].T)                # (d_v, n_k)
+        backward_head(g.q[idx], k, buf.keys_transposed(g.key_head((*idx, 0)), k), buf.vT,
+                      None if g.keep is None else g.keep[idx], plan, c.scale, lse[idx], delta[idx], do[idx],
                       dq[idx], dk[idx], dv[idx], buf)
 
-    run_items(list(np.ndindex(batch)), work,
-              lambda: Scratch(plan, d_k, d_v, q.dtype, backward=True), workers)
-    return dq, dk, dv
+    run_items(list(np.ndindex(g.batch[:-1])), work,
+              lambda: Scratch(plan, d_k, d_v, g.q.dtype, backward=True), workers)
+    return dq.reshape(*c.batch, n_q, d_k), dk, dv
 
 
 def backward_head(q, k, kT, vT, keep, plan: Plan, scale, lse, delta, do, dq, dk, dv, buf: Scratch) -> None:
-    """One (batch, head): for each key block, walk the query blocks that see it (FlashAttention-2, alg. 2).
+    """One (batch, key/value head) and its group of g query heads: for each key block, walk the query blocks
+    of every head of the group that see it (FlashAttention-2, alg. 2).
 
-    q (n_q, d_k), k (n_k, d_k) and kT (d_k, n_k), vT (d_v, n_k), lse and delta (n_q,), do (n_q, d_v);
-    dq accumulates, dk and dv are written.
+    q (g, n_q, d_k), k (n_k, d_k) and kT (d_k, n_k), vT (d_v, n_k), keep (g, n_q, n_k) or None, lse and delta
+    (g, n_q), do (g, n_q, d_v); dq (g, n_q, d_k) accumulates, dk and dv (n_k, ·) are written, summed over
+    the group.
     """
-    qs = q * scale                                              # (n_q, d_k) scaled once per head
+    qs = q * scale                                              # (g, n_q, d_k) scaled once per head
     q_blocks = plan.query_blocks()
     for j0 in range(0, plan.n_k, plan.block_k):
         j1 = min(j0 + plan.block_k, plan.n_k)
         dk_j, dv_j = dk[j0:j1], dv[j0:j1]                       # (bk, d_k), (bk, d_v) accumulated in place
         dk_j.fill(0)
         dv_j.fill(0)
-        for i0, i1 in q_blocks:
-            lo, hi = plan.key_span(i0, i1)
-            if j1 <= lo or j0 >= hi:
-                continue                                        # the forward skipped this tile too
-            j0c, j1c = max(j0, lo), min(j1, hi)                 # the part of the key block it saw
-            backward_tile(qs, k, kT, vT, keep, plan, scale, lse, delta, do, dq, i0, i1, j0c, j1c,
-                          dk_j[j0c - j0:j1c - j0], dv_j[j0c - j0:j1c - j0], buf)
+        for h in range(len(qs)):                                # the query heads that share this key head
+            keep_h = None if keep is None else keep[h]          # (n_q, n_k) or None
+            for i0, i1 in q_blocks:
+                lo, hi = plan.key_span(i0, i1)
+                if j1 <= lo or j0 >= hi:
+                    continue                                    # the forward skipped this tile too
+                j0c, j1c = max(j0, lo), min(j1, hi)             # the part of the key block it saw
+                backward_tile(qs[h], k, kT, vT, keep_h, plan, scale, lse[h], delta[h], do[h], dq[h], i0, i1,
+                              j0c, j1c, dk_j[j0c - j0:j1c - j0], dv_j[j0c - j0:j1c - j0], buf)
 
 
 def backward_tile(qs, k, kT, vT, keep, plan, scale, lse, delta, do, dq, i0, i1, j0, j1, dk_j, dv_j,
@@ -523,56 +549,46 @@ def backward_tile(qs, k, kT, vT, keep, plan, scale, lse, delta, do, dq, i0, i1, 
 
 
 # ----------------------------------------------------------------------------------------------------
-# batch and threads
+# the batch: every query head beside the key/value head it uses
 
 
-def broadcast_batch(c: Checked):
-    """The leading axes every input broadcasts to, and q, k, v, keep as views over them (no copies)."""
-    batch = np.broadcast_shapes(c.q.shape[:-2], c.k.shape[:-2], c.v.shape[:-2])
-    q = np.broadcast_to(c.q, (*batch, *c.q.shape[-2:]))         # (..., n_q, d_k)
-    k = np.broadcast_to(c.k, (*batch, *c.k.shape[-2:]))         # (..., n_k, d_k)
-    v = np.broadcast_to(c.v, (*batch, *c.v.shape[-2:]))         # (..., n_k, d_v)
-    return batch, q, k, v, c.keep                               # keep: (..., n_q, n_k) view or None
+@dataclass(frozen=True, eq=False)
+class GroupView:
+    """q, k, v and the mask as views over the leading axes (..., h_kv, g): query head i = (i // g, i % g)
+    beside key/value head i // g, which is a broadcast view (g times the same memory, never copied)."""
+    batch: tuple                 # (..., h_kv, g)
+    q: np.ndarray                # (..., h_kv, g, n_q, d_k)
+    k: np.ndarray                # (..., h_kv, g, n_k, d_k) broadcast along g
+    v: np.ndarray                # (..., h_kv, g, n_k, d_v) broadcast along g
+    keep: np.ndarray | None      # (..., h_kv, g, n_q, n_k) or None
+    groups: int
+    k_lead: tuple                # k's own leading axes, padded to len(batch): 1 where k is broadcast
+
+    def split(self, x: np.ndarray, tail: int) -> np.ndarray:
+        """An array with the output's leading axes (..., h) and ``tail`` more, as a view over (..., h_kv, g)."""
+        x = split_groups(x, self.groups, tail)                   # (..., h_kv, g, ...)
+        return np.broadcast_to(x, (*self.batch, *x.shape[x.ndim - tail:]))
+
+    def key_head(self, idx: tuple) -> tuple:
+        """Which key head item ``idx`` of ``batch`` reads: the same tuple for every item that shares it."""
+        return tuple(i if n > 1 else 0 for i, n in zip(idx, self.k_lead))
 
 
-def run_items(items: list, work, new_scratch, workers=None) -> None:
-    """Call ``work(item, scratch)`` for every item, over ``workers`` threads with BLAS pinned to one
-    thread each; each thread allocates its scratch once. Runs on the calling thread when one worker
-    suffices or threadpoolctl is missing."""
-    workers = usable_cores() if workers is None else as_positive_int("workers", workers)
-    workers = min(workers, len(items))
-    limiter = blas_limiter() if workers > 1 else None
-    if limiter is None:
-        buf = new_scratch()
-        for item in items:
-            work(item, buf)
-        return
-    todo, lock = iter(items), threading.Lock()
-
-    def worker():
-        buf = new_scratch()
-        while True:
-            with lock:
-                item = next(todo, None)
-            if item is None:
-                return
-            work(item, buf)
-
-    with limiter.limit(limits=1, user_api="blas"), ThreadPoolExecutor(workers) as pool:
-        for f in [pool.submit(worker) for _ in range(workers)]:
-            f.result()
+def split_groups(x: np.ndarray, groups: int, tail: int) -> np.ndarray:
+    """(..., h, *tail) -> (..., h / groups, groups, *tail): the head axis split into its groups, a view
+    (with groups = 1, a new axis of 1)."""
+    h_axis = x.ndim - tail - 1
+    if groups == 1:
+        return np.expand_dims(x, h_axis + 1)                      # (..., h, 1, *tail)
+    return x.reshape(*x.shape[:h_axis], x.shape[h_axis] // groups, groups, *x.shape[h_axis + 1:])
 
 
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-@functools.cache
-def blas_limiter():
-    """threadpoolctl's controller (found once: looking up the loaded libraries takes milliseconds), or
-    None when threadpoolctl is not installed."""
-    try:
-        from threadpoolctl import ThreadpoolController
-    except ImportError:
-        return None
-    return ThreadpoolController()
+def group_view(c: Checked) -> GroupView:
+    """The inputs as views over (..., h_kv, g) (no copies): g query heads per key/value head."""
+    q5 = split_groups(c.q, c.groups, 2)                                   # (..., h_kv, g, n_q, d_k)
+    k5, v5 = split_groups(c.k, 1, 2), split_groups(c.v, 1, 2)             # (..., h_kv, 1, n_k, ·)
+    batch = np.broadcast_shapes(q5.shape[:-2], k5.shape[:-2], v5.shape[:-2])    # (..., h_kv, g)
+    view = GroupView(batch=batch, q=np.broadcast_to(q5, (*batch, *q5.shape[-2:])),
+                     k=np.broadcast_to(k5, (*batch, *k5.shape[-2:])), v=np.broadcast_to(v5, (*batch, *v5.shape[-2:])),
+                     keep=None, groups=c.groups, k_lead=(1,) * (len(batch) + 2 - k5.ndim) + k5.shape[:-2])
+    return view if c.keep is None else replace(view, keep=view.split(c.keep, 2))   # (..., h_kv, g, n_q, n_k)

@@ -21,7 +21,7 @@ def register(sub) -> None:
 def cmd_generate(args) -> int:
     from ..lm.checkpoint import load_checkpoint
     from ..lm.model import generate
-    from ..lm.training import one_blas_thread
+    from .._threads import one_blas_thread
 
     model, vocab = load_checkpoint(args.dir)
     prompt = vocab.encode(args.prompt)

@@ -71,7 +71,8 @@ def cmd_train(args) -> int:
     from ..lm.checkpoint import load_checkpoint, save_checkpoint
     from ..lm.compare import ALPHA, loss_beside_counts
     from ..lm.model import AttentionLM, LMConfig
-    from ..lm.training import AdamConfig, check_text_length, cosine_decay, one_blas_thread, training_steps
+    from .._threads import one_blas_thread
+    from ..lm.training import AdamConfig, check_text_length, cosine_decay, training_steps
 
     if args.save_every < 1:
         raise ValueError(f"--save-every must be a positive integer, got {args.save_every}")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._checks import as_positive_int
-from ..attention import attention
+from ..attention import attention, attention_weights
 from ..config import GPT2_SMALL, AttentionConfig
 from ..masks import additive_mask, causal_mask
 from .toy import GuideToy
@@ -81,7 +81,8 @@ def explain(toy: GuideToy, sentence: str, *, is_causal: bool = True) -> list[Ste
     s = q @ k.T / np.sqrt(d_k)                              # (n, n) scaled scores
     keep = causal_mask(n) if is_causal else np.ones((n, n), bool)   # (n, n)
     m = additive_mask(keep)                                 # (n, n) 0 and −∞
-    out, a = attention(q, k, v, mask=keep, return_weights=True)     # (n, d_v), (n, n)
+    out = attention(q, k, v, mask=keep)                     # (n, d_v)
+    a = attention_weights(q, k, mask=keep)                  # (n, n)
     values = {"X": x, "W^Q": toy.W_Q, "W^K": toy.W_K, "W^V": toy.W_V, "Q": q, "K": k, "V": v, "Kᵀ": k.T,
               "S": s, "M": m, "S + M": s + m, "A": a, "AV": out}
     letters = {"n": n, "d_model": x.shape[1], "d_k": d_k, "d_v": v.shape[1]}

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._checks import as_finite_float, as_float_array
-from ..attention import attention
+from ..attention import attention, attention_weights
 from ..softmax import softmax
 
 TOKENS = ("the", "cat", "sat")
@@ -54,7 +54,8 @@ def soft_lookup(query=QUERY, keys=KEYS, values=VALUES, *, scaled: bool = False) 
         if arr.ndim != 2:
             raise ValueError(f"{name} must be a matrix with one row per token, got shape {arr.shape}")
     scale = 1 / np.sqrt(q.shape[0]) if scaled else 1.0
-    out, a = attention(q[None], k, v, scale=scale, return_weights=True)    # (1, d_v), (1, n)
+    out = attention(q[None], k, v, scale=scale)                             # (1, d_v)
+    a = attention_weights(q[None], k, scale=scale)                          # (1, n)
     products = k * q                                                        # (n, d_k)
     return Lookup(query=q, keys=k, values=v, products=products, scores=products.sum(axis=1) * scale,
                   scale=float(scale), weights=a[0], output=out[0])

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._checks import as_float_array, as_positive_float, as_positive_int, check_rng
-from ..attention import attention
+from ..attention import attention, attention_weights
 from ..softmax import softmax
 
 TOY_TEXT = ("the cat sat on the mat and the dog sat on the log and the "
@@ -154,7 +154,7 @@ def self_attention(x, W_Q, W_K, W_V, *, is_causal: bool = True) -> tuple[np.ndar
             raise ValueError(f"{name} must be ({x.shape[-1]}, width) to match x of shape {x.shape}, "
                              f"got {w.shape}")
     q, k, v = x @ W_Q, x @ W_K, x @ W_V                                      # (n, d_k), (n, d_k), (n, d_v)
-    return attention(q, k, v, is_causal=is_causal, return_weights=True)     # (n, d_v), (n, n)
+    return attention(q, k, v, is_causal=is_causal), attention_weights(q, k, is_causal=is_causal)   # (n, d_v), (n, n)
 
 
 def guide_toy(text: str = TOY_TEXT) -> GuideToy:

@@ -162,19 +162,3 @@ def train(model: AttentionLM, ids, *, steps: int, batch_size: int, rng: np.rando
     """Run :func:`training_steps` to the end; the batch losses, step by step."""
     return [s.loss for s in training_steps(model, ids, steps=steps, batch_size=batch_size, rng=rng, adam=adam,
                                            schedule=schedule)]
-
-
-def one_blas_thread():
-    """A context in which BLAS runs on one thread (threadpoolctl), or a no-op without threadpoolctl.
-
-    This model's matrices are small (d_model 64, windows of 64): split over threads, BLAS spends more time
-    waiting for its threads than multiplying, and on a busy 2-core machine a training step was measured ten
-    times slower with 2 threads than with 1 (benchmarks/train_guide.py prints the BLAS in use).
-    """
-    import contextlib
-
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=1, user_api="blas")

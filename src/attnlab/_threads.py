@@ -1,0 +1,81 @@
+"""Threads: BLAS pinning and the worker pool, in one place.
+
+numpy releases the GIL inside matmul and ufuncs, so two threads run two tiles at once on two cores, as
+long as BLAS itself runs one thread per worker (else the threads fight over the cores). threadpoolctl
+pins BLAS; it is optional: without it the work runs on the calling thread and BLAS is left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from ._checks import as_positive_int
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS tells it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+@functools.cache
+def blas_limiter():
+    """threadpoolctl's controller (found once: looking up the loaded libraries takes milliseconds), or
+    None when threadpoolctl is not installed."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return None
+    return ThreadpoolController()
+
+
+def one_blas_thread():
+    """A context in which BLAS runs on one thread, or a no-op without threadpoolctl.
+
+    Small matrices (the guide's LM: d_model 64, windows of 64) split over threads spend more time waiting
+    for the threads than multiplying: on a busy 2-core machine a training step was measured ten times
+    slower with 2 BLAS threads than with 1 (benchmarks/train_guide.py prints the BLAS in use).
+    """
+    limiter = blas_limiter()
+    return contextlib.nullcontext() if limiter is None else limiter.limit(limits=1, user_api="blas")
+
+
+def blas_info() -> list[dict]:
+    """The BLAS libraries loaded in this process (threadpoolctl), or [] without threadpoolctl."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return []
+    keep = ("user_api", "internal_api", "prefix", "version", "architecture", "num_threads", "threading_layer")
+    return [{k: lib.get(k) for k in keep} for lib in threadpool_info()]
+
+
+def run_items(items: list, work, new_scratch, workers=None) -> None:
+    """Call ``work(item, scratch)`` for every item, over ``workers`` threads (default: the usable cores)
+    with BLAS pinned to one thread each; each thread allocates its scratch once. Runs on the calling
+    thread when one worker suffices or threadpoolctl is missing."""
+    workers = usable_cores() if workers is None else as_positive_int("workers", workers)
+    workers = min(workers, len(items))
+    limiter = blas_limiter() if workers > 1 else None
+    if limiter is None:
+        buf = new_scratch()
+        for item in items:
+            work(item, buf)
+        return
+    todo, lock = iter(items), threading.Lock()
+
+    def worker():
+        buf = new_scratch()
+        while True:
+            with lock:
+                item = next(todo, None)
+            if item is None:
+                return
+            work(item, buf)
+
+    with limiter.limit(limits=1, user_api="blas"), ThreadPoolExecutor(workers) as pool:
+        for f in [pool.submit(worker) for _ in range(workers)]:
+            f.result()

@@ -1,0 +1,87 @@
+"""The naive reference: the guide's equation with the whole (n_q, n_k) grid of scores in memory.
+
+    Attention(Q, K, V) = softmax(Q Kᵀ / √d_k + M) V
+
+Forward and backward side by side; the faster paths (:mod:`attnlab.tiled`, :mod:`attnlab.decode`) are tested
+against this one. Grouped-query attention runs folded (:func:`attnlab._checks.fold`): the query heads of a
+group are stacked as rows, so a group is one matmul against its key/value head and K, V are never repeated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._checks import Checked, fold, unfold
+from .masks import causal_mask
+from .softmax import softmax
+
+
+@dataclass(frozen=True, eq=False)
+class NaiveSaved:
+    """What the naive forward keeps for its backward: the checked inputs, the output and the weights."""
+    c: Checked
+    inputs: tuple            # the caller's query, key, value: the gradients take their shapes and dtypes
+    out: np.ndarray          # (..., h, n_q, d_v) in the compute dtype
+    a: np.ndarray            # (..., h, n_q, n_k) the weights
+
+
+def visible(c: Checked) -> np.ndarray | None:
+    """Which scores survive: the caller's mask AND the causal one (window, q_offset), (..., h, n_q, n_k)
+    bool, or None when every key is visible to every query."""
+    if not c.causal_hides_keys:
+        return c.keep
+    causal = causal_mask(c.q.shape[-2], c.k.shape[-2], window=c.window, q_offset=c.q_offset)   # (n_q, n_k)
+    return causal if c.keep is None else c.keep & causal                 # (..., h, n_q, n_k)
+
+
+def naive_weights(c: Checked) -> np.ndarray:
+    """The grid of weights A = softmax(S + M), (..., h, n_q, n_k), in the compute dtype."""
+    g = c.groups
+    s = unfold(fold(c.q, g) @ np.swapaxes(c.k, -1, -2), g)   # (..., h, n_q, n_k) raw scores; a group: one matmul
+    s *= c.scale                                         # (..., h, n_q, n_k) S = QKᵀ/√d_k
+    if c.bias is not None:
+        s = s + c.bias                                   # (..., h, n_q, n_k)
+    keep = visible(c)
+    if keep is not None and s.shape == np.broadcast_shapes(s.shape, keep.shape):
+        np.copyto(s, -np.inf, where=~keep)               # (..., h, n_q, n_k) S + M, in place
+    elif keep is not None:
+        s = np.where(keep, s, -np.inf)                   # (..., h, n_q, n_k) S + M, a mask with more batch axes
+    return softmax(s)                                    # (..., h, n_q, n_k) A, rows with no key are 0
+
+
+def naive_attention(c: Checked) -> tuple[np.ndarray, np.ndarray]:
+    """The reference forward: ``(out, a)``, (..., h, n_q, d_v) and (..., h, n_q, n_k), in the compute dtype."""
+    a = naive_weights(c)                                 # (..., h, n_q, n_k)
+    out = unfold(fold(a, c.groups) @ c.v, c.groups)      # (..., h, n_q, d_v) out = A V
+    return out, a
+
+
+def naive_forward(c: Checked, inputs: tuple) -> tuple[np.ndarray, NaiveSaved]:
+    """:func:`naive_attention`'s output (compute dtype), and what :func:`naive_backward` needs."""
+    out, a = naive_attention(c)                          # (..., h, n_q, d_v), (..., h, n_q, n_k)
+    return out, NaiveSaved(c=c, inputs=inputs, out=out, a=a)
+
+
+def naive_backward(c: Checked, out: np.ndarray, a: np.ndarray, do: np.ndarray):
+    """(dq, dk, dv) over the broadcast batch from the forward's ``out`` and weights ``a``; dk and dv have the
+    key/value heads, each summed over its group of query heads."""
+    g = c.groups
+    a_f, do_f = fold(a, g), fold(do, g)                  # (..., h_kv, g·n_q, n_k), (..., h_kv, g·n_q, d_v)
+    # forward: out = a @ v
+    dv = np.swapaxes(a_f, -1, -2) @ do_f                 # (..., h_kv, n_k, d_v) summed over the group
+    da = do_f @ np.swapaxes(c.v, -1, -2)                 # (..., h_kv, g·n_q, n_k)
+    # forward: a = softmax(s), so ds = a * (da - Σ_j a·da); and Σ_j a·da = Σ_d out·dout
+    da -= (fold(out, g) * do_f).sum(-1, keepdims=True)   # (..., h_kv, g·n_q, n_k) in place: da is ours
+    ds = np.multiply(a_f, da, out=da)                    # (..., h_kv, g·n_q, n_k) zero wherever a was masked
+    # forward: s = (q @ kᵀ) * scale
+    dq = unfold(ds @ c.k, g) * c.scale                   # (..., h, n_q, d_k)
+    dk = np.swapaxes(ds, -1, -2) @ fold(c.q, g) * c.scale   # (..., h_kv, n_k, d_k) summed over the group
+    return dq, dk, dv
+
+
+def naive_attention_grad(c: Checked, do: np.ndarray):
+    """The reference forward then backward: (dq, dk, dv) over the broadcast batch."""
+    out, a = naive_attention(c)                          # (..., h, n_q, d_v), (..., h, n_q, n_k)
+    return naive_backward(c, out, a, do)
