@@ -18,7 +18,7 @@ import numpy as np
 from threadpoolctl import threadpool_info
 
 from attnlab.models.checkpoint import Tensors
-from attnlab.models.gpt2 import gpt2_from_tensors
+from attnlab.models.gpt2 import gpt2_config, gpt2_from_tensors
 from attnlab.stack import forward
 
 
@@ -36,7 +36,7 @@ def random_gpt2(n_layers: int, rng: np.random.Generator, *, d: int = 768, n_head
             w[f"h.{i}.{name}.weight"], w[f"h.{i}.{name}.bias"] = draw(*shape), draw(shape[1])
     config = {"model_type": "gpt2", "n_layer": n_layers, "n_head": n_heads, "n_embd": d, "n_positions": n_ctx,
               "vocab_size": vocab_size, "activation_function": "gelu_new"}
-    return gpt2_from_tensors(Tensors(w, "random GPT-2"), config)
+    return gpt2_from_tensors(Tensors(w, "random GPT-2"), gpt2_config(config, "random GPT-2"))
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ from attnlab.attention import attention_backward, attention_forward
 from attnlab.naive import NaiveSaved, naive_attention, naive_attention_grad
 from attnlab.tiled import TiledSaved
 from attnlab.multihead import multihead_attention_backward, multihead_attention_forward
+from attnlab.positions import RoPE
 
 
 @pytest.mark.parametrize("case", ["plain", "causal", "mask", "bias", "cross_causal", "broadcast"])
@@ -42,32 +43,20 @@ def test_attention_grad_bad_dout(rng):
         attention_grad(q, k, v, np.ones((3, 5), int))
 
 
-def _layer(rng, dtype=np.float64):
-    layer = MultiHeadAttention.init(AttentionConfig(d_model=6, n_heads=2), rng=rng, std=0.5, dtype=dtype)
+def _layer(rng, dtype=np.float64, cfg=AttentionConfig(d_model=6, n_heads=2)):
+    layer = MultiHeadAttention.init(cfg, rng=rng, std=0.5, dtype=dtype)
     biases = [rng.normal(size=b.shape).astype(dtype) for b in (layer.b_Q, layer.b_K, layer.b_V, layer.b_O)]
     return MultiHeadAttention(layer.W_Q, layer.W_K, layer.W_V, layer.W_O, *biases, config=layer.config)
 
 
-def test_gqa_layer_grad_matches_finite_differences(rng, numeric_grad):
-    """n_kv_heads = 1 of 3 query heads, RoPE with θ = 100: dW_K and dW_V sum over the group."""
-    from attnlab.positions import RoPE
-
-    cfg = AttentionConfig(d_model=6, n_heads=3, n_kv_heads=1, d_head=2, positions=RoPE(theta=100.0))
-    layer = MultiHeadAttention.init(cfg, rng=rng, std=0.5, dtype=np.float64)
-    for b in (layer.b_Q, layer.b_K, layer.b_V, layer.b_O):
-        b[:] = rng.normal(size=b.shape)
-    x, w = rng.normal(size=(2, 4, 6)), rng.normal(size=(2, 4, 6))
-    loss = lambda: float((w * layer(x, is_causal=True)).sum())   # noqa: E731
-    dx, grads = multihead_attention_grad(layer, x, w, is_causal=True)
-    np.testing.assert_allclose(dx, numeric_grad(loss, x), rtol=1e-6, atol=1e-8)
-    for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"):
-        np.testing.assert_allclose(getattr(grads, name), numeric_grad(loss, getattr(layer, name)),
-                                   rtol=1e-6, atol=1e-8, err_msg=name)
-
-
-@pytest.mark.parametrize("is_causal", [False, True])
-def test_multihead_grad_matches_finite_differences(rng, numeric_grad, is_causal):
-    layer = _layer(rng)
+@pytest.mark.parametrize("is_causal, cfg", [
+    (False, AttentionConfig(d_model=6, n_heads=2)),
+    (True, AttentionConfig(d_model=6, n_heads=2)),
+    # grouped-query: 1 KV head for 3 query heads, RoPE with θ = 100; dW_K and dW_V sum over the group
+    (True, AttentionConfig(d_model=6, n_heads=3, n_kv_heads=1, d_head=2, positions=RoPE(theta=100.0))),
+])
+def test_multihead_grad_matches_finite_differences(rng, numeric_grad, is_causal, cfg):
+    layer = _layer(rng, cfg=cfg)
     x = rng.normal(size=(2, 4, 6))
     w = rng.normal(size=(2, 4, 6))
     loss = lambda: float((w * layer(x, is_causal=is_causal)).sum())   # noqa: E731

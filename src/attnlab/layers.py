@@ -78,7 +78,7 @@ class LayerNorm:
         return {"weight": self.weight, "bias": self.bias}
 
     @classmethod
-    def load(cls, tensors, prefix: str, *, d_model: int, eps: float, why: str = "") -> "LayerNorm":
+    def load(cls, tensors, prefix: str, *, d_model: int, eps: float, why: str | None = None) -> "LayerNorm":
         """The norm stored as ``{prefix}.weight`` and ``{prefix}.bias`` (d_model,) in a checkpoint's
         :class:`~attnlab.models.checkpoint.Tensors`; ``why`` says where the expected shape comes from."""
         return cls(tensors.take(f"{prefix}.weight", (d_model,), why), tensors.take(f"{prefix}.bias", (d_model,), why),

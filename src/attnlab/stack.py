@@ -126,11 +126,10 @@ class Transformer:
     ln_final: LayerNorm | None = None     # before the logits (pre-norm models)
     W_U: np.ndarray | None = None         # (d_model, vocab_size), untied unembedding
     b_U: np.ndarray | None = None         # (vocab_size,)
+    name: str = ""                        # where it was loaded from ("minilm", a folder): shown, never tested
 
     def __post_init__(self):
-        c = self.config
-        if not isinstance(c, ModelConfig):
-            raise TypeError(f"config must be a ModelConfig, got {type(c).__name__}")
+        c = model_config(self.config)
         object.__setattr__(self, "blocks", tuple(self.blocks))
         if len(self.blocks) != c.n_layers:
             raise ValueError(f"the config has n_layers {c.n_layers}, got {len(self.blocks)} blocks")
@@ -167,19 +166,16 @@ class Transformer:
     def init(cls, config: ModelConfig, *, rng: np.random.Generator, std: float = 0.02,
              dtype=np.float32) -> "Transformer":
         """Random weights from N(0, std²) as GPT-2 initialises them; zero biases, norms the identity."""
-        if not isinstance(config, ModelConfig):
-            raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
-        check_rng(rng)
-        c = config
+        c, rng = model_config(config), check_rng(rng)
         draw = lambda *shape: rng.normal(0.0, std, shape).astype(dtype)   # noqa: E731
         norm = (lambda: c.norm.init(c.d_model, c.norm_eps, dtype)) if c.norm else (lambda: None)   # noqa: E731
-        W_E = draw(c.vocab_size, c.d_model)
-        W_P = draw(c.n_ctx, c.d_model) if c.attention.positions.has_table else None
         blocks = tuple(Block(attn=MultiHeadAttention.init(c.attention, rng=rng, std=std, dtype=dtype), ln_1=norm(),
                              mlp=None if c.d_mlp is None else MLP.init(c.d_model, c.d_mlp, c.activation, rng=rng,
                                                                        std=std, dtype=dtype),
                              ln_2=norm() if c.d_mlp is not None else None)
                        for _ in range(c.n_layers))
+        W_E = draw(c.vocab_size, c.d_model)                        # drawn after the blocks, as attnlab always has
+        W_P = draw(c.n_ctx, c.d_model) if c.attention.positions.has_table else None
         untied = c.has_logits and not c.tied_embeddings
         return cls(config=c, W_E=W_E, blocks=blocks, W_P=W_P,
                    W_T=draw(c.n_types, c.d_model) if c.n_types else None,
@@ -219,7 +215,7 @@ class Transformer:
     @classmethod
     def from_params(cls, config: ModelConfig, params: dict) -> "Transformer":
         """The inverse of :meth:`params`: refuses missing or extra names, and shapes the config does not ask for."""
-        c = config
+        c = model_config(config)
         template = param_names(c)
         if set(params) != set(template):
             missing, extra = sorted(set(template) - set(params)), sorted(set(params) - set(template))
@@ -237,6 +233,13 @@ class Transformer:
         return cls(config=c, W_E=p["W_E"], blocks=blocks, W_P=p.get("W_P"), W_T=p.get("W_T"),
                    ln_embed=norm("ln_embed") if c.embed_norm else None,
                    ln_final=norm("ln_final") if c.final_norm else None, W_U=p.get("W_U"), b_U=p.get("b_U"))
+
+
+def model_config(config) -> ModelConfig:
+    """``config`` if it is a ModelConfig, else a TypeError."""
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
+    return config
 
 
 ATTENTION_PARAMS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")

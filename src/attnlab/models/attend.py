@@ -35,9 +35,9 @@ def _loaded(model) -> tuple[Transformer, object, str]:
     """``(model, tokenizer, name)`` from "minilm", a folder, or a pair load_model returned."""
     if isinstance(model, tuple) and len(model) == 2 and isinstance(model[0], Transformer):
         network, tokenizer = model
-        return network, tokenizer, network.config.family or "model"
-    network, tokenizer = load_model(model)
-    return network, tokenizer, str(model)
+    else:
+        network, tokenizer = load_model(model)
+    return network, tokenizer, network.name or network.config.family
 
 
 def attend(text: str, model: str | Path | tuple = MINILM) -> Attended:

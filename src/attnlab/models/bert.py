@@ -10,8 +10,6 @@ load time. Both key layouts load: MiniLM's (``embeddings.…``, ``encoder.layer.
 from __future__ import annotations
 
 import functools
-from pathlib import Path
-
 import numpy as np
 
 from ..config import AttentionConfig
@@ -20,8 +18,8 @@ from ..multihead import MultiHeadAttention
 from ..positions import Learned
 from ..stack import Block, ModelConfig, Transformer
 from ..tokens import wordpiece_folder_tokenizer
-from .checkpoint import Tensors, check_layer_count, config_float, config_int, read_checkpoint
-from .families import Family, register
+from .checkpoint import Tensors, config_float, config_int
+from .families import Family, checkpoint_loader, register
 
 
 def bert_config(config: dict, source: str) -> ModelConfig:
@@ -39,25 +37,18 @@ def bert_config(config: dict, source: str) -> ModelConfig:
                        embed_norm=True, family="bert")
 
 
-def load_bert(folder: Path, config: dict) -> Transformer:
-    """The model in a checkpoint folder (one file or shards), read with its config.json."""
-    return bert_from_tensors(read_checkpoint(folder), config)
-
-
-def bert_from_tensors(t: Tensors, config: dict) -> Transformer:
-    """The model from a checkpoint's tensors and its config.json, every shape checked against the config."""
-    cfg = bert_config(config, t.source)
-    t = t.strip_prefix("bert.")
-    check_layer_count(t, r"encoder\.layer\.(\d+)\.", cfg.n_layers, "num_hidden_layers")
-    a = cfg.attention
-    d, d_mlp, width = cfg.d_model, cfg.d_mlp, a.n_heads * a.d_head
-    why = f"hidden_size={d}, num_attention_heads={a.n_heads}, intermediate_size={d_mlp}"
-
-    norm = functools.partial(LayerNorm.load, t, d_model=d, eps=cfg.norm_eps, why=why)   # norm(prefix)
+def bert_from_tensors(tensors: Tensors, cfg: ModelConfig) -> Transformer:
+    """The encoder from a checkpoint's tensors, every shape checked against the config."""
+    a, d, d_mlp = cfg.attention, cfg.d_model, cfg.d_mlp
+    width = a.n_heads * a.d_head
+    t = tensors.for_config(prefix="bert.", layers=r"encoder\.layer\.(\d+)\.", n_layers=cfg.n_layers,
+                           field="num_hidden_layers",
+                           why=f"hidden_size={d}, num_attention_heads={a.n_heads}, intermediate_size={d_mlp}")
+    norm = functools.partial(LayerNorm.load, t, d_model=d, eps=cfg.norm_eps)   # norm(prefix)
 
     def linear(prefix: str, d_in: int, d_out: int) -> tuple[np.ndarray, np.ndarray]:
-        w = t.take(f"{prefix}.weight", (d_out, d_in), why)       # (out, in) as torch stores it
-        return w.T, t.take(f"{prefix}.bias", (d_out,), why)       # (in, out), (out,)
+        w = t.take(f"{prefix}.weight", (d_out, d_in))             # (out, in) as torch stores it
+        return w.T, t.take(f"{prefix}.bias", (d_out,))            # (in, out), (out,)
 
     def block(i: int) -> Block:
         p = f"encoder.layer.{i}"
@@ -73,11 +64,12 @@ def bert_from_tensors(t: Tensors, config: dict) -> Transformer:
     e = "embeddings"
     return Transformer(
         config=cfg, blocks=tuple(block(i) for i in range(cfg.n_layers)),
-        W_E=t.take(f"{e}.word_embeddings.weight", (cfg.vocab_size, d), f"vocab_size={cfg.vocab_size}, {why}"),
-        W_P=t.take(f"{e}.position_embeddings.weight", (a.n_ctx, d), f"max_position_embeddings={a.n_ctx}, {why}"),
+        W_E=t.take(f"{e}.word_embeddings.weight", (cfg.vocab_size, d), f"vocab_size={cfg.vocab_size}, {t.why}"),
+        W_P=t.take(f"{e}.position_embeddings.weight", (a.n_ctx, d), f"max_position_embeddings={a.n_ctx}, {t.why}"),
         W_T=t.take(f"{e}.token_type_embeddings.weight", (cfg.n_types, d), f"type_vocab_size={cfg.n_types}"),
         ln_embed=norm(f"{e}.LayerNorm"))
 
 
-BERT = register(Family(name="bert", matches=lambda config: config.get("model_type") == "bert", load=load_bert,
+BERT = register(Family(name="bert", matches=lambda config: config.get("model_type") == "bert",
+                       load=checkpoint_loader(bert_config, bert_from_tensors),
                        tokenizer=lambda folder, config: wordpiece_folder_tokenizer(folder)))

@@ -9,13 +9,14 @@ Nothing outside a family's file tests which family a model is.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..stack import Transformer
-from .checkpoint import read_config
+from ..stack import ModelConfig, Transformer
+from .checkpoint import Tensors, read_checkpoint, read_config
 
 MINILM = "minilm"
 
@@ -30,6 +31,16 @@ class Family:
 
 
 FAMILIES: dict[str, Family] = {}
+
+
+def checkpoint_loader(config_from_json: Callable[[dict, str], ModelConfig],
+                      from_tensors: Callable[[Tensors, ModelConfig], Transformer]) -> Callable[[Path, dict], Transformer]:
+    """A family's ``load`` for a Hugging Face folder: read its tensors (one file or shards), state the stack's
+    config from config.json, then map the tensor names onto the stack."""
+    def load(folder: Path, config: dict) -> Transformer:
+        tensors = read_checkpoint(folder)
+        return from_tensors(tensors, config_from_json(config, tensors.source))
+    return load
 
 
 def register(family: Family) -> Family:
@@ -78,7 +89,7 @@ def load_network(path_or_name: str | Path = MINILM) -> Transformer:
     """
     folder = model_folder(path_or_name)
     config = read_config(folder)
-    return family_of(folder, config).load(folder, config)
+    return dataclasses.replace(family_of(folder, config).load(folder, config), name=str(path_or_name))
 
 
 def load_model(path_or_name: str | Path = MINILM) -> tuple[Transformer, object]:
@@ -96,4 +107,5 @@ def load_model(path_or_name: str | Path = MINILM) -> tuple[Transformer, object]:
     folder = model_folder(path_or_name)
     config = read_config(folder)
     family = family_of(folder, config)
-    return family.load(folder, config), family.tokenizer(folder, config)
+    model = dataclasses.replace(family.load(folder, config), name=str(path_or_name))
+    return model, family.tokenizer(folder, config)

@@ -8,9 +8,6 @@ Tokenizer: the folder's ``vocab.json`` and ``merges.txt`` (byte-level BPE).
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-
 import numpy as np
 
 from ..config import AttentionConfig
@@ -19,8 +16,8 @@ from ..multihead import MultiHeadAttention
 from ..positions import Learned
 from ..stack import Block, ModelConfig, Transformer
 from ..tokens import bpe_folder_tokenizer
-from .checkpoint import Tensors, check_layer_count, config_float, config_int, read_checkpoint
-from .families import Family, register
+from .checkpoint import Tensors, config_float, config_int
+from .families import Family, checkpoint_loader, register
 
 
 def gpt2_config(config: dict, source: str) -> ModelConfig:
@@ -40,24 +37,18 @@ def gpt2_config(config: dict, source: str) -> ModelConfig:
                        is_causal=True, tied_embeddings=True, family="gpt2")
 
 
-def load_gpt2(folder: Path, config: dict) -> Transformer:
-    """The model in a checkpoint folder (one file or shards), read with its config.json."""
-    return gpt2_from_tensors(read_checkpoint(folder), config)
-
-
-def gpt2_from_tensors(t: Tensors, config: dict) -> Transformer:
-    """The model from a checkpoint's tensors and its config.json, every shape checked against the config."""
-    cfg = gpt2_config(config, t.source)
-    t = t.strip_prefix("transformer.")
-    check_layer_count(t, r"h\.(\d+)\.", cfg.n_layers, "n_layer")
-    a = cfg.attention
-    d, d_mlp, width = cfg.d_model, cfg.d_mlp, a.n_heads * a.d_head
-    why = f"n_embd={d}, n_head={a.n_heads}, MLP width {d_mlp}"
-
-    norm = functools.partial(LayerNorm.load, t, d_model=d, eps=cfg.norm_eps, why=why)   # norm(prefix)
+def gpt2_from_tensors(tensors: Tensors, cfg: ModelConfig) -> Transformer:
+    """The model from a checkpoint's tensors, every shape checked against the config."""
+    a, d, d_mlp = cfg.attention, cfg.d_model, cfg.d_mlp
+    width = a.n_heads * a.d_head
+    t = tensors.for_config(prefix="transformer.", layers=r"h\.(\d+)\.", n_layers=cfg.n_layers, field="n_layer",
+                           why=f"n_embd={d}, n_head={a.n_heads}, MLP width {d_mlp}")
 
     def conv1d(prefix: str, d_in: int, d_out: int) -> tuple[np.ndarray, np.ndarray]:
-        return t.take(f"{prefix}.weight", (d_in, d_out), why), t.take(f"{prefix}.bias", (d_out,), why)
+        return t.take(f"{prefix}.weight", (d_in, d_out)), t.take(f"{prefix}.bias", (d_out,))
+
+    def norm(prefix: str) -> LayerNorm:
+        return LayerNorm.load(t, prefix, d_model=d, eps=cfg.norm_eps)
 
     def block(i: int) -> Block:
         p = f"h.{i}"
@@ -66,13 +57,15 @@ def gpt2_from_tensors(t: Tensors, config: dict) -> Transformer:
         mlp = MLP(*conv1d(f"{p}.mlp.c_fc", d, d_mlp), *conv1d(f"{p}.mlp.c_proj", d_mlp, d), cfg.activation)
         return Block(attn=attn, ln_1=norm(f"{p}.ln_1"), mlp=mlp, ln_2=norm(f"{p}.ln_2"))
 
-    W_E = t.take("wte.weight", (cfg.vocab_size, d), f"vocab_size={cfg.vocab_size}, {why}")
+    W_E = t.take("wte.weight", (cfg.vocab_size, d), f"vocab_size={cfg.vocab_size}, {t.why}")
     if "lm_head.weight" in t.arrays and not np.array_equal(t.arrays["lm_head.weight"], W_E):
         raise ValueError(f"{t.source}: tensor 'lm_head.weight' differs from 'wte.weight'; attnlab reads GPT-2 "
                          "with the unembedding tied to the embedding")
     return Transformer(config=cfg, W_E=W_E, blocks=tuple(block(i) for i in range(cfg.n_layers)),
-                       W_P=t.take("wpe.weight", (a.n_ctx, d), f"n_positions={a.n_ctx}, {why}"), ln_final=norm("ln_f"))
+                       W_P=t.take("wpe.weight", (a.n_ctx, d), f"n_positions={a.n_ctx}, {t.why}"),
+                       ln_final=norm("ln_f"))
 
 
-GPT2 = register(Family(name="gpt2", matches=lambda config: config.get("model_type") == "gpt2", load=load_gpt2,
+GPT2 = register(Family(name="gpt2", matches=lambda config: config.get("model_type") == "gpt2",
+                       load=checkpoint_loader(gpt2_config, gpt2_from_tensors),
                        tokenizer=lambda folder, config: bpe_folder_tokenizer(folder)))
