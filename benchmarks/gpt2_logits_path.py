@@ -4,7 +4,7 @@ take the tiled one.
     PYTHONPATH=src python benchmarks/gpt2_logits_path.py [--layers 2] [--rounds 5]
 
 A random GPT-2 small-shaped network (12 heads, d_model 768, n_ctx 1024, float32; fewer layers, so it runs in
-seconds) is built in memory, and ``gpt2_forward`` runs on n random tokens with ``return_weights=False`` and
+seconds) is built in memory, and ``attnlab.stack.forward`` runs on n random tokens with ``return_weights=False`` and
 ``=True`` alternately; medians of the rounds. The logits of the two must agree.
 """
 
@@ -18,7 +18,8 @@ import numpy as np
 from threadpoolctl import threadpool_info
 
 from attnlab.models.checkpoint import Tensors
-from attnlab.models.gpt2 import gpt2_forward, load_gpt2
+from attnlab.models.gpt2 import gpt2_config, gpt2_from_tensors
+from attnlab.stack import forward
 
 
 def random_gpt2(n_layers: int, rng: np.random.Generator, *, d: int = 768, n_heads: int = 12, n_ctx: int = 1024,
@@ -35,7 +36,7 @@ def random_gpt2(n_layers: int, rng: np.random.Generator, *, d: int = 768, n_head
             w[f"h.{i}.{name}.weight"], w[f"h.{i}.{name}.bias"] = draw(*shape), draw(shape[1])
     config = {"model_type": "gpt2", "n_layer": n_layers, "n_head": n_heads, "n_embd": d, "n_positions": n_ctx,
               "vocab_size": vocab_size, "activation_function": "gelu_new"}
-    return load_gpt2(Tensors(w, "random GPT-2"), config)
+    return gpt2_from_tensors(Tensors(w, "random GPT-2"), gpt2_config(config, "random GPT-2"))
 
 
 def main() -> None:
@@ -53,10 +54,10 @@ def main() -> None:
         fast, slow = [], []
         for _ in range(args.rounds):                       # alternate, so both see the same machine load
             t = time.perf_counter()
-            logits = gpt2_forward(model, ids).logits
+            logits = forward(model, ids).logits
             fast.append(time.perf_counter() - t)
             t = time.perf_counter()
-            with_weights = gpt2_forward(model, ids, return_weights=True)
+            with_weights = forward(model, ids, return_weights=True)
             slow.append(time.perf_counter() - t)
         gap = float(np.abs(logits - with_weights.logits).max())
         f, s = statistics.median(fast), statistics.median(slow)

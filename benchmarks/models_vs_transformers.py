@@ -21,7 +21,8 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from threadpoolctl import threadpool_info  # noqa: E402
 
-from attnlab.models import attend, generate, gpt2_forward, load_model, load_network, minilm_path  # noqa: E402
+from attnlab.models import attend, load_model, load_network, minilm_path  # noqa: E402
+from attnlab.stack import forward, generate  # noqa: E402
 
 TEXTS = {
     "running example": "The cat sat on the mat",
@@ -48,7 +49,7 @@ def minilm(repeats: int) -> None:
         t_ours, t_hf = [], []
         for _ in range(repeats):                        # alternate, so both see the same machine load
             t = time.perf_counter()
-            ours.network(r.ids)
+            forward(ours[0], r.ids)
             t_ours.append(time.perf_counter() - t)
             t = time.perf_counter()
             with torch.no_grad():
@@ -68,14 +69,14 @@ def gpt2() -> None:
         hf = transformers.GPT2LMHeadModel.from_pretrained(folder, attn_implementation="eager").eval()
         ours = load_network(folder)
     ids = np.random.default_rng(0).integers(0, 300, 40)
-    out = gpt2_forward(ours, ids, return_weights=True)
+    out = forward(ours, ids, return_weights=True)
     with torch.no_grad():
         o = hf(torch.from_numpy(ids)[None], output_attentions=True, output_hidden_states=True)
         g = hf.generate(torch.from_numpy(ids[:5])[None], max_new_tokens=40, do_sample=False, pad_token_id=0,
                         eos_token_id=None)
     same = np.array_equal(generate(ours, ids[:5], 40), g[0, 5:].numpy())
-    print(f"GPT-2 random 2x4x64 n=40  max|Δ attention| {np.abs(out.attentions - stack(o.attentions)).max():.2e}  "
-          f"max|Δ hidden| {np.abs(out.hidden_states - stack(o.hidden_states)).max():.2e}  "
+    print(f"GPT-2 random 2x4x64 n=40  max|Δ attention| {np.abs(np.stack(out.attentions) - stack(o.attentions)).max():.2e}  "
+          f"max|Δ hidden| {np.abs(np.stack(out.hidden_states) - stack(o.hidden_states)).max():.2e}  "
           f"max|Δ logits| {np.abs(out.logits - o.logits[0].numpy()).max():.2e} (|logits| up to "
           f"{np.abs(out.logits).max():.1f})  greedy 40 tokens identical: {same}")
 

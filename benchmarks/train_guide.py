@@ -12,7 +12,7 @@ held-out tail itself. The n-gram floors of both parts are shown too; the held-ou
 bound (it knows the held-out counts).
 
 Throughput: the training run's tokens per second, and a same-process comparison of one training step
-(forward, backward, Adam) against the same model in PyTorch (attnlab.lm._torch_reference, torch.optim.Adam),
+(forward, backward, Adam) against the same model in PyTorch (tests/_torch_reference.py, torch.optim.Adam),
 alternating the two, medians. Both run on one thread (BLAS and torch): this model's matrices are small.
 """
 
@@ -28,13 +28,14 @@ import numpy as np
 
 from attnlab.lm.addalpha import add_alpha_loss
 from attnlab.lm.compare import ALPHA, loss_beside_counts
-from attnlab.guide.ngrams import read_utf8
-from attnlab.lm.model import AttentionLM, LMConfig, loss_and_grad
-from attnlab.positions import POSITION_SCHEMES
-from attnlab.lm.text import Vocab, split_heldout
 from attnlab._threads import one_blas_thread
+from attnlab.lm.model import lm_config, loss_and_grad
 from attnlab.lm.training import (AdamConfig, AdamState, adam_step, cosine_decay, evaluate, sample_batch,
-                              training_steps)
+                                 split_heldout, training_steps)
+from attnlab.ngrams import read_utf8
+from attnlab.positions import POSITION_SCHEMES
+from attnlab.stack import Transformer
+from attnlab.tokens import Vocab
 
 GUIDE = Path("/work/shared/guide/attention-guide.txt")
 ALPHAS = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
@@ -50,11 +51,23 @@ def best_alpha(vocab: Vocab, train: np.ndarray, heldout: np.ndarray) -> dict:
     return out
 
 
-def step_time_vs_torch(model: AttentionLM, train: np.ndarray, batch: int, rounds: int) -> dict:
+def torch_reference():
+    """tests/_torch_reference.py, loaded by path (a test helper, not part of the package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "tests" / "_torch_reference.py"
+    spec = importlib.util.spec_from_file_location("_torch_reference", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def step_time_vs_torch(model: Transformer, train: np.ndarray, batch: int, rounds: int) -> dict:
     """Median seconds of one training step, numpy (ours) and torch, alternating; both on one thread."""
     import torch
 
-    from attnlab.lm._torch_reference import torch_loss, torch_params
+    ref = torch_reference()
+    torch_loss, torch_params = ref.torch_loss, ref.torch_params
 
     torch.set_num_threads(1)
     rng = np.random.default_rng(1)
@@ -66,7 +79,7 @@ def step_time_vs_torch(model: AttentionLM, train: np.ndarray, batch: int, rounds
         x, y = sample_batch(train, model.config.n_ctx, batch, rng)
         t0 = time.perf_counter()
         _, grads = loss_and_grad(model, x, y)
-        adam_step(params, grads.params(), state, AdamConfig(lr=1e-3))
+        adam_step(params, grads, state, AdamConfig(lr=1e-3))
         ours.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         opt.zero_grad()
@@ -84,7 +97,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--file", default=str(GUIDE))
     ap.add_argument("--steps", type=int, default=1500)
-    ap.add_argument("--positions", default="rope", choices=POSITION_SCHEMES)
+    ap.add_argument("--positions", default="rope", choices=list(POSITION_SCHEMES))
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--d-model", type=int, default=64)
     ap.add_argument("--heads", type=int, default=4)
@@ -105,10 +118,10 @@ def main() -> None:
     train, heldout = split_heldout(vocab.encode(text), 0.1)
     report = {"file": args.file, "chars": len(text), "vocab": vocab.size, "train_tokens": int(train.size),
               "heldout_tokens": int(heldout.size), "add_alpha_best": best_alpha(vocab, train, heldout)}
-    config = LMConfig(vocab_size=vocab.size, d_model=args.d_model, n_heads=args.heads, n_layers=args.layers,
-                         n_ctx=args.context, positions=args.positions)
+    config = lm_config(vocab.size, d_model=args.d_model, n_heads=args.heads, n_layers=args.layers,
+                       n_ctx=args.context, positions=POSITION_SCHEMES[args.positions]())
     rng = np.random.default_rng(args.seed)
-    model = AttentionLM.init(config, rng=rng)
+    model = Transformer.init(config, rng=rng)
     curve, tokens = [], 0
     with one_blas_thread():
         report["blas"] = [{k: i.get(k) for k in ("internal_api", "version", "architecture", "num_threads")}

@@ -26,6 +26,19 @@ def numeric_grad():
     return central_differences
 
 
+@pytest.fixture
+def torch_reference():
+    """tests/_torch_reference.py (attnlab's LM in PyTorch), loaded by path: the tests are not a package."""
+    import importlib.util
+    from pathlib import Path
+
+    pytest.importorskip("torch")
+    spec = importlib.util.spec_from_file_location("_torch_reference", Path(__file__).with_name("_torch_reference.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 # A test-only writer of GPT-2 checkpoints in the Hugging Face layout, with safetensors' numpy API (no torch).
 
 GPT2_MERGES = ["Ġ c", "a t", "Ġc at", "Ġ s", "Ġs at", "Ġ t", "h e", "Ġt he"]   # so " cat" is one token

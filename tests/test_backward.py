@@ -9,6 +9,7 @@ from attnlab.attention import attention_backward, attention_forward
 from attnlab.naive import NaiveSaved, naive_attention, naive_attention_grad
 from attnlab.tiled import TiledSaved
 from attnlab.multihead import multihead_attention_backward, multihead_attention_forward
+from attnlab.positions import RoPE
 
 
 @pytest.mark.parametrize("case", ["plain", "causal", "mask", "bias", "cross_causal", "broadcast"])
@@ -42,15 +43,20 @@ def test_attention_grad_bad_dout(rng):
         attention_grad(q, k, v, np.ones((3, 5), int))
 
 
-def _layer(rng, dtype=np.float64):
-    layer = MultiHeadAttention.init(AttentionConfig(d_model=6, n_heads=2), rng=rng, std=0.5, dtype=dtype)
+def _layer(rng, dtype=np.float64, cfg=AttentionConfig(d_model=6, n_heads=2)):
+    layer = MultiHeadAttention.init(cfg, rng=rng, std=0.5, dtype=dtype)
     biases = [rng.normal(size=b.shape).astype(dtype) for b in (layer.b_Q, layer.b_K, layer.b_V, layer.b_O)]
-    return MultiHeadAttention(layer.W_Q, layer.W_K, layer.W_V, layer.W_O, *biases, n_heads=2)
+    return MultiHeadAttention(layer.W_Q, layer.W_K, layer.W_V, layer.W_O, *biases, config=layer.config)
 
 
-@pytest.mark.parametrize("is_causal", [False, True])
-def test_multihead_grad_matches_finite_differences(rng, numeric_grad, is_causal):
-    layer = _layer(rng)
+@pytest.mark.parametrize("is_causal, cfg", [
+    (False, AttentionConfig(d_model=6, n_heads=2)),
+    (True, AttentionConfig(d_model=6, n_heads=2)),
+    # grouped-query: 1 KV head for 3 query heads, RoPE with θ = 100; dW_K and dW_V sum over the group
+    (True, AttentionConfig(d_model=6, n_heads=3, n_kv_heads=1, d_head=2, positions=RoPE(theta=100.0))),
+])
+def test_multihead_grad_matches_finite_differences(rng, numeric_grad, is_causal, cfg):
+    layer = _layer(rng, cfg=cfg)
     x = rng.normal(size=(2, 4, 6))
     w = rng.normal(size=(2, 4, 6))
     loss = lambda: float((w * layer(x, is_causal=is_causal)).sum())   # noqa: E731
@@ -154,15 +160,14 @@ def test_a_mask_with_more_batch_axes_than_the_scores(rng):
             np.testing.assert_allclose(out[b, i], a @ v[b], rtol=1e-12)
 
 
-@pytest.mark.parametrize("positions", ["plain", "rope", "alibi"])
+@pytest.mark.parametrize("positions", ["learned", "rope", "alibi"])
 def test_multihead_forward_and_backward_give_what_the_public_pair_gives(rng, positions):
-    from attnlab.positions import alibi_bias, alibi_slopes
+    from attnlab.positions import POSITION_SCHEMES
 
-    layer = MultiHeadAttention.init(AttentionConfig(d_model=8, n_heads=2), rng=rng, std=0.5,
-                                    dtype=np.float64)                 # d_head 4: rope rotates pairs
+    layer = MultiHeadAttention.init(AttentionConfig(d_model=8, n_heads=2, positions=POSITION_SCHEMES[positions]()),
+                                    rng=rng, std=0.5, dtype=np.float64)   # d_head 4: rope rotates pairs
     x, dy = rng.normal(size=(2, 4, 8)), rng.normal(size=(2, 4, 8))
-    kw = {"is_causal": True, "rope": positions == "rope",
-          "bias": alibi_bias(alibi_slopes(2), 4, 4) if positions == "alibi" else None}
+    kw = {"is_causal": True}
     y, saved = multihead_attention_forward(layer, x, **kw)
     np.testing.assert_array_equal(y, layer(x, **kw))
     dx, grads = multihead_attention_backward(layer, saved, dy)

@@ -9,34 +9,53 @@ import pytest
 pytest.importorskip("safetensors")
 
 from attnlab.lm.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from attnlab.lm.model import AttentionLM, LMConfig, forward  # noqa: E402
-from attnlab.lm.text import Vocab  # noqa: E402
+from attnlab.lm.model import lm_config  # noqa: E402
+from attnlab.positions import ALiBi, Learned, RoPE  # noqa: E402
+from attnlab.stack import Transformer, forward  # noqa: E402
+from attnlab.tokens import Vocab  # noqa: E402
 
 VOCAB = Vocab(tuple("abcde"))
 
 
-def model(rng, scheme="learned", n_layers=2):
-    config = LMConfig(vocab_size=5, d_model=8, n_heads=2, n_layers=n_layers, n_ctx=6, positions=scheme)
-    return AttentionLM.init(config, rng=rng, std=0.3)
+def model(rng, scheme=None, n_layers=2, **sizes):
+    config = lm_config(5, d_model=8, n_heads=2, n_layers=n_layers, n_ctx=6, positions=scheme, **sizes)
+    return Transformer.init(config, rng=rng, std=0.3)
 
 
-@pytest.mark.parametrize("scheme", ["learned", "alibi"])
-def test_roundtrip(tmp_path, rng, scheme):
-    m = model(rng, scheme)
+@pytest.mark.parametrize("scheme, sizes", [(Learned(), {}), (ALiBi(), {}), (RoPE(theta=99.0), {"n_kv_heads": 1})])
+def test_roundtrip(tmp_path, rng, scheme, sizes):
+    m = model(rng, scheme, **sizes)
     save_checkpoint(m, VOCAB, tmp_path / "ck")
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["config.json", "model.safetensors"]
-    assert json.loads((tmp_path / "ck" / "config.json").read_text())["model"]["positions"] == scheme
+    saved = json.loads((tmp_path / "ck" / "config.json").read_text())
+    assert saved["model_type"] == "attnlab" and saved["model"]["attention"]["positions"] == scheme.to_json()
     back, vocab = load_checkpoint(tmp_path / "ck", config=m.config, vocab=VOCAB)
     assert vocab == VOCAB and back.config == m.config
     for name, a in m.params().items():
         np.testing.assert_array_equal(back.params()[name], a)
     ids = np.array([0, 3, 1, 4])
-    np.testing.assert_array_equal(forward(back, ids), forward(m, ids))
+    np.testing.assert_array_equal(forward(back, ids).logits, forward(m, ids).logits)
+
+
+def test_checkpoint_from_before_the_stack_still_loads(tmp_path, rng):
+    """A flat "model" config with a positions string and "layers.{i}.W_Q" tensors, as written before."""
+    from safetensors.numpy import save_file
+
+    m = model(rng, RoPE())
+    old_config = {"model": {"vocab_size": 5, "d_model": 8, "n_heads": 2, "n_layers": 2, "n_ctx": 6,
+                            "positions": "rope"}, "vocab": {"level": "char", "symbols": list("abcde")}}
+    text = json.dumps(old_config)
+    (tmp_path / "config.json").write_text(text)
+    save_file({k.replace(".attn.", ".").replace("blocks.", "layers."): v for k, v in m.params().items()},
+              str(tmp_path / "model.safetensors"), metadata={"attnlab": text})
+    back, vocab = load_checkpoint(tmp_path)
+    assert back.config == m.config and vocab == VOCAB
+    np.testing.assert_array_equal(forward(back, [0, 1, 2]).logits, forward(m, [0, 1, 2]).logits)
 
 
 def test_different_configuration_is_refused(tmp_path, rng):
     save_checkpoint(model(rng), VOCAB, tmp_path)
-    other = LMConfig(vocab_size=5, d_model=8, n_heads=2, n_layers=3, n_ctx=6)
+    other = lm_config(5, d_model=8, n_heads=2, n_layers=3, n_ctx=6)
     with pytest.raises(ValueError, match="made with a different configuration: n_layers 2 in the checkpoint, "
                                          "3 asked"):
         load_checkpoint(tmp_path, config=other)

@@ -10,11 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab import AttentionMap, summarize_heads
+from attnlab.layers import erfc, gelu
 from attnlab.models import attend, load_model, load_network
-from attnlab.models.bert import bert_forward
 from attnlab.models.checkpoint import read_safetensors
-from attnlab.models.gpt2 import generate, gpt2_forward, new_caches
-from attnlab.models.layers import erfc, gelu
+from attnlab.stack import embed, forward, generate, new_caches
 from attnlab.sampling import sample_next
 
 pytest.importorskip("safetensors")
@@ -73,26 +72,26 @@ def ref_gpt2(w, ids, n_head):
 @pytest.mark.parametrize("prefix", ["transformer.", ""])
 def test_gpt2_float64_checkpoint_matches_reference_exactly(write_gpt2, prefix):
     folder = write_gpt2(prefix=prefix, dtype=np.float64)
-    model = load_model(folder)
+    model, _ = load_model(folder)
     ids = np.array([3, 200, 17, 256, 5, 99])
-    out = model.network(ids, return_weights=True)
+    out = forward(model, ids, return_weights=True)
     logits, attns = ref_gpt2(read_safetensors(folder / "model.safetensors"), ids, n_head=4)
     assert out.logits.dtype == np.float64
     np.testing.assert_allclose(out.logits, logits, rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(out.attentions, attns, rtol=1e-12, atol=1e-13)
-    assert out.hidden_states.shape == (3, 6, 16)
-    np.testing.assert_array_equal(model.network.embed(ids), out.hidden_states[0])   # the first block's input
+    np.testing.assert_allclose(np.stack(out.attentions), attns, rtol=1e-12, atol=1e-13)
+    assert np.stack(out.hidden_states).shape == (3, 6, 16)
+    np.testing.assert_array_equal(embed(model, ids), out.hidden_states[0])   # the first block's input
 
 
 def test_gpt2_float32_checkpoint_matches_float64_reference(write_gpt2):
     folder = write_gpt2(dtype=np.float32)
-    model = load_model(folder)
+    model = load_network(folder)
     ids = np.arange(0, 250, 17)[:16]                       # the full 16 positions
-    out = model.network(ids, return_weights=True)
+    out = forward(model, ids, return_weights=True)
     logits, attns = ref_gpt2(read_safetensors(folder / "model.safetensors"), ids, n_head=4)
     assert out.logits.dtype == np.float32
     np.testing.assert_allclose(out.logits, logits, atol=2e-5 * np.abs(logits).max())
-    np.testing.assert_allclose(out.attentions, attns, atol=2e-6)
+    np.testing.assert_allclose(np.stack(out.attentions), attns, atol=2e-6)
 
 
 def test_gpt2_logits_without_weights_take_the_tiled_path_and_match_the_reference(write_gpt2, monkeypatch):
@@ -104,14 +103,14 @@ def test_gpt2_logits_without_weights_take_the_tiled_path_and_match_the_reference
     calls = []
     real = attnlab.tiled.tiled_attention
     monkeypatch.setattr(attnlab.tiled, "tiled_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    out = gpt2_forward(model, ids)                         # logits only: no weights asked for
+    out = forward(model, ids)                              # logits only: no weights asked for
     assert out.attentions is None
     assert len(calls) == 2                                 # each layer went through the tiled kernel
     logits, _ = ref_gpt2(read_safetensors(folder / "model.safetensors"), ids, n_head=4)
     np.testing.assert_allclose(out.logits, logits, atol=2e-5 * np.abs(logits).max())
-    with_weights = gpt2_forward(model, ids, return_weights=True)   # the grids come from attention_weights
-    assert len(calls) == 4 and with_weights.attentions.shape == (2, 4, 320, 320)   # the outputs still tiled
-    np.testing.assert_array_equal(out.logits, with_weights.logits)
+    with_weights = forward(model, ids, return_weights=True)   # the grids asked for: one pass through them
+    assert len(calls) == 2 and np.stack(with_weights.attentions).shape == (2, 4, 320, 320)
+    np.testing.assert_allclose(with_weights.logits, logits, atol=2e-5 * np.abs(logits).max())
 
 
 def test_attend_on_gpt2_folder_tokenizes_with_its_vocab_and_masks_the_future(write_gpt2):
@@ -126,29 +125,29 @@ def test_attend_on_gpt2_folder_tokenizes_with_its_vocab_and_masks_the_future(wri
 
 
 def test_cached_decode_equals_full_forward(write_gpt2):
-    model = load_model(write_gpt2()).network
+    model = load_network(write_gpt2())
     ids = np.array([5, 9, 200, 31, 7, 7, 100])
-    full = gpt2_forward(model, ids, return_weights=True)
+    full = forward(model, ids, return_weights=True)
     caches = new_caches(model, 7)
-    first = gpt2_forward(model, ids[:3], caches, return_weights=True)
-    steps = [gpt2_forward(model, ids[t:t + 1], caches, return_weights=True) for t in range(3, 7)]
+    first = forward(model, ids[:3], caches=caches, return_weights=True)
+    steps = [forward(model, ids[t:t + 1], caches=caches, return_weights=True) for t in range(3, 7)]
     np.testing.assert_allclose(np.concatenate([first.logits] + [s.logits for s in steps]), full.logits,
                                rtol=1e-5, atol=1e-5)
-    last = steps[-1].attentions                            # (2, 4, 1, 7): the last query against all 7 keys
-    np.testing.assert_allclose(last, full.attentions[:, :, -1:, :], atol=1e-6)
+    last = np.stack(steps[-1].attentions)                  # (2, 4, 1, 7): the last query against all 7 keys
+    np.testing.assert_allclose(last, np.stack(full.attentions)[:, :, -1:, :], atol=1e-6)
     assert all(c.length == 7 for c in caches)
 
 
 def _uncached_generate(model, ids, n_new, temperature=0.0, rng=None):
     ids = list(ids)
     for _ in range(n_new):
-        ids.append(sample_next(gpt2_forward(model, np.array(ids)).logits[-1], temperature, rng))
+        ids.append(sample_next(forward(model, np.array(ids)).logits[-1], temperature, rng))
     return ids[-n_new:]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_generate_with_cache_equals_recomputing_everything(write_gpt2, temperature):
-    model = load_model(write_gpt2()).network
+    model = load_network(write_gpt2())
     prompt = [3, 200, 17]
     rng = lambda: np.random.default_rng(7) if temperature else None   # noqa: E731
     got = generate(model, prompt, 12, temperature=temperature, rng=rng())
@@ -165,21 +164,22 @@ def test_sampling_frequencies_follow_softmax_over_temperature():
 
 
 def test_generate_bad_arguments(write_gpt2):
-    model = load_model(write_gpt2()).network
+    model = load_network(write_gpt2())
     with pytest.raises(TypeError, match="rng must be a numpy.random.Generator when temperature > 0"):
         generate(model, [1, 2], 3, temperature=1.0)
-    with pytest.raises(TypeError, match=r"model must be a GPT2 \(from attnlab.models.load_network\), got str"):
+    with pytest.raises(TypeError, match=r"model must be a Transformer, got str"):
         generate("gpt2", [1], 1)
-    with pytest.raises(TypeError, match="model must be a Bert .*got GPT2"):
-        bert_forward(model, [1])
-    for bad in (-1.0, float("nan"), float("inf"), True):   # one check, shared with attnlab.lm.generate
+    with pytest.raises(ValueError, match="token_types given, but the model has no token-type table"):
+        forward(model, [1], token_types=[0])
+    for bad in (-1.0, float("nan"), float("inf"), True):   # one check for every model
         with pytest.raises(ValueError, match="temperature must be a number >= 0"):
             generate(model, [1, 2], 3, temperature=bad, rng=np.random.default_rng(0))
-    with pytest.raises(ValueError, match=r"n_new=16 after a prompt of 2 tokens needs 17 positions.*n_ctx=16"):
-        generate(model, [1, 2], 16)
+    with pytest.raises(ValueError, match="the prompt has 17 tokens, more than the model's context n_ctx 16"):
+        generate(model, list(range(17)), 1)
     assert len(generate(model, [1, 2], 15)) == 15          # the last new token needs no position of its own
+    assert len(generate(model, [1, 2], 40)) == 40          # past n_ctx the caches slide: the recent half re-read
     with pytest.raises(ValueError, match="caches must hold one KVCache per layer"):
-        gpt2_forward(model, [1], new_caches(model, 4)[:1])
+        forward(model, [1], caches=new_caches(model, 4)[:1])
 
 
 # ---- BERT, bert.-prefixed layout, against a plain float64 reference -----------------------------------------
@@ -236,12 +236,15 @@ def test_bert_both_layouts_match_float64_reference(tmp_path, rng, prefix):
     w = write_bert(tmp_path / "bert", rng, prefix=prefix)
     bert = load_network(tmp_path / "bert")                 # no tokenizer.json needed to run on ids
     ids, types = np.array([1, 7, 29, 3, 3, 0]), np.array([0, 0, 0, 1, 1, 1])
-    out = bert_forward(bert, ids, types, return_weights=True)
-    np.testing.assert_array_equal(bert.embed(ids, types), out.hidden_states[0])
+    out = forward(bert, ids, token_types=types, return_weights=True)
+    assert out.logits is None                              # an encoder: no language-model head
+    np.testing.assert_array_equal(embed(bert, ids, token_types=types), out.hidden_states[0])
     last, attns = ref_bert(w, ids, types, n_heads=2)
-    np.testing.assert_allclose(out.attentions, attns, atol=1e-9)   # erfc is accurate to 1.2e-7 relative
+    np.testing.assert_allclose(np.stack(out.attentions), attns, atol=1e-9)   # erfc is accurate to 1.2e-7 relative
     np.testing.assert_allclose(out.hidden_states[-1], last, atol=1e-6)
-    assert not np.allclose(out.attentions[0, 0], out.attentions[0, 0][::-1])   # not trivially uniform
+    assert not np.allclose(out.attentions[0][0], out.attentions[0][0][::-1])   # not trivially uniform
+    with pytest.raises(ValueError, match=r"caches are for decoders: this model is an encoder \(is_causal=False\)"):
+        new_caches(bert, 4)
 
 
 def test_erfc_and_gelu_against_math():
@@ -305,7 +308,7 @@ def test_pickled_checkpoints_are_refused_never_opened(tmp_path):
     (None, {"layer_norm_epsilon": "tiny"}, r"'layer_norm_epsilon' must be a number between 0 and 1, got 'tiny'"),
     (None, {"activation_function": "relu"}, r"'activation_function' is 'relu'"),
     (None, {"scale_attn_by_inverse_layer_idx": True}, r"scale_attn_by_inverse_layer_idx=True"),
-    (None, {"model_type": "llama"}, r"model_type is 'llama'; attnlab reads \['bert', 'gpt2'\]"),
+    (None, {"model_type": "mamba"}, r"model_type is 'mamba'; attnlab reads \['attnlab', 'bert', 'gpt2'"),
     (lambda w: w.update({"lm_head.weight": w["wte.weight"] + 1}), {}, r"'lm_head\.weight' differs from 'wte\.weight'"),
 ])
 def test_broken_checkpoints_get_one_clear_error(write_gpt2, edit, config, message):
@@ -316,7 +319,7 @@ def test_broken_checkpoints_get_one_clear_error(write_gpt2, edit, config, messag
 
 def test_tied_lm_head_is_accepted(write_gpt2):
     folder = write_gpt2(edit=lambda w: w.update({"lm_head.weight": w["wte.weight"].copy()}))
-    assert load_model(folder).network.W_E.shape == (264, 16)
+    assert load_network(folder).W_E.shape == (264, 16)
 
 
 @pytest.mark.parametrize("keep", [0, 5, 100, -1])
@@ -356,9 +359,9 @@ def test_text_longer_than_the_positions_names_the_limit(write_gpt2):
     with pytest.raises(ValueError, match=r"ids has 20 tokens, but the model has only 16 positions \(n_ctx"):
         attend("a" * 20, model)
     with pytest.raises(ValueError, match=r"ids must be in \[0, 264\).*got 264 at index 1"):
-        model.network([1, 264])
+        forward(model[0], [1, 264])
     with pytest.raises(TypeError, match="ids must be a sequence of integer token ids, got str"):
-        model.network("hello")
+        forward(model[0], "hello")
     with pytest.raises(ValueError, match="text must contain at least one non-space character"):
         attend("  ", model)
 
@@ -404,11 +407,11 @@ def test_any_split_into_cached_chunks_equals_the_full_pass(tiny_gpt2_folder, ids
     model = load_network(tiny_gpt2_folder)
     cuts = sorted(set(data.draw(st.lists(st.integers(1, len(ids) - 1), max_size=3))))
     caches = new_caches(model, len(ids))
-    chunks = [gpt2_forward(model, ids[a:b], caches) for a, b in zip([0, *cuts], [*cuts, len(ids)])]
-    full = gpt2_forward(model, ids)
+    chunks = [forward(model, ids[a:b], caches=caches) for a, b in zip([0, *cuts], [*cuts, len(ids)])]
+    full = forward(model, ids)
     np.testing.assert_allclose(np.concatenate([c.logits for c in chunks]), full.logits, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(np.concatenate([c.hidden_states for c in chunks], axis=1), full.hidden_states,
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.concatenate([np.stack(c.hidden_states) for c in chunks], axis=1),
+                               np.stack(full.hidden_states), rtol=1e-5, atol=1e-5)
 
 
 @settings(max_examples=50, deadline=None)
@@ -438,7 +441,7 @@ def test_sharded_checkpoint_loads_like_one_file(write_gpt2):
     index = {"metadata": {}, "weight_map": {k: file for file, keys in shards.items() for k in keys}}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
     ids = [3, 50, 7]
-    np.testing.assert_array_equal(load_network(folder)(ids).logits, load_network(whole)(ids).logits)
+    np.testing.assert_array_equal(forward(load_network(folder), ids).logits, forward(load_network(whole), ids).logits)
     (folder / "model-00002-of-00002.safetensors").unlink()
     with pytest.raises(FileNotFoundError):
         load_network(folder)

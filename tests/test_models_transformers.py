@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from attnlab.models import attend, load_model, load_network, minilm_path
-from attnlab.models.gpt2 import generate, gpt2_forward, new_caches
+from attnlab.hooks import run_with_cache
+from attnlab.stack import forward, generate, new_caches
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
@@ -75,11 +76,11 @@ def gpt2_pair(tmp_path_factory):
 def test_gpt2_matches_gpt2lmheadmodel(gpt2_pair):
     ours, hf = gpt2_pair
     ids = np.random.default_rng(0).integers(0, 300, 40)
-    out = gpt2_forward(ours, ids, return_weights=True)
+    out = forward(ours, ids, return_weights=True)
     with torch.no_grad():
         o = hf(torch.from_numpy(ids)[None], output_attentions=True, output_hidden_states=True)
-    np.testing.assert_allclose(out.attentions, _stack(o.attentions), rtol=0, atol=1e-5)
-    np.testing.assert_allclose(out.hidden_states, _stack(o.hidden_states), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(np.stack(out.attentions), _stack(o.attentions), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(np.stack(out.hidden_states), _stack(o.hidden_states), rtol=0, atol=1e-5)
     np.testing.assert_allclose(out.logits, o.logits[0].numpy(), rtol=0, atol=1e-5)
 
 
@@ -96,6 +97,66 @@ def test_gpt2_cached_generation_matches_transformers_generate(gpt2_pair):
     assert len(set(got.tolist())) > 3                      # a sequence that tests something
     # each decode step's logits, through our KV caches, against transformers' cached steps
     caches = new_caches(ours, len(prompt) + n_new)
-    steps = [gpt2_forward(ours, prompt, caches).logits[-1]]
-    steps += [gpt2_forward(ours, [t], caches).logits[-1] for t in theirs[:-1]]
+    steps = [forward(ours, prompt, caches=caches).logits[-1]]
+    steps += [forward(ours, [t], caches=caches).logits[-1] for t in theirs[:-1]]
     np.testing.assert_allclose(np.stack(steps), np.stack([s[0].numpy() for s in g.logits]), rtol=0, atol=1e-5)
+
+
+# ---- named activations (run_with_cache) against transformers' own intermediates ---------------------------
+
+def _split(t, n_heads):
+    """torch (1, n, h·d_head) -> numpy (h, n, d_head)."""
+    n = t.shape[1]
+    return t[0].detach().numpy().reshape(n, n_heads, -1).transpose(1, 0, 2)
+
+
+@pytest.mark.parametrize("text", TEXTS[:1])
+def test_minilm_run_with_cache_matches_transformers(minilm_pair, text):
+    """MiniLM (BERT, post-norm, no mask): residuals = output_hidden_states, pattern = output_attentions, q/k/v
+    = the query/key/value Linear modules on transformers' own hidden state, z·W_O = attention.output.dense."""
+    (ours, tok), hf = minilm_pair
+    ids = tok.encode(text)
+    out, cache = run_with_cache(ours, ids)
+    with torch.no_grad():
+        o = hf(torch.from_numpy(ids)[None], output_attentions=True, output_hidden_states=True)
+        for i, layer in enumerate(hf.encoder.layer):
+            h = o.hidden_states[i]                                        # (1, n, d_model) into block i
+            np.testing.assert_allclose(cache[f"blocks.{i}.hook_resid_pre"], h[0].numpy(), rtol=0, atol=1e-5)
+            np.testing.assert_allclose(cache[f"blocks.{i}.hook_resid_post"], o.hidden_states[i + 1][0].numpy(),
+                                       rtol=0, atol=1e-5)
+            np.testing.assert_allclose(cache[f"blocks.{i}.attn.hook_pattern"], o.attentions[i][0].numpy(),
+                                       rtol=0, atol=1e-5)
+            for name, module in (("q", layer.attention.self.query), ("k", layer.attention.self.key),
+                                 ("v", layer.attention.self.value)):
+                np.testing.assert_allclose(cache[f"blocks.{i}.attn.hook_{name}"], _split(module(h), 12),
+                                           rtol=0, atol=1e-5)
+            z = cache[f"blocks.{i}.attn.hook_z"]                           # (h, n, d_head)
+            dense = layer.attention.output.dense(torch.from_numpy(z.transpose(1, 0, 2).reshape(len(ids), -1)))
+            np.testing.assert_allclose(cache[f"blocks.{i}.hook_attn_out"], dense.numpy(), rtol=0, atol=1e-5)
+    assert out.logits is None and "ln_final.hook_normalized" not in cache
+
+
+def test_gpt2_run_with_cache_matches_transformers(gpt2_pair):
+    """GPT-2 (pre-norm, causal): the same checks, q/k/v from c_attn on ln_1 of transformers' hidden state, the
+    scores as transformers' eager attention builds them, and ln_f's output as the last hidden state."""
+    ours, hf = gpt2_pair
+    ids = np.random.default_rng(1).integers(0, 300, 24)
+    out, cache = run_with_cache(ours, ids)
+    with torch.no_grad():
+        o = hf(torch.from_numpy(ids)[None], output_attentions=True, output_hidden_states=True)
+        for i, block in enumerate(hf.transformer.h):
+            h = o.hidden_states[i]
+            np.testing.assert_allclose(cache[f"blocks.{i}.hook_resid_pre"], h[0].numpy(), rtol=0, atol=1e-5)
+            np.testing.assert_allclose(cache[f"blocks.{i}.attn.hook_pattern"], o.attentions[i][0].numpy(),
+                                       rtol=0, atol=1e-5)
+            q, k, v = block.attn.c_attn(block.ln_1(h)).split(64, dim=-1)
+            for name, t in (("q", q), ("k", k), ("v", v)):
+                np.testing.assert_allclose(cache[f"blocks.{i}.attn.hook_{name}"], _split(t, 4), rtol=0, atol=1e-5)
+            s = _split(q, 4) @ _split(k, 4).transpose(0, 2, 1) / 4.0       # d_head 16
+            s[:, ~np.tril(np.ones((24, 24), bool))] = -np.inf
+            np.testing.assert_allclose(cache[f"blocks.{i}.attn.hook_scores"], s, rtol=0, atol=1e-4)
+        np.testing.assert_allclose(cache["ln_final.hook_normalized"], o.hidden_states[-1][0].numpy(), rtol=0,
+                                   atol=1e-5)
+        last = hf.transformer.ln_f(torch.from_numpy(cache["blocks.1.hook_resid_post"]))   # the residual before ln_f
+        np.testing.assert_allclose(last.numpy(), o.hidden_states[-1][0].numpy(), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(out.logits, o.logits[0].numpy(), rtol=0, atol=1e-5)

@@ -19,7 +19,7 @@ def test_guide_multihead_shapes():
     x = rng.normal(size=(n, d_model))
     WQ, WK, WV, WO = (rng.normal(0, 0.02, (d_model, d_model)) for _ in range(4))
     zeros = np.zeros(d_model)
-    layer = MultiHeadAttention(WQ, WK, WV, WO, zeros, zeros, zeros, zeros, n_heads=h)
+    layer = MultiHeadAttention(WQ, WK, WV, WO, zeros, zeros, zeros, zeros, config=GPT2_SMALL)
     y, a = layer(x, is_causal=True, return_weights=True)
     assert y.shape == (5, 768) and a.shape == (12, 5, 5)
     # the guide's own computation
@@ -57,10 +57,10 @@ def test_from_gpt2_splits_fused_layout(rng):
     d = 8
     c_attn_w, c_attn_b = rng.normal(size=(d, 3 * d)), rng.normal(size=3 * d)
     c_proj_w, c_proj_b = rng.normal(size=(d, d)), rng.normal(size=d)
-    layer = MultiHeadAttention.from_gpt2(c_attn_w, c_attn_b, c_proj_w, c_proj_b, n_heads=2)
+    layer = MultiHeadAttention.from_gpt2(c_attn_w, c_attn_b, c_proj_w, c_proj_b,
+                                         config=AttentionConfig(d_model=8, n_heads=2, d_head=4))
     np.testing.assert_array_equal(layer.W_K, c_attn_w[:, d:2 * d])
     np.testing.assert_array_equal(layer.b_V, c_attn_b[2 * d:])
-    assert layer.config == AttentionConfig(d_model=8, n_heads=2, d_head=4)
     x = rng.normal(size=(3, d))
     qkv = x @ c_attn_w + c_attn_b
     q, k, v = (split_heads(t, 2) for t in np.split(qkv, 3, axis=-1))
@@ -97,8 +97,58 @@ def test_layer_validation(rng):
     layer = MultiHeadAttention.init(AttentionConfig(d_model=8, n_heads=2), rng=rng)
     with pytest.raises(ValueError, match="x has width 6, the layer's d_model is 8"):
         layer(rng.normal(size=(3, 6)))
-    with pytest.raises(ValueError, match=r"W_O must have shape \(8, 8\)"):
+    with pytest.raises(ValueError, match=r"W_O has shape \(4, 8\), the config \(d_model 8, n_heads 2, n_kv_heads 2, "
+                                         r"d_head 4\) asks for \(8, 8\)"):
         MultiHeadAttention(layer.W_Q, layer.W_K, layer.W_V, layer.W_O[:4], layer.b_Q, layer.b_K, layer.b_V,
-                           layer.b_O, n_heads=2)
-    with pytest.raises(ValueError, match="c_attn_weight must be"):
-        MultiHeadAttention.from_gpt2(np.ones((4, 7)), np.ones(7), np.ones((4, 4)), np.ones(4), 2)
+                           layer.b_O, config=layer.config)
+    with pytest.raises(TypeError, match="config must be an AttentionConfig, got int"):
+        MultiHeadAttention(layer.W_Q, layer.W_K, layer.W_V, layer.W_O, layer.b_Q, layer.b_K, layer.b_V,
+                           layer.b_O, config=2)
+    with pytest.raises(ValueError, match=r"c_attn_weight \(4, 7\) and c_attn_bias \(7,\) must be \(4, 12\)"):
+        MultiHeadAttention.from_gpt2(np.ones((4, 7)), np.ones(7), np.ones((4, 4)), np.ones(4),
+                                     config=AttentionConfig(d_model=4, n_heads=2))
+
+
+def test_config_states_d_head_apart_from_d_model(rng):
+    """d_head is the config's, never d_model / n_heads read off a weight: 3 heads of 5 on a width of 8."""
+    cfg = AttentionConfig(d_model=8, n_heads=3, d_head=5)
+    layer = MultiHeadAttention.init(cfg, rng=rng, dtype=np.float64, std=0.5)
+    assert layer.W_Q.shape == (8, 15) and layer.W_O.shape == (15, 8)
+    x = rng.normal(size=(4, 8))
+    y, a = layer(x, is_causal=True, return_weights=True)
+    q, k, v = (split_heads(x @ w + b, 3) for w, b in ((layer.W_Q, layer.b_Q), (layer.W_K, layer.b_K),
+                                                       (layer.W_V, layer.b_V)))
+    ref = merge_heads(attention(q, k, v, is_causal=True)) @ layer.W_O + layer.b_O
+    np.testing.assert_allclose(y, ref, rtol=1e-12)
+    assert a.shape == (3, 4, 4)
+
+
+def test_gqa_layer_shares_kv_heads_and_caches_only_them(rng):
+    """n_kv_heads < n_heads: W_K, W_V have n_kv_heads·d_head columns; query head i reads KV head i // 3; the
+    cache holds the 2 KV heads only. Checked against K, V repeated by hand in float64."""
+    cfg = AttentionConfig(d_model=12, n_heads=6, n_kv_heads=2, d_head=4)
+    assert cfg.n_params == 2 * 12 * 4 * (6 + 2)
+    layer = MultiHeadAttention.init(cfg, rng=rng, dtype=np.float64, std=0.5)
+    assert layer.W_K.shape == layer.W_V.shape == (12, 8) and layer.b_K.shape == (8,)
+    x = rng.normal(size=(5, 12))
+    q = split_heads(x @ layer.W_Q + layer.b_Q, 6)                            # (6, 5, 4)
+    k, v = (np.repeat(split_heads(x @ w + b, 2), 3, axis=0) for w, b in ((layer.W_K, layer.b_K),
+                                                                          (layer.W_V, layer.b_V)))   # (6, 5, 4)
+    s = q @ k.transpose(0, 2, 1) / 2 + np.triu(np.full((5, 5), -np.inf), 1)
+    A = np.exp(s - s.max(-1, keepdims=True))
+    A /= A.sum(-1, keepdims=True)
+    ref = merge_heads(A @ v) @ layer.W_O + layer.b_O
+    y, a = layer(x, is_causal=True, return_weights=True)
+    np.testing.assert_allclose(a, A, rtol=1e-12)
+    np.testing.assert_allclose(y, ref, rtol=1e-12)
+    cache = layer.new_cache(5)
+    assert cache.k.shape == (2, 5, 4)
+    steps = [layer(x[:2], is_causal=True, cache=cache)] + [layer(x[t:t + 1], is_causal=True, cache=cache)
+                                                           for t in range(2, 5)]
+    np.testing.assert_allclose(np.concatenate(steps), ref, rtol=1e-12)
+    with pytest.raises(ValueError, match=r"n_heads \(6\) must be a multiple of n_kv_heads \(4\)"):
+        AttentionConfig(d_model=12, n_heads=6, n_kv_heads=4, d_head=4)
+    with pytest.raises(ValueError, match=r"W_K has shape \(12, 24\), the config .*n_kv_heads 2, d_head 4\) asks for "
+                                         r"\(12, 8\)"):
+        MultiHeadAttention(layer.W_Q, layer.W_Q, layer.W_V, layer.W_O, layer.b_Q, layer.b_K, layer.b_V, layer.b_O,
+                           config=cfg)

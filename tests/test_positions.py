@@ -7,9 +7,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab import AttentionConfig, MultiHeadAttention
-from attnlab.lm.model import AttentionLM, LMConfig, forward, new_caches
+from attnlab.lm.model import lm_config
 from attnlab.multihead import multihead_attention_grad
-from attnlab.positions import (POSITION_SCHEMES, alibi_bias, alibi_slopes, learned_positions, position_ids, rope,
+from attnlab.stack import Transformer, forward, new_caches
+from attnlab.positions import (POSITION_SCHEMES, ALiBi, Learned, RoPE, Sinusoidal, rope_frequencies, scheme_from_json,
+                               alibi_bias, alibi_slopes, learned_positions, position_ids, rope,
                                sinusoidal_positions)
 
 
@@ -112,15 +114,15 @@ def test_alibi_bias_is_minus_slope_times_distance_bottom_right():
 
 # --- the layer: RoPE and ALiBi in the forward, the backward and the cache -------------------
 
-def _layer(rng):
-    return MultiHeadAttention.init(AttentionConfig(d_model=8, n_heads=2), rng=rng, std=0.5, dtype=np.float64)
+def _layer(rng, positions=None):
+    cfg = AttentionConfig(d_model=8, n_heads=2, positions=Learned() if positions is None else positions)
+    return MultiHeadAttention.init(cfg, rng=rng, std=0.5, dtype=np.float64)
 
 
-@pytest.mark.parametrize("scheme", ["rope", "alibi"])
+@pytest.mark.parametrize("scheme", [RoPE(), RoPE(theta=50.0), ALiBi()])
 def test_layer_grad_with_positions_matches_finite_differences(rng, numeric_grad, scheme):
-    layer, x, w = _layer(rng), rng.normal(size=(2, 5, 8)), rng.normal(size=(2, 5, 8))
-    opts = {"is_causal": True, "rope": scheme == "rope",
-            "bias": alibi_bias(alibi_slopes(2), 5) if scheme == "alibi" else None}
+    layer, x, w = _layer(rng, scheme), rng.normal(size=(2, 5, 8)), rng.normal(size=(2, 5, 8))
+    opts = {"is_causal": True}
     loss = lambda: float((w * layer(x, **opts)).sum())                       # noqa: E731
     dx, grads = multihead_attention_grad(layer, x, w, **opts)
     np.testing.assert_allclose(dx, numeric_grad(loss, x), rtol=1e-6, atol=1e-8)
@@ -130,34 +132,79 @@ def test_layer_grad_with_positions_matches_finite_differences(rng, numeric_grad,
 
 
 def test_layer_rope_through_the_cache_equals_full_pass(rng):
-    layer, x = _layer(rng), rng.normal(size=(7, 8))
-    full = layer(x, is_causal=True, rope=True)
+    layer, x = _layer(rng, RoPE()), rng.normal(size=(7, 8))
+    full = layer(x, is_causal=True)
     cache = layer.new_cache(7)
-    parts = [layer(x[:3], is_causal=True, rope=True, cache=cache)]
-    parts += [layer(x[t:t + 1], is_causal=True, rope=True, cache=cache) for t in range(3, 7)]
+    parts = [layer(x[:3], is_causal=True, cache=cache)]
+    parts += [layer(x[t:t + 1], is_causal=True, cache=cache) for t in range(3, 7)]
     np.testing.assert_allclose(np.concatenate(parts), full, rtol=1e-12, atol=1e-12)
-    assert not np.allclose(layer(x, is_causal=True), full)                   # the rotation does something
+    plain = MultiHeadAttention(*(getattr(layer, n) for n in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")),
+                               config=AttentionConfig(d_model=8, n_heads=2))
+    assert not np.allclose(plain(x, is_causal=True), full)                   # the rotation does something
 
 
-@pytest.mark.parametrize("scheme", POSITION_SCHEMES)
+def test_rope_theta_is_the_base_of_the_frequencies(rng):
+    """θ = 100 against the formula by hand: pair i of position p turns by p · 100^(−2i/d_head)."""
+    x = rng.normal(size=(3, 4))
+    got = RoPE(theta=100.0).rotate(x, start=2)
+    for p in range(3):
+        for i in range(2):
+            t = (p + 2) * 100.0 ** (-2 * i / 4)
+            c, s = np.cos(t), np.sin(t)
+            np.testing.assert_allclose(got[p, 2 * i:2 * i + 2], [c * x[p, 2 * i] - s * x[p, 2 * i + 1],
+                                                                 s * x[p, 2 * i] + c * x[p, 2 * i + 1]], rtol=1e-12)
+    assert not np.allclose(got, RoPE().rotate(x, start=2))
+
+
+def test_rope_llama3_scaling_against_transformers(rng):
+    torch = pytest.importorskip("torch")
+    rope_utils = pytest.importorskip("transformers.modeling_rope_utils")
+    transformers = pytest.importorskip("transformers")
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+    cfg = transformers.LlamaConfig(hidden_size=256, num_attention_heads=2, rope_theta=5000.0, rope_scaling=scaling,
+                                   max_position_embeddings=512)
+    inv_freq, _ = rope_utils.ROPE_INIT_FUNCTIONS["llama3"](cfg, torch.device("cpu"))
+    ours = rope_frequencies(128, 5000.0, RoPE(theta=5000.0, scaling=scaling).scaling)
+    np.testing.assert_allclose(ours, inv_freq.double().numpy(), rtol=1e-6)
+    assert not np.allclose(ours, rope_frequencies(128, 5000.0))
+
+
+def test_schemes_round_trip_through_json_and_refuse_strings():
+    for scheme in (Learned(), Sinusoidal(), RoPE(theta=5e5), RoPE(scaling={"rope_type": "linear", "factor": 2.0}),
+                   ALiBi()):
+        assert scheme_from_json(scheme.to_json()) == scheme
+        assert POSITION_SCHEMES[scheme.name] is type(scheme)
+    with pytest.raises(TypeError, match=r"positions must be a position scheme object \(Learned\(\), Sinusoidal"):
+        AttentionConfig(d_model=8, n_heads=2, positions="rope")
+    with pytest.raises(ValueError, match="positions must be one of 'learned', 'sinusoidal', 'rope', 'alibi', "
+                                         "got 'absolute'"):
+        scheme_from_json("absolute")
+    with pytest.raises(ValueError, match="rope needs an even d_head"):
+        AttentionConfig(d_model=6, n_heads=2, positions=RoPE())
+    with pytest.raises(ValueError, match="theta must be a positive finite number, got 0"):
+        RoPE(theta=0)
+
+
+@pytest.mark.parametrize("scheme", [Learned(), Sinusoidal(), RoPE(), ALiBi()])
 def test_model_decoding_through_the_cache_equals_one_full_pass(rng, scheme):
-    config = LMConfig(vocab_size=11, d_model=16, n_heads=4, n_layers=2, n_ctx=12, positions=scheme)
-    model = AttentionLM.init(config, rng=rng, std=0.3, dtype=np.float64)
+    config = lm_config(11, d_model=16, n_heads=4, n_layers=2, n_ctx=12, positions=scheme)
+    model = Transformer.init(config, rng=rng, std=0.3, dtype=np.float64)
     ids = rng.integers(0, 11, size=(2, 12))
-    full = forward(model, ids)                                               # (2, 12, 11)
+    full = forward(model, ids).logits                                        # (2, 12, 11)
     caches = new_caches(model, 12, batch_shape=(2,))
-    steps = [forward(model, ids[:, :5], caches=caches)]                      # a prompt of 5
-    steps += [forward(model, ids[:, t:t + 1], caches=caches) for t in range(5, 12)]   # then one at a time
+    steps = [forward(model, ids[:, :5], caches=caches).logits]               # a prompt of 5
+    steps += [forward(model, ids[:, t:t + 1], caches=caches).logits for t in range(5, 12)]   # then one at a time
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=1e-10, atol=1e-12)
     # and the order matters: shuffling earlier tokens changes the last prediction
     shuffled = ids.copy()
     shuffled[:, :11] = ids[:, :11][:, ::-1]
-    assert not np.allclose(forward(model, shuffled)[:, -1], full[:, -1])
+    assert not np.allclose(forward(model, shuffled).logits[:, -1], full[:, -1])
 
 
 def test_cache_past_the_learned_table_names_the_limit(rng):
-    model = AttentionLM.init(LMConfig(vocab_size=5, d_model=8, n_heads=2, n_layers=1, n_ctx=4), rng=rng)
-    with pytest.raises(ValueError, match=r"position 4 has no row: the table holds 4 positions \(0 to 3\)"):
+    model = Transformer.init(lm_config(5, d_model=8, n_heads=2, n_layers=1, n_ctx=4), rng=rng)
+    with pytest.raises(ValueError, match=r"capacity must be at most the model's n_ctx=4"):
         new_caches(model, 5)
-    with pytest.raises(ValueError, match="position 4 has no row"):
+    with pytest.raises(ValueError, match=r"ids has 5 tokens, but the model has only 4 positions"):
         forward(model, np.zeros(5, np.int64))

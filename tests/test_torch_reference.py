@@ -57,7 +57,7 @@ def test_multihead_matches_torch_multiheadattention(rng, dtype, causal):
     layer = MultiHeadAttention.init(cfg, rng=rng, std=0.3, dtype=dtype)
     layer = MultiHeadAttention(layer.W_Q, layer.W_K, layer.W_V, layer.W_O,
                                *(rng.normal(size=b.shape).astype(dtype) for b in
-                                 (layer.b_Q, layer.b_K, layer.b_V, layer.b_O)), n_heads=4)
+                                 (layer.b_Q, layer.b_K, layer.b_V, layer.b_O)), config=cfg)
     x = rng.normal(size=(2, 6, 16)).astype(dtype)
     tdt = torch.float32 if dtype == np.float32 else torch.float64
     mha = torch.nn.MultiheadAttention(16, 4, batch_first=True, dtype=tdt)

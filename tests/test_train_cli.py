@@ -107,7 +107,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path):
                  "--json"]) == 0
     capsys.readouterr()
     one_line_error(capsys, ["generate", str(tmp_path / "ck"), "--prompt", "the cat sat"],
-                   "position 8 has no row: the table holds 8 positions (0 to 7)")
+                   "the prompt has 11 tokens, more than the model's context n_ctx 8")
     one_line_error(capsys, ["generate", str(tmp_path / "ck"), "--prompt", "the fox"], "'f' is not in the vocabulary")
     one_line_error(capsys, ["generate", str(tmp_path / "ck"), "--prompt", "the", "--temperature", "-1"],
                    "temperature must be a number >= 0")
@@ -125,3 +125,38 @@ def test_word_level(capsys, tmp_path):
     words = gen["generated"].split(" ")
     assert len(words) == 5 and set(words) <= set("the cat sat on mat and dog log saw then ran to".split())
     assert gen["text"] == "the cat " + gen["generated"]
+
+
+def test_attend_reads_a_folder_that_train_wrote(capsys, tmp_path):
+    """attnlab's own checkpoints are a model family: attend, --summary and --html read them like GPT-2's."""
+    assert main(["train", "--steps", "10", "--context", "16", "--d-model", "16", "--heads", "4", "--kv-heads", "2",
+                 "--positions", "rope", "--rope-theta", "500", "--out", str(tmp_path / "ck"), "--json"]) == 0
+    capsys.readouterr()
+    from attnlab.models import attend, load_model
+    from attnlab.stack import forward
+
+    r = attend("the cat sat", tmp_path / "ck")
+    assert r.tokens == tuple("the cat sat") and r.attentions.weights.shape == (2, 4, 11, 11)
+    np.testing.assert_array_equal(r.attentions.keep, np.tril(np.ones((11, 11), bool)))   # a decoder: causal
+    model, vocab = load_checkpoint(tmp_path / "ck")
+    np.testing.assert_array_equal(r.logits, forward(model, vocab.encode("the cat sat")).logits)
+    assert load_model(tmp_path / "ck")[0].config == model.config
+    assert main(["attend", "the cat sat", "--model", str(tmp_path / "ck"), "--head", "3"]) == 0
+    assert "(attnlab): 11 tokens, 2 layers x 4 heads" in capsys.readouterr().out
+    page = tmp_path / "view.html"
+    assert main(["attend", "the cat sat", "--model", str(tmp_path / "ck"), "--summary", "--html", str(page)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("layer head  entropy") and len(lines) == 2 + 2 * 4
+    assert "<canvas" in page.read_text(encoding="utf-8")
+    one_line_error(capsys, ["attend", "the zoo", "--model", str(tmp_path / "ck")], "'z' is not in the vocabulary")
+
+
+def test_rope_theta_and_kv_heads_reach_the_config(capsys, tmp_path):
+    out = run_json(capsys, ["train", "--steps", "2", "--context", "8", "--d-model", "16", "--heads", "4",
+                            "--kv-heads", "1", "--positions", "rope", "--rope-theta", "77"])
+    assert out["config"]["attention"]["positions"] == {"name": "rope", "theta": 77.0, "scaling": None}
+    assert out["config"]["attention"]["n_kv_heads"] == 1
+    one_line_error(capsys, ["train", "--positions", "alibi", "--rope-theta", "5"],
+                   "--rope-theta applies to --positions rope only, got --positions alibi")
+    one_line_error(capsys, ["train", "--heads", "4", "--kv-heads", "3"],
+                   "n_heads (4) must be a multiple of n_kv_heads (3)")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from attnlab import AttentionMap
-from attnlab.viz import demo_map, save_html
+from attnlab.viz import demo_map, save_html, show
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:
@@ -217,7 +217,7 @@ def test_512_tokens_render_and_respond(tmp_path, view):
 
 
 def test_repr_html_renders_in_an_iframe(view, amap):
-    view.page.set_content(amap._repr_html_())
+    view.page.set_content(show(amap)._repr_html_())
     frame = view.page.frame_locator("iframe")
     frame.locator("body[data-ready='1']").wait_for()
     assert frame.locator("#status").inner_text() == "2 layers × 4 heads, 7 queries × 7 keys"

@@ -11,7 +11,7 @@ import pytest
 
 from attnlab import AttentionMap, causal_mask
 from attnlab import summarize_heads
-from attnlab.viz import demo_map, render_html, save_html
+from attnlab.viz import demo_map, render_html, save_html, show
 from attnlab.viz import html as html_view
 
 EVIL = "<script>alert(1)</script>"
@@ -92,7 +92,7 @@ def test_save_html_writes_the_page(tmp_path, amap):
 
 
 def test_repr_html_is_the_page_in_an_iframe(amap):
-    frame = amap._repr_html_()
+    frame = show(amap)._repr_html_()
     assert frame.startswith("<iframe ") and 'sandbox="allow-scripts"' in frame
     srcdoc = re.search(r'srcdoc="([^"]*)"', frame).group(1)
     assert html.unescape(srcdoc) == render_html(amap)

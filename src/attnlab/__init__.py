@@ -20,26 +20,34 @@ from .attention import attention, attention_backward, attention_forward, attenti
 from .attnmap import AttentionMap
 from .cache import KVCache
 from .config import GPT2_SMALL, AttentionConfig
-from .lm import AttentionLM, LMConfig
+from .hooks import hook_names, run_with_cache, run_with_hooks
 from .masks import additive_mask, causal_mask
 from .multihead import (MultiHeadAttention, merge_heads, multihead_attention, multihead_attention_grad,
                         split_heads)
-from .positions import alibi_bias, alibi_slopes, learned_positions, rope, sinusoidal_positions
+from .positions import (ALiBi, Learned, RoPE, Sinusoidal, alibi_bias, alibi_slopes, learned_positions, rope,
+                        sinusoidal_positions)
 from .softmax import softmax
+from .stack import Block, ModelConfig, ModelOutput, Transformer, forward, generate, new_caches
 from .summary import HeadSummary, summarize_heads
 from .tiled import attention_weights_rows, tiled_attention, tiled_attention_grad
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ALiBi",
     "AttentionConfig",
-    "AttentionLM",
     "AttentionMap",
+    "Block",
     "GPT2_SMALL",
     "HeadSummary",
     "KVCache",
-    "LMConfig",
+    "Learned",
+    "ModelConfig",
+    "ModelOutput",
     "MultiHeadAttention",
+    "RoPE",
+    "Sinusoidal",
+    "Transformer",
     "additive_mask",
     "alibi_bias",
     "alibi_slopes",
@@ -50,11 +58,17 @@ __all__ = [
     "attention_weights",
     "attention_weights_rows",
     "causal_mask",
+    "forward",
+    "generate",
+    "hook_names",
     "learned_positions",
     "merge_heads",
     "multihead_attention",
     "multihead_attention_grad",
+    "new_caches",
     "rope",
+    "run_with_cache",
+    "run_with_hooks",
     "sinusoidal_positions",
     "softmax",
     "split_heads",

@@ -1,6 +1,7 @@
 """AttentionMap: the weights of every layer and head for one input, with its tokens.
 
-This is what the pictures draw (PNG, HTML, terminal) and what the model commands return.
+This is what the pictures draw (PNG, HTML, terminal) and what the model commands return. It is data only:
+the views import it, never the other way round (in Jupyter, ``attnlab.viz.show(amap)`` displays the HTML view).
 """
 
 from __future__ import annotations
@@ -63,8 +64,3 @@ class AttentionMap:
             if not isinstance(i, (int, np.integer)) or isinstance(i, bool) or not 0 <= i < n:
                 raise ValueError(f"{name} must be an integer from 0 to {n - 1}, got {i!r}")
         return self.weights[layer, head]                        # (n_q, n_k)
-
-    def _repr_html_(self) -> str:
-        """Jupyter shows the interactive HTML view (attnlab.viz.render_html) in an iframe."""
-        from .viz.html import repr_html
-        return repr_html(self)

@@ -1,8 +1,9 @@
 """Multi-head attention: h copies of attention side by side on the same x, mixed by W_O.
 
 Shapes: the four projections are stored for all heads at once, as GPT-2 does:
-W_Q, W_K, W_V are (d_model, n_heads·d_head) with head i in columns i·d_head … (i+1)·d_head − 1,
-and W_O is (n_heads·d_head, d_model).
+W_Q is (d_model, n_heads·d_head) with head i in columns i·d_head … (i+1)·d_head − 1, W_K and W_V are
+(d_model, n_kv_heads·d_head) (fewer heads with grouped-query attention), and W_O is (n_heads·d_head, d_model).
+Every size comes from the layer's :class:`~attnlab.config.AttentionConfig`.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_float_array, as_positive_int, check_finite, check_rng
-from .attention import Saved, attention, attention_backward, attention_forward, attention_weights
+from ._checks import as_float_array, as_positive_int, check_attention_args, check_finite, check_rng, fold, unfold
+from .attention import Saved, attention, attention_backward, attention_forward
 from .cache import KVCache
 from .config import AttentionConfig
-from .positions import rope as rotate
+from .naive import naive_scores
+from .softmax import softmax
 
 
 def split_heads(x: np.ndarray, n_heads: int) -> np.ndarray:
@@ -39,33 +41,30 @@ def merge_heads(x: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class MultiHeadAttention:
-    """The parameters of one multi-head attention layer; calling it runs the forward pass."""
+    """The parameters of one multi-head attention layer, and the config that states its sizes; calling it
+    runs the forward pass. The weights are checked against the config, never the other way round."""
     W_Q: np.ndarray   # (d_model, h·d_head)
-    W_K: np.ndarray   # (d_model, h·d_head)
-    W_V: np.ndarray   # (d_model, h·d_head)
+    W_K: np.ndarray   # (d_model, h_kv·d_head)
+    W_V: np.ndarray   # (d_model, h_kv·d_head)
     W_O: np.ndarray   # (h·d_head, d_model)
     b_Q: np.ndarray   # (h·d_head,)
-    b_K: np.ndarray   # (h·d_head,)
-    b_V: np.ndarray   # (h·d_head,)
+    b_K: np.ndarray   # (h_kv·d_head,)
+    b_V: np.ndarray   # (h_kv·d_head,)
     b_O: np.ndarray   # (d_model,)
-    n_heads: int
+    config: AttentionConfig
 
     def __post_init__(self):
-        as_positive_int("n_heads", self.n_heads)
-        for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"):
+        if not isinstance(self.config, AttentionConfig):
+            raise TypeError(f"config must be an AttentionConfig, got {type(self.config).__name__}")
+        for name in PARAMS:
             object.__setattr__(self, name, as_float_array(name, getattr(self, name)))
-        d_model, width = self.W_Q.shape if self.W_Q.ndim == 2 else (None, None)
-        if d_model is None:
-            raise ValueError(f"W_Q must be 2-D (d_model, n_heads·d_head), got shape {self.W_Q.shape}")
-        if width % self.n_heads:
-            raise ValueError(f"W_Q has {width} columns, which n_heads={self.n_heads} does not divide")
-        expected = {"W_Q": (d_model, width), "W_K": (d_model, width), "W_V": (d_model, width),
-                    "W_O": (width, d_model), "b_Q": (width,), "b_K": (width,), "b_V": (width,),
-                    "b_O": (d_model,)}
+        expected = param_shapes(self.config)
         for name, shape in expected.items():
             got = getattr(self, name).shape
             if got != shape:
-                raise ValueError(f"{name} must have shape {shape} to match W_Q {self.W_Q.shape}, got {got}")
+                c = self.config
+                raise ValueError(f"{name} has shape {got}, the config (d_model {c.d_model}, n_heads {c.n_heads}, "
+                                 f"n_kv_heads {c.n_kv_heads}, d_head {c.d_head}) asks for {shape}")
 
     @classmethod
     def init(cls, config: AttentionConfig, *, rng: np.random.Generator, std: float = 0.02,
@@ -74,72 +73,81 @@ class MultiHeadAttention:
         if not isinstance(config, AttentionConfig):
             raise TypeError(f"config must be an AttentionConfig, got {type(config).__name__}")
         check_rng(rng)
-        d, w = config.d_model, config.n_heads * config.d_head
-        draw = lambda *shape: rng.normal(0.0, std, shape).astype(dtype)   # noqa: E731
-        zeros = lambda n: np.zeros(n, dtype)                               # noqa: E731
-        return cls(W_Q=draw(d, w), W_K=draw(d, w), W_V=draw(d, w), W_O=draw(w, d),
-                   b_Q=zeros(w), b_K=zeros(w), b_V=zeros(w), b_O=zeros(d), n_heads=config.n_heads)
+        shapes = param_shapes(config)
+        return cls(**{n: (rng.normal(0.0, std, shape).astype(dtype) if n.startswith("W") else np.zeros(shape, dtype))
+                      for n, shape in shapes.items()}, config=config)
 
     @classmethod
-    def from_gpt2(cls, c_attn_weight, c_attn_bias, c_proj_weight, c_proj_bias, n_heads: int):
-        """From GPT-2's fused layout: c_attn (d_model, 3·d_model) holds W_Q | W_K | W_V side by side."""
+    def from_gpt2(cls, c_attn_weight, c_attn_bias, c_proj_weight, c_proj_bias, config: AttentionConfig):
+        """From GPT-2's fused layout: c_attn (d_model, 3·h·d_head) holds W_Q | W_K | W_V side by side."""
         c_attn_weight = as_float_array("c_attn_weight", c_attn_weight)
         c_attn_bias = as_float_array("c_attn_bias", c_attn_bias)
-        if c_attn_weight.ndim != 2 or c_attn_weight.shape[1] % 3:
-            raise ValueError(f"c_attn_weight must be (d_model, 3·width), got shape {c_attn_weight.shape}")
-        if c_attn_bias.shape != (c_attn_weight.shape[1],):
-            raise ValueError(f"c_attn_bias must have shape ({c_attn_weight.shape[1]},) to match c_attn_weight, "
-                             f"got {c_attn_bias.shape}")
-        W_Q, W_K, W_V = np.split(c_attn_weight, 3, axis=1)   # (d_model, width) each
-        b_Q, b_K, b_V = np.split(c_attn_bias, 3)               # (width,) each
+        width = config.n_heads * config.d_head
+        if c_attn_weight.shape != (config.d_model, 3 * width) or c_attn_bias.shape != (3 * width,):
+            raise ValueError(f"c_attn_weight {c_attn_weight.shape} and c_attn_bias {c_attn_bias.shape} must be "
+                             f"{(config.d_model, 3 * width)} and {(3 * width,)} for the config "
+                             f"(d_model {config.d_model}, n_heads {config.n_heads}, d_head {config.d_head})")
+        W_Q, W_K, W_V = np.split(c_attn_weight, 3, axis=1)   # (d_model, h·d_head) each
+        b_Q, b_K, b_V = np.split(c_attn_bias, 3)               # (h·d_head,) each
         return cls(W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=c_proj_weight, b_Q=b_Q, b_K=b_K, b_V=b_V,
-                   b_O=c_proj_bias, n_heads=n_heads)
-
-    @property
-    def config(self) -> AttentionConfig:
-        d_model, width = self.W_Q.shape
-        return AttentionConfig(d_model=d_model, n_heads=self.n_heads, d_head=width // self.n_heads)
+                   b_O=c_proj_bias, config=config)
 
     @property
     def n_params(self) -> int:
         """Every number in the layer: four matrices and four biases."""
-        return sum(getattr(self, n).size for n in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"))
+        return sum(getattr(self, n).size for n in PARAMS)
 
     def new_cache(self, capacity: int, *, batch_shape: tuple = ()) -> KVCache:
-        """An empty KV cache for this layer, with room for ``capacity`` tokens."""
-        return KVCache.empty(self.n_heads, capacity, self.W_Q.shape[1] // self.n_heads,
+        """An empty KV cache for this layer, with room for ``capacity`` tokens of its n_kv_heads heads."""
+        return KVCache.empty(self.config.n_kv_heads, capacity, self.config.d_head,
                              batch_shape=batch_shape, dtype=np.result_type(self.W_K, np.float32))
 
-    def __call__(self, x, *, mask=None, bias=None, is_causal=False, rope=False, return_weights=False,
+    def __call__(self, x, *, mask=None, bias=None, is_causal=False, return_weights=False,
                  cache: KVCache | None = None):
-        return multihead_attention(self, x, mask=mask, bias=bias, is_causal=is_causal, rope=rope,
+        return multihead_attention(self, x, mask=mask, bias=bias, is_causal=is_causal,
                                    return_weights=return_weights, cache=cache)
 
 
-def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_causal=False, rope=False,
-                        return_weights=False, cache: KVCache | None = None):
+PARAMS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
+
+
+def param_shapes(c: AttentionConfig) -> dict[str, tuple]:
+    """The shape of each weight of a layer with config ``c``."""
+    d, w, w_kv = c.d_model, c.n_heads * c.d_head, c.n_kv_heads * c.d_head
+    return {"W_Q": (d, w), "W_K": (d, w_kv), "W_V": (d, w_kv), "W_O": (w, d),
+            "b_Q": (w,), "b_K": (w_kv,), "b_V": (w_kv,), "b_O": (d,)}
+
+
+def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_causal=False, return_weights=False,
+                        cache: KVCache | None = None, hook=None):
     """Multi-head attention (Vaswani et al., 2017, §3.2.2):
     ``y = concat_i(attention(x W_Qᵢ + b_Qᵢ, x W_Kᵢ + b_Kᵢ, x W_Vᵢ + b_Vᵢ)) W_O + b_O``.
+
+    The layer's config says the rest: its position scheme rotates q and k (RoPE) or biases the scores
+    (ALiBi), its ``window`` limits a causal mask, and with ``n_kv_heads < n_heads`` each key/value head
+    serves a group of query heads (grouped-query attention; K and V are never repeated).
 
     Parameters
     ----------
     p : MultiHeadAttention
-        The layer's weights.
+        The layer's weights and config.
     x : float array (..., n, d_model)
     mask : bool array broadcasting to (..., n_heads, n, n_k), optional
         True = may attend.
     bias : float array broadcasting to (..., n_heads, n, n_k), optional
-        Added to the scaled scores (ALiBi: :func:`attnlab.positions.alibi_bias`).
+        Added to the scaled scores, on top of the position scheme's own bias.
     is_causal : bool
-    rope : bool
-        Rotate every head's q and k at their absolute positions (:func:`attnlab.positions.rope`).
     return_weights : bool
         Also return the weights (..., n_heads, n, n_k).
     cache : KVCache, optional
-        The new tokens sit after the ``cache.length`` cached ones: they are rotated at those positions,
-        their keys and values are appended, and the n queries attend to all n_k cached tokens
-        (bottom-right causal alignment: the queries are the last n positions). A step that raises
-        leaves the cache as it was.
+        The new tokens sit after the ``cache.length`` cached ones: they take those positions, their keys
+        and values are appended, and the n queries attend to all n_k cached tokens (bottom-right causal
+        alignment: the queries are the last n positions). A step that raises leaves the cache as it was.
+    hook : callable, optional
+        Named activations (see :mod:`attnlab.hooks`): ``hook(name, array)`` returns the array to go on
+        with, for the names ``hook_q``, ``hook_k``, ``hook_v`` (after the position rotation),
+        ``hook_scores``, ``hook_pattern`` and ``hook_z``; ``hook.wants(name)`` says which it takes. Asking
+        for the scores or the pattern takes the path that holds the (n, n_k) grid.
 
     Returns
     -------
@@ -153,25 +161,47 @@ def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_ca
     """
     x = _check_x(p, x)
     start = 0 if cache is None else cache.length
-    q, k, v = _project(p, x, rope=rope, start=start)   # (..., h, n, d_head) each
-    if cache is None:
-        heads = attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal)   # (..., h, n, d_head)
-    else:
-        k, v = cache.append(k, v)                    # (..., h, n_k, d_head) each: every token so far
-        try:
+    q, k, v = _project(p, x, start=start)            # (..., h, n, d_head), (..., h_kv, n, d_head) × 2
+    if hook is not None:
+        q, k, v = hook("hook_q", q), hook("hook_k", k), hook("hook_v", v)
+    if cache is not None:
+        k, v = cache.append(k, v)                    # (..., h_kv, n_k, d_head) each: every token so far
+    try:
+        opts = dict(mask=mask, bias=_bias(p, bias, q.shape[-2], k.shape[-2], q.dtype), is_causal=is_causal,
+                    window=p.config.window)
+        grid = return_weights or (hook is not None and (hook.wants("hook_scores") or hook.wants("hook_pattern")))
+        if grid:
+            heads, a = _attention_on_the_grid(q, k, v, opts, hook, finite=cache is None)   # (..., h, n, d_head)
+        elif cache is None:
+            heads = attention(q, k, v, **opts)       # (..., h, n, d_head)
+        else:
             check_finite("query", q)                 # the cached keys and values were checked on append
-            heads = attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal, check_finite=False)
-        except Exception:
+            heads = attention(q, k, v, check_finite=False, **opts)
+    except Exception:
+        if cache is not None:
             cache.length = start                     # a failed step leaves the cache as it was
-            raise
+        raise
+    if hook is not None:
+        heads = hook("hook_z", heads)                # (..., h, n, d_head) per-head outputs before W_O
     _, y = _output(p, heads)                         # (..., n, d_model)
-    if return_weights:
-        a = attention_weights(q, k, mask=mask, bias=bias, is_causal=is_causal)   # (..., h, n, n_k)
     return (y, a) if return_weights else y
 
 
-def multihead_attention_grad(p: MultiHeadAttention, x, dy, *, mask=None, bias=None, is_causal=False,
-                             rope=False):
+def _attention_on_the_grid(q, k, v, opts: dict, hook, *, finite: bool):
+    """Attention through its (n, n_k) grid, so the scores and the pattern can be seen or replaced:
+    ``(heads, pattern)``, (..., h, n, d_head) and (..., h, n, n_k)."""
+    c = check_attention_args(q, k, v, require_finite=finite, **opts)
+    s = naive_scores(c)                              # (..., h, n, n_k) scaled, biased, masked with -inf
+    if hook is not None:
+        s = hook("hook_scores", s)
+    a = softmax(s)                                   # (..., h, n, n_k) rows with no key are 0
+    if hook is not None:
+        a = hook("hook_pattern", a)
+    heads = unfold(fold(a, c.groups) @ c.v, c.groups)   # (..., h, n, d_head) a group: one matmul
+    return heads.astype(c.out_dtype, copy=False), a.astype(c.out_dtype, copy=False)
+
+
+def multihead_attention_grad(p: MultiHeadAttention, x, dy, *, mask=None, bias=None, is_causal=False):
     """Backward of :func:`multihead_attention` (no cache): returns ``(dx, grads)``.
 
     The forward is recomputed here, once. To keep the forward instead of recomputing it, use
@@ -179,7 +209,7 @@ def multihead_attention_grad(p: MultiHeadAttention, x, dy, *, mask=None, bias=No
 
     Parameters
     ----------
-    p, x, mask, bias, is_causal, rope
+    p, x, mask, bias, is_causal
         As given to :func:`multihead_attention`. ``bias`` is treated as a constant (ALiBi's is fixed).
     dy : float array (..., n, d_model)
         dL/dy.
@@ -195,7 +225,7 @@ def multihead_attention_grad(p: MultiHeadAttention, x, dy, *, mask=None, bias=No
     ValueError, TypeError
         As :func:`multihead_attention` does, and when ``dy`` does not have the shape of ``x``.
     """
-    _, saved = multihead_attention_forward(p, x, mask=mask, bias=bias, is_causal=is_causal, rope=rope)
+    _, saved = multihead_attention_forward(p, x, mask=mask, bias=bias, is_causal=is_causal)
     return multihead_attention_backward(p, saved, dy)
 
 
@@ -205,16 +235,14 @@ class SavedLayer:
     x: np.ndarray            # (..., n, d_model) the layer's input
     merged: np.ndarray       # (..., n, h·d_head) the heads side by side, before W_O
     attn: Saved              # the attention's own saved forward
-    rope: bool
 
 
-def multihead_attention_forward(p: MultiHeadAttention, x, *, mask=None, bias=None, is_causal=False,
-                                rope=False):
+def multihead_attention_forward(p: MultiHeadAttention, x, *, mask=None, bias=None, is_causal=False):
     """:func:`multihead_attention` without a cache, and what its backward needs.
 
     Parameters
     ----------
-    p, x, mask, bias, is_causal, rope
+    p, x, mask, bias, is_causal
         As in :func:`multihead_attention`.
 
     Returns
@@ -226,10 +254,12 @@ def multihead_attention_forward(p: MultiHeadAttention, x, *, mask=None, bias=Non
         saved forward (its weights below the crossover, one log-sum-exp per query above it).
     """
     x = _check_x(p, x)
-    q, k, v = _project(p, x, rope=rope)                    # (..., h, n, d_head) each
-    heads, attn = attention_forward(q, k, v, mask=mask, bias=bias, is_causal=is_causal)   # (..., h, n, d_head)
+    q, k, v = _project(p, x)                               # (..., h, n, d_head), (..., h_kv, n, d_head) × 2
+    n = q.shape[-2]
+    heads, attn = attention_forward(q, k, v, mask=mask, bias=_bias(p, bias, n, n, q.dtype), is_causal=is_causal,
+                                    window=p.config.window)   # (..., h, n, d_head)
     merged, y = _output(p, heads)                          # (..., n, h·d_head), (..., n, d_model)
-    return y, SavedLayer(x=x, merged=merged, attn=attn, rope=rope)
+    return y, SavedLayer(x=x, merged=merged, attn=attn)
 
 
 def multihead_attention_backward(p: MultiHeadAttention, saved: SavedLayer, dy):
@@ -260,26 +290,27 @@ def multihead_attention_backward(p: MultiHeadAttention, saved: SavedLayer, dy):
     dy = as_float_array("dy", dy)
     if dy.shape != x.shape:
         raise ValueError(f"dy must have the shape of x {x.shape}, got {dy.shape}")
-    d_model, width = p.W_Q.shape
+    c = p.config
+    d_model, width = c.d_model, c.n_heads * c.d_head
     # forward: y = merged @ W_O + b_O
     dy2 = dy.reshape(-1, d_model)                          # (N, d_model), N = all tokens
     dW_O = saved.merged.reshape(-1, width).T @ dy2         # (h·d_head, d_model)
     db_O = dy2.sum(0)                                      # (d_model,)
     d_merged = dy @ p.W_O.T                                # (..., n, h·d_head)
-    # forward: heads = attention(q, k, v)
-    dq, dk, dv = attention_backward(saved.attn, split_heads(d_merged, p.n_heads))   # (..., h, n, d_head) each
-    if saved.rope:
-        # forward: q = rope(q), k = rope(k); a rotation's transpose is the inverse rotation
-        dq, dk = rotate(dq, inverse=True), rotate(dk, inverse=True)   # (..., h, n, d_head) each
+    # forward: heads = attention(q, k, v); dk, dv summed over each group of query heads
+    dq, dk, dv = attention_backward(saved.attn, split_heads(d_merged, c.n_heads))   # (..., h|h_kv, n, d_head)
+    # forward: q = rotate(q), k = rotate(k); a rotation's transpose is the inverse rotation (RoPE; else nothing)
+    dq, dk = c.positions.rotate(dq, start=0, inverse=True), c.positions.rotate(dk, start=0, inverse=True)
     # forward: q = split_heads(x @ W_Q + b_Q), likewise k and v
     x2 = x.reshape(-1, d_model)                            # (N, d_model)
     grads, dx = {}, np.zeros_like(x)                      # dx: (..., n, d_model)
     for name, d in (("Q", dq), ("K", dk), ("V", dv)):
-        d_lin = merge_heads(d)                             # (..., n, h·d_head)
-        grads[f"W_{name}"] = x2.T @ d_lin.reshape(-1, width)   # (d_model, h·d_head)
-        grads[f"b_{name}"] = d_lin.reshape(-1, width).sum(0)   # (h·d_head,)
+        d_lin = merge_heads(d)                             # (..., n, h·d_head) or (..., n, h_kv·d_head)
+        w = d_lin.shape[-1]
+        grads[f"W_{name}"] = x2.T @ d_lin.reshape(-1, w)   # (d_model, w)
+        grads[f"b_{name}"] = d_lin.reshape(-1, w).sum(0)   # (w,)
         dx += d_lin @ getattr(p, f"W_{name}").T            # (..., n, d_model)
-    return dx, MultiHeadAttention(**grads, W_O=dW_O, b_O=db_O, n_heads=p.n_heads)
+    return dx, MultiHeadAttention(**grads, W_O=dW_O, b_O=db_O, config=c)
 
 
 def _output(p: MultiHeadAttention, heads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -288,18 +319,27 @@ def _output(p: MultiHeadAttention, heads: np.ndarray) -> tuple[np.ndarray, np.nd
     return merged, merged @ p.W_O + p.b_O            # (..., n, h·d_head), (..., n, d_model)
 
 
-def _project(p: MultiHeadAttention, x: np.ndarray, *, rope: bool, start: int = 0):
-    """q, k, v (..., h, n, d_head) of x; with ``rope``, q and k rotated at positions start, start + 1, …"""
-    q = split_heads(x @ p.W_Q + p.b_Q, p.n_heads)    # (..., h, n, d_head)
-    k = split_heads(x @ p.W_K + p.b_K, p.n_heads)    # (..., h, n, d_head)
-    v = split_heads(x @ p.W_V + p.b_V, p.n_heads)    # (..., h, n, d_head)
-    if rope:
-        q, k = rotate(q, start=start), rotate(k, start=start)   # (..., h, n, d_head) each
+def _project(p: MultiHeadAttention, x: np.ndarray, *, start: int = 0):
+    """q (..., h, n, d_head), k and v (..., h_kv, n, d_head) of x, q and k as the position scheme places
+    them at positions start, start + 1, … (RoPE rotates them; the other schemes leave them)."""
+    c = p.config
+    q = split_heads(x @ p.W_Q + p.b_Q, c.n_heads)    # (..., h, n, d_head)
+    k = split_heads(x @ p.W_K + p.b_K, c.n_kv_heads)   # (..., h_kv, n, d_head)
+    v = split_heads(x @ p.W_V + p.b_V, c.n_kv_heads)   # (..., h_kv, n, d_head)
+    q, k = c.positions.rotate(q, start=start), c.positions.rotate(k, start=start)   # as attention sees them
     return q, k, v
+
+
+def _bias(p: MultiHeadAttention, bias, n_q: int, n_k: int, dtype):
+    """The caller's bias plus the position scheme's (ALiBi's (h, n_q, n_k)); None when neither has one."""
+    own = p.config.positions.bias(p.config.n_heads, n_q, n_k, dtype)   # (h, n_q, n_k) or None
+    if own is None or bias is None:
+        return bias if own is None else own
+    return own + as_float_array("bias", bias)        # (..., h, n_q, n_k)
 
 
 def _check_x(p: MultiHeadAttention, x) -> np.ndarray:
     x = as_float_array("x", x, min_ndim=2)
-    if x.shape[-1] != p.W_Q.shape[0]:
-        raise ValueError(f"x has width {x.shape[-1]}, the layer's d_model is {p.W_Q.shape[0]}; they must match")
+    if x.shape[-1] != p.config.d_model:
+        raise ValueError(f"x has width {x.shape[-1]}, the layer's d_model is {p.config.d_model}; they must match")
     return x

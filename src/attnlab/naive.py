@@ -38,6 +38,11 @@ def visible(c: Checked) -> np.ndarray | None:
 
 def naive_weights(c: Checked) -> np.ndarray:
     """The grid of weights A = softmax(S + M), (..., h, n_q, n_k), in the compute dtype."""
+    return softmax(naive_scores(c))                      # (..., h, n_q, n_k) A, rows with no key are 0
+
+
+def naive_scores(c: Checked) -> np.ndarray:
+    """The grid of scores S + M, (..., h, n_q, n_k): scaled, biased, -inf where masked (compute dtype)."""
     g = c.groups
     s = unfold(fold(c.q, g) @ np.swapaxes(c.k, -1, -2), g)   # (..., h, n_q, n_k) raw scores; a group: one matmul
     s *= c.scale                                         # (..., h, n_q, n_k) S = QKᵀ/√d_k
@@ -48,7 +53,7 @@ def naive_weights(c: Checked) -> np.ndarray:
         np.copyto(s, -np.inf, where=~keep)               # (..., h, n_q, n_k) S + M, in place
     elif keep is not None:
         s = np.where(keep, s, -np.inf)                   # (..., h, n_q, n_k) S + M, a mask with more batch axes
-    return softmax(s)                                    # (..., h, n_q, n_k) A, rows with no key are 0
+    return s
 
 
 def naive_attention(c: Checked) -> tuple[np.ndarray, np.ndarray]:

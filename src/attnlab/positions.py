@@ -14,21 +14,23 @@ Attention without positions is blind to order (the guide's reversal check). Four
 
 Positions are absolute and start at ``start``: with a KV cache holding ``start`` tokens, the new tokens
 sit at ``start, start + 1, …`` (bottom-right alignment, as :func:`attnlab.causal_mask` has it).
+
+Each scheme is also a small frozen object (:class:`Learned`, :class:`Sinusoidal`, :class:`RoPE`,
+:class:`ALiBi`) that an :class:`attnlab.AttentionConfig` holds. The object says what the scheme does at
+the two places a model asks: ``embed`` (rows added to the token embeddings, or None) and ``rotate`` /
+``bias`` inside attention. :data:`POSITION_SCHEMES` maps each name to its class; no other module tests
+a scheme's name.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from ._checks import as_choice, as_float_array, as_positive_int
+from ._checks import as_choice, as_float_array, as_positive_float, as_positive_int
 
-POSITION_SCHEMES = ("learned", "sinusoidal", "rope", "alibi")
 ROPE_BASE = 10000.0        # θ's base in Su et al. (2021), the same 10,000 as the sinusoids'
-
-
-def check_scheme(positions: str) -> str:
-    """``positions`` if it names a scheme in :data:`POSITION_SCHEMES`, else a ValueError listing them."""
-    return as_choice("positions", positions, POSITION_SCHEMES)
 
 
 def position_ids(n: int, *, start: int = 0, n_max: int | None = None) -> np.ndarray:
@@ -74,10 +76,11 @@ def sinusoidal_positions(n: int, d_model: int, *, start: int = 0, dtype=np.float
     return pe.astype(dtype, copy=False)
 
 
-def rope(x, *, start: int = 0, inverse: bool = False) -> np.ndarray:
+def rope(x, *, start: int = 0, inverse: bool = False, theta: float = ROPE_BASE, scaling=None) -> np.ndarray:
     """Rotate q or k (..., n, d_head) at positions ``start … start + n − 1`` (Su et al., 2021).
 
-    Features (2i, 2i+1) form a pair, turned by the angle ``pos · θ_i`` with ``θ_i = 10000^(−2i/d_head)``.
+    Features (2i, 2i+1) form a pair, turned by the angle ``pos · θ_i`` with ``θ_i = theta^(−2i/d_head)``
+    (theta = 10,000 in the paper); ``scaling`` as :class:`RoPE` takes it.
     A rotation keeps lengths, and rotating q by m·θ and k by n·θ turns their dot product by (m − n)·θ: the
     score sees only the offset. ``inverse=True`` rotates back, which is also RoPE's backward pass (the
     transpose of a rotation is its inverse).
@@ -92,7 +95,7 @@ def rope(x, *, start: int = 0, inverse: bool = False) -> np.ndarray:
     n, d_head = x.shape[-2:]
     if d_head % 2:
         raise ValueError(f"rope needs an even head width (features rotate in pairs), got d_head {d_head}")
-    angle = position_ids(n, start=start)[:, None] * ROPE_BASE ** (-np.arange(0, d_head, 2) / d_head)  # (n, d/2)
+    angle = position_ids(n, start=start)[:, None] * rope_frequencies(d_head, theta, scaling)   # (n, d_head/2)
     cos, sin = np.cos(angle).astype(x.dtype), np.sin(angle).astype(x.dtype)    # (n, d_head/2) each
     if inverse:
         sin = -sin                                           # rotate by −pos·θ
@@ -101,6 +104,29 @@ def rope(x, *, start: int = 0, inverse: bool = False) -> np.ndarray:
     out[..., 0::2] = even * cos - odd * sin
     out[..., 1::2] = even * sin + odd * cos
     return out
+
+
+def rope_frequencies(d_head: int, theta: float = ROPE_BASE, scaling=None) -> np.ndarray:
+    """θ_i = theta^(−2i/d_head) for i = 0 … d_head/2 − 1, (d_head/2,); with ``scaling`` stretched as
+    Llama 3 (``rope_type`` "llama3": wavelengths past ``original_max_position_embeddings / low_freq_factor``
+    divided by ``factor``, those below ``… / high_freq_factor`` kept, a smooth blend between) or linearly
+    (``rope_type`` "linear": all divided by ``factor``).
+
+    >>> rope_frequencies(4, 100.0)
+    array([1. , 0.1])
+    """
+    freq = theta ** (-np.arange(0, d_head, 2) / d_head)         # (d_head/2,)
+    if scaling is None:
+        return freq
+    s = dict(scaling)
+    factor = float(s["factor"])
+    if s.get("rope_type", s.get("type")) == "linear":
+        return freq / factor
+    low, high = float(s.get("low_freq_factor", 1.0)), float(s.get("high_freq_factor", 4.0))
+    old = float(s.get("original_max_position_embeddings", 8192))
+    wavelength = 2 * np.pi / freq                                # (d_head/2,)
+    smooth = np.clip((old / wavelength - low) / (high - low), 0.0, 1.0)   # 0: long waves, 1: short waves
+    return (1 - smooth) * freq / factor + smooth * freq          # (d_head/2,)
 
 
 def alibi_slopes(n_heads: int) -> np.ndarray:
@@ -144,3 +170,118 @@ def alibi_bias(slopes, n_q: int, n_k: int | None = None) -> np.ndarray:
                          f"got n_q {n_q} and n_k {n_k}")
     distance = np.abs(np.arange(n_q)[:, None] + (n_k - n_q) - np.arange(n_k)[None, :])   # (n_q, n_k)
     return -slopes[:, None, None] * distance                 # (h, n_q, n_k)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the schemes as objects: what a model asks of its position scheme, in one place
+
+
+class PositionScheme:
+    """What every scheme answers; each scheme overrides the parts it acts in."""
+    name = ""
+    has_table = False          # whether the model holds a learned table W_P
+
+    def check(self, d_model: int, d_head: int) -> None:
+        """Raise when the sizes do not suit the scheme."""
+
+    def embed(self, W_P, n: int, *, start: int, d_model: int, dtype) -> np.ndarray | None:
+        """Rows (n, d_model) added to the token embeddings at positions start …, or None."""
+        return None
+
+    def rotate(self, x: np.ndarray, *, start: int, inverse: bool = False) -> np.ndarray:
+        """q or k (..., n, d_head) as attention sees them at positions start … (unchanged but for RoPE)."""
+        return x
+
+    def bias(self, n_heads: int, n_q: int, n_k: int, dtype) -> np.ndarray | None:
+        """An additive bias (h, n_q, n_k) on the scores (ALiBi), or None."""
+        return None
+
+    def to_json(self) -> dict:
+        return {"name": self.name}
+
+
+@dataclass(frozen=True)
+class Learned(PositionScheme):
+    """A trained table ``W_P`` (n_ctx, d_model), one row per position, added to the token embeddings."""
+    name = "learned"
+    has_table = True
+
+    def embed(self, W_P, n: int, *, start: int, d_model: int, dtype) -> np.ndarray:
+        return learned_positions(W_P, n, start=start)                # (n, d_model)
+
+
+@dataclass(frozen=True)
+class Sinusoidal(PositionScheme):
+    """Fixed sinusoid rows (Vaswani et al., 2017), added to the token embeddings; d_model must be even."""
+    name = "sinusoidal"
+
+    def check(self, d_model: int, d_head: int) -> None:
+        if d_model % 2:
+            raise ValueError(f"sinusoidal positions need an even d_model (sin and cos pairs), got {d_model}")
+
+    def embed(self, W_P, n: int, *, start: int, d_model: int, dtype) -> np.ndarray:
+        return sinusoidal_positions(n, d_model, start=start, dtype=dtype)   # (n, d_model)
+
+
+@dataclass(frozen=True)
+class RoPE(PositionScheme):
+    """Rotary positions (Su et al., 2021): q and k rotated inside attention by ``pos · θ_i``,
+    ``θ_i = theta^(−2i/d_head)``. ``scaling`` (a dict, e.g. Llama 3's ``{"rope_type": "llama3", "factor": 8.0,
+    "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}``, or
+    ``{"rope_type": "linear", "factor": f}``) stretches the slow frequencies; None leaves them."""
+    theta: float = ROPE_BASE
+    scaling: tuple | None = None   # sorted (key, value) pairs of the scaling dict: hashable, frozen
+    name = "rope"
+
+    def __post_init__(self):
+        object.__setattr__(self, "theta", as_positive_float("theta", self.theta))
+        if isinstance(self.scaling, dict):
+            object.__setattr__(self, "scaling", tuple(sorted(self.scaling.items())))
+        if self.scaling is not None:
+            kind = dict(self.scaling).get("rope_type", dict(self.scaling).get("type"))
+            as_choice("scaling rope_type", kind, ("linear", "llama3"))
+
+    def check(self, d_model: int, d_head: int) -> None:
+        if d_head % 2:
+            raise ValueError(f"rope needs an even d_head (features rotate in pairs), got {d_head}")
+
+    def rotate(self, x: np.ndarray, *, start: int, inverse: bool = False) -> np.ndarray:
+        return rope(x, start=start, inverse=inverse, theta=self.theta, scaling=self.scaling)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "theta": self.theta,
+                "scaling": None if self.scaling is None else dict(self.scaling)}
+
+
+@dataclass(frozen=True)
+class ALiBi(PositionScheme):
+    """ALiBi (Press et al., 2022): no vectors, a bias ``−m_h · (i − j)`` on each head's scores."""
+    name = "alibi"
+
+    def bias(self, n_heads: int, n_q: int, n_k: int, dtype) -> np.ndarray:
+        return alibi_bias(alibi_slopes(n_heads), n_q, n_k).astype(dtype)   # (h, n_q, n_k)
+
+
+POSITION_SCHEMES = {cls.name: cls for cls in (Learned, Sinusoidal, RoPE, ALiBi)}   # name -> class
+
+
+def check_scheme(positions) -> PositionScheme:
+    """``positions`` if it is a scheme object (see :data:`POSITION_SCHEMES`), else a TypeError naming them."""
+    if not isinstance(positions, PositionScheme):
+        names = ", ".join(f"{c.__name__}()" for c in POSITION_SCHEMES.values())
+        raise TypeError(f"positions must be a position scheme object ({names}), got {positions!r}")
+    return positions
+
+
+def scheme_from_json(data) -> PositionScheme:
+    """The scheme that :meth:`to_json` wrote (a dict with its ``name``), or one named by a bare string."""
+    if isinstance(data, str):
+        data = {"name": data}
+    if not isinstance(data, dict):
+        raise ValueError(f"positions must be a scheme name or a dict with a 'name', got {data!r}")
+    name = as_choice("positions", data.get("name"), tuple(POSITION_SCHEMES))
+    params = {k: v for k, v in data.items() if k != "name" and v is not None}
+    try:
+        return POSITION_SCHEMES[name](**params)
+    except TypeError:
+        raise ValueError(f"positions {name!r} takes no parameters {sorted(params)}") from None

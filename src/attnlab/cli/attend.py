@@ -8,13 +8,13 @@ from ._app import add_json_flag, print_json
 
 
 def register(sub) -> None:
-    p = sub.add_parser("attend", help="show a trained model's attention on a text (BERT or GPT-2)",
+    p = sub.add_parser("attend", help="show a trained model's attention on a text (BERT, GPT-2 or your own)",
                        description="Run a trained model on TEXT and print one head's attention weights, "
                                    "rows = queries, columns = keys.")
     p.add_argument("text", help="the text to run, e.g. 'The cat sat on the mat'")
     p.add_argument("--model", default="minilm",
-                   help="'minilm' (all-MiniLM-L6-v2, the default) or a folder with config.json and "
-                        "model.safetensors (BERT or GPT-2)")
+                   help="'minilm' (all-MiniLM-L6-v2, the default), a folder with config.json and "
+                        "model.safetensors (BERT or GPT-2), or a folder written by 'attnlab train --out'")
     p.add_argument("--layer", type=int, default=0, help="layer to show, from 0 (default 0)")
     p.add_argument("--head", type=int, default=0, help="head to show, from 0 (default 0)")
     p.add_argument("--summary", action="store_true",

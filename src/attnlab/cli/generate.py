@@ -19,17 +19,17 @@ def register(sub) -> None:
 
 
 def cmd_generate(args) -> int:
-    from ..lm.checkpoint import load_checkpoint
-    from ..lm.model import generate
     from .._threads import one_blas_thread
+    from ..lm.checkpoint import load_checkpoint
+    from ..stack import generate
 
     model, vocab = load_checkpoint(args.dir)
     prompt = vocab.encode(args.prompt)
     if prompt.size == 0:
         raise ValueError("--prompt must hold at least one token")
     with one_blas_thread():
-        ids = generate(model, prompt, args.tokens, rng=np.random.default_rng(args.seed),
-                       temperature=args.temperature)
+        ids = generate(model, prompt, args.tokens, temperature=args.temperature,
+                       rng=np.random.default_rng(args.seed))
     text = vocab.decode(ids)
     joined = args.prompt + ("" if vocab.level == "char" else " ") + text
     if args.json:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .. import guide as g
+from ..ngrams import LEVELS
 from ._app import add_json_flag, print_json, seed_arg, stderr_progress
 
 
@@ -420,7 +421,7 @@ def register(sub) -> None:
     p = sub.add_parser("floors", help="lowest possible cross-entropy for each context length k")
     p.add_argument("file", nargs="?", help="a UTF-8 text file (default: the guide's toy text)")
     p.add_argument("--max-k", type=_int, default=5, help="longest context (default 5)")
-    p.add_argument("--level", choices=g.ngrams.LEVELS, default="char", help="count characters or words")
+    p.add_argument("--level", choices=LEVELS, default="char", help="count characters or words")
     _done(p, cmd_floors)
 
     p = sub.add_parser("lookup", help="the soft lookup step by step, and its hard limit")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,7 +12,7 @@ import numpy as np
 from ._app import add_json_flag, print_json, seed_arg, stderr_progress
 
 if TYPE_CHECKING:
-    from ..lm.text import Vocab
+    from ..tokens import Vocab
 
 FLOOR_MAX_K = 3          # floors shown for k = 0 … 3
 BASELINE_KS = (1, 2)     # the add-α predictors the model is set beside
@@ -29,7 +29,11 @@ def register(sub) -> None:
     p.add_argument("--layers", type=int, default=2, help="attention layers (default 2)")
     p.add_argument("--heads", type=int, default=4, help="heads per layer (default 4)")
     p.add_argument("--d-model", type=int, default=64, help="width of a token's vector (default 64)")
-    p.add_argument("--positions", default="learned", choices=POSITION_SCHEMES, help="position scheme")
+    p.add_argument("--positions", default="learned", choices=list(POSITION_SCHEMES), help="position scheme")
+    p.add_argument("--rope-theta", type=float, default=None, metavar="THETA",
+                   help="RoPE's base θ (default 10000; only with --positions rope)")
+    p.add_argument("--kv-heads", type=int, default=None, help="key/value heads, a divisor of --heads "
+                   "(grouped-query attention; default: as many as --heads)")
     p.add_argument("--level", default="char", choices=("char", "word"), help="tokens: characters or words")
     p.add_argument("--batch", type=int, default=16, help="windows per step (default 16)")
     p.add_argument("--lr", type=float, default=3e-3, help="Adam's learning rate (default 3e-3)")
@@ -57,9 +61,10 @@ class Data:
 
 
 def load_data(file, level: str, heldout: float) -> Data:
-    from ..guide.ngrams import read_utf8
     from ..guide.toy import TOY_TEXT
-    from ..lm.text import Vocab, split_heldout
+    from ..lm.training import split_heldout
+    from ..ngrams import read_utf8
+    from ..tokens import Vocab
 
     text = TOY_TEXT if file is None else read_utf8(file)
     vocab = Vocab.from_text(text, level)
@@ -70,7 +75,9 @@ def load_data(file, level: str, heldout: float) -> Data:
 def cmd_train(args) -> int:
     from ..lm.checkpoint import load_checkpoint, save_checkpoint
     from ..lm.compare import ALPHA, loss_beside_counts
-    from ..lm.model import AttentionLM, LMConfig
+    from ..lm.model import lm_config
+    from ..positions import POSITION_SCHEMES
+    from ..stack import Transformer
     from .._threads import one_blas_thread
     from ..lm.training import AdamConfig, check_text_length, cosine_decay, training_steps
 
@@ -79,8 +86,12 @@ def cmd_train(args) -> int:
     if args.resume and not args.out:
         raise ValueError("--resume needs --out DIR, the checkpoint to start from")
     data = load_data(args.file, args.level, args.heldout)
-    config = LMConfig(vocab_size=data.vocab.size, d_model=args.d_model, n_heads=args.heads,
-                         n_layers=args.layers, n_ctx=args.context, positions=args.positions)
+    try:
+        positions = POSITION_SCHEMES[args.positions](**({} if args.rope_theta is None else {"theta": args.rope_theta}))
+    except TypeError:
+        raise ValueError(f"--rope-theta applies to --positions rope only, got --positions {args.positions}") from None
+    config = lm_config(data.vocab.size, d_model=args.d_model, n_heads=args.heads, n_kv_heads=args.kv_heads,
+                       n_layers=args.layers, n_ctx=args.context, positions=positions)
     check_text_length(data.train, config.n_ctx)
     if args.out and not args.resume:
         Path(args.out).mkdir(parents=True, exist_ok=True)       # an unwritable --out fails now, not at step 100
@@ -88,7 +99,7 @@ def cmd_train(args) -> int:
     if args.resume:
         model, _ = load_checkpoint(args.out, config=config, vocab=data.vocab)
     else:
-        model = AttentionLM.init(config, rng=rng)
+        model = Transformer.init(config, rng=rng)
     adam = AdamConfig(lr=args.lr, weight_decay=args.weight_decay)
     schedule = cosine_decay(args.steps) if args.schedule == "cosine" and args.steps > 0 else None
     steps = training_steps(model, data.train, steps=args.steps, batch_size=args.batch, rng=rng, adam=adam,
@@ -98,7 +109,7 @@ def cmd_train(args) -> int:
                                    if args.out else None, save_every=args.save_every)
         figures = loss_beside_counts(model, data.vocab, data.train, data.heldout, max_k=FLOOR_MAX_K,
                                      ks=BASELINE_KS)
-    result = {"config": asdict(config), "steps": args.steps, "batch": args.batch, "lr": args.lr,
+    result = {"config": config.to_json(), "steps": args.steps, "batch": args.batch, "lr": args.lr,
               "weight_decay": args.weight_decay, "schedule": args.schedule, "seed": args.seed,
               "train_tokens": int(data.train.size), "heldout_tokens": int(data.heldout.size),
               "last_batch_loss": losses[-1],
@@ -141,8 +152,9 @@ def print_table(figures: dict, config) -> None:
     from rich.table import Table
 
     parts = list(figures)
-    table = Table(title=f"Cross-entropy, nats per token ({config.n_layers} layers × {config.n_heads} heads, "
-                        f"d_model {config.d_model}, context {config.n_ctx}, {config.positions} positions)")
+    a = config.attention
+    table = Table(title=f"Cross-entropy, nats per token ({config.n_layers} layers × {a.n_heads} heads, "
+                        f"d_model {a.d_model}, context {a.n_ctx}, {a.positions.name} positions)")
     table.add_column("predictor")
     for part in parts:
         table.add_column(part, justify="right")

@@ -1,7 +1,6 @@
 """The guide, runnable: one module per section, each returning the numbers the guide prints.
 
 ========== =========================================================
-ngrams     n-gram floors: why context pays (numpy counting, any text)
 lookup     the soft lookup and its hard limit
 toy        the toy text, the 12 × 4 embeddings, random W_Q, W_K, W_V
 explain    the equation symbol by symbol; the shapes table; the mask
@@ -16,8 +15,8 @@ from .cost import (COST_CONFIGS, GPT2_SMALL_COST, Cost, CostConfig, cost, growth
                    tile_shape, tiled_grid_numbers)
 from .explain import SYMBOLS, MaskTable, Step, explain, mask_table, shape_sizes, shapes
 from .heads import HeadsRun, run_heads
+from ..ngrams import Floor, encode, floors, iter_floors, read_utf8   # the library's: section 1, n-gram floors
 from .lookup import Lookup, hard_lookup, soft_lookup
-from .ngrams import Floor, encode, floors, iter_floors, read_utf8
 from .order import OrderChecks, order_checks
 from .scaling import Spread, TopWeight, dot_product_spread, saturation, top_weight
 from .toy import (RUNNING_EXAMPLE, TOY_TEXT, GuideToy, SkipGramConfig, ToyEmbeddings, guide_toy,

@@ -49,7 +49,7 @@ def run_heads(n: int = 5, config: AttentionConfig = GPT2_SMALL, *, rng: np.rando
     W_Q, W_K, W_V = (rng.normal(0, STD, (d, width)) for _ in range(3))    # (d_model, h·d_head) each
     W_O = rng.normal(0, STD, (width, d))                                  # (h·d_head, d_model)
     layer = MultiHeadAttention(W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=W_O, b_Q=np.zeros(width), b_K=np.zeros(width),
-                               b_V=np.zeros(width), b_O=np.zeros(d), n_heads=config.n_heads)
+                               b_V=np.zeros(width), b_O=np.zeros(d), config=config)
     y, a = layer(x, is_causal=True, return_weights=True)                  # (n, d_model), (h, n, n)
     q = split_heads(x @ W_Q, config.n_heads)                              # (h, n, d_head)
     v = split_heads(x @ W_V, config.n_heads)                              # (h, n, d_head)

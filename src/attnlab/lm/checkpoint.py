@@ -1,36 +1,42 @@
-"""Checkpoints: the weights in safetensors (never pickle), the config and vocabulary as JSON beside them.
+"""Checkpoints of attnlab's own LM: the weights in safetensors (never pickle), the config and vocabulary as
+JSON beside them.
 
 A checkpoint directory holds
 
-    model.safetensors   every array of :meth:`AttentionLM.params`, by name; its metadata repeats config.json
-    config.json         {"model": LMConfig fields, "vocab": {"level": ..., "symbols": [...]}}
+    model.safetensors   every array of :meth:`attnlab.stack.Transformer.params`, by name; its metadata
+                        repeats config.json
+    config.json         {"model_type": "attnlab", "model": ModelConfig.to_json(), "vocab": {"level", "symbols"}}
 
-Each file is written through :func:`attnlab._io.atomic_path`, so an interrupted save (Ctrl-C included)
-leaves the previous file whole. Loading checks that the two files agree and, when asked, that the
-checkpoint was made with the expected configuration.
+``model_type`` is what makes the folder a model family of its own (:mod:`attnlab.models.own`): ``attnlab
+attend TEXT --model DIR`` reads it like a GPT-2 folder. Each file is written through
+:func:`attnlab._io.atomic_path`, so an interrupted save (Ctrl-C included) leaves the previous file whole.
+Loading checks that the two files agree and, when asked, that the checkpoint was made with the expected
+configuration. Checkpoints written before the stack (a flat "model" dict, "layers.{i}.W_Q" tensors) load too.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, fields
 from pathlib import Path
 
 from .._io import atomic_path
-from .model import AttentionLM, LMConfig
-from .text import Vocab
+from ..positions import scheme_from_json
+from ..stack import ModelConfig, Transformer
+from ..tokens import Vocab
+from .model import FAMILY, lm_config
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 
 
-def checkpoint_json(config: LMConfig, vocab: Vocab) -> str:
+def checkpoint_json(config: ModelConfig, vocab: Vocab) -> str:
     """The text of config.json."""
-    return json.dumps({"model": asdict(config), "vocab": {"level": vocab.level, "symbols": list(vocab.symbols)}},
+    return json.dumps({"model_type": FAMILY, "model": config.to_json(),
+                       "vocab": {"level": vocab.level, "symbols": list(vocab.symbols)}},
                       indent=1, sort_keys=True, ensure_ascii=False)
 
 
-def save_checkpoint(model: AttentionLM, vocab: Vocab, directory) -> Path:
+def save_checkpoint(model: Transformer, vocab: Vocab, directory) -> Path:
     """Write ``model`` and ``vocab`` into ``directory`` (created if missing); returns the directory."""
     from safetensors.numpy import save_file
 
@@ -46,8 +52,8 @@ def save_checkpoint(model: AttentionLM, vocab: Vocab, directory) -> Path:
     return directory
 
 
-def load_checkpoint(directory, *, config: LMConfig | None = None,
-                    vocab: Vocab | None = None) -> tuple[AttentionLM, Vocab]:
+def load_checkpoint(directory, *, config: ModelConfig | None = None,
+                    vocab: Vocab | None = None) -> tuple[Transformer, Vocab]:
     """The model and vocabulary saved in ``directory``.
 
     Raises
@@ -84,18 +90,48 @@ def load_checkpoint(directory, *, config: LMConfig | None = None,
         raise ValueError(f"the checkpoint in {directory} was made with a different vocabulary: "
                          f"{saved_vocab.size} {saved_vocab.level}s in the checkpoint, {vocab.size} {vocab.level}s "
                          "here, or the same number with different symbols")
-    return AttentionLM.from_params(saved, params), saved_vocab
+    params = {_current_name(k): v for k, v in params.items()}
+    try:
+        return Transformer.from_params(saved, params), saved_vocab
+    except ValueError as e:
+        raise ValueError(f"{directory / WEIGHTS}: {e}") from None
 
 
-def parse_checkpoint_json(text: str, where) -> tuple[LMConfig, Vocab]:
+def _current_name(name: str) -> str:
+    """A tensor name as the stack has it: "layers.0.W_Q" (before the stack) -> "blocks.0.attn.W_Q"."""
+    if name.startswith("layers."):
+        _, i, field = name.split(".")
+        return f"blocks.{i}.attn.{field}"
+    return name
+
+
+def parse_checkpoint_json(text: str, where) -> tuple[ModelConfig, Vocab]:
     try:
         data = json.loads(text)
-        return LMConfig(**data["model"]), Vocab(tuple(data["vocab"]["symbols"]), data["vocab"]["level"])
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        model = data["model"]
+        if "attention" in model:
+            config = ModelConfig.from_json(model)
+        else:                                   # before the stack: the LM's own flat fields
+            old = dict(model)
+            old["positions"] = scheme_from_json(old.get("positions", "learned"))
+            config = lm_config(old.pop("vocab_size"), **old)
+        return config, Vocab(tuple(data["vocab"]["symbols"]), data["vocab"]["level"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{where} is not an attnlab checkpoint config ({type(e).__name__}: {e})") from None
 
 
-def config_difference(saved: LMConfig, asked: LMConfig) -> str:
+def config_difference(saved: ModelConfig, asked: ModelConfig) -> str:
     """The fields that differ, as "n_layers 2 in the checkpoint, 3 asked; …"."""
-    return "; ".join(f"{f.name} {getattr(saved, f.name)!r} in the checkpoint, {getattr(asked, f.name)!r} asked"
-                     for f in fields(LMConfig) if getattr(saved, f.name) != getattr(asked, f.name))
+    a, b = _flat(saved.to_json()), _flat(asked.to_json())
+    return "; ".join(f"{k} {a.get(k)!r} in the checkpoint, {b.get(k)!r} asked"
+                     for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and k != "scaling":
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ngrams import floors
+from ..stack import Transformer
+from ..tokens import Vocab
 from .addalpha import add_alpha_loss
-from ..guide.ngrams import floors
-from .model import AttentionLM
-from .text import Vocab
 from .training import evaluate
 
 ALPHA = 0.1       # add-α smoothing; near the best α for k = 1, 2 on the guide's own text (benchmarks/train_guide.py)
 
 
-def loss_beside_counts(model: AttentionLM, vocab: Vocab, train: np.ndarray, heldout: np.ndarray, *, max_k: int = 3,
+def loss_beside_counts(model: Transformer, vocab: Vocab, train: np.ndarray, heldout: np.ndarray, *, max_k: int = 3,
                        ks: tuple[int, ...] = (1, 2), alpha: float = ALPHA) -> dict:
     """``{"train": part, "heldout": part}`` (the held-out part only when the tail has more than max_k + 1
     tokens), each part ``{"model": loss, "floors": {k: floor}, "add_alpha": {k: loss}}`` in nats per token.

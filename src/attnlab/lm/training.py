@@ -10,7 +10,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .._checks import as_finite_float, as_positive_float, as_positive_int, as_token_ids, check_rng
-from .model import AttentionLM, loss, loss_and_grad
+from ..stack import Transformer
+from .model import check_trainable, loss, loss_and_grad
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,14 @@ def cosine_decay(steps: int, floor: float = 0.1):
     return lambda step: float(floor + (1 - floor) * 0.5 * (1 + np.cos(np.pi * (step - 1) / max(steps - 1, 1))))
 
 
+def split_heldout(ids: np.ndarray, fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """The text split into a training head and a held-out tail of ``fraction`` of its tokens (0 = no tail)."""
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
+        raise ValueError(f"heldout fraction must be a number in [0, 1), got {fraction!r}")
+    cut = len(ids) - int(round(len(ids) * fraction))
+    return ids[:cut], ids[cut:]                                          # (n_train,), (n_heldout,)
+
+
 def check_text_length(ids: np.ndarray, n_ctx: int, what: str = "the training text") -> None:
     """A window of n_ctx inputs needs n_ctx + 1 tokens (inputs and their next tokens)."""
     if len(ids) < n_ctx + 1:
@@ -96,7 +105,7 @@ def sample_batch(ids: np.ndarray, n_ctx: int, batch_size: int, rng: np.random.Ge
     return window[:, :-1], window[:, 1:]                                 # (B, n_ctx) each
 
 
-def evaluate(model: AttentionLM, ids) -> float:
+def evaluate(model: Transformer, ids) -> float:
     """Mean cross-entropy (nats per token) of predicting every token of ``ids`` after the first.
 
     The text is cut into windows of n_ctx + 1 tokens that overlap by one, so every token is predicted
@@ -129,7 +138,7 @@ class Step:
     tokens: int        # tokens predicted in this step
 
 
-def training_steps(model: AttentionLM, ids, *, steps: int, batch_size: int, rng: np.random.Generator,
+def training_steps(model: Transformer, ids, *, steps: int, batch_size: int, rng: np.random.Generator,
                    adam: AdamConfig = AdamConfig(), schedule=None, state: AdamState | None = None):
     """Train ``model`` in place on ``ids`` (n,), yielding a :class:`Step` after each update.
 
@@ -139,6 +148,7 @@ def training_steps(model: AttentionLM, ids, *, steps: int, batch_size: int, rng:
     leaves a model that is whole after its last completed step. The arguments are checked here, before
     the first step.
     """
+    check_trainable(model)
     ids = as_token_ids("ids", ids, model.config.vocab_size)
     steps = as_positive_int("steps", steps)
     batch_size = as_positive_int("batch_size", batch_size)
@@ -153,11 +163,11 @@ def _steps(model, ids, steps, batch_size, rng, adam, schedule, state):
     for step in range(1, steps + 1):
         x, y = sample_batch(ids, model.config.n_ctx, batch_size, rng)   # (B, n_ctx) each
         value, grads = loss_and_grad(model, x, y)
-        adam_step(params, grads.params(), state, adam, lr_scale=1.0 if schedule is None else schedule(step))
+        adam_step(params, grads, state, adam, lr_scale=1.0 if schedule is None else schedule(step))
         yield Step(step=step, loss=value, tokens=y.size)
 
 
-def train(model: AttentionLM, ids, *, steps: int, batch_size: int, rng: np.random.Generator,
+def train(model: Transformer, ids, *, steps: int, batch_size: int, rng: np.random.Generator,
           adam: AdamConfig = AdamConfig(), schedule=None) -> list[float]:
     """Run :func:`training_steps` to the end; the batch losses, step by step."""
     return [s.loss for s in training_steps(model, ids, steps=steps, batch_size=batch_size, rng=rng, adam=adam,

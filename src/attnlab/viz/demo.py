@@ -12,7 +12,7 @@ from .._checks import as_positive_float, as_positive_int, check_rng
 from ..attnmap import AttentionMap
 from ..config import AttentionConfig
 from ..masks import causal_mask
-from ..models.layers import layer_norm
+from ..layers import layer_norm
 from ..multihead import MultiHeadAttention
 
 DEMO_CONFIG = AttentionConfig(d_model=32, n_heads=4, n_ctx=1024)   # small: fast in tests, enough heads to see

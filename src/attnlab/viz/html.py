@@ -150,3 +150,20 @@ def repr_html(amap: AttentionMap, *, height: int = 760) -> str:
     """The page inside an ``<iframe srcdoc>`` for Jupyter: its scripts run apart from the notebook's."""
     return (f'<iframe srcdoc="{html.escape(render_html(amap), quote=True)}" sandbox="allow-scripts" '
             f'style="width:100%;height:{int(height)}px;border:1px solid #ddd" title="attention weights"></iframe>')
+
+
+class HTMLView:
+    """An AttentionMap as Jupyter shows it (``_repr_html_``): the interactive page in an iframe."""
+
+    def __init__(self, amap: AttentionMap, height: int = 760):
+        if not isinstance(amap, AttentionMap):
+            raise TypeError(f"amap must be an attnlab.AttentionMap, got {type(amap).__name__}")
+        self.amap, self.height = amap, height
+
+    def _repr_html_(self) -> str:
+        return repr_html(self.amap, height=self.height)
+
+
+def show(amap: AttentionMap, *, height: int = 760) -> HTMLView:
+    """In Jupyter, ``show(amap)`` as a cell's last line draws the interactive view of ``amap``."""
+    return HTMLView(amap, height)

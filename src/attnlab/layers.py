@@ -1,6 +1,7 @@
 """The pieces of a transformer block besides attention: layer norm, GELU and the MLP.
 
 Each is a pure function; the small dataclasses only hold parameters, as MultiHeadAttention does.
+:data:`NORMS` maps a norm's name to its class (what :class:`attnlab.stack.ModelConfig` names).
 """
 
 from __future__ import annotations
@@ -63,12 +64,21 @@ class LayerNorm:
     weight: np.ndarray   # (d_model,)
     bias: np.ndarray     # (d_model,)
     eps: float
+    name = "layer"       # its key in NORMS
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return layer_norm(x, self.weight, self.bias, self.eps)
 
     @classmethod
-    def load(cls, tensors, prefix: str, *, d_model: int, eps: float, why: str = "") -> "LayerNorm":
+    def init(cls, d_model: int, eps: float, dtype=np.float32) -> "LayerNorm":
+        """Weight 1, bias 0: the identity after normalising, as torch starts it."""
+        return cls(np.ones(d_model, dtype), np.zeros(d_model, dtype), eps)
+
+    def params(self) -> dict[str, np.ndarray]:
+        return {"weight": self.weight, "bias": self.bias}
+
+    @classmethod
+    def load(cls, tensors, prefix: str, *, d_model: int, eps: float, why: str | None = None) -> "LayerNorm":
         """The norm stored as ``{prefix}.weight`` and ``{prefix}.bias`` (d_model,) in a checkpoint's
         :class:`~attnlab.models.checkpoint.Tensors`; ``why`` says where the expected shape comes from."""
         return cls(tensors.take(f"{prefix}.weight", (d_model,), why), tensors.take(f"{prefix}.bias", (d_model,), why),
@@ -87,6 +97,20 @@ class MLP:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         hidden = ACTIVATIONS[self.activation](x @ self.W_in + self.b_in)   # (..., n, d_mlp)
         return hidden @ self.W_out + self.b_out                             # (..., n, d_model)
+
+    @classmethod
+    def init(cls, d_model: int, d_mlp: int, activation: str, *, rng: np.random.Generator, std: float = 0.02,
+             dtype=np.float32) -> "MLP":
+        """Weights from N(0, std²), zero biases."""
+        draw = lambda *shape: rng.normal(0.0, std, shape).astype(dtype)   # noqa: E731
+        return cls(draw(d_model, d_mlp), np.zeros(d_mlp, dtype), draw(d_mlp, d_model), np.zeros(d_model, dtype),
+                   activation)
+
+    def params(self) -> dict[str, np.ndarray]:
+        return {"W_in": self.W_in, "b_in": self.b_in, "W_out": self.W_out, "b_out": self.b_out}
+
+
+NORMS = {LayerNorm.name: LayerNorm}   # name -> class: what ModelConfig.norm names
 
 
 def activation_name(config: dict, key: str, source: str) -> str:

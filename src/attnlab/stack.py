@@ -1,0 +1,481 @@
+"""One decoder (or encoder) stack for every model: attnlab's own LM, GPT-2 and BERT run this code.
+
+A forward pass, top to bottom::
+
+    x = W_E[ids] (+ W_P[positions]) (+ W_T[token types]), (then LN for BERT)      (..., n, d_model)
+    for each block:                                  pre-norm (GPT-2)           post-norm (BERT)
+        x = x + attention(...)                       x + attn(ln_1(x))          ln_1(x + attn(x))
+        x = x + mlp(...)        (if the block has one) x + mlp(ln_2(x))          ln_2(x + mlp(x))
+    x = ln_final(x)             (pre-norm models with norms)
+    logits = x W_Eᵀ (tied, GPT-2) or x W_U + b_U (attnlab's LM); an encoder has none   (..., n, vocab)
+
+attnlab's own LM is the plainest case: no norms, no MLP, its positions learned, sinusoidal, RoPE or ALiBi.
+What differs between models is stated in :class:`ModelConfig`; a family (:mod:`attnlab.models.families`)
+only maps its checkpoint's names onto :class:`Transformer`. :func:`forward`, :func:`new_caches` and
+:func:`generate` serve all of them; :func:`attnlab.hooks.run_with_cache` and ``run_with_hooks`` run the
+same pass with named activations.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ._checks import as_float_array, as_positive_int, as_token_ids, check_flag, check_rng
+from .cache import KVCache
+from .config import AttentionConfig
+from .layers import ACTIVATIONS, MLP, NORMS, LayerNorm
+from .multihead import MultiHeadAttention, multihead_attention
+from .sampling import check_temperature, sample_next
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything that sets a model's shapes and wiring, stated once.
+
+    ``family`` names where the model came from ("gpt2", "bert", "attnlab"); it is shown, never tested.
+    """
+    vocab_size: int                 # rows of W_E
+    n_layers: int                   # blocks
+    attention: AttentionConfig      # d_model, n_heads, n_kv_heads, d_head, n_ctx, positions, window
+    d_mlp: int | None = None        # width of the MLP's hidden layer; None = attention-only blocks
+    activation: str = "gelu_new"    # the MLP's nonlinearity, a key of attnlab.layers.ACTIVATIONS
+    norm: type | None = None        # a norm class of attnlab.layers.NORMS (LayerNorm); None = no norms
+    norm_eps: float = 1e-5
+    pre_norm: bool = True           # norm before each sublayer (GPT-2) or after the residual (BERT)
+    is_causal: bool = True          # a decoder; False = an encoder, every token sees both sides (BERT)
+    tied_embeddings: bool = False   # logits = x W_Eᵀ (GPT-2) rather than x W_U + b_U
+    has_logits: bool = True         # False for an encoder without a language-model head
+    n_types: int = 0                # rows of the token-type (segment) table W_T (BERT: 2); 0 = none
+    embed_norm: bool = False        # a norm on the embeddings (BERT)
+    family: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        for name in ("vocab_size", "n_layers"):
+            as_positive_int(name, getattr(self, name))
+        if not isinstance(self.attention, AttentionConfig):
+            raise TypeError(f"attention must be an AttentionConfig, got {type(self.attention).__name__}")
+        as_positive_int("d_mlp", self.d_mlp, allow_none=True)
+        if self.d_mlp is not None and self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
+        if self.norm is not None and self.norm not in NORMS.values():
+            raise ValueError(f"norm must be None or one of {[c.__name__ for c in NORMS.values()]}, got {self.norm!r}")
+        for name in ("pre_norm", "is_causal", "tied_embeddings", "has_logits", "embed_norm"):
+            check_flag(name, getattr(self, name))
+        if self.embed_norm and self.norm is None:
+            raise ValueError("embed_norm=True needs a norm")
+        if isinstance(self.n_types, bool) or not isinstance(self.n_types, int) or self.n_types < 0:
+            raise ValueError(f"n_types must be an int >= 0, got {self.n_types!r}")
+
+    @property
+    def d_model(self) -> int:
+        return self.attention.d_model
+
+    @property
+    def n_ctx(self) -> int:
+        return self.attention.n_ctx
+
+    @property
+    def final_norm(self) -> bool:
+        """A pre-norm stack normalises once more before the logits (GPT-2's ln_f)."""
+        return self.pre_norm and self.norm is not None
+
+    def to_json(self) -> dict:
+        return {"vocab_size": self.vocab_size, "n_layers": self.n_layers, "attention": self.attention.to_json(),
+                "d_mlp": self.d_mlp, "activation": self.activation,
+                "norm": None if self.norm is None else self.norm.name, "norm_eps": self.norm_eps,
+                "pre_norm": self.pre_norm, "is_causal": self.is_causal, "tied_embeddings": self.tied_embeddings,
+                "has_logits": self.has_logits, "n_types": self.n_types, "embed_norm": self.embed_norm,
+                "family": self.family}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ModelConfig":
+        """The inverse of :meth:`to_json`; a ValueError naming what does not fit."""
+        try:
+            data = dict(data)
+            data["attention"] = AttentionConfig.from_json(data["attention"])
+            norm = data.get("norm")
+            if norm is not None and norm not in NORMS:
+                raise ValueError(f"norm must be one of {sorted(NORMS)}, got {norm!r}")
+            data["norm"] = None if norm is None else NORMS[norm]
+            return cls(**data)
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not a model config ({type(e).__name__}: {e})") from None
+
+
+@dataclass(frozen=True, eq=False)
+class Block:
+    """One block: attention and, optionally, an MLP, each a residual line with its norm (or none)."""
+    attn: MultiHeadAttention
+    ln_1: LayerNorm | None = None    # around the attention (before it pre-norm, after its residual post-norm)
+    mlp: MLP | None = None
+    ln_2: LayerNorm | None = None    # around the MLP
+
+
+@dataclass(frozen=True, eq=False)
+class Transformer:
+    """A model's parameters, checked against its :class:`ModelConfig`. Run it with :func:`forward`."""
+    config: ModelConfig
+    W_E: np.ndarray                       # (vocab_size, d_model) token embeddings
+    blocks: tuple[Block, ...]             # n_layers
+    W_P: np.ndarray | None = None         # (n_ctx, d_model) with learned positions
+    W_T: np.ndarray | None = None         # (n_types, d_model) token types (segments)
+    ln_embed: LayerNorm | None = None     # on the embeddings (BERT)
+    ln_final: LayerNorm | None = None     # before the logits (pre-norm models)
+    W_U: np.ndarray | None = None         # (d_model, vocab_size), untied unembedding
+    b_U: np.ndarray | None = None         # (vocab_size,)
+    name: str = ""                        # where it was loaded from ("minilm", a folder): shown, never tested
+
+    def __post_init__(self):
+        c = model_config(self.config)
+        object.__setattr__(self, "blocks", tuple(self.blocks))
+        if len(self.blocks) != c.n_layers:
+            raise ValueError(f"the config has n_layers {c.n_layers}, got {len(self.blocks)} blocks")
+        untied = c.has_logits and not c.tied_embeddings
+        expected = {"W_E": (c.vocab_size, c.d_model),
+                    "W_P": (c.n_ctx, c.d_model) if c.attention.positions.has_table else None,
+                    "W_T": (c.n_types, c.d_model) if c.n_types else None,
+                    "W_U": (c.d_model, c.vocab_size) if untied else None,
+                    "b_U": (c.vocab_size,) if untied else None}
+        for name, shape in expected.items():
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, as_float_array(name, getattr(self, name)))
+            got = None if getattr(self, name) is None else getattr(self, name).shape
+            if got != shape:
+                raise ValueError(f"{name} has shape {got}, the config (vocab_size {c.vocab_size}, d_model "
+                                 f"{c.d_model}, n_ctx {c.n_ctx}, {c.attention.positions.name} positions) asks for "
+                                 f"{shape}")
+        for name, want in (("ln_embed", c.embed_norm), ("ln_final", c.final_norm)):
+            _check_norm(name, getattr(self, name), want, c)
+        for i, b in enumerate(self.blocks):
+            if not isinstance(b, Block):
+                raise TypeError(f"blocks[{i}] must be a Block, got {type(b).__name__}")
+            if not isinstance(b.attn, MultiHeadAttention) or b.attn.config != c.attention:
+                got = b.attn.config if isinstance(b.attn, MultiHeadAttention) else type(b.attn).__name__
+                raise ValueError(f"blocks[{i}].attn has config {got}, the model's is {c.attention}")
+            _check_norm(f"blocks[{i}].ln_1", b.ln_1, c.norm is not None, c)
+            _check_norm(f"blocks[{i}].ln_2", b.ln_2, c.norm is not None and c.d_mlp is not None, c)
+            if (b.mlp is None) != (c.d_mlp is None) or (b.mlp is not None and b.mlp.W_in.shape != (c.d_model, c.d_mlp)):
+                got = None if b.mlp is None else b.mlp.W_in.shape
+                raise ValueError(f"blocks[{i}].mlp has W_in {got}, the config (d_model {c.d_model}, d_mlp "
+                                 f"{c.d_mlp}) asks for {None if c.d_mlp is None else (c.d_model, c.d_mlp)}")
+
+    @classmethod
+    def init(cls, config: ModelConfig, *, rng: np.random.Generator, std: float = 0.02,
+             dtype=np.float32) -> "Transformer":
+        """Random weights from N(0, std²) as GPT-2 initialises them; zero biases, norms the identity."""
+        c, rng = model_config(config), check_rng(rng)
+        draw = lambda *shape: rng.normal(0.0, std, shape).astype(dtype)   # noqa: E731
+        norm = (lambda: c.norm.init(c.d_model, c.norm_eps, dtype)) if c.norm else (lambda: None)   # noqa: E731
+        blocks = tuple(Block(attn=MultiHeadAttention.init(c.attention, rng=rng, std=std, dtype=dtype), ln_1=norm(),
+                             mlp=None if c.d_mlp is None else MLP.init(c.d_model, c.d_mlp, c.activation, rng=rng,
+                                                                       std=std, dtype=dtype),
+                             ln_2=norm() if c.d_mlp is not None else None)
+                       for _ in range(c.n_layers))
+        W_E = draw(c.vocab_size, c.d_model)                        # drawn after the blocks, as attnlab always has
+        W_P = draw(c.n_ctx, c.d_model) if c.attention.positions.has_table else None
+        untied = c.has_logits and not c.tied_embeddings
+        return cls(config=c, W_E=W_E, blocks=blocks, W_P=W_P,
+                   W_T=draw(c.n_types, c.d_model) if c.n_types else None,
+                   ln_embed=norm() if c.embed_norm else None, ln_final=norm() if c.final_norm else None,
+                   W_U=draw(c.d_model, c.vocab_size) if untied else None,
+                   b_U=np.zeros(c.vocab_size, dtype) if untied else None)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.W_E.dtype
+
+    @property
+    def n_params(self) -> int:
+        return sum(a.size for a in self.params().values())
+
+    def params(self) -> dict[str, np.ndarray]:
+        """Every array by name ("W_E", "blocks.0.attn.W_Q", "blocks.0.ln_1.weight", …): the arrays
+        themselves, not copies, so an optimizer can update them in place."""
+        out = {"W_E": self.W_E}
+        for name in ("W_P", "W_T"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        if self.ln_embed is not None:
+            out.update({f"ln_embed.{k}": v for k, v in self.ln_embed.params().items()})
+        for i, b in enumerate(self.blocks):
+            out.update({f"blocks.{i}.attn.{k}": getattr(b.attn, k) for k in ATTENTION_PARAMS})
+            for part in ("ln_1", "mlp", "ln_2"):
+                if getattr(b, part) is not None:
+                    out.update({f"blocks.{i}.{part}.{k}": v for k, v in getattr(b, part).params().items()})
+        if self.ln_final is not None:
+            out.update({f"ln_final.{k}": v for k, v in self.ln_final.params().items()})
+        for name in ("W_U", "b_U"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
+
+    @classmethod
+    def from_params(cls, config: ModelConfig, params: dict) -> "Transformer":
+        """The inverse of :meth:`params`: refuses missing or extra names, and shapes the config does not ask for."""
+        c = model_config(config)
+        template = param_names(c)
+        if set(params) != set(template):
+            missing, extra = sorted(set(template) - set(params)), sorted(set(params) - set(template))
+            raise ValueError(f"the weights do not fit the config: missing {missing}, extra {extra}")
+        p = params
+        norm = lambda prefix: c.norm(p[f"{prefix}.weight"], p[f"{prefix}.bias"], c.norm_eps)   # noqa: E731
+        blocks = []
+        for i in range(c.n_layers):
+            pre = f"blocks.{i}."
+            attn = MultiHeadAttention(**{k: p[pre + "attn." + k] for k in ATTENTION_PARAMS}, config=c.attention)
+            mlp = None if c.d_mlp is None else MLP(*(p[pre + "mlp." + k] for k in ("W_in", "b_in", "W_out", "b_out")),
+                                                   c.activation)
+            blocks.append(Block(attn=attn, ln_1=norm(pre + "ln_1") if c.norm else None, mlp=mlp,
+                                ln_2=norm(pre + "ln_2") if c.norm and mlp is not None else None))
+        return cls(config=c, W_E=p["W_E"], blocks=blocks, W_P=p.get("W_P"), W_T=p.get("W_T"),
+                   ln_embed=norm("ln_embed") if c.embed_norm else None,
+                   ln_final=norm("ln_final") if c.final_norm else None, W_U=p.get("W_U"), b_U=p.get("b_U"))
+
+
+def model_config(config) -> ModelConfig:
+    """``config`` if it is a ModelConfig, else a TypeError."""
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
+    return config
+
+
+ATTENTION_PARAMS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
+MLP_PARAMS = ("W_in", "b_in", "W_out", "b_out")
+NORM_PARAMS = ("weight", "bias")
+
+
+def param_names(config: ModelConfig) -> list[str]:
+    """The names :meth:`Transformer.params` uses for a model of this config, in order."""
+    c = config
+    norm = lambda prefix: [f"{prefix}.{k}" for k in NORM_PARAMS] if c.norm else []   # noqa: E731
+    names = ["W_E"] + ["W_P"] * c.attention.positions.has_table + ["W_T"] * (c.n_types > 0)
+    names += norm("ln_embed") if c.embed_norm else []
+    for i in range(c.n_layers):
+        names += [f"blocks.{i}.attn.{k}" for k in ATTENTION_PARAMS] + norm(f"blocks.{i}.ln_1")
+        if c.d_mlp is not None:
+            names += [f"blocks.{i}.mlp.{k}" for k in MLP_PARAMS] + norm(f"blocks.{i}.ln_2")
+    names += norm("ln_final") if c.final_norm else []
+    return names + (["W_U", "b_U"] if c.has_logits and not c.tied_embeddings else [])
+
+
+def _check_norm(name: str, norm, wanted: bool, c: ModelConfig) -> None:
+    if not wanted:
+        if norm is not None:
+            raise ValueError(f"{name} must be None: the config has no norm there")
+        return
+    if not isinstance(norm, c.norm) or norm.weight.shape != (c.d_model,):
+        got = type(norm).__name__ if not isinstance(norm, c.norm) else f"weight {norm.weight.shape}"
+        raise ValueError(f"{name} must be a {c.norm.__name__} of width d_model {c.d_model}, got {got}")
+
+
+@dataclass(frozen=True, eq=False)
+class ModelOutput:
+    """A forward pass's results for ids (..., n).
+
+    ``hidden_states[0]`` is the embedding output and ``hidden_states[i]`` the output of block i (with a final
+    norm, the last one has it applied, as transformers returns it); each (..., n, d_model). ``attentions``
+    holds one (..., n_heads, n, n_k) array per layer when the pass was asked for them
+    (``return_weights=True``), else None. ``logits`` (..., n, vocab_size) is None for an encoder.
+    """
+    logits: np.ndarray | None
+    hidden_states: list
+    attentions: list | None = None
+
+
+def check_ids(model: Transformer, ids, *, start: int = 0, name: str = "ids") -> np.ndarray:
+    """``ids`` as int64 token ids (..., n) of the vocabulary, at least one token, fitting the position table
+    after the ``start`` tokens already processed (a KV cache)."""
+    arr = as_token_ids(name, ids, model.config.vocab_size)
+    if arr.ndim == 0 or arr.shape[-1] == 0:
+        raise ValueError(f"{name} must hold at least one token id (..., n), got shape {arr.shape}")
+    n_ctx = model.config.n_ctx
+    if model.config.attention.positions.has_table and start + arr.shape[-1] > n_ctx:
+        already = f" after {start} already processed" if start else ""
+        raise ValueError(f"{name} has {arr.shape[-1]} tokens{already}, but the model has only {n_ctx} positions "
+                         f"(n_ctx, the rows of its position table); shorten the text")
+    return arr
+
+
+def embed(model: Transformer, ids: np.ndarray, *, start: int = 0, token_types=None) -> np.ndarray:
+    """The first block's input (..., n, d_model): token rows, plus position rows (learned or sinusoidal) at
+    start, start + 1, …, plus token-type rows, normalised where the model says so."""
+    c, n = model.config, ids.shape[-1]
+    x = model.W_E[ids]                                                  # (..., n, d_model)
+    pos = c.attention.positions.embed(model.W_P, n, start=start, d_model=c.d_model, dtype=model.dtype)
+    if pos is not None:
+        x = x + pos                                                     # (..., n, d_model)
+    if model.W_T is not None:
+        types = np.zeros_like(ids) if token_types is None else as_token_ids("token_types", token_types, c.n_types)
+        if types.shape != ids.shape:
+            raise ValueError(f"token_types must have shape {ids.shape} like ids, got {types.shape}")
+        x = x + model.W_T[types]                                        # (..., n, d_model)
+    elif token_types is not None:
+        raise ValueError("token_types given, but the model has no token-type table (n_types 0)")
+    if model.ln_embed is not None:
+        x = model.ln_embed(x)                                           # (..., n, d_model)
+    return x
+
+
+def block_forward(block: Block, x: np.ndarray, config: ModelConfig, *, cache: KVCache | None = None,
+                  return_weights: bool = False, hook=None):
+    """One block on x (..., n, d_model): ``(x, weights)``, the weights (..., h, n, n_k) only when asked.
+
+    ``hook`` (scoped to ``blocks.{i}.``, see :mod:`attnlab.hooks`) sees ``hook_resid_pre``,
+    ``attn.hook_*``, ``hook_attn_out``, ``hook_mlp_out`` and ``hook_resid_post`` and may replace them.
+    """
+    pre = config.pre_norm
+    if hook is not None:
+        x = hook("hook_resid_pre", x)                                   # (..., n, d_model)
+    a_in = block.ln_1(x) if pre and block.ln_1 is not None else x       # (..., n, d_model)
+    out = multihead_attention(block.attn, a_in, is_causal=config.is_causal, cache=cache,
+                              return_weights=return_weights, hook=None if hook is None else hook.scoped("attn."))
+    y, a = out if return_weights else (out, None)                       # (..., n, d_model), (..., h, n, n_k)
+    if hook is not None:
+        y = hook("hook_attn_out", y)
+    x = x + y                                                           # (..., n, d_model) the residual
+    if not pre and block.ln_1 is not None:
+        x = block.ln_1(x)                                               # (..., n, d_model) post-norm
+    if block.mlp is not None:
+        m = block.mlp(block.ln_2(x) if pre and block.ln_2 is not None else x)   # (..., n, d_model)
+        if hook is not None:
+            m = hook("hook_mlp_out", m)
+        x = x + m                                                       # (..., n, d_model)
+        if not pre and block.ln_2 is not None:
+            x = block.ln_2(x)                                           # (..., n, d_model) post-norm
+    if hook is not None:
+        x = hook("hook_resid_post", x)
+    return x, a
+
+
+def forward(model: Transformer, ids, *, caches: list[KVCache] | None = None, return_weights: bool = False,
+            token_types=None) -> ModelOutput:
+    """Token ids (..., n) through the whole model: a :class:`ModelOutput`.
+
+    Parameters
+    ----------
+    model : Transformer
+    ids : int array (..., n)
+        Token ids; leading axes are a batch.
+    caches : list of KVCache, optional
+        One per layer (:func:`new_caches`): the ids continue the tokens already cached, take the next
+        positions, append their keys and values, and attend to all n_k tokens so far. Decoders only.
+    return_weights : bool
+        Also return every layer's attention weights (..., n_heads, n, n_k). Without it a long input takes
+        attention's tiled path, which never builds the (n, n_k) grids.
+    token_types : int array (..., n), optional
+        Segment ids, for models with a token-type table (BERT); default all 0.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Ids outside the vocabulary or past the position table, caches that do not fit the model.
+    """
+    return run(model, ids, caches=caches, return_weights=return_weights, token_types=token_types)
+
+
+def run(model: Transformer, ids, *, caches=None, return_weights=False, token_types=None, hooks=None) -> ModelOutput:
+    """:func:`forward`, with optional named activations ``hooks`` (an :class:`attnlab.hooks.Hooks`)."""
+    if not isinstance(model, Transformer):
+        raise TypeError(f"model must be a Transformer (from attnlab.models.load_model or Transformer.init), "
+                        f"got {type(model).__name__}")
+    return_weights = check_flag("return_weights", return_weights)
+    c = model.config
+    start = check_caches(model, caches)
+    ids = check_ids(model, ids, start=start)                            # (..., n)
+    x = embed(model, ids, start=start, token_types=token_types)         # (..., n, d_model)
+    hidden, weights = [x], []
+    for i, (block, cache) in enumerate(zip(model.blocks, caches or itertools.repeat(None))):
+        hook = None if hooks is None else hooks.scoped(f"blocks.{i}.")
+        x, a = block_forward(block, x, c, cache=cache, return_weights=return_weights, hook=hook)
+        hidden.append(x)
+        weights.append(a)
+    if model.ln_final is not None:
+        x = model.ln_final(x)                                           # (..., n, d_model)
+        if hooks is not None:
+            x = hooks("ln_final.hook_normalized", x)
+        hidden[-1] = x                                                  # as transformers returns it
+    logits = None
+    if c.has_logits:
+        logits = x @ model.W_E.T if c.tied_embeddings else x @ model.W_U + model.b_U   # (..., n, vocab)
+    return ModelOutput(logits=logits, hidden_states=hidden, attentions=weights if return_weights else None)
+
+
+def check_caches(model: Transformer, caches) -> int:
+    """How many tokens the caches already hold (0 without caches); one cache per layer, all in step."""
+    if caches is None:
+        return 0
+    if not model.config.is_causal:
+        raise ValueError("caches are for decoders: this model is an encoder (is_causal=False), every token "
+                         "sees the ones after it")
+    if not isinstance(caches, (tuple, list)) or not all(isinstance(c, KVCache) for c in caches):
+        raise TypeError("caches must be a list of KVCache, one per layer (see new_caches)")
+    if len(caches) != model.config.n_layers:
+        raise ValueError(f"caches must hold one KVCache per layer ({model.config.n_layers}), got {len(caches)}")
+    lengths = {c.length for c in caches}
+    if len(lengths) != 1:
+        raise ValueError(f"caches must all hold the same number of tokens, got lengths {sorted(lengths)}")
+    return lengths.pop()
+
+
+def new_caches(model: Transformer, capacity: int, *, batch_shape: tuple = ()) -> list[KVCache]:
+    """One empty KV cache per layer, each with room for ``capacity`` tokens of its n_kv_heads key/value heads
+    (at most n_ctx with a learned position table)."""
+    if not isinstance(model, Transformer):
+        raise TypeError(f"model must be a Transformer, got {type(model).__name__}")
+    capacity = as_positive_int("capacity", capacity)
+    c = model.config
+    if not c.is_causal:
+        raise ValueError("caches are for decoders: this model is an encoder (is_causal=False)")
+    if c.attention.positions.has_table and capacity > c.n_ctx:
+        raise ValueError(f"capacity must be at most the model's n_ctx={c.n_ctx} (the rows of its position "
+                         f"table), got {capacity}")
+    return [b.attn.new_cache(capacity, batch_shape=batch_shape) for b in model.blocks]
+
+
+def generate(model: Transformer, ids, n_new: int, *, temperature: float = 0.0,
+             rng: np.random.Generator | None = None) -> np.ndarray:
+    """``n_new`` token ids (n_new,) after the prompt ``ids`` (n,): greedy (``temperature=0``) or sampled from
+    softmax(logits / temperature) with ``rng``.
+
+    The prompt runs once; each new token is then one decode step against the layers' KV caches. The model
+    sees at most n_ctx tokens, as in training: when the caches are full they are emptied and the last
+    n_ctx / 2 tokens are read again in one pass, then decoding goes on.
+
+    Raises
+    ------
+    ValueError, TypeError
+        An encoder, a prompt that is not 1-D or does not fit n_ctx, ``n_new`` not a positive int, a bad
+        temperature, no ``rng`` when sampling.
+    """
+    if not isinstance(model, Transformer):
+        raise TypeError(f"model must be a Transformer, got {type(model).__name__}")
+    c = model.config
+    if not c.is_causal or not c.has_logits:
+        raise ValueError("generate needs a decoder with logits; this model is an encoder")
+    ids = as_token_ids("ids", ids, c.vocab_size)
+    if ids.ndim != 1 or ids.size == 0:
+        raise ValueError(f"ids must be a 1-D prompt of at least one token, got shape {ids.shape}")
+    if ids.size > c.n_ctx:
+        raise ValueError(f"the prompt has {ids.size} tokens, more than the model's context n_ctx {c.n_ctx}")
+    n_new = as_positive_int("n_new", n_new)
+    temperature = check_temperature(temperature)
+    if temperature > 0 and not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator when temperature > 0, got {type(rng).__name__}")
+    tokens = np.concatenate([ids, np.empty(n_new, np.int64)])                 # (n + n_new,)
+    capacity = min(c.n_ctx, tokens.size - 1)
+    caches = new_caches(model, capacity)
+    logits = forward(model, ids, caches=caches).logits[-1]                    # (vocab,) after the whole prompt
+    for t in range(ids.size, tokens.size):
+        tokens[t] = sample_next(logits, temperature, rng)
+        if t + 1 == tokens.size:
+            break
+        if caches[0].length == capacity:                                      # full: re-read the recent half
+            for cache in caches:
+                cache.reset()
+            logits = forward(model, tokens[t + 1 - max(1, c.n_ctx // 2):t + 1], caches=caches).logits[-1]
+        else:
+            logits = forward(model, tokens[t:t + 1], caches=caches).logits[-1]   # (vocab,) one decode step
+    return tokens[ids.size:]
