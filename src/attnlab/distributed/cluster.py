@@ -43,14 +43,15 @@ def local_cluster(n_workers: int, *, threads_per_worker: int = 1, memory_limit="
     return cluster, distributed.Client(cluster)
 
 
-def get_client(client=None):
-    """The client to run on: ``client`` itself, a connection to it if it is an address, the current
-    default client, or the embedded LocalCluster (one worker process per core)."""
+def get_client(client=None, *, timeout: float = 10.0):
+    """The client to run on: ``client`` itself, a connection to it if it is an address (trying for at most
+    ``timeout`` seconds), the current default client, or the embedded LocalCluster (one worker process
+    per core)."""
     distributed = require_distributed()
     if isinstance(client, distributed.Client):
         return client
     if isinstance(client, str):
-        return connect(client)
+        return connect(client, timeout=timeout)
     if client is not None:
         raise TypeError(f"client must be a distributed.Client, a scheduler address or None, "
                         f"got {type(client).__name__}")

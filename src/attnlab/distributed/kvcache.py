@@ -23,6 +23,14 @@ from .cluster import get_client, worker_addresses
 from .partials import attend_part, decode_part, merge_tree
 
 
+def call(actor, method: str, *args):
+    """Start an actor method call; an actor whose worker is gone raises at once, so return the error."""
+    try:
+        return getattr(actor, method)(*args)
+    except Exception as e:
+        return e
+
+
 class ShardLostError(RuntimeError):
     """Every replica of a shard is gone (its workers died): the tokens it held cannot be attended to."""
 
@@ -173,13 +181,15 @@ class ShardedKVCache:
                     raise ShardLostError(len(shards) - 1, last.start, last.start + last.length, list(last.lost))
                 take = min(t - done, self.shard_capacity - last.length)
                 for w, _, actor in last.replicas:
-                    writes.append((actor.write(last.length, key[:, done:done + take], value[:, done:done + take]),
-                                   len(shards) - 1, last, w))
+                    writes.append((call(actor, "write", last.length, key[:, done:done + take],
+                                        value[:, done:done + take]), len(shards) - 1, last, w))
                     load[w] = load.get(w, 0) + take
                 shards[-1] = replace(last, length=last.length + take)
                 done += take
             for fut, i, shard, w in writes:
                 try:
+                    if isinstance(fut, Exception):
+                        raise fut
                     fut.result(timeout=self.timeout)
                 except Exception as e:
                     raise RuntimeError(f"append of {t} tokens failed writing shard {i} (tokens "
@@ -233,7 +243,7 @@ class ShardedKVCache:
         q = np.ascontiguousarray(q)
         scale = 1.0 / np.sqrt(self.d_head) if scale is None else as_positive_float("scale", scale)
         args = [(q, s.length, n - t - s.start, is_causal, scale, groups) for s in self._shards]
-        first = [s.replicas[0][2].attend(*a) if s.replicas else None for s, a in zip(self._shards, args)]
+        first = [call(s.replicas[0][2], "attend", *a) if s.replicas else None for s, a in zip(self._shards, args)]
         partials = []
         for i, (s, a, fut) in enumerate(zip(self._shards, args, first)):
             partials.append(self.shard_result(i, s, a, fut))
@@ -246,7 +256,10 @@ class ShardedKVCache:
         result = None
         for r, (w, _, actor) in enumerate(shard.replicas):
             try:
-                result = (fut if r == 0 else actor.attend(*args)).result(timeout=self.timeout)
+                f = fut if r == 0 else call(actor, "attend", *args)
+                if isinstance(f, Exception):
+                    raise f
+                result = f.result(timeout=self.timeout)
                 break
             except Exception as e:                               # a dead worker: refused, closed, timed out
                 causes.append(f"{w}: {type(e).__name__} {e}".strip())

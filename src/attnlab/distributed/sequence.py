@@ -22,7 +22,7 @@ from .partials import attend_part, merge_partials, pair_cost, split_even
 # Query blocks per worker by default: with the pairs handed out longest first, four per worker balance
 # a causal grid's triangle to within a few percent, and each task still does ≥ n/8 · shard scores.
 QUERY_BLOCKS_PER_WORKER = 4
-RETRIES = 1              # numpy inputs: a worker lost with scattered shards → scatter again, once
+RETRIES = 2              # numpy inputs: a worker lost with scattered shards → scatter again, twice at most
 
 
 def sequence_parallel_attention(query, key, value, *, client=None, shards=None, is_causal=False, window=None,
@@ -76,7 +76,7 @@ def sequence_parallel_attention(query, key, value, *, client=None, shards=None, 
         c = check_attention_args(*stand_ins, is_causal=is_causal, window=window, scale=scale, require_finite=False)
     else:
         c = check_attention_args(query, key, value, is_causal=is_causal, window=window, scale=scale)
-    client = get_client(client)
+    client = get_client(client, timeout=min(timeout or 10.0, 10.0))
     workers = worker_addresses(client)
     n_q, n_k = c.q.shape[-2], c.k.shape[-2]
     q_parts = split_even(n_q, query_blocks or QUERY_BLOCKS_PER_WORKER * len(workers))
@@ -92,6 +92,7 @@ def sequence_parallel_attention(query, key, value, *, client=None, shards=None, 
             if attempt == RETRIES:
                 raise RuntimeError(f"sequence_parallel_attention lost workers {attempt + 1} times and gave up "
                                    f"({type(e).__name__}: {e})") from e
+            workers = worker_addresses(client)          # the survivors (and any restarted worker)
     out = out.astype(c.out_dtype, copy=False)
     return (out, lse) if return_lse else out
 
@@ -109,7 +110,11 @@ def lost_data_errors() -> tuple:
     from concurrent.futures import CancelledError
 
     distributed = require_distributed()
-    return (CancelledError, distributed.comm.CommClosedError)
+    return (CancelledError, distributed.comm.CommClosedError, WorkerGone)
+
+
+class WorkerGone(RuntimeError):
+    """A worker left between listing the workers and sending it data."""
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -197,7 +202,10 @@ def numpy_path(client, workers, c, q_parts, k_parts, opts, timeout, progress):
         data = {}
         for i, w in home.items():
             lo, hi = parts[i]
-            data[i] = client.scatter(np.ascontiguousarray(x[..., lo:hi, :]), workers=[w], hash=False)
+            try:
+                data[i] = client.scatter(np.ascontiguousarray(x[..., lo:hi, :]), workers=[w], hash=False)
+            except KeyError as e:                               # the scheduler no longer knows w
+                raise WorkerGone(f"worker {w} left the cluster") from e
         return data
 
     q_data, k_data, v_data = scatter(c.q, q_parts, q_home), scatter(c.k, k_parts, k_home), \
