@@ -1,0 +1,362 @@
+"""attnlab.distributed on a real distributed.LocalCluster: 2 worker processes, one per module.
+
+Equality with the single-process tiled kernel, the sharded KV cache, bad input, and faults (a worker
+process killed mid-computation). The fault tests come last: each waits for the nanny to restart the worker.
+"""
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("distributed")
+da = pytest.importorskip("dask.array")
+
+from attnlab import tiled_attention  # noqa: E402
+from attnlab.cli import main  # noqa: E402
+from attnlab.distributed import (ShardedKVCache, ShardLostError, local_cluster, merge_partials,  # noqa: E402
+                                 merge_tree, sequence_parallel_attention)
+from attnlab.distributed.partials import pair_cost, split_even  # noqa: E402
+from attnlab.distributed.sequence import assign_pairs  # noqa: E402
+
+TOL = {np.float32: 1e-6, np.float64: 1e-12}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    cl, client = local_cluster(2)
+    yield cl, client
+    client.close()
+    cl.close()
+
+
+@pytest.fixture
+def client(cluster):
+    c = cluster[1]
+    c.wait_for_workers(2, timeout=60)        # after a fault test, the nanny's restarted worker
+    return c
+
+
+def qkv(rng, n_q, n_k, *, heads=2, kv_heads=None, d=16, d_v=8, dtype=np.float64):
+    kv_heads = kv_heads or heads
+    return (rng.normal(size=(heads, n_q, d)).astype(dtype), rng.normal(size=(kv_heads, n_k, d)).astype(dtype),
+            rng.normal(size=(kv_heads, n_k, d_v)).astype(dtype))
+
+
+def assert_close(got, want, dtype):
+    """Within TOL[dtype] relative to the largest entry; -inf (a row that saw nothing) must match exactly."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    finite = np.isfinite(want)
+    assert np.array_equal(finite, np.isfinite(got)) and np.array_equal(got[~finite], want[~finite])
+    scale = np.abs(want[finite]).max(initial=1.0)
+    assert np.abs(got[finite] - want[finite]).max(initial=0) <= TOL[dtype] * scale
+
+
+# ----------------------------------------------------------------------------------------------------
+# the arithmetic, without a cluster
+
+
+def test_merge_partials_by_hand():
+    # keys {0} and {1, 2} of one query with scores 0, log 2, log 5: weights 1/8, 2/8, 5/8
+    v = np.array([[8.0], [0.0], [16.0]])
+    a = (np.array([[8.0]]), np.array([0.0]))                       # out over key 0, lse log 1
+    b = (np.array([[(2 * 0 + 5 * 16) / 7]]), np.array([np.log(7)]))  # over keys 1, 2
+    out, lse = merge_partials(a, b)
+    assert np.allclose(out, [[1 / 8 * 8 + 5 / 8 * 16]]) and np.allclose(lse, np.log(8))
+    assert np.allclose(out, np.exp([0, np.log(2), np.log(5)]) @ v / 8)
+
+
+def test_merge_of_a_row_that_saw_nothing_stays_zero():
+    empty = (np.zeros((2, 3)), np.array([-np.inf, -np.inf]))
+    some = (np.array([[1.0, 2, 3], [0, 0, 0]]), np.array([0.5, -np.inf]))
+    out, lse = merge_tree([empty, some, empty])
+    assert np.array_equal(out, [[1, 2, 3], [0, 0, 0]]) and lse[0] == 0.5 and lse[1] == -np.inf
+    assert np.isfinite(out).all()
+
+
+def test_hidden_pairs_are_never_assigned():
+    n, parts = 1000, split_even(1000, 4)
+    where, costs = assign_pairs(n, n, parts, parts, ["a", "b"], is_causal=True, window=None)
+    assert set(where) == {(b, s) for b in range(4) for s in range(4) if s <= b}
+    assert sum(costs.values()) == n * (n + 1) // 2               # every visible score, once
+    where, costs = assign_pairs(n, n, parts, parts, ["a", "b"], is_causal=True, window=100)
+    assert set(where) == {(b, s) for b in range(4) for s in range(4) if s in (b - 1, b)}
+    assert sum(costs.values()) == sum(min(i + 1, 100) for i in range(n))
+    load = {w: sum(costs[p] for p in where if where[p] == w) for w in "ab"}
+    assert abs(load["a"] - load["b"]) <= max(costs.values())     # longest first, least loaded
+
+
+def test_pair_cost_counts_the_mask():
+    from attnlab import causal_mask
+    keep = causal_mask(7, 10, window=3)                          # (7, 10) True = may attend, bottom-right
+    assert pair_cost(7, 10, (2, 6), (4, 9), is_causal=True, window=3) == keep[2:6, 4:9].sum()
+    assert pair_cost(7, 10, (0, 2), (8, 10), is_causal=True, window=None) == 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# equality with tiled_attention
+
+CASES = {
+    "full": dict(n_q=257, n_k=257),
+    "causal": dict(n_q=257, n_k=257, is_causal=True),
+    "causal window": dict(n_q=300, n_k=300, is_causal=True, window=37),
+    "n_q < n_k causal": dict(n_q=100, n_k=333, is_causal=True),
+    "n_q > n_k causal (masked rows)": dict(n_q=90, n_k=40, is_causal=True),
+    "window hides early blocks' rows": dict(n_q=64, n_k=200, is_causal=True, window=5),
+    "uneven shards": dict(n_q=101, n_k=103, is_causal=True, shards=3),
+    "single shard": dict(n_q=80, n_k=120, shards=1),
+    "more shards than workers": dict(n_q=150, n_k=150, is_causal=True, shards=5, query_blocks=7),
+    "gqa": dict(n_q=120, n_k=120, is_causal=True, heads=4, kv_heads=2),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", list(CASES))
+def test_equals_tiled_attention(client, rng, case, dtype):
+    o = dict(CASES[case])
+    q, k, v = qkv(rng, o.pop("n_q"), o.pop("n_k"), heads=o.pop("heads", 2), kv_heads=o.pop("kv_heads", None),
+                  dtype=dtype)
+    mask_opts = {name: o[name] for name in ("is_causal", "window") if name in o}
+    want, want_lse = tiled_attention(q, k, v, return_lse=True, **mask_opts)
+    got, got_lse = sequence_parallel_attention(q, k, v, client=client, return_lse=True, timeout=60, **o)
+    assert isinstance(got, np.ndarray)
+    assert_close(got, want, dtype)
+    assert_close(got_lse, want_lse, dtype)
+
+
+def test_fully_masked_rows_are_zero_with_lse_minus_inf(client, rng):
+    q, k, v = qkv(rng, 50, 20)
+    out, lse = sequence_parallel_attention(q, k, v, client=client, is_causal=True, return_lse=True, timeout=60)
+    assert np.array_equal(out[:, :30], np.zeros((2, 30, 8))) and np.all(lse[:, :30] == -np.inf)
+    assert np.all(np.isfinite(lse[:, 30:]))
+
+
+def test_float16_in_float16_out(client, rng):
+    q, k, v = qkv(rng, 64, 96, dtype=np.float16)
+    got = sequence_parallel_attention(q, k, v, client=client, is_causal=True, timeout=60)
+    assert got.dtype == np.float16
+    assert np.allclose(got, tiled_attention(q, k, v, is_causal=True), atol=2e-3)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("opts,chunks", [(dict(is_causal=True, window=30), 64),
+                                         (dict(is_causal=True), (50, 83, 67)),
+                                         (dict(), 100)])
+def test_dask_inputs_give_a_dask_array(client, rng, opts, chunks, dtype):
+    q, k, v = qkv(rng, 120, 200, dtype=dtype)
+    dq = da.from_array(q, chunks=(2, 60, 16))
+    dk = da.from_array(k, chunks=(2, chunks, 16))
+    dv = da.from_array(v, chunks=(2, chunks, 8))
+    out, lse = sequence_parallel_attention(dq, dk, dv, client=client, return_lse=True, **opts)
+    assert isinstance(out, da.Array) and isinstance(lse, da.Array)
+    assert out.shape == (2, 120, 8) and out.dtype == dtype
+    want, want_lse = tiled_attention(q, k, v, return_lse=True, **opts)
+    assert_close(out.compute(), want, dtype)
+    assert_close(lse.compute(), want_lse, dtype)
+
+
+def test_dask_inputs_made_on_the_workers(client):
+    # random inputs built by tasks: the client never holds them
+    rs = da.random.RandomState(5)
+    dq, dk, dv = (rs.standard_normal((1, 256, 8), chunks=(1, 64, 8)) for _ in range(3))
+    out = sequence_parallel_attention(dq, dk, dv, client=client, is_causal=True)
+    q, k, v = client.compute([dq, dk, dv], sync=True)
+    assert_close(out.compute(), tiled_attention(q, k, v, is_causal=True), np.float64)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the sharded KV cache
+
+
+def test_cache_decode_step_by_step_equals_one_pass(client, rng):
+    q, k, v = qkv(rng, 70, 70, heads=4, kv_heads=2, d=16, d_v=16, dtype=np.float32)
+    cache = ShardedKVCache(client, n_heads=2, d_head=16, shard_capacity=16)
+    cache.append(k[:, :20], v[:, :20])                            # a prompt over two shards
+    steps = [cache.attend(q[:, :20])]                             # (4, 20, 16) the prompt's own block
+    for t in range(20, 70):
+        assert cache.append(k[:, t:t + 1], v[:, t:t + 1]) == t + 1
+        steps.append(cache.attend(q[:, t:t + 1]))                 # (4, 1, 16) one decode step
+    assert len(cache) == 70 and len(cache.shards) == 5
+    assert [s["stop"] - s["start"] for s in cache.shards] == [16, 16, 16, 16, 6]
+    want = tiled_attention(q, k, v, is_causal=True)               # (4, 70, 16) one full pass
+    assert_close(np.concatenate(steps, axis=1), want, np.float32)
+
+
+def test_cache_places_shards_on_the_least_loaded_worker(client, rng):
+    cache = ShardedKVCache(client, n_heads=1, d_head=4, shard_capacity=10)
+    cache.append(*(rng.normal(size=(1, 45, 4)).astype(np.float32) for _ in range(2)))
+    holders = [s["workers"][0] for s in cache.shards]
+    assert len(set(holders)) == 2 and all(a != b for a, b in zip(holders, holders[1:]))
+    assert sorted(cache.load().values()) == [20, 25]
+
+
+def test_cache_with_two_replicas_holds_each_shard_twice(client, rng):
+    cache = ShardedKVCache(client, n_heads=1, d_head=4, shard_capacity=10, replicas=2)
+    cache.append(*(rng.normal(size=(1, 25, 4)).astype(np.float32) for _ in range(2)))
+    assert all(len(set(s["workers"])) == 2 for s in cache.shards)
+    with pytest.raises(ValueError, match="replicas=3 needs at least as many workers, the cluster has 2"):
+        ShardedKVCache(client, n_heads=1, d_head=4, shard_capacity=10, replicas=3)
+
+
+def test_failed_appends_leave_the_cache_as_it_was(client, rng):
+    k, v = (rng.normal(size=(2, 30, 8)).astype(np.float32) for _ in range(2))
+    cache = ShardedKVCache(client, n_heads=2, d_head=8, shard_capacity=8, max_tokens=30)
+    cache.append(k[:, :20], v[:, :20])
+    q = rng.normal(size=(2, 1, 8)).astype(np.float32)
+    before, shards = cache.attend(q), cache.shards
+    bad_nan = k[:, 20:25].copy()
+    bad_nan[1, 2, 3] = np.nan
+    attempts = [((k[:, :11], v[:, :11]), ValueError, "cannot append 11 tokens: the cache holds 20 of its max_tokens 30"),
+                ((bad_nan, v[:, 20:25]), ValueError, "key must be finite"),
+                ((k[:, 20:25].astype(np.float64), v[:, 20:25]), TypeError, "key has dtype float64, the cache holds float32"),
+                ((k[:1, 20:25], v[:1, 20:25]), ValueError, r"key has shape \(1, 5, 8\), the cache expects \(2, 't', 8\)"),
+                ((k[:, 20:25], v[:, 20:24]), ValueError, "key has 5 tokens, value has 4")]
+    for args, error, message in attempts:
+        with pytest.raises(error, match=message):
+            cache.append(*args)
+        assert len(cache) == 20 and cache.shards == shards
+        assert np.array_equal(cache.attend(q), before)
+    cache.append(k[:, 20:], v[:, 20:])                           # and it still works afterwards
+    assert_close(cache.attend(q), tiled_attention(q, k, v), np.float32)
+
+
+def test_cache_bad_queries(client, rng):
+    cache = ShardedKVCache(client, n_heads=2, d_head=8, shard_capacity=8)
+    with pytest.raises(ValueError, match="the cache is empty"):
+        cache.attend(np.zeros((2, 1, 8), np.float32))
+    cache.append(np.zeros((2, 3, 8), np.float32), np.zeros((2, 3, 8), np.float32))
+    with pytest.raises(ValueError, match=r"query has shape \(2, 1, 4\), the cache expects \(h, t, 8\)"):
+        cache.attend(np.zeros((2, 1, 4), np.float32))
+    with pytest.raises(ValueError, match="query has 3 heads"):
+        cache.attend(np.zeros((3, 1, 8), np.float32))
+    with pytest.raises(TypeError, match="shard_capacity must be a positive integer"):
+        ShardedKVCache(client, n_heads=2, d_head=8, shard_capacity=2.5)
+
+
+# ----------------------------------------------------------------------------------------------------
+# bad input
+
+
+@pytest.mark.parametrize("change,error", [
+    (lambda q, k, v: (q.astype(int), k, v, {}), TypeError),
+    (lambda q, k, v: (q, k[..., :3], v, {}), ValueError),
+    (lambda q, k, v: (q, k, v[:, :5], {}), ValueError),
+    (lambda q, k, v: (q, k, v, {"window": 4}), ValueError),
+    (lambda q, k, v: (q, k, v, {"is_causal": 1}), TypeError),
+    (lambda q, k, v: (q, k, v, {"scale": -1.0}), ValueError),
+    (lambda q, k, v: (np.where(q > 1, np.inf, q), k, v, {}), ValueError),
+    (lambda q, k, v: (np.concatenate([q, q, q[:1]]), k, v, {}), ValueError),     # 5 heads over 2 KV heads
+])
+def test_bad_input_same_errors_as_tiled(client, rng, change, error):
+    q, k, v, opts = change(*qkv(rng, 10, 12))
+    with pytest.raises(error) as want:
+        tiled_attention(q, k, v, **opts)
+    with pytest.raises(error) as got:
+        sequence_parallel_attention(q, k, v, client=client, **opts)
+    assert str(got.value) == str(want.value)
+
+
+def test_bad_input_of_its_own(client, rng):
+    q, k, v = qkv(rng, 10, 12)
+    with pytest.raises(ValueError, match="shards must be a positive integer, got 0"):
+        sequence_parallel_attention(q, k, v, client=client, shards=0)
+    with pytest.raises(TypeError, match="all numpy arrays or all dask arrays, got query ndarray, key dask"):
+        sequence_parallel_attention(q, da.from_array(k), v, client=client)
+    with pytest.raises(TypeError, match="client must be a distributed.Client, a scheduler address or None"):
+        sequence_parallel_attention(q, k, v, client=42)
+    with pytest.raises(ValueError, match=r"key has shape \(2, 12, 3\)|width"):
+        sequence_parallel_attention(da.from_array(q), da.from_array(k[..., :3]), da.from_array(v), client=client)
+
+
+def test_unreachable_scheduler_fails_fast_naming_it(rng):
+    q, k, v = qkv(rng, 10, 12)
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="tcp://127.0.0.1:9"):
+        sequence_parallel_attention(q, k, v, client="tcp://127.0.0.1:9", timeout=2)
+    assert time.monotonic() - start < 10
+
+
+# ----------------------------------------------------------------------------------------------------
+# the command line, on the module's cluster
+
+
+def test_longctx_cli_json(cluster, capsys):
+    import json
+    assert main(["longctx", "--n", "3000", "--heads", "2", "--causal", "--scheduler", cluster[0].scheduler_address,
+                 "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["n"] == 3000 and r["causal"] is True and r["workers"] == 2
+    assert r["max_weight_error"] < 1e-6 and r["max_output_error"] < 1e-5 and len(r["rows_checked"]) >= 4
+    assert r["single_process_s"] > 0 and r["wall_s"] > 0 and r["bytes_moved"] > 0
+    assert all(w["peak_rss"] > 0 for w in r["worker_memory"].values())
+
+
+def test_longctx_cli_bad_input(capsys):
+    assert main(["longctx", "--n", "0"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert main(["longctx", "--n", "64", "--scheduler", "tcp://127.0.0.1:9", "--timeout", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "tcp://127.0.0.1:9" in err
+
+
+# ----------------------------------------------------------------------------------------------------
+# faults: kill a worker process (the nanny restarts it; `client` waits for it)
+
+
+def kill_worker(client, address=None, after=0.0):
+    pids = client.run(os.getpid)
+    pid = pids[address or sorted(pids)[0]]
+    if after:
+        threading.Timer(after, os.kill, (pid, signal.SIGKILL)).start()
+    else:
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
+
+
+@pytest.mark.filterwarnings("ignore:Sending large graph")       # from_array puts the test's data in the graph
+@pytest.mark.parametrize("inputs", ["numpy", "dask"])
+def test_killed_worker_during_sequence_parallel_attention(client, rng, inputs):
+    q, k, v = qkv(rng, 8192, 8192, d=64, d_v=64, dtype=np.float32)
+    want = tiled_attention(q, k, v, is_causal=True)
+    if inputs == "dask":
+        q, k, v = (da.from_array(x, chunks=(2, 2048, 64)) for x in (q, k, v))
+    kill_worker(client, after=0.3)
+    start = time.monotonic()
+    try:
+        got = sequence_parallel_attention(q, k, v, client=client, is_causal=True, timeout=60)
+        got = got.compute() if inputs == "dask" else got
+    except (RuntimeError, TimeoutError) as e:      # a clear error is allowed; a wrong answer or a hang is not
+        assert "worker" in str(e) or "within" in str(e)
+    else:
+        assert_close(got, want, np.float32)
+    assert time.monotonic() - start < 90
+
+
+def test_replicated_cache_survives_a_killed_worker(client, rng):
+    q, k, v = qkv(rng, 40, 40, heads=2, d=8, d_v=8, dtype=np.float32)
+    cache = ShardedKVCache(client, n_heads=2, d_head=8, shard_capacity=8, replicas=2, timeout=10)
+    cache.append(k, v)
+    kill_worker(client, cache.shards[0]["workers"][0])
+    start = time.monotonic()
+    assert_close(cache.attend(q), tiled_attention(q, k, v, is_causal=True), np.float32)
+    assert_close(cache.attend(q[:, -1:]), tiled_attention(q[:, -1:], k, v), np.float32)
+    assert time.monotonic() - start < 30
+
+
+def test_unreplicated_cache_names_the_lost_shard(client, rng):
+    q, k, v = qkv(rng, 40, 40, heads=2, d=8, d_v=8, dtype=np.float32)
+    cache = ShardedKVCache(client, n_heads=2, d_head=8, shard_capacity=16, timeout=10)
+    cache.append(k, v)
+    victim = cache.shards[1]["workers"][0]                    # holds shard 1 (tokens 16-31), maybe more
+    kill_worker(client, victim)
+    start = time.monotonic()
+    with pytest.raises(ShardLostError, match=f"shard 1 of the KV cache \\(tokens 16–31\\) is lost.*{victim}"):
+        cache.attend(q[:, -1:])
+    with pytest.raises(ShardLostError, match="shard 1 .*tokens 16–31"):       # and again, without waiting
+        cache.attend(q[:, -1:])
+    assert len(cache) == 40 and cache.shards[1]["workers"] == []
+    assert time.monotonic() - start < 40
