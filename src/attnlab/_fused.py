@@ -64,7 +64,7 @@ def _pow2_overload(x):
     if isinstance(x, types.Float) and x.bitwidth == 32:
         def pow2_f32(x):
             # 2^x underflows below -126 (subnormals dropped: they weigh below 2^-126 of the row's largest)
-            y = min(max(x, np.float32(-127.0)), np.float32(127.0))
+            y = min(max(x, np.float32(-127.0)), np.float32(127.99998))
             n = np.floor(y)                                        # float32: no float-to-int64 detour
             f = y - n                                              # [0, 1)
             p = np.float32(P6)
@@ -89,7 +89,35 @@ def pow2_array(x, out):
         out[i] = pow2(x[i])
 
 
-@numba.njit(nogil=True, cache=True, fastmath={"contract"}, boundscheck=False)
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def row_max(row, mx):
+    """max(mx, max_j row[j]) with eight running maxima (LLVM vectorises these; a single-max loop it did not:
+    0.2 against 0.85 ns per element)."""
+    n = row.shape[0]
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = mx
+    j = 0
+    while j + 8 <= n:
+        a0, a1, a2, a3 = max(a0, row[j]), max(a1, row[j + 1]), max(a2, row[j + 2]), max(a3, row[j + 3])
+        a4, a5, a6, a7 = max(a4, row[j + 4]), max(a5, row[j + 5]), max(a6, row[j + 6]), max(a7, row[j + 7])
+        j += 8
+    while j < n:
+        a0 = max(a0, row[j])
+        j += 1
+    return max(max(max(a0, a1), max(a2, a3)), max(max(a4, a5), max(a6, a7)))
+
+
+@numba.njit(nogil=True, cache=True, fastmath={"contract", "reassoc", "nsz"}, boundscheck=False)
+def exp_row(row, sh):
+    """row[j] = 2^(row[j] - sh) in place; returns Σ_j row[j] (a vectorised loop: reassoc lets the sum be split)."""
+    total = sh - sh                                              # 0 in the row's dtype (sh is finite)
+    for j in range(row.shape[0]):
+        p = pow2(row[j] - sh)
+        row[j] = p
+        total += p
+    return total
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
 def tile_softmax(s, m, shift, l, acc, hi0, lo0, first, track):
     """One tile of the online softmax, in place, in one pass per row.
 
@@ -100,15 +128,14 @@ def tile_softmax(s, m, shift, l, acc, hi0, lo0, first, track):
     On return s holds p = 2^(s - shift) and l the running sum.
     """
     br, bk = s.shape
-    zero = s.dtype.type(0.0)
     for r in range(br):
         lo = min(max(0, lo0 + r), bk)
         hi = max(min(bk, hi0 + r), lo)
-        row = s[r]
+        s[r, :lo] = 0
+        s[r, hi:] = 0
+        row = s[r, lo:hi]           # a view looped from 0: LLVM vectorises it (a range(lo, hi) loop it did not)
         if track:
-            mx = m[r]
-            for j in range(lo, hi):
-                mx = max(mx, row[j])
+            mx = row_max(row, m[r])
             m[r] = mx
             if mx > -np.inf and abs(mx - shift[r]) > SHIFT_SLACK2:
                 if not first:
@@ -117,16 +144,7 @@ def tile_softmax(s, m, shift, l, acc, hi0, lo0, first, track):
                     for d in range(acc.shape[1]):
                         acc[r, d] *= alpha
                 shift[r] = mx
-        sh = shift[r]
-        total = zero
-        for j in range(lo):
-            row[j] = zero
-        for j in range(lo, hi):
-            p = pow2(row[j] - sh)
-            row[j] = p
-            total += p
-        for j in range(hi, bk):
-            row[j] = zero
+        total = exp_row(row, shift[r])
         if first:
             l[r] = total
         else:

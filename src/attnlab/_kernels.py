@@ -12,7 +12,6 @@ environment variable ``ATTNLAB_NO_NUMBA=1`` makes every call take the numpy path
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 import time
 from dataclasses import dataclass
@@ -70,27 +69,25 @@ def numba_disabled() -> bool:
 
 
 @functools.cache
-def numba_version() -> str | None:
-    """numba's version when it is installed, else None (found without importing it)."""
-    if importlib.util.find_spec("numba") is None:
-        return None
-    from importlib.metadata import version
-    return version("numba")
-
-
-@functools.cache
 def fused_module():
-    """:mod:`attnlab._fused` (imports numba, ~0.3 s the first time), or None without numba."""
-    if numba_version() is None:
+    """:mod:`attnlab._fused` (imports numba, ~0.3 s the first time), or None when numba cannot be imported."""
+    try:
+        from . import _fused
+    except ImportError:
         return None
-    from . import _fused
     return _fused
+
+
+def numba_version() -> str | None:
+    """numba's version when it can be imported, else None."""
+    module = fused_module()
+    return None if module is None else module.numba.__version__
 
 
 def tile_kernel() -> str:
     """Which per-tile kernel the tiled path runs: ``"fused"`` (numba: shift, exponential and row sum in one
     pass) when numba is installed and not disabled, else ``"numpy"``."""
-    if numba_disabled() or numba_version() is None:
+    if numba_disabled() or fused_module() is None:
         return "numpy"
     return "fused"
 
