@@ -241,3 +241,37 @@ def test_an_unknown_or_missing_kernel_is_named(monkeypatch):
             tiled.tile_step("fused")
     finally:
         tiled.tile_step.cache_clear()
+
+
+@pytest.mark.parametrize("kind", MASK_KINDS)
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_the_naive_path_fused_softmax_matches_the_reference(rng, kind, dtype, tile_kernel):
+    """Below the tiled crossover attention() and attention_weights() take the naive grid; on the fused
+    kernel its softmax is one numba pass per row (scale folded in), on numpy the reference's."""
+    n_q, n_k = 13, 21
+    q, k, v = (rng.normal(size=(2, 3, n, 8)).astype(dtype) for n in (n_q, n_k, n_k))
+    kw = mask_kwargs(kind, rng, n_q, n_k)
+    path = attention_path(q, k, v, **kw)
+    assert (path.name, path.kernel) == ("naive", tile_kernel)
+    out = attention(q, k, v, **kw)
+    assert out.dtype == dtype
+    np.testing.assert_allclose(out.astype(np.float64), reference(q, k, v, **kw), rtol=tol(dtype), atol=tol(dtype))
+    from attnlab import attention_weights
+    a = attention_weights(q, k, **kw)
+    ref_a = naive_attention(check_attention_args(*(x.astype(np.float64) for x in (q, k, v)), **kw))[1]
+    np.testing.assert_allclose(a.astype(np.float64), ref_a, rtol=tol(dtype), atol=tol(dtype))
+
+
+def test_the_naive_path_fused_softmax_extreme_and_empty_rows(rng, tile_kernel):
+    q = rng.normal(size=(3, 9, 8)) * 300.0                          # scores of ±1e5
+    k = rng.normal(size=(3, 11, 8)) * 300.0
+    v = rng.normal(size=(3, 11, 4))
+    keep = rng.random((3, 9, 11)) < 0.5
+    keep[:, 4] = False                                              # a query that sees no key
+    for dtype in (np.float32, np.float64):
+        x = [a.astype(dtype) for a in (q, k, v)]
+        out = attention(*x, mask=keep)
+        assert np.all(out[:, 4] == 0) and np.isfinite(out).all()
+        np.testing.assert_allclose(out, reference(*x, mask=keep), rtol=0, atol=1e-10 if dtype == np.float64 else 2e-2)
+    # a bias keeps the numpy softmax (the fused one takes none)
+    assert attention_path(q, k, v, bias=np.zeros((9, 11))).kernel == "numpy"

@@ -47,26 +47,30 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Path:
-    """Which path a call takes: ``name`` "naive", "tiled" or "decode", and for the tiled path its tile
-    ``kernel``, "fused" (numba) or "numpy" (:func:`attnlab._kernels.tile_kernel`)."""
+    """Which path a call takes: ``name`` "naive", "tiled" or "decode", and for the tiled and naive paths their
+    ``kernel``, "fused" (numba) or "numpy" (:func:`attnlab._kernels.tile_kernel`; the naive path's softmax
+    is fused only without a bias)."""
     name: str
     kernel: str = "numpy"
 
     def __str__(self) -> str:
         if self.name == "tiled":
             return f"tiled, {_kernels.kernel_name(self.kernel)}"
-        return f"{self.name} (numpy exp)"
+        if self.name == "naive" and self.kernel == "fused":
+            return "naive, fused softmax (numba, polynomial exp2, one pass per row)"
+        return f"{self.name}, numpy softmax (exp)"
 
 
-def choose_path(c, *, training: bool = False) -> Path:
+def choose_path(c, *, training: bool = False, weights: bool = False) -> Path:
     """The one place that decides which path runs, for checked inputs ``c``; ``training``: the forward of
-    a training step (attention_forward), which has no decode path. Logs the choice at DEBUG level."""
-    if takes_tiled_path(c.q, c.k, bias=c.bias):
+    a training step (attention_forward), which has no decode path; ``weights``: the whole grid of weights is
+    asked for (attention_weights), which only the naive path holds. Logs the choice at DEBUG level."""
+    if not weights and takes_tiled_path(c.q, c.k, bias=c.bias):
         path = Path("tiled", _kernels.tile_kernel())
-    elif not training and decode.takes_decode_path(c):
+    elif not (weights or training) and decode.takes_decode_path(c):
         path = Path("decode")
     else:
-        path = Path("naive")
+        path = Path("naive", _kernels.tile_kernel() if c.bias is None else "numpy")
     if log.isEnabledFor(logging.DEBUG):
         log.debug("attention path: %s; q %s, k %s", path, c.q.shape, c.k.shape)
     return path
@@ -147,7 +151,7 @@ def attention(query, key, value, *, mask=None, bias=None, is_causal=False, windo
     elif path.name == "decode":
         out = decode.decode_attention(c)                 # (..., h, 1, d_v)
     else:
-        out, _ = naive.naive_attention(c)                # (..., h, n_q, d_v)
+        out, _ = naive.naive_attention(c, path.kernel)   # (..., h, n_q, d_v)
     return out.astype(c.out_dtype, copy=False)
 
 
@@ -181,7 +185,8 @@ def attention_weights(query, key, *, mask=None, bias=None, is_causal=False, wind
     """
     c = check_attention_args(query, key, key, mask=mask, bias=bias, is_causal=is_causal, window=window,
                              q_offset=q_offset, scale=scale)
-    return naive.naive_weights(c).astype(c.out_dtype, copy=False)      # (..., h, n_q, n_k)
+    path = choose_path(c, weights=True)
+    return naive.naive_weights(c, path.kernel).astype(c.out_dtype, copy=False)      # (..., h, n_q, n_k)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -220,7 +225,7 @@ def attention_forward(query, key, value, *, mask=None, bias=None, is_causal=Fals
     if path.name == "tiled":
         out, saved = tiled.tiled_forward_saved(c, (query, key, value), kernel=path.kernel)   # (..., h, n_q, d_v)
     else:
-        out, saved = naive.naive_forward(c, (query, key, value))          # (..., h, n_q, d_v), NaiveSaved
+        out, saved = naive.naive_forward(c, (query, key, value), path.kernel)   # (..., h, n_q, d_v), NaiveSaved
     return out.astype(c.out_dtype, copy=False), saved
 
 

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import _kernels
 from ._checks import Checked, fold, unfold
+from ._kernels import LOG2E
 from .masks import causal_mask
 from .softmax import softmax
 
@@ -36,11 +38,15 @@ def visible(c: Checked) -> np.ndarray | None:
     return causal if c.keep is None else c.keep & causal                 # (..., h, n_q, n_k)
 
 
-def naive_weights(c: Checked) -> np.ndarray:
-    """The grid of weights A = softmax(S + M), (..., h, n_q, n_k), in the compute dtype."""
+def naive_weights(c: Checked, kernel: str = "numpy") -> np.ndarray:
+    """The grid of weights A = softmax(S + M), (..., h, n_q, n_k), in the compute dtype. ``kernel="fused"``
+    (numba, no bias): the scale, shift, exponential, sum and division in one pass per row
+    (:func:`attnlab._fused.softmax_rows`), where numpy takes six passes and two temporaries."""
     g = c.groups
     s = unfold(fold(c.q, g) @ np.swapaxes(c.k, -1, -2), g)   # (..., h, n_q, n_k) raw scores; a group: one matmul
-    s *= c.scale                                         # (..., h, n_q, n_k) S = QKᵀ/√d_k
+    fused = kernel == "fused" and c.bias is None and s.size > 0
+    if not fused:
+        s *= c.scale                                     # (..., h, n_q, n_k) S = QKᵀ/√d_k
     if c.bias is not None:
         s = s + c.bias                                   # (..., h, n_q, n_k)
     keep = visible(c)
@@ -48,19 +54,24 @@ def naive_weights(c: Checked) -> np.ndarray:
         np.copyto(s, -np.inf, where=~keep)               # (..., h, n_q, n_k) S + M, in place
     elif keep is not None:
         s = np.where(keep, s, -np.inf)                   # (..., h, n_q, n_k) S + M, a mask with more batch axes
+    if fused:
+        rows = s.reshape(-1, s.shape[-1])                # (rows, n_k) a view: s is a fresh C-contiguous array
+        maxima = np.empty(rows.shape[0], s.dtype)        # (rows,)
+        _kernels.fused_module().softmax_rows(rows, s.dtype.type(c.scale * LOG2E), maxima)
+        return s                                         # (..., h, n_q, n_k) A, rows with no key are 0
     return softmax(s)                                    # (..., h, n_q, n_k) A, rows with no key are 0
 
 
-def naive_attention(c: Checked) -> tuple[np.ndarray, np.ndarray]:
+def naive_attention(c: Checked, kernel: str = "numpy") -> tuple[np.ndarray, np.ndarray]:
     """The reference forward: ``(out, a)``, (..., h, n_q, d_v) and (..., h, n_q, n_k), in the compute dtype."""
-    a = naive_weights(c)                                 # (..., h, n_q, n_k)
+    a = naive_weights(c, kernel)                         # (..., h, n_q, n_k)
     out = unfold(fold(a, c.groups) @ c.v, c.groups)      # (..., h, n_q, d_v) out = A V
     return out, a
 
 
-def naive_forward(c: Checked, inputs: tuple) -> tuple[np.ndarray, NaiveSaved]:
+def naive_forward(c: Checked, inputs: tuple, kernel: str = "numpy") -> tuple[np.ndarray, NaiveSaved]:
     """:func:`naive_attention`'s output (compute dtype), and what :func:`naive_backward` needs."""
-    out, a = naive_attention(c)                          # (..., h, n_q, d_v), (..., h, n_q, n_k)
+    out, a = naive_attention(c, kernel)                  # (..., h, n_q, d_v), (..., h, n_q, n_k)
     return out, NaiveSaved(c=c, inputs=inputs, out=out, a=a)
 
 
