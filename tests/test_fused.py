@@ -275,3 +275,22 @@ def test_the_naive_path_fused_softmax_extreme_and_empty_rows(rng, tile_kernel):
         np.testing.assert_allclose(out, reference(*x, mask=keep), rtol=0, atol=1e-10 if dtype == np.float64 else 2e-2)
     # a bias keeps the numpy softmax (the fused one takes none)
     assert attention_path(q, k, v, bias=np.zeros((9, 11))).kernel == "numpy"
+
+
+def test_a_big_batch_on_the_naive_path_splits_over_threads_and_matches(rng, monkeypatch, tile_kernel):
+    from attnlab import naive
+    monkeypatch.setattr(naive, "SPLIT_MIN_SCORES", 64)
+    q, k, v = (rng.normal(size=(5, 3, 8, 4)) for _ in range(3))
+    keep = rng.random((5, 1, 8, 8)) < 0.7
+    bias = rng.normal(size=(5, 3, 8, 8))
+    for kw in ({}, {"mask": keep}, {"bias": bias}, {"is_causal": True}):
+        c = check_attention_args(q, k, v, **kw)
+        assert naive.split_rows(c, 2) == [(0, 2), (2, 5)] or naive.split_rows(c, 2) == [(0, 3), (3, 5)]
+        np.testing.assert_allclose(naive.naive_attention_out(c, tile_kernel, workers=2), reference(q, k, v, **kw),
+                                   rtol=1e-12, atol=1e-12)
+    # nothing to split: one sequence, a key shared by every batch row (broadcast), too few scores, one worker
+    assert naive.split_rows(check_attention_args(q[:1], k[:1], v[:1]), 2) == []
+    assert naive.split_rows(check_attention_args(q, k[0], v[0]), 2) == []
+    assert naive.split_rows(check_attention_args(q, k, v), 1) == []
+    monkeypatch.setattr(naive, "SPLIT_MIN_SCORES", 10**9)
+    assert naive.split_rows(check_attention_args(q, k, v), 2) == []

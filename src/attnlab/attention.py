@@ -151,7 +151,7 @@ def attention(query, key, value, *, mask=None, bias=None, is_causal=False, windo
     elif path.name == "decode":
         out = decode.decode_attention(c)                 # (..., h, 1, d_v)
     else:
-        out, _ = naive.naive_attention(c, path.kernel)   # (..., h, n_q, d_v)
+        out = naive.naive_attention_out(c, path.kernel)  # (..., h, n_q, d_v)
     return out.astype(c.out_dtype, copy=False)
 
 

@@ -9,13 +9,14 @@ group are stacked as rows, so a group is one matmul against its key/value head a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from . import _kernels
 from ._checks import Checked, fold, unfold
 from ._kernels import LOG2E
+from ._threads import run_items, usable_cores
 from .masks import causal_mask
 from .softmax import softmax
 
@@ -67,6 +68,49 @@ def naive_attention(c: Checked, kernel: str = "numpy") -> tuple[np.ndarray, np.n
     a = naive_weights(c, kernel)                         # (..., h, n_q, n_k)
     out = unfold(fold(a, c.groups) @ c.v, c.groups)      # (..., h, n_q, d_v) out = A V
     return out, a
+
+
+# Splitting the batch over threads pays when each worker gets at least this many scores: a share then takes
+# ~1 ms, against ~0.1 ms of handing it out (pinning BLAS, waking the pool).
+SPLIT_MIN_SCORES = 2**20
+
+
+def split_rows(c: Checked, workers: int) -> list[tuple[int, int]]:
+    """Ranges of the first batch axis, one per worker, when the naive grid is worth splitting over threads
+    (the first axis is the same in query, key, value and the output, and each share holds at least
+    SPLIT_MIN_SCORES scores); else []."""
+    arrays = [c.q, c.k, c.v] + [x for x in (c.keep, c.bias) if x is not None]
+    if workers < 2 or len(c.batch) < 2 or any(x.ndim != len(c.batch) + 2 for x in arrays):
+        return []
+    n_b = c.batch[0]
+    if n_b < 2 or any(x.shape[0] != n_b for x in arrays):
+        return []
+    scores = int(np.prod(c.batch)) * c.q.shape[-2] * c.k.shape[-2]
+    workers = min(workers, n_b, scores // SPLIT_MIN_SCORES)
+    if workers < 2:
+        return []
+    edges = np.linspace(0, n_b, workers + 1).round().astype(int)
+    return list(zip(edges[:-1].tolist(), edges[1:].tolist()))
+
+
+def naive_attention_out(c: Checked, kernel: str = "numpy", workers=None) -> np.ndarray:
+    """:func:`naive_attention`'s output alone (..., h, n_q, d_v), the batch split over threads when that pays
+    (:func:`split_rows`; numpy's matmul and the fused softmax release the GIL): a BERT-style batch of
+    32 × 12 heads runs as one call per worker, not 384."""
+    parts = split_rows(c, usable_cores() if workers is None else workers)
+    if not parts:
+        return naive_attention(c, kernel)[0]
+    out = np.empty((*c.batch, c.q.shape[-2], c.v.shape[-1]), c.q.dtype)      # (B, ..., h, n_q, d_v)
+
+    def work(part, _):
+        b0, b1 = part
+        cut = lambda x: None if x is None else x[b0:b1]                     # noqa: E731
+        sub = replace(c, q=c.q[b0:b1], k=c.k[b0:b1], v=c.v[b0:b1], keep=cut(c.keep), bias=cut(c.bias),
+                      batch=(b1 - b0, *c.batch[1:]))
+        out[b0:b1] = naive_attention(sub, kernel)[0]                          # (b, ..., h, n_q, d_v)
+
+    run_items(parts, work, lambda: None, len(parts))
+    return out
 
 
 def naive_forward(c: Checked, inputs: tuple, kernel: str = "numpy") -> tuple[np.ndarray, NaiveSaved]:
