@@ -123,3 +123,18 @@ def test_n_steps_counts_the_steps_run_bench_announces(tiny):
     bench.run_bench(quick=True, progress=steps.append, repeat=1)
     assert bench.n_steps(quick=True) == len(steps) == 2 + 2 + 1 + 1 + 1   # GEMM twice, 64 causal/full, batch,
     #                                                                      decode, backward
+
+
+def test_goal_table_judges_each_goal_by_its_worst_figure():
+    row = lambda n, causal, ratio, of_gemm=0.5: {"n": n, "is_causal": causal, "ratio": ratio, "of_gemm": of_gemm}  # noqa: E731
+    r = {"forward": [row(256, True, 1.4), row(512, False, 1.6), row(1024, True, 0.9), row(4096, False, 0.95, 0.65)],
+         "batch": [{"batch": 32, "n": 128, "ratio": 1.1}], "decode": [{"context": 1024, "ratio": None}],
+         "backward": [{"n": 1024, "ratio": 0.7}]}
+    goals = {g["case"].split(",")[0]: g for g in bench.goal_table(r)}
+    assert goals["tiled forward"]["worst"] == 0.95 and goals["tiled forward"]["met"] is True
+    assert goals["n = 256 and 512"]["met"] is False and goals["n = 256 and 512"]["figures"] == {
+        "n=256 causal": 1.4, "n=512 full": 1.6}
+    assert goals["batch of 32 × 128 tokens"]["met"] is True
+    assert goals["decode step at contexts 1024 and 4096"]["met"] is None          # torch missing: no verdict
+    assert goals["share of numpy's GEMM rate at n >= 4096"]["worst"] == 0.65
+    assert goals["backward (forward + backward)"]["met"] is True

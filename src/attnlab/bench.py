@@ -12,6 +12,7 @@ path chose here, and which path (and tile kernel) each call took. Functions here
 
 from __future__ import annotations
 
+import os
 import platform
 import resource
 import time
@@ -367,13 +368,62 @@ def run_bench(*, quick: bool = False, progress=None, repeat: int | None = None) 
     for n in QUICK_BACKWARD_SIZES if quick else BACKWARD_SIZES:
         say(f"backward n={n}")
         backward.append(backward_row(n, repeat=repeat, torch=torch))
-    return {"machine": machine,
+    result = {"machine": machine,
             "shape": {"n_heads": N_HEADS, "d_head": D_HEAD, "dtype": "float32", "rounds": repeat},
             "method": "each pair alone, alternating; ratio = median of per-round attnlab/torch (min-max); "
                       "naive in its own loop",
             "gemm_gflops": gemm, "gemm_gflops_measured": gemms,
             "forward": [asdict(r) for r in forward], "batch": [asdict(r) for r in batch],
-            "decode": [asdict(r) for r in decode], "backward": [asdict(r) for r in backward]}
+            "decode": [asdict(r) for r in decode], "backward": [asdict(r) for r in backward],
+            "load_average": load_average()}
+    result["goals"] = goal_table(result)
+    return result
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15-minute load averages after the run: above the core count, other processes were
+    competing for the cores (torch's threads wait on each other at every barrier, numpy's less)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+# The issue's goals, as (case, goal text, which rows, the figure, the bound, "<=" or ">=").
+GOALS = (
+    ("tiled forward, n = 1024 … 8192, causal and not", "<= 1.0x torch",
+     lambda r: [f for f in r["forward"] if f["n"] >= 1024], "ratio", 1.0, "<="),
+    ("n = 256 and 512", "<= 1.5x torch", lambda r: [f for f in r["forward"] if f["n"] <= 512], "ratio", 1.5, "<="),
+    ("batch of 32 × 128 tokens, 12 heads", "<= 1.2x torch", lambda r: r["batch"], "ratio", 1.2, "<="),
+    ("decode step at contexts 1024 and 4096", "<= 1.0x torch", lambda r: r["decode"], "ratio", 1.0, "<="),
+    ("share of numpy's GEMM rate at n >= 4096, not causal", ">= 60%",
+     lambda r: [f for f in r["forward"] if f["n"] >= 4096 and not f["is_causal"]], "of_gemm", 0.6, ">="),
+    ("backward (forward + backward)", "<= 1.0x torch forward + backward", lambda r: r["backward"], "ratio", 1.0, "<="),
+)
+
+
+def goal_table(r: dict) -> list[dict]:
+    """The issue's goals against a :func:`run_bench` result: per goal the figures it covers ("n=1024 causal":
+    value), the worst of them and whether every one meets it (None when torch was missing)."""
+    table = []
+    for case, goal, rows_of, key, bound, sense in GOALS:
+        rows = rows_of(r)
+        figures = {row_label(row): row[key] for row in rows}
+        values = [v for v in figures.values() if v is not None]
+        worst = (max(values) if sense == "<=" else min(values)) if values else None
+        met = None if worst is None else (worst <= bound if sense == "<=" else worst >= bound)
+        table.append({"case": case, "goal": goal, "figures": figures, "worst": worst, "met": met})
+    return table
+
+
+def row_label(row: dict) -> str:
+    if "context" in row:
+        return f"context {row['context']}"
+    if "batch" in row:
+        return f"{row['batch']} x {row['n']}"
+    if "is_causal" in row:
+        return f"n={row['n']} {'causal' if row['is_causal'] else 'full'}"
+    return f"n={row['n']}"
 
 
 def run_scale(n: int = SCALE_N) -> dict:

@@ -29,7 +29,11 @@ def cmd_bench(args) -> int:
         return 0
     with progress_bar(bench.n_steps(quick=args.quick)) as step:
         result = bench.run_bench(quick=args.quick, progress=step)
-    print_json(result) if args.json else print_table(result)
+    if args.json:
+        print_json(result)
+    else:
+        print_table(result)
+        print_goals(result)
     return 0
 
 
@@ -115,6 +119,19 @@ def print_table(r: dict) -> None:
     for b in r["backward"]:
         print(f"{b['n']:>11} {tag(b):>4} {b['attnlab_ms']:>10.1f} {fmt(b['torch_ms']):>9} {ratio_text(b):>17} "
               f"{fmt(b['naive_ms']):>9}")
+
+
+def print_goals(r: dict) -> None:
+    """The issue's goals: each with the figures it covers, the worst one, and met / missed."""
+    load = r.get("load_average")
+    print()
+    print(f"goals (SIMD {r['machine']['simd']}; load average after the run: "
+          f"{' '.join(map(str, load)) if load else 'unknown'} on {r['machine']['cores']} cores)")
+    for g in r["goals"]:
+        verdict = {True: "met", False: "missed", None: "-"}[g["met"]]
+        figures = ", ".join(f"{k} {fmt(v, '.0%' if g['goal'].endswith('%') else '.2f')}"
+                            for k, v in g["figures"].items())
+        print(f"  {g['case']}: goal {g['goal']}; {verdict}  [{figures}]")
 
 
 def print_scale(r: dict) -> None:
