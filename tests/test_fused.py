@@ -294,3 +294,22 @@ def test_a_big_batch_on_the_naive_path_splits_over_threads_and_matches(rng, monk
     assert naive.split_rows(check_attention_args(q, k, v), 1) == []
     monkeypatch.setattr(naive, "SPLIT_MIN_SCORES", 10**9)
     assert naive.split_rows(check_attention_args(q, k, v), 2) == []
+
+
+@pytest.mark.parametrize("kind", MASK_KINDS)
+def test_the_tiled_backward_matches_the_float64_reference_on_both_kernels(rng, kind, tile_kernel):
+    """The backward rebuilds each tile's weights as exp(s - lse): numpy's exp, or one fused pass."""
+    from attnlab.naive import naive_attention_grad
+    from attnlab.tiled import tiled_attention_grad
+    n_q, n_k = 17, 23
+    q, k, v = (rng.normal(size=(2, 3, n, 8)) * 2 for n in (n_q, n_k, n_k))
+    do = rng.normal(size=(2, 3, n_q, 8))
+    kw = mask_kwargs(kind, rng, n_q, n_k)
+    c = check_attention_args(q, k, v, **kw)
+    ref = naive_attention_grad(c, do)
+    for dtype, rtol in ((np.float64, 1e-10), (np.float32, 2e-4)):
+        x = [a.astype(dtype) for a in (q, k, v, do)]
+        grads = tiled_attention_grad(*x, block_q=5, block_k=7, **kw)
+        for g, r, name in zip(grads, ref, "qkv"):
+            assert g.dtype == dtype
+            np.testing.assert_allclose(g, r, rtol=rtol, atol=rtol, err_msg=f"d{name} {dtype.__name__}")

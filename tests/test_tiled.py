@@ -218,7 +218,7 @@ def grad_cases(rng):
 
 
 @pytest.mark.parametrize("block_q, block_k", [(2, 3), (1, 2), (8, 8)])
-def test_tiled_backward_matches_finite_differences(rng, numeric_grad, block_q, block_k):
+def test_tiled_backward_matches_finite_differences(tile_kernel, rng, numeric_grad, block_q, block_k):
     for name, q, k, v, kw in grad_cases(rng):
         w = rng.normal(size=np.broadcast_shapes(q.shape[:-1] + (1,), v.shape[:-2] + (1, v.shape[-1])))
         f = lambda: float((w * tiled_attention(q, k, v, scale=0.7, block_q=block_q, block_k=block_k,   # noqa: E731
@@ -230,7 +230,7 @@ def test_tiled_backward_matches_finite_differences(rng, numeric_grad, block_q, b
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_tiled_backward_matches_torch_autograd(rng, is_causal):
+def test_tiled_backward_matches_torch_autograd(tile_kernel, rng, is_causal):
     torch = pytest.importorskip("torch")
     q, k, v, do = (rng.normal(size=(2, 3, 19, 8)) for _ in range(4))
     tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))

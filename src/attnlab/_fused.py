@@ -184,3 +184,15 @@ def softmax_rows(s, scale2, maxima):
             inv = (total - total + 1) / total    # in the row's dtype (1 / total would be float64); total >= 1
             for j in range(row.shape[0]):
                 row[j] *= inv
+
+
+@numba.njit(nogil=True, cache=True, fastmath={"contract", "reassoc", "nsz"}, boundscheck=False)
+def exp_minus_rows(s, shift, unit):
+    """s[r, j] = exp(s[r, j] - shift[r]) in place, as 2^(s · unit - shift · unit) with ``unit`` = log₂e: the
+    backward's weights a = exp(s - lse) in one pass (numpy: a subtraction pass, then exp). A shift of +inf
+    (a query that saw no key) gives 0."""
+    for r in range(s.shape[0]):
+        row = s[r]
+        sh = shift[r] * unit
+        for j in range(row.shape[0]):
+            row[j] = pow2(row[j] * unit - sh)

@@ -258,7 +258,7 @@ def attention_backward(saved: Saved, dout) -> tuple:
     c = saved.c
     do = check_dout(c, dout)                             # (..., h, n_q, d_v)
     if isinstance(saved, TiledSaved):
-        grads = tiled.tiled_backward(c, saved.plan, saved.out, saved.lse, do)
+        grads = tiled.tiled_backward(c, saved.plan, saved.out, saved.lse, do, kernel=saved.kernel)
     else:
         grads = naive.naive_backward(c, saved.out, saved.a, do)
     return grads_like(grads, saved.inputs)

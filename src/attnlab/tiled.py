@@ -314,6 +314,13 @@ class NumpyTile:
             l += p @ buf.ones[:j1 - j0]                         # (br,) l += rowsum p
         return p
 
+    def exp_rows(self, s, shift):
+        """The backward's weights in place: s (br, bk) natural scores, shift (br,): exp(s - shift)."""
+        s -= shift[:, None]                                     # (br, bk)
+        if self.unit != 1.0:
+            s *= self.unit                                      # (br, bk) to the faster exponential's base
+        return self.exp(s, out=s)                               # (br, bk)
+
 
 class FusedTile:
     """The numba tile step (:func:`attnlab._fused.tile_softmax`): shift, exponential, the causal diagonal
@@ -323,6 +330,7 @@ class FusedTile:
 
     def __init__(self, module):
         self.softmax = module.tile_softmax
+        self.exp_minus_rows = module.exp_minus_rows
 
     def __call__(self, s, plan, r0, r1, j0, j1, keep, m, shift, l, acc, first, bounded, buf):
         if keep is not None:
@@ -332,6 +340,11 @@ class FusedTile:
         hi0 = r0 + plan.offset + 1 - j0 if plan.is_causal else far          # row r sees columns < hi0 + r
         lo0 = r0 + plan.offset - plan.window + 1 - j0 if plan.window is not None else -far   # and >= lo0 + r
         self.softmax(s, m, shift, l, acc, hi0, lo0, first, not bounded)
+        return s
+
+    def exp_rows(self, s, shift):
+        """The backward's weights in place, exp(s - shift), in one pass (:func:`attnlab._fused.exp_minus_rows`)."""
+        self.exp_minus_rows(s, shift, s.dtype.type(LOG2E))
         return s
 
 
@@ -513,6 +526,7 @@ class TiledSaved:
     out: np.ndarray          # (..., h, n_q, d_v) in the compute dtype
     lse: np.ndarray          # (..., h, n_q) log Σ_j exp(s_j), -inf for a query that sees no key
     plan: Plan               # the backward's tiles: the forward's grid and mask in BACKWARD_BLOCKS
+    kernel: str | None = None  # the tile kernel the forward ran ("fused" or "numpy"), for the backward too
 
 
 def tiled_forward_saved(c: Checked, inputs: tuple, *, block_q=None, block_k=None, workers=None,
@@ -523,14 +537,15 @@ def tiled_forward_saved(c: Checked, inputs: tuple, *, block_q=None, block_k=None
     plan = make_plan(c, block_q=block_q, block_k=block_k)
     back = make_plan(c, block_q=block_q, block_k=block_k, default=BACKWARD_BLOCKS)
     out, lse = tiled_forward(c, plan, workers=workers, kernel=kernel)   # (..., h, n_q, d_v), (..., h, n_q)
-    return out, TiledSaved(c=c, inputs=inputs, out=out, lse=lse, plan=back)
+    return out, TiledSaved(c=c, inputs=inputs, out=out, lse=lse, plan=back, kernel=kernel)
 
 
-def tiled_backward(c: Checked, plan: Plan, out, lse, do, *, workers=None):
+def tiled_backward(c: Checked, plan: Plan, out, lse, do, *, workers=None, kernel=None):
     """FlashAttention-2's backward over every (batch, key/value head) and the query heads that use it;
     (dq, dk, dv) over the broadcast batch: dq (..., h, n_q, d_k), dk and dv (..., h_kv, n_k, ·)."""
     g = group_view(c)
     n_q, n_k, d_k, d_v = g.q.shape[-2], g.k.shape[-2], g.q.shape[-1], g.v.shape[-1]
+    tile = tile_step(_kernels.tile_kernel() if kernel is None else kernel)
     do = g.split(do, 2)                                 # (..., h_kv, g, n_q, d_v)
     dq = np.zeros((*g.batch, n_q, d_k), g.q.dtype)      # (..., h_kv, g, n_q, d_k)
     dk = np.empty((*g.batch[:-1], n_k, d_k), g.q.dtype)  # (..., h_kv, n_k, d_k) summed over the group
@@ -545,14 +560,15 @@ def tiled_backward(c: Checked, plan: Plan, out, lse, do, *, workers=None):
         np.copyto(buf.vT, g.v[idx][0].T)                # (d_v, n_k)
         backward_head(g.q[idx], k, buf.keys_transposed(g.key_head((*idx, 0)), k), buf.vT,
                       None if g.keep is None else g.keep[idx], plan, c.scale, lse[idx], delta[idx], do[idx],
-                      dq[idx], dk[idx], dv[idx], buf)
+                      dq[idx], dk[idx], dv[idx], buf, tile)
 
     run_items(list(np.ndindex(g.batch[:-1])), work,
               lambda: Scratch(plan, d_k, d_v, g.q.dtype, backward=True), workers)
     return dq.reshape(*c.batch, n_q, d_k), dk, dv
 
 
-def backward_head(q, k, kT, vT, keep, plan: Plan, scale, lse, delta, do, dq, dk, dv, buf: Scratch) -> None:
+def backward_head(q, k, kT, vT, keep, plan: Plan, scale, lse, delta, do, dq, dk, dv, buf: Scratch,
+                  tile=None) -> None:
     """One (batch, key/value head) and its group of g query heads: for each key block, walk the query blocks
     of every head of the group that see it (FlashAttention-2, alg. 2).
 
@@ -575,12 +591,14 @@ def backward_head(q, k, kT, vT, keep, plan: Plan, scale, lse, delta, do, dq, dk,
                     continue                                    # the forward skipped this tile too
                 j0c, j1c = max(j0, lo), min(j1, hi)             # the part of the key block it saw
                 backward_tile(qs[h], k, kT, vT, keep_h, plan, scale, lse[h], delta[h], do[h], dq[h], i0, i1,
-                              j0c, j1c, dk_j[j0c - j0:j1c - j0], dv_j[j0c - j0:j1c - j0], buf)
+                              j0c, j1c, dk_j[j0c - j0:j1c - j0], dv_j[j0c - j0:j1c - j0], buf, tile)
 
 
 def backward_tile(qs, k, kT, vT, keep, plan, scale, lse, delta, do, dq, i0, i1, j0, j1, dk_j, dv_j,
-                  buf) -> None:
-    """One tile's share of dq, dk, dv; each line undoes one line of :func:`forward_rows`."""
+                  buf, tile=None) -> None:
+    """One tile's share of dq, dk, dv; each line undoes one line of :func:`forward_rows`. ``tile``: the tile
+    step whose ``exp_rows`` rebuilds the weights (default the numpy one)."""
+    tile = tile_step("numpy") if tile is None else tile
     bq, bk = i1 - i0, j1 - j0
     qs_i, do_i = qs[i0:i1], do[i0:i1]                           # (bq, d_k) q · scale, (bq, d_v)
     # forward: s = q kⱼᵀ · scale, masked scores -inf
@@ -590,8 +608,7 @@ def backward_tile(qs, k, kT, vT, keep, plan, scale, lse, delta, do, dq, i0, i1, 
         col, drop = masked
         np.copyto(s[:, col:], -np.inf, where=drop)
     # forward: p = exp(s - m') normalised by l at the end, so the weights are a = exp(s - lse)
-    s -= lse[i0:i1, None]
-    a = np.exp(s, out=s)                                        # (bq, bk) the tile's weights
+    a = tile.exp_rows(s, lse[i0:i1])                            # (bq, bk) the tile's weights exp(s - lse)
     # forward: out = a v, so dv = aᵀ dout and da = dout vᵀ
     dv_j += np.matmul(a.T, do_i, out=buf.tmp_k[:bk, :do_i.shape[1]])        # (bk, d_v)
     da = np.matmul(do_i, vT[:, j0:j1], out=buf.tile(buf.dp, bq, bk))        # (bq, bk)

@@ -127,6 +127,10 @@ def print_goals(r: dict) -> None:
     print()
     print(f"goals (SIMD {r['machine']['simd']}; load average after the run: "
           f"{' '.join(map(str, load)) if load else 'unknown'} on {r['machine']['cores']} cores)")
+    if load and load[0] > r["machine"]["cores"]:
+        print(f"  warning: the 1-minute load ({load[0]}) exceeded the {r['machine']['cores']} cores: other processes "
+              "shared them, which slows torch's threads (they wait on each other) more than attnlab's; "
+              "run again on a quiet machine before trusting a verdict")
     for g in r["goals"]:
         verdict = {True: "met", False: "missed", None: "-"}[g["met"]]
         figures = ", ".join(f"{k} {fmt(v, '.0%' if g['goal'].endswith('%') else '.2f')}"
