@@ -1,6 +1,20 @@
 import numpy as np
 import pytest
 
+from attnlab._kernels import NO_NUMBA_ENV
+
+
+@pytest.fixture(params=["numpy", "fused"])
+def tile_kernel(request, monkeypatch):
+    """Run a test once on each tile kernel: the numpy one (ATTNLAB_NO_NUMBA=1) and, where numba is
+    installed, the fused one; so one CI run covers both paths."""
+    if request.param == "fused":
+        pytest.importorskip("numba")
+        monkeypatch.delenv(NO_NUMBA_ENV, raising=False)
+    else:
+        monkeypatch.setenv(NO_NUMBA_ENV, "1")
+    return request.param
+
 
 @pytest.fixture
 def rng():

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from attnlab import bench
+from attnlab._kernels import NO_NUMBA_ENV
 from attnlab.cli import main
 
 
@@ -14,6 +15,7 @@ def tiny(monkeypatch):
     monkeypatch.setattr(bench, "QUICK_SIZES", (64,))
     monkeypatch.setattr(bench, "DECODE_CONTEXTS", (32,))
     monkeypatch.setattr(bench, "QUICK_BACKWARD_SIZES", (32,))
+    monkeypatch.setattr(bench, "BATCH", (2, 16))
     monkeypatch.setattr(bench, "SCALE_N", 128)
     monkeypatch.setattr(bench, "gemm_gflops", lambda: 100.0)
 
@@ -23,39 +25,88 @@ def test_attention_flops_counts_the_visible_scores():
     assert bench.attention_flops(4, True) == 2 * 10 * 2 * 64 * 12     # 4 + 3 + 2 + 1 scores
 
 
-def test_median_times_alternates_and_takes_the_median():
+def test_paired_alternates_the_pair_alone():
     order = []
-    ms = bench.median_times({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, repeat=3)
-    assert order == ["a", "b"] * 4 and set(ms) == {"a", "b"} and all(t >= 0 for t in ms.values())
+    pair = bench.paired(lambda: order.append("a"), lambda: order.append("b"), rounds=4)
+    # one warm-up each, then A B, B A, A B, B A: nothing else between the two
+    assert order == ["a", "b"] + ["a", "b", "b", "a", "a", "b", "b", "a"]
+    assert pair.rounds == 4 and pair.ratio_min <= pair.ratio <= pair.ratio_max
+
+
+def test_paired_ratio_is_the_median_of_per_round_ratios(monkeypatch):
+    seconds = iter([2, 1, 1, 4, 6, 2, 2, 2])              # rounds: a 2 b 1 | b 1 a 4 | a 6 b 2 | b 2 a 2
+    monkeypatch.setattr(bench, "time_call", lambda f: next(seconds))
+    pair = bench.paired(lambda: None, lambda: None, rounds=4)
+    # ratios a/b: 2, 4, 3, 1 -> median 2.5, min 1, max 4; medians of a (2, 4, 6, 2) and b (1, 1, 2, 2)
+    assert (pair.ratio, pair.ratio_min, pair.ratio_max) == (2.5, 1.0, 4.0)
+    assert (pair.a_ms, pair.b_ms) == (3000.0, 1500.0)
 
 
 def test_extra_peak_counts_numpy_allocations():
     assert 7.9 < bench.extra_peak_mib(lambda: np.ones(2**20)) < 8.5          # 8 MiB of float64
 
 
+CPUINFO_X86 = """processor\t: 0
+model name\t: AMD EPYC 7B13 64-Core Processor
+flags\t\t: fpu sse4_1 sse4_2 fma avx avx2 bmi2
+"""
+CPUINFO_ARM = """processor\t: 0
+Features\t: fp asimd evtstrm aes crc32
+CPU implementer\t: 0x41
+"""
+
+
+def test_cpu_model_and_simd_level_from_cpuinfo():
+    assert bench.cpu_model(CPUINFO_X86) == "AMD EPYC 7B13 64-Core Processor"
+    assert bench.simd_level(bench.cpu_flags(CPUINFO_X86)) == {"level": "AVX2", "flags": ["fma"]}
+    assert bench.simd_level({"avx2", "avx512f", "avx512bw", "fma"}) == {
+        "level": "AVX-512", "flags": ["avx512bw", "avx512f", "fma"]}
+    assert bench.simd_level(bench.cpu_flags(CPUINFO_ARM))["level"] == "NEON"
+    assert bench.simd_level(set())["level"] == "unknown"
+
+
 def test_bench_json_has_every_section(tiny, capsys):
     assert main(["bench", "--quick", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
+    m = r["machine"]
+    assert m["cpu"] and m["simd"] in {"AVX-512", "AVX2", "AVX", "SSE4.2", "SVE", "NEON", "unknown"}
+    assert isinstance(m["blas"], list) and m["tile_kernel"] in {"fused", "numpy"}
+    assert m["numpy_exp"]["chosen"] in {"exp", "exp2"} and set(m["numpy_exp"]["ns_per_element"]) == {"exp", "exp2"}
     assert [(f["n"], f["is_causal"]) for f in r["forward"]] == [(64, True), (64, False)]
     f = r["forward"][0]
-    assert f["tiled_ms"] > 0 and f["naive_ms"] > 0 and f["tiled_vs_gemm"] == pytest.approx(f["tiled_gflops"] / 100)
-    assert [d["context"] for d in r["decode"]] == [32] and [b["n"] for b in r["backward"]] == [32]
-    assert r["gemm_gflops"] == 100.0 and isinstance(r["blas"], list)
+    assert f["attnlab_ms"] > 0 and f["naive_ms"] > 0 and f["of_gemm"] == pytest.approx(f["gflops"] / 100)
+    assert f["path"].startswith("naive")                      # 64 queries: below the tiled crossover
+    for row in r["forward"] + r["batch"] + r["decode"] + r["backward"]:
+        if row["torch_ms"] is not None:
+            assert row["ratio_min"] <= row["ratio"] <= row["ratio_max"]
+    assert [(b["batch"], b["n"]) for b in r["batch"]] == [(2, 16)]
+    assert [d["context"] for d in r["decode"]] == [32] and r["decode"][0]["path"].startswith("decode")
+    assert [b["n"] for b in r["backward"]] == [32]
+    assert r["gemm_gflops"] == 100.0 and r["shape"]["rounds"] == 5
+
+
+def test_bench_reports_the_tiled_path_and_its_kernel(tiny, monkeypatch):
+    monkeypatch.setattr(bench, "QUICK_SIZES", (256,))
+    monkeypatch.setenv(NO_NUMBA_ENV, "1")
+    r = bench.run_bench(quick=True, repeat=1)
+    assert r["machine"]["tile_kernel"] == "numpy" and r["machine"]["numba_disabled"]
+    assert all(f["path"].startswith("tiled, numpy (exp") for f in r["forward"])
 
 
 def test_bench_judges_against_the_faster_of_two_gemm_measurements(tiny, monkeypatch):
     rates = iter([50.0, 200.0])                          # a core was busy during the first measurement
     monkeypatch.setattr(bench, "gemm_gflops", lambda: next(rates))
-    r = bench.run_bench(quick=True)
+    r = bench.run_bench(quick=True, repeat=1)
     assert r["gemm_gflops_measured"] == [50.0, 200.0] and r["gemm_gflops"] == 200.0
     for f in r["forward"]:
-        assert f["tiled_vs_gemm"] == pytest.approx(f["tiled_gflops"] / 200.0)
+        assert f["of_gemm"] == pytest.approx(f["gflops"] / 200.0)
 
 
 def test_bench_table_and_scale(tiny, capsys):
     assert main(["bench", "--quick"]) == 0
     out = capsys.readouterr().out
-    assert "numpy float32 GEMM: 100 GFLOP/s" in out and "decode: context" in out and "backward: n" in out
+    assert "numpy float32 GEMM: 100 GFLOP/s" in out and "decode: context" in out and "fwd+bwd: n" in out
+    assert "SIMD: " in out and "BLAS: " in out and "tile kernel: " in out and "paths: [0]" in out
     assert main(["bench", "--scale", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["n"] == 128 and r["finite"] and r["seconds"] > 0
@@ -69,5 +120,21 @@ def test_bench_bad_flag_is_one_line_exit_2(capsys):
 
 def test_n_steps_counts_the_steps_run_bench_announces(tiny):
     steps = []
-    bench.run_bench(quick=True, progress=steps.append)
-    assert bench.n_steps(quick=True) == len(steps) == 2 + 2 + 1 + 1   # GEMM twice, 64 causal/full, decode, backward
+    bench.run_bench(quick=True, progress=steps.append, repeat=1)
+    assert bench.n_steps(quick=True) == len(steps) == 2 + 2 + 1 + 1 + 1   # GEMM twice, 64 causal/full, batch,
+    #                                                                      decode, backward
+
+
+def test_goal_table_judges_each_goal_by_its_worst_figure():
+    row = lambda n, causal, ratio, of_gemm=0.5: {"n": n, "is_causal": causal, "ratio": ratio, "of_gemm": of_gemm}  # noqa: E731
+    r = {"forward": [row(256, True, 1.4), row(512, False, 1.6), row(1024, True, 0.9), row(4096, False, 0.95, 0.65)],
+         "batch": [{"batch": 32, "n": 128, "ratio": 1.1}], "decode": [{"context": 1024, "ratio": None}],
+         "backward": [{"n": 1024, "ratio": 0.7}]}
+    goals = {g["case"].split(",")[0]: g for g in bench.goal_table(r)}
+    assert goals["tiled forward"]["worst"] == 0.95 and goals["tiled forward"]["met"] is True
+    assert goals["n = 256 and 512"]["met"] is False and goals["n = 256 and 512"]["figures"] == {
+        "n=256 causal": 1.4, "n=512 full": 1.6}
+    assert goals["batch of 32 × 128 tokens"]["met"] is True
+    assert goals["decode step at contexts 1024 and 4096"]["met"] is None          # torch missing: no verdict
+    assert goals["share of numpy's GEMM rate at n >= 4096"]["worst"] == 0.65
+    assert goals["backward (forward + backward)"]["met"] is True

@@ -12,6 +12,7 @@ from attnlab import attention, attention_grad, causal_mask
 from attnlab import tiled
 from attnlab import _threads
 from attnlab._checks import check_attention_args
+from attnlab._kernels import NO_NUMBA_ENV
 from attnlab.attention import takes_tiled_path
 from attnlab.naive import naive_attention, naive_attention_grad, visible
 from attnlab.tiled import attention_weights_rows, tiled_attention, tiled_attention_grad
@@ -62,7 +63,7 @@ SHAPES = [(7, 7), (5, 11), (11, 5), (1, 9)]   # square, more keys (bottom-right)
 
 @pytest.mark.parametrize("n_q, n_k", SHAPES)
 @pytest.mark.parametrize("block_q, block_k", BLOCKS)
-def test_forward_and_lse_match_the_naive_grid(rng, n_q, n_k, block_q, block_k):
+def test_forward_and_lse_match_the_naive_grid(tile_kernel, rng, n_q, n_k, block_q, block_k):
     for name, q, k, v, kw, ref_kw in cases(rng, n_q, n_k):
         out, lse = tiled_attention(q, k, v, block_q=block_q, block_k=block_k, return_lse=True, **kw)
         ref, _ = naive(q, k, v, **ref_kw)
@@ -70,7 +71,7 @@ def test_forward_and_lse_match_the_naive_grid(rng, n_q, n_k, block_q, block_k):
         np.testing.assert_allclose(lse, naive_lse(q, k, **ref_kw), rtol=1e-12, atol=1e-13, err_msg=name)
 
 
-def test_a_query_that_sees_no_key_gives_zero_and_lse_minus_inf(rng):
+def test_a_query_that_sees_no_key_gives_zero_and_lse_minus_inf(tile_kernel, rng):
     q, k, v = rng.normal(size=(4, 3)), rng.normal(size=(2, 3)), rng.normal(size=(2, 2))
     out, lse = tiled_attention(q, k, v, is_causal=True, block_q=1, block_k=1, return_lse=True)
     # bottom-right: 4 queries, 2 keys, so queries 0 and 1 sit before every key
@@ -80,14 +81,14 @@ def test_a_query_that_sees_no_key_gives_zero_and_lse_minus_inf(rng):
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_threads_give_the_same_result(rng, workers):
+def test_threads_give_the_same_result(tile_kernel, rng, workers):
     q, k, v = (rng.normal(size=(3, 2, 33, 8)) for _ in range(3))
     one = tiled_attention(q, k, v, is_causal=True, block_q=4, block_k=8, workers=1)
     np.testing.assert_array_equal(tiled_attention(q, k, v, is_causal=True, block_q=4, block_k=8,
                                                   workers=workers), one)
 
 
-def test_float32_and_float16(rng):
+def test_float32_and_float16(tile_kernel, rng):
     q, k, v = (rng.normal(size=(2, 40, 8)) for _ in range(3))
     ref, _ = naive(q, k, v, is_causal=True)
     got32 = tiled_attention(*(x.astype(np.float32) for x in (q, k, v)), is_causal=True, block_q=8, block_k=16)
@@ -111,7 +112,7 @@ def test_property_tiled_equals_naive(n_q, n_k, block_q, block_k, is_causal, seed
     np.testing.assert_allclose(got, naive(q, k, v, mask=mask, is_causal=is_causal)[0], rtol=1e-12, atol=1e-13)
 
 
-def test_memory_stays_far_below_the_grid(rng):
+def test_memory_stays_far_below_the_grid(tile_kernel, rng):
     n = 1024
     q, k, v = (rng.standard_normal((2, n, 16), dtype=np.float32) for _ in range(3))
     tiled_attention(q, k, v, is_causal=True, block_q=64, block_k=128)          # warm up
@@ -172,7 +173,7 @@ def test_attention_grad_dispatches_to_the_tiled_backward(rng, monkeypatch):
 
 
 @pytest.mark.parametrize("n_q, n_k", SHAPES)
-def test_weights_rows_match_the_naive_weights(rng, n_q, n_k):
+def test_weights_rows_match_the_naive_weights(tile_kernel, rng, n_q, n_k):
     rows = [0, n_q - 1, -1] if n_q > 1 else [0]
     for name, q, k, v, kw, ref_kw in cases(rng, n_q, n_k):
         _, lse = tiled_attention(q, k, v, block_q=2, block_k=3, return_lse=True, **kw)
@@ -217,7 +218,7 @@ def grad_cases(rng):
 
 
 @pytest.mark.parametrize("block_q, block_k", [(2, 3), (1, 2), (8, 8)])
-def test_tiled_backward_matches_finite_differences(rng, numeric_grad, block_q, block_k):
+def test_tiled_backward_matches_finite_differences(tile_kernel, rng, numeric_grad, block_q, block_k):
     for name, q, k, v, kw in grad_cases(rng):
         w = rng.normal(size=np.broadcast_shapes(q.shape[:-1] + (1,), v.shape[:-2] + (1, v.shape[-1])))
         f = lambda: float((w * tiled_attention(q, k, v, scale=0.7, block_q=block_q, block_k=block_k,   # noqa: E731
@@ -229,7 +230,7 @@ def test_tiled_backward_matches_finite_differences(rng, numeric_grad, block_q, b
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_tiled_backward_matches_torch_autograd(rng, is_causal):
+def test_tiled_backward_matches_torch_autograd(tile_kernel, rng, is_causal):
     torch = pytest.importorskip("torch")
     q, k, v, do = (rng.normal(size=(2, 3, 19, 8)) for _ in range(4))
     tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
@@ -239,7 +240,7 @@ def test_tiled_backward_matches_torch_autograd(rng, is_causal):
         np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-10, atol=1e-12)
 
 
-def test_tiled_backward_float32(rng):
+def test_tiled_backward_float32(tile_kernel, rng):
     q, k, v, do = (rng.normal(size=(2, 30, 8)) for _ in range(4))
     ref = tiled_attention_grad(q, k, v, do, is_causal=True, block_q=4, block_k=8)
     got = tiled_attention_grad(*(x.astype(np.float32) for x in (q, k, v, do)), is_causal=True,
@@ -303,7 +304,7 @@ def test_without_threadpoolctl_the_tiled_path_runs_on_one_thread(rng, monkeypatc
 
 
 @pytest.mark.parametrize("spread", [1.0, 25.0, 300.0])
-def test_scores_far_from_zero_and_growing_across_blocks(rng, spread):
+def test_scores_far_from_zero_and_growing_across_blocks(tile_kernel, rng, spread):
     """Rows whose running max leaves the ±SHIFT_SLACK band move their reference point and rescale."""
     n = 24
     q = rng.normal(size=(2, n, 4))
@@ -326,6 +327,7 @@ def test_bounded_rows_skip_the_running_max_and_agree_with_moving_rows(rng, monke
     q /= np.linalg.norm(q, axis=-1, keepdims=True)
     k /= np.linalg.norm(k, axis=-1, keepdims=True)                               # unit rows: the bound is c²·scale
     maxima = []
+    monkeypatch.setenv(NO_NUMBA_ENV, "1")                # the numpy tile step calls move_shift; the fused one
     monkeypatch.setattr(tiled, "move_shift", lambda *a, _f=tiled.move_shift, **kw: maxima.append(1) or _f(*a, **kw))
     for c, bounded in ((np.sqrt(tiled.SHIFT_SLACK) * 0.99, True), (np.sqrt(tiled.SHIFT_SLACK) * 1.01, False)):
         maxima.clear()
@@ -348,7 +350,7 @@ def test_max_row_norm():
 
 @pytest.mark.parametrize("n_q, n_k", SHAPES + [(16, 16), (9, 20)])
 @pytest.mark.parametrize("block_q, block_k", [(5, 3), (7, 6), (16, 32)])
-def test_diagonal_strips_match_the_naive_grid(rng, monkeypatch, n_q, n_k, block_q, block_k):
+def test_diagonal_strips_match_the_naive_grid(tile_kernel, rng, monkeypatch, n_q, n_k, block_q, block_k):
     """Causal diagonal tiles split into strips of 2 rows: every mask, and scores far beyond the band."""
     monkeypatch.setattr(tiled, "DIAGONAL_ROWS", 2)
     for name, q, k, v, kw, ref_kw in cases(rng, n_q, n_k):
@@ -403,7 +405,7 @@ OFFSET_CASES = [(5, 9, off, w) for off in (-7, -2, 0, 1, 4, 8, 20) for w in (Non
 
 
 @pytest.mark.parametrize("n_q, n_k, q_offset, window", OFFSET_CASES)
-def test_q_offset_matches_a_hand_built_mask(rng, n_q, n_k, q_offset, window):
+def test_q_offset_matches_a_hand_built_mask(tile_kernel, rng, n_q, n_k, q_offset, window):
     q, k, v = rng.normal(size=(2, n_q, 4)), rng.normal(size=(2, n_k, 4)), rng.normal(size=(2, n_k, 3))
     keep = offset_keep(n_q, n_k, q_offset, window)
     want, a_want = naive(q, k, v, mask=keep)
@@ -443,7 +445,7 @@ def test_q_offset_and_window_are_checked():
         attention(q, q, q, is_causal=True, window=0)
 
 
-def test_attention_window_and_offset_on_the_tiled_path(rng):
+def test_attention_window_and_offset_on_the_tiled_path(tile_kernel, rng):
     n = attention_module.TILED_MIN_QUERIES + 72
     q, k, v = rng.normal(size=(n, 8)), rng.normal(size=(n + 30, 8)), rng.normal(size=(n + 30, 8))
     assert takes_tiled_path(q, k, bias=None)

@@ -10,9 +10,12 @@ checked inputs (:mod:`attnlab._checks`) and gives the same result.
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
+
 import numpy as np
 
-from . import decode, naive, tiled
+from . import _kernels, decode, naive, tiled
 from ._checks import check_attention_args, check_dout, grads_like
 from .naive import NaiveSaved
 from .tiled import TiledSaved
@@ -37,6 +40,49 @@ def takes_tiled_path(query, key, *, bias) -> bool:
         return False                  # the naive path's checks will say what is wrong
     n_q, n_k = q_shape[-2], k_shape[-2]
     return n_q >= TILED_MIN_QUERIES and n_q * n_k >= TILED_MIN_SCORES
+
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Path:
+    """Which path a call takes: ``name`` "naive", "tiled" or "decode", and for the tiled and naive paths their
+    ``kernel``, "fused" (numba) or "numpy" (:func:`attnlab._kernels.tile_kernel`; the naive path's softmax
+    is fused only without a bias)."""
+    name: str
+    kernel: str = "numpy"
+
+    def __str__(self) -> str:
+        if self.name == "tiled":
+            return f"tiled, {_kernels.kernel_name(self.kernel)}"
+        if self.name == "naive" and self.kernel == "fused":
+            return "naive, fused softmax (numba, polynomial exp2, one pass per row)"
+        return f"{self.name}, numpy softmax (exp)"
+
+
+def choose_path(c, *, training: bool = False, weights: bool = False) -> Path:
+    """The one place that decides which path runs, for checked inputs ``c``; ``training``: the forward of
+    a training step (attention_forward), which has no decode path; ``weights``: the whole grid of weights is
+    asked for (attention_weights), which only the naive path holds. Logs the choice at DEBUG level."""
+    if not weights and takes_tiled_path(c.q, c.k, bias=c.bias):
+        path = Path("tiled", _kernels.tile_kernel())
+    elif not (weights or training) and decode.takes_decode_path(c):
+        path = Path("decode")
+    else:
+        path = Path("naive", _kernels.tile_kernel() if c.bias is None else "numpy")
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("attention path: %s; q %s, k %s", path, c.q.shape, c.k.shape)
+    return path
+
+
+def attention_path(query, key, value, *, mask=None, bias=None, is_causal=False, window=None, q_offset=None,
+                   training=False) -> Path:
+    """The path :func:`attention` (or, with ``training``, :func:`attention_forward`) takes for these
+    arguments: what ``attnlab bench`` reports beside each figure."""
+    c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, window=window,
+                             q_offset=q_offset, require_finite=False)
+    return choose_path(c, training=training)
 
 
 def attention(query, key, value, *, mask=None, bias=None, is_causal=False, window=None, q_offset=None, scale=None,
@@ -97,15 +143,15 @@ def attention(query, key, value, *, mask=None, bias=None, is_causal=False, windo
     >>> attention(np.array([[1., 0.]]), k, v, scale=1.0).round(3)
     array([[0.335, 0.91 ]])
     """
-    if takes_tiled_path(query, key, bias=bias):
-        return tiled.tiled_attention(query, key, value, mask=mask, is_causal=is_causal, window=window,
-                               q_offset=q_offset, scale=scale, check_finite=check_finite)
     c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, window=window,
                              q_offset=q_offset, scale=scale, require_finite=check_finite)
-    if decode.takes_decode_path(c):
+    path = choose_path(c)
+    if path.name == "tiled":
+        out, _ = tiled.tiled_forward(c, tiled.make_plan(c), kernel=path.kernel)     # (..., h, n_q, d_v)
+    elif path.name == "decode":
         out = decode.decode_attention(c)                 # (..., h, 1, d_v)
     else:
-        out, _ = naive.naive_attention(c)                # (..., h, n_q, d_v)
+        out = naive.naive_attention_out(c, path.kernel)  # (..., h, n_q, d_v)
     return out.astype(c.out_dtype, copy=False)
 
 
@@ -139,7 +185,8 @@ def attention_weights(query, key, *, mask=None, bias=None, is_causal=False, wind
     """
     c = check_attention_args(query, key, key, mask=mask, bias=bias, is_causal=is_causal, window=window,
                              q_offset=q_offset, scale=scale)
-    return naive.naive_weights(c).astype(c.out_dtype, copy=False)      # (..., h, n_q, n_k)
+    path = choose_path(c, weights=True)
+    return naive.naive_weights(c, path.kernel).astype(c.out_dtype, copy=False)      # (..., h, n_q, n_k)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -174,10 +221,11 @@ def attention_forward(query, key, value, *, mask=None, bias=None, is_causal=Fals
     """
     c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, window=window,
                              q_offset=q_offset, scale=scale)
-    if takes_tiled_path(query, key, bias=bias):
-        out, saved = tiled.tiled_forward_saved(c, (query, key, value))    # (..., h, n_q, d_v), TiledSaved
+    path = choose_path(c, training=True)
+    if path.name == "tiled":
+        out, saved = tiled.tiled_forward_saved(c, (query, key, value), kernel=path.kernel)   # (..., h, n_q, d_v)
     else:
-        out, saved = naive.naive_forward(c, (query, key, value))          # (..., h, n_q, d_v), NaiveSaved
+        out, saved = naive.naive_forward(c, (query, key, value), path.kernel)   # (..., h, n_q, d_v), NaiveSaved
     return out.astype(c.out_dtype, copy=False), saved
 
 
@@ -210,7 +258,7 @@ def attention_backward(saved: Saved, dout) -> tuple:
     c = saved.c
     do = check_dout(c, dout)                             # (..., h, n_q, d_v)
     if isinstance(saved, TiledSaved):
-        grads = tiled.tiled_backward(c, saved.plan, saved.out, saved.lse, do)
+        grads = tiled.tiled_backward(c, saved.plan, saved.out, saved.lse, do, kernel=saved.kernel)
     else:
         grads = naive.naive_backward(c, saved.out, saved.a, do)
     return grads_like(grads, saved.inputs)

@@ -1,12 +1,19 @@
-"""Speed and memory of attnlab's attention paths, beside PyTorch's when it is installed.
+"""Speed and memory of attnlab's attention paths, beside PyTorch's when it is installed: an honest bench.
 
-Every figure comes from one process: each comparison alternates the two contenders and reports medians,
-and the numpy GEMM rate it is judged against is measured in the same run. Functions here return data;
-``attnlab bench`` prints it. All runs are float32, batch 1, 12 heads, d_head 64 (GPT-2 small's heads).
+Every figure comes from one process, and every comparison times its pair alone: attnlab against torch,
+alternating (A B, then B A, ...), with nothing else in between; the naive reference gets its own loop
+afterwards, so the hundreds of MB it allocates never land between the two (that once slowed torch by 28%
+and printed a ratio of 0.99 where the honest one was 1.55). Each round gives one ratio attnlab / torch;
+the bench reports their median and their min-max. The numpy GEMM rate it is judged against is measured in
+the same run. Beside the figures: the CPU model, its SIMD level, the BLAS kernel, the exponential the numpy
+path chose here, and which path (and tile kernel) each call took. Functions here return data;
+``attnlab bench`` prints it. Runs are float32, 12 heads, d_head 64 (GPT-2 small's heads).
 """
 
 from __future__ import annotations
 
+import os
+import platform
 import resource
 import time
 import tracemalloc
@@ -14,53 +21,90 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
+from . import _kernels
 from ._checks import check_attention_args, check_dout
-from ._threads import blas_info
-from .attention import attention
+from ._threads import blas_info, usable_cores
+from .attention import attention, attention_grad, attention_path
 from .cache import KVCache
 from .naive import naive_attention, naive_attention_grad
-from .tiled import tiled_attention, tiled_attention_grad
+from .tiled import tiled_attention
 
 N_HEADS, D_HEAD = 12, 64
 SIZES = (256, 512, 1024, 2048, 4096, 8192)
 QUICK_SIZES = (256, 1024, 2048)
+BATCH = (32, 128)                 # BERT-style: 32 sequences of 128 tokens, 12 heads, not causal
 DECODE_CONTEXTS = (1024, 4096)
 BACKWARD_SIZES = (1024, 2048)
 QUICK_BACKWARD_SIZES = (1024,)
 SCALE_N = 65_536
 NAIVE_MAX_BYTES = 3 * 2**30       # the naive path holds ~3 float32 grids at once; skip it above this
+# SIMD levels, best first: the /proc/cpuinfo flag that shows each (x86), or the feature (ARM).
+SIMD_FLAGS = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sse4_2", "SSE4.2"),
+              ("sve", "SVE"), ("asimd", "NEON"))
+
+
+@dataclass(frozen=True)
+class Pair:
+    """Two contenders timed alone, alternating: medians of each and of the per-round ratios a / b."""
+    a_ms: float
+    b_ms: float
+    ratio: float                     # median over rounds of (a's time / b's time): below 1, a is faster
+    ratio_min: float
+    ratio_max: float
+    rounds: int
 
 
 @dataclass(frozen=True)
 class ForwardRow:
     n: int
     is_causal: bool
-    tiled_ms: float
-    tiled_gflops: float
-    naive_ms: float | None           # None: skipped, its grids would need more than NAIVE_MAX_BYTES
+    path: str                        # which path attention() took, and its tile kernel
+    attnlab_ms: float
+    gflops: float
     torch_ms: float | None           # None: torch is not installed
-    tiled_vs_torch: float | None     # tiled time / torch time: below 1 is faster
-    tiled_vs_gemm: float             # tiled GFLOP/s / numpy's float32 GEMM rate
+    ratio: float | None              # attnlab / torch, median of the rounds: below 1 is faster
+    ratio_min: float | None
+    ratio_max: float | None
+    of_gemm: float                   # attnlab GFLOP/s / numpy's float32 GEMM rate
+    naive_ms: float | None           # in its own loop; None: skipped, its grids would exceed NAIVE_MAX_BYTES
     output_mib: float
-    tiled_extra_mib: float           # peak memory allocated during the call (output included)
+    extra_mib: float                 # peak memory allocated during the call (output included)
     naive_extra_mib: float | None
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    batch: int
+    n: int
+    path: str
+    attnlab_ms: float
+    torch_ms: float | None
+    ratio: float | None
+    ratio_min: float | None
+    ratio_max: float | None
 
 
 @dataclass(frozen=True)
 class DecodeRow:
     context: int
+    path: str
     attnlab_ms: float                # one token's attention against the preallocated cache
     torch_ms: float | None
     ratio: float | None
+    ratio_min: float | None
+    ratio_max: float | None
 
 
 @dataclass(frozen=True)
 class BackwardRow:
     n: int
-    tiled_ms: float                  # forward (for lse) + FlashAttention-2 backward
-    naive_ms: float | None
+    path: str
+    attnlab_ms: float                # forward (for lse) + backward, attention_grad
     torch_ms: float | None           # torch SDPA forward + backward
-    ratio: float | None              # tiled / torch
+    ratio: float | None
+    ratio_min: float | None
+    ratio_max: float | None
+    naive_ms: float | None           # in its own loop
 
 
 def load_torch():
@@ -72,18 +116,114 @@ def load_torch():
     return torch
 
 
-def median_times(fns: dict, repeat: int) -> dict:
-    """Milliseconds per call of each function: one warm-up each, then ``repeat`` rounds that call them in
-    turn (so load from elsewhere hits all alike); the median of each."""
-    for f in fns.values():
-        f()
-    times = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, f in fns.items():
-            t0 = time.perf_counter()
-            f()
-            times[name].append(time.perf_counter() - t0)
-    return {name: 1e3 * float(np.median(t)) for name, t in times.items()}
+# ----------------------------------------------------------------------------------------------------
+# the machine
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux, else what platform says)."""
+    text = read_cpuinfo() if cpuinfo is None else cpuinfo
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("model name", "Model", "Hardware", "cpu model") and value.strip():
+            return value.strip()
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The CPU's feature flags (x86 "flags", ARM "Features") from /proc/cpuinfo; empty elsewhere."""
+    text = read_cpuinfo() if cpuinfo is None else cpuinfo
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return set(value.split())
+    return set()
+
+
+def simd_level(flags: set[str]) -> dict:
+    """The best SIMD level among ``flags`` ("AVX-512", "AVX2", ...; "unknown" without flags), and which
+    of the flags that matter here the CPU has (fma, the AVX-512 subsets)."""
+    level = next((name for flag, name in SIMD_FLAGS if flag in flags), "unknown")
+    extras = sorted(f for f in flags if f == "fma" or f.startswith("avx512"))
+    return {"level": level, "flags": extras}
+
+
+def read_cpuinfo() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def machine_info(torch=None) -> dict:
+    """Where the figures come from: CPU, SIMD, cores, BLAS, torch, numba, and the kernels chosen here."""
+    exp = _kernels.numpy_exp()
+    simd = simd_level(cpu_flags())
+    return {"cpu": cpu_model(), "simd": simd["level"], "simd_flags": simd["flags"], "cores": usable_cores(),
+            "machine": platform.machine(), "python": platform.python_version(), "numpy": np.__version__,
+            "blas": blas_info(),
+            "torch": None if torch is None else {"version": torch.__version__, "threads": torch.get_num_threads(),
+                                                 "cpu_capability": cpu_capability(torch)},
+            "numba": _kernels.numba_version(), "tile_kernel": _kernels.tile_kernel(),
+            "numba_disabled": _kernels.numba_disabled(),
+            "numpy_exp": {"chosen": exp.name, "ns_per_element": exp.ns_per_element}}
+
+
+def cpu_capability(torch) -> str | None:
+    try:
+        return torch.backends.cpu.get_cpu_capability()
+    except AttributeError:
+        return None
+
+
+def blas_kernel(blas: list[dict]) -> str:
+    """"openblas 0.3.31 (Haswell, 2 threads)" for each BLAS loaded, or "unknown"."""
+    return ", ".join(f"{b['internal_api']} {b['version']} ({b['architecture'] or b['prefix']}, "
+                     f"{b['num_threads']} threads)" for b in blas if b["user_api"] == "blas") or "unknown"
+
+
+# ----------------------------------------------------------------------------------------------------
+# timing
+
+
+def time_call(f) -> float:
+    t0 = time.perf_counter()
+    f()
+    return time.perf_counter() - t0
+
+
+def paired(a, b, rounds: int) -> Pair:
+    """``a`` against ``b`` alone: one warm-up each, then ``rounds`` rounds, each calling both (A B, then
+    B A the next round, so neither always runs second); the medians and the per-round ratios a / b."""
+    a(), b()
+    ta, tb = [], []
+    for r in range(rounds):
+        if r % 2:
+            tb.append(time_call(b))
+            ta.append(time_call(a))
+        else:
+            ta.append(time_call(a))
+            tb.append(time_call(b))
+    ratios = np.array(ta) / np.array(tb)
+    return Pair(a_ms=1e3 * float(np.median(ta)), b_ms=1e3 * float(np.median(tb)), ratio=float(np.median(ratios)),
+                ratio_min=float(ratios.min()), ratio_max=float(ratios.max()), rounds=rounds)
+
+
+def alone(f, rounds: int) -> float:
+    """Milliseconds per call of ``f`` in its own loop: one warm-up, then the median of ``rounds``."""
+    f()
+    return 1e3 * float(np.median([time_call(f) for _ in range(rounds)]))
+
+
+def against_torch(f, torch_f, rounds: int) -> dict:
+    """``f`` alone, or paired with ``torch_f`` when there is one: attnlab_ms, torch_ms, ratio, min, max."""
+    if torch_f is None:
+        return {"attnlab_ms": alone(f, rounds), "torch_ms": None, "ratio": None, "ratio_min": None,
+                "ratio_max": None}
+    p = paired(f, torch_f, rounds)
+    return {"attnlab_ms": p.a_ms, "torch_ms": p.b_ms, "ratio": p.ratio, "ratio_min": p.ratio_min,
+            "ratio_max": p.ratio_max}
 
 
 def extra_peak_mib(f) -> float:
@@ -104,7 +244,7 @@ def gemm_gflops(n: int = 2048, repeat: int = 5) -> float:
     """numpy's float32 matrix-multiply rate (GFLOP/s) on n × n, with BLAS's own threads."""
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
-    ms = median_times({"gemm": lambda: a @ b}, repeat)["gemm"]
+    ms = alone(lambda: a @ b, repeat)
     return 2 * n**3 / (ms * 1e-3) / 1e9
 
 
@@ -114,32 +254,47 @@ def attention_flops(n: int, is_causal: bool) -> float:
     return 2 * scores * 2 * D_HEAD * N_HEADS
 
 
-def qkv(n_q: int, n_k: int, rng: np.random.Generator):
-    q = rng.standard_normal((1, N_HEADS, n_q, D_HEAD), dtype=np.float32)   # (B, h, n_q, d_head)
-    k = rng.standard_normal((1, N_HEADS, n_k, D_HEAD), dtype=np.float32)   # (B, h, n_k, d_head)
-    v = rng.standard_normal((1, N_HEADS, n_k, D_HEAD), dtype=np.float32)   # (B, h, n_k, d_head)
+def qkv(n_q: int, n_k: int, rng: np.random.Generator, batch: int = 1):
+    q = rng.standard_normal((batch, N_HEADS, n_q, D_HEAD), dtype=np.float32)   # (B, h, n_q, d_head)
+    k = rng.standard_normal((batch, N_HEADS, n_k, D_HEAD), dtype=np.float32)   # (B, h, n_k, d_head)
+    v = rng.standard_normal((batch, N_HEADS, n_k, D_HEAD), dtype=np.float32)   # (B, h, n_k, d_head)
     return q, k, v
 
 
+def sdpa(torch, q, k, v, **kw):
+    """A torch SDPA call on numpy inputs (shared memory, converted once), or None without torch."""
+    if torch is None:
+        return None
+    tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+    f = torch.nn.functional.scaled_dot_product_attention
+    return lambda: f(tq, tk, tv, **kw)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the rows
+
+
 def forward_row(n: int, is_causal: bool, gemm: float, *, repeat: int, torch=None) -> ForwardRow:
-    """Tiled vs naive vs torch SDPA at one size."""
+    """attnlab.attention (the front door) against torch SDPA at one size, alone; then naive in its own loop."""
     q, k, v = qkv(n, n, np.random.default_rng(n))
-    fns = {"tiled": lambda: tiled_attention(q, k, v, is_causal=is_causal)}
+    ours = lambda: attention(q, k, v, is_causal=is_causal)                        # noqa: E731
+    rounds = repeat if n <= 2048 else max(3, repeat // 2)
+    t = against_torch(ours, sdpa(torch, q, k, v, is_causal=is_causal), rounds)
     naive_fits = 3 * N_HEADS * n * n * 4 <= NAIVE_MAX_BYTES
-    if naive_fits:
-        fns["naive"] = lambda: naive_attention(check_attention_args(q, k, v, is_causal=is_causal))
-    if torch is not None:
-        tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
-        sdpa = torch.nn.functional.scaled_dot_product_attention
-        fns["torch"] = lambda: sdpa(tq, tk, tv, is_causal=is_causal)
-    ms = median_times(fns, repeat if n <= 2048 else max(2, repeat // 2))
-    gflops = attention_flops(n, is_causal) / (ms["tiled"] * 1e-3) / 1e9
+    naive = (lambda: naive_attention(check_attention_args(q, k, v, is_causal=is_causal))) if naive_fits else None
+    gflops = attention_flops(n, is_causal) / (t["attnlab_ms"] * 1e-3) / 1e9
     return ForwardRow(
-        n=n, is_causal=is_causal, tiled_ms=ms["tiled"], tiled_gflops=gflops, naive_ms=ms.get("naive"),
-        torch_ms=ms.get("torch"), tiled_vs_torch=ms["tiled"] / ms["torch"] if "torch" in ms else None,
-        tiled_vs_gemm=gflops / gemm, output_mib=q.nbytes / 2**20,
-        tiled_extra_mib=extra_peak_mib(fns["tiled"]),
-        naive_extra_mib=extra_peak_mib(fns["naive"]) if naive_fits and n <= 2048 else None)
+        n=n, is_causal=is_causal, path=str(attention_path(q, k, v, is_causal=is_causal)), gflops=gflops,
+        of_gemm=gflops / gemm, naive_ms=alone(naive, max(2, rounds // 2)) if naive_fits else None,
+        output_mib=q.nbytes / 2**20, extra_mib=extra_peak_mib(ours),
+        naive_extra_mib=extra_peak_mib(naive) if naive_fits and n <= 2048 else None, **t)
+
+
+def batch_row(batch: int, n: int, *, repeat: int, torch=None) -> BatchRow:
+    """A BERT-style batch: ``batch`` sequences of ``n`` tokens, 12 heads, not causal, one call each side."""
+    q, k, v = qkv(n, n, np.random.default_rng(batch * n), batch=batch)
+    t = against_torch(lambda: attention(q, k, v), sdpa(torch, q, k, v), repeat)
+    return BatchRow(batch=batch, n=n, path=str(attention_path(q, k, v)), **t)
 
 
 def decode_row(context: int, *, repeat: int, torch=None) -> DecodeRow:
@@ -149,31 +304,27 @@ def decode_row(context: int, *, repeat: int, torch=None) -> DecodeRow:
     q, k, v = qkv(1, context, rng)
     cache = KVCache.empty(N_HEADS, 2 * context, D_HEAD, batch_shape=(1,))
     keys, values = cache.append(k, v)                             # (1, h, context, d_head) views
-    fns = {"attnlab": lambda: attention(q, keys, values, is_causal=True, check_finite=False)}
-    if torch is not None:
-        tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
-        sdpa = torch.nn.functional.scaled_dot_product_attention
-        fns["torch"] = lambda: sdpa(tq, tk, tv)       # torch's is_causal is top-left: one query sees all keys
-    ms = median_times(fns, 20 * repeat)
-    return DecodeRow(context=context, attnlab_ms=ms["attnlab"], torch_ms=ms.get("torch"),
-                     ratio=ms["attnlab"] / ms["torch"] if "torch" in ms else None)
+    ours = lambda: attention(q, keys, values, is_causal=True, check_finite=False)   # noqa: E731
+    # torch's is_causal is top-left: one query sees all keys, so torch runs without it
+    t = against_torch(ours, sdpa(torch, q, k, v), 20 * repeat)
+    return DecodeRow(context=context, path=str(attention_path(q, keys, values, is_causal=True)), **t)
 
 
 def backward_row(n: int, *, repeat: int, torch=None) -> BackwardRow:
-    """Causal backward at size n: tiled (its forward included) vs naive vs torch forward + backward."""
+    """Causal forward + backward at size n: attention_grad against torch SDPA forward + backward, alone;
+    then the naive reference in its own loop."""
     rng = np.random.default_rng(n)
     q, k, v = qkv(n, n, rng)
     do = rng.standard_normal(q.shape, dtype=np.float32)           # (B, h, n, d_head)
-    fns = {"tiled": lambda: tiled_attention_grad(q, k, v, do, is_causal=True),
-           "naive": lambda: naive_backward(q, k, v, do)}
+    torch_f = None
     if torch is not None:
         tq, tk, tv = (torch.from_numpy(x).requires_grad_() for x in (q, k, v))
         tdo = torch.from_numpy(do)
-        sdpa = torch.nn.functional.scaled_dot_product_attention
-        fns["torch"] = lambda: sdpa(tq, tk, tv, is_causal=True).backward(tdo)
-    ms = median_times(fns, repeat)
-    return BackwardRow(n=n, tiled_ms=ms["tiled"], naive_ms=ms["naive"], torch_ms=ms.get("torch"),
-                       ratio=ms["tiled"] / ms["torch"] if "torch" in ms else None)
+        f = torch.nn.functional.scaled_dot_product_attention
+        torch_f = lambda: f(tq, tk, tv, is_causal=True).backward(tdo)            # noqa: E731
+    t = against_torch(lambda: attention_grad(q, k, v, do, is_causal=True), torch_f, repeat)
+    return BackwardRow(n=n, path=str(attention_path(q, k, v, is_causal=True, training=True)),
+                       naive_ms=alone(lambda: naive_backward(q, k, v, do), max(2, repeat // 2)), **t)
 
 
 def naive_backward(q, k, v, do):
@@ -185,14 +336,15 @@ def n_steps(*, quick: bool = False) -> int:
     """How many steps :func:`run_bench` announces to ``progress``: the GEMM rate twice, then each row."""
     n_forward = 2 * len(QUICK_SIZES if quick else SIZES)                  # causal and full at each size
     n_backward = len(QUICK_BACKWARD_SIZES if quick else BACKWARD_SIZES)
-    return 2 + n_forward + len(DECODE_CONTEXTS) + n_backward
+    return 2 + n_forward + 1 + len(DECODE_CONTEXTS) + n_backward
 
 
-def run_bench(*, quick: bool = False, progress=None) -> dict:
+def run_bench(*, quick: bool = False, progress=None, repeat: int | None = None) -> dict:
     """The whole benchmark as plain data. ``progress(str)`` is called before each step (the CLI's bar)."""
     say = progress or (lambda step: None)
     torch = load_torch()
-    repeat = 3 if quick else 5
+    repeat = (5 if quick else 9) if repeat is None else repeat
+    machine = machine_info(torch)
     say("numpy float32 GEMM rate")
     gemms = [gemm_gflops()]
     forward = []
@@ -205,7 +357,9 @@ def run_bench(*, quick: bool = False, progress=None) -> dict:
     say("numpy float32 GEMM rate, again")
     gemms.append(gemm_gflops())
     gemm = max(gemms)
-    forward = [replace(f, tiled_vs_gemm=f.tiled_gflops / gemm) for f in forward]
+    forward = [replace(f, of_gemm=f.gflops / gemm) for f in forward]
+    say(f"batch {BATCH[0]} × {BATCH[1]} tokens")
+    batch = [batch_row(*BATCH, repeat=repeat, torch=torch)]
     decode = []
     for context in DECODE_CONTEXTS:
         say(f"decode at context {context}")
@@ -214,11 +368,62 @@ def run_bench(*, quick: bool = False, progress=None) -> dict:
     for n in QUICK_BACKWARD_SIZES if quick else BACKWARD_SIZES:
         say(f"backward n={n}")
         backward.append(backward_row(n, repeat=repeat, torch=torch))
-    return {"shape": {"batch": 1, "n_heads": N_HEADS, "d_head": D_HEAD, "dtype": "float32"},
-            "gemm_gflops": gemm, "gemm_gflops_measured": gemms, "blas": blas_info(),
-            "torch": None if torch is None else {"version": torch.__version__, "threads": torch.get_num_threads()},
-            "forward": [asdict(r) for r in forward], "decode": [asdict(r) for r in decode],
-            "backward": [asdict(r) for r in backward]}
+    result = {"machine": machine,
+            "shape": {"n_heads": N_HEADS, "d_head": D_HEAD, "dtype": "float32", "rounds": repeat},
+            "method": "each pair alone, alternating; ratio = median of per-round attnlab/torch (min-max); "
+                      "naive in its own loop",
+            "gemm_gflops": gemm, "gemm_gflops_measured": gemms,
+            "forward": [asdict(r) for r in forward], "batch": [asdict(r) for r in batch],
+            "decode": [asdict(r) for r in decode], "backward": [asdict(r) for r in backward],
+            "load_average": load_average()}
+    result["goals"] = goal_table(result)
+    return result
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15-minute load averages after the run: above the core count, other processes were
+    competing for the cores (torch's threads wait on each other at every barrier, numpy's less)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+# The issue's goals, as (case, goal text, which rows, the figure, the bound, "<=" or ">=").
+GOALS = (
+    ("tiled forward, n = 1024 … 8192, causal and not", "<= 1.0x torch",
+     lambda r: [f for f in r["forward"] if f["n"] >= 1024], "ratio", 1.0, "<="),
+    ("n = 256 and 512", "<= 1.5x torch", lambda r: [f for f in r["forward"] if f["n"] <= 512], "ratio", 1.5, "<="),
+    ("batch of 32 × 128 tokens, 12 heads", "<= 1.2x torch", lambda r: r["batch"], "ratio", 1.2, "<="),
+    ("decode step at contexts 1024 and 4096", "<= 1.0x torch", lambda r: r["decode"], "ratio", 1.0, "<="),
+    ("share of numpy's GEMM rate at n >= 4096, not causal", ">= 60%",
+     lambda r: [f for f in r["forward"] if f["n"] >= 4096 and not f["is_causal"]], "of_gemm", 0.6, ">="),
+    ("backward (forward + backward)", "<= 1.0x torch forward + backward", lambda r: r["backward"], "ratio", 1.0, "<="),
+)
+
+
+def goal_table(r: dict) -> list[dict]:
+    """The issue's goals against a :func:`run_bench` result: per goal the figures it covers ("n=1024 causal":
+    value), the worst of them and whether every one meets it (None when torch was missing)."""
+    table = []
+    for case, goal, rows_of, key, bound, sense in GOALS:
+        rows = rows_of(r)
+        figures = {row_label(row): row[key] for row in rows}
+        values = [v for v in figures.values() if v is not None]
+        worst = (max(values) if sense == "<=" else min(values)) if values else None
+        met = None if worst is None else (worst <= bound if sense == "<=" else worst >= bound)
+        table.append({"case": case, "goal": goal, "figures": figures, "worst": worst, "met": met})
+    return table
+
+
+def row_label(row: dict) -> str:
+    if "context" in row:
+        return f"context {row['context']}"
+    if "batch" in row:
+        return f"{row['batch']} x {row['n']}"
+    if "is_causal" in row:
+        return f"n={row['n']} {'causal' if row['is_causal'] else 'full'}"
+    return f"n={row['n']}"
 
 
 def run_scale(n: int = SCALE_N) -> dict:

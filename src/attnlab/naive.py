@@ -9,11 +9,14 @@ group are stacked as rows, so a group is one matmul against its key/value head a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from . import _kernels
 from ._checks import Checked, fold, unfold
+from ._kernels import LOG2E
+from ._threads import run_items, usable_cores
 from .masks import causal_mask
 from .softmax import softmax
 
@@ -36,16 +39,28 @@ def visible(c: Checked) -> np.ndarray | None:
     return causal if c.keep is None else c.keep & causal                 # (..., h, n_q, n_k)
 
 
-def naive_weights(c: Checked) -> np.ndarray:
-    """The grid of weights A = softmax(S + M), (..., h, n_q, n_k), in the compute dtype."""
-    return softmax(naive_scores(c))                      # (..., h, n_q, n_k) A, rows with no key are 0
+def naive_weights(c: Checked, kernel: str = "numpy") -> np.ndarray:
+    """The grid of weights A = softmax(S + M), (..., h, n_q, n_k), in the compute dtype. ``kernel="fused"``
+    (numba, no bias): the scale, shift, exponential, sum and division in one pass per row
+    (:func:`attnlab._fused.softmax_rows`), where numpy takes six passes and two temporaries."""
+    fused = kernel == "fused" and c.bias is None
+    s = naive_scores(c, scaled=not fused)                # (..., h, n_q, n_k) S + M, unscaled when fused
+    if not fused:
+        return softmax(s)                                # (..., h, n_q, n_k) A, rows with no key are 0
+    rows = s.reshape(-1, s.shape[-1])                    # (rows, n_k) a view: s is a fresh C-contiguous array
+    if rows.size:
+        maxima = np.empty(rows.shape[0], s.dtype)        # (rows,)
+        _kernels.fused_module().softmax_rows(rows, s.dtype.type(c.scale * LOG2E), maxima)
+    return s                                             # (..., h, n_q, n_k) A, rows with no key are 0
 
 
-def naive_scores(c: Checked) -> np.ndarray:
-    """The grid of scores S + M, (..., h, n_q, n_k): scaled, biased, -inf where masked (compute dtype)."""
+def naive_scores(c: Checked, *, scaled: bool = True) -> np.ndarray:
+    """The grid of scores S + M, (..., h, n_q, n_k): scaled (the fused softmax scales in its own pass, so it
+    asks ``scaled=False``), biased, -inf where masked (compute dtype)."""
     g = c.groups
     s = unfold(fold(c.q, g) @ np.swapaxes(c.k, -1, -2), g)   # (..., h, n_q, n_k) raw scores; a group: one matmul
-    s *= c.scale                                         # (..., h, n_q, n_k) S = QKᵀ/√d_k
+    if scaled:
+        s *= c.scale                                     # (..., h, n_q, n_k) S = QKᵀ/√d_k
     if c.bias is not None:
         s = s + c.bias                                   # (..., h, n_q, n_k)
     keep = visible(c)
@@ -56,16 +71,59 @@ def naive_scores(c: Checked) -> np.ndarray:
     return s
 
 
-def naive_attention(c: Checked) -> tuple[np.ndarray, np.ndarray]:
+def naive_attention(c: Checked, kernel: str = "numpy") -> tuple[np.ndarray, np.ndarray]:
     """The reference forward: ``(out, a)``, (..., h, n_q, d_v) and (..., h, n_q, n_k), in the compute dtype."""
-    a = naive_weights(c)                                 # (..., h, n_q, n_k)
+    a = naive_weights(c, kernel)                         # (..., h, n_q, n_k)
     out = unfold(fold(a, c.groups) @ c.v, c.groups)      # (..., h, n_q, d_v) out = A V
     return out, a
 
 
-def naive_forward(c: Checked, inputs: tuple) -> tuple[np.ndarray, NaiveSaved]:
+# Splitting the batch over threads pays when each worker gets at least this many scores: a share then takes
+# ~1 ms, against ~0.1 ms of handing it out (pinning BLAS, waking the pool).
+SPLIT_MIN_SCORES = 2**20
+
+
+def split_rows(c: Checked, workers: int) -> list[tuple[int, int]]:
+    """Ranges of the first batch axis, one per worker, when the naive grid is worth splitting over threads
+    (the first axis is the same in query, key, value and the output, and each share holds at least
+    SPLIT_MIN_SCORES scores); else []."""
+    arrays = [c.q, c.k, c.v] + [x for x in (c.keep, c.bias) if x is not None]
+    if workers < 2 or len(c.batch) < 2 or any(x.ndim != len(c.batch) + 2 for x in arrays):
+        return []
+    n_b = c.batch[0]
+    if n_b < 2 or any(x.shape[0] != n_b for x in arrays):
+        return []
+    scores = int(np.prod(c.batch)) * c.q.shape[-2] * c.k.shape[-2]
+    workers = min(workers, n_b, scores // SPLIT_MIN_SCORES)
+    if workers < 2:
+        return []
+    edges = np.linspace(0, n_b, workers + 1).round().astype(int)
+    return list(zip(edges[:-1].tolist(), edges[1:].tolist()))
+
+
+def naive_attention_out(c: Checked, kernel: str = "numpy", workers=None) -> np.ndarray:
+    """:func:`naive_attention`'s output alone (..., h, n_q, d_v), the batch split over threads when that pays
+    (:func:`split_rows`; numpy's matmul and the fused softmax release the GIL): a BERT-style batch of
+    32 × 12 heads runs as one call per worker, not 384."""
+    parts = split_rows(c, usable_cores() if workers is None else workers)
+    if not parts:
+        return naive_attention(c, kernel)[0]
+    out = np.empty((*c.batch, c.q.shape[-2], c.v.shape[-1]), c.q.dtype)      # (B, ..., h, n_q, d_v)
+
+    def work(part, _):
+        b0, b1 = part
+        cut = lambda x: None if x is None else x[b0:b1]                     # noqa: E731
+        sub = replace(c, q=c.q[b0:b1], k=c.k[b0:b1], v=c.v[b0:b1], keep=cut(c.keep), bias=cut(c.bias),
+                      batch=(b1 - b0, *c.batch[1:]))
+        out[b0:b1] = naive_attention(sub, kernel)[0]                          # (b, ..., h, n_q, d_v)
+
+    run_items(parts, work, lambda: None, len(parts))
+    return out
+
+
+def naive_forward(c: Checked, inputs: tuple, kernel: str = "numpy") -> tuple[np.ndarray, NaiveSaved]:
     """:func:`naive_attention`'s output (compute dtype), and what :func:`naive_backward` needs."""
-    out, a = naive_attention(c)                          # (..., h, n_q, d_v), (..., h, n_q, n_k)
+    out, a = naive_attention(c, kernel)                  # (..., h, n_q, d_v), (..., h, n_q, n_k)
     return out, NaiveSaved(c=c, inputs=inputs, out=out, a=a)
 
 

@@ -14,8 +14,10 @@ and an accumulator ``acc``::
 Any reference point works in place of m' (it cancels in acc / l) as long as exp does not overflow, so
 each row keeps its reference fixed while m stays within ±SHIFT_SLACK of it: then a tile needs neither
 the subtraction pass nor the rescaling; when ‖q_i‖ ‖k_j‖ · scale bounds every score of a block, m is not
-even tracked (see :func:`forward_rows`). The kernel computes exp as exp2 with log₂e folded into q's scale,
-and cuts a causal block's diagonal tile into row strips that skip most of the hidden triangle.
+even tracked (see :func:`forward_rows`). The numpy kernel uses numpy's exp or exp2, whichever this machine
+runs faster (:mod:`attnlab._kernels`); the fused kernel (:mod:`attnlab._fused`, numba) does the shift, the
+exponential, the causal diagonal and the row sum in one pass per row. The plan cuts a causal block's
+diagonal tile into row strips that skip most of the hidden triangle.
 
 Backward, FlashAttention-2's: the forward keeps only ``out`` and ``lse`` (one number per query); the
 backward rebuilds each tile's weights as ``exp(s - lse)`` and never holds the grid either.
@@ -31,12 +33,15 @@ with BLAS pinned to one thread per worker two cores run two tiles at once).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ._checks import (Checked, as_float_array, as_int, as_positive_int, check_attention_args, check_dout, fold,
                       grads_like, unfold)
+from . import _kernels
+from ._kernels import LOG2E
 from ._threads import run_items
 
 # Tiles of 512 × 512: OpenBLAS (SkylakeX kernel, one thread) runs q·kᵀ (512×64 by 64×512) and p·v
@@ -54,10 +59,10 @@ SHIFT_SLACK = 30.0
 # A causal block's diagonal tile runs in strips of 64 rows (see Plan.tiles): against none, 8-20% faster
 # at n = 1024 … 4096 (single-threaded); 128 and 32 rows were 1-4% slower than 64.
 DIAGONAL_ROWS = 64
-# The forward works in base 2: with s₂ = s · log₂e, exp(s - shift) = 2^(s₂ - shift₂), and numpy's float32
-# exp2 runs 1.7x faster than its exp (as accurate: within 1.1e-7 relative). log₂e is folded into the
-# scale of q, so no pass over the tile pays for it.
-LOG2E = 1 / np.log(2)
+# The numpy forward works in the base of whichever of numpy's exp and exp2 is faster on the machine it runs
+# on (attnlab._kernels.numpy_exp, measured once per process: exp2 is vectorised only with AVX-512); for
+# exp2, log₂e is folded into the scale of q, so no pass over the tile pays for it. The fused kernel
+# (attnlab._fused) always works in base 2.
 
 
 @dataclass(frozen=True)
@@ -265,11 +270,13 @@ def make_plan(c: Checked, *, block_q=None, block_k=None, default=None) -> Plan:
                 q_offset=c.q_offset)
 
 
-def tiled_forward(c: Checked, plan: Plan, *, workers=None) -> tuple[np.ndarray, np.ndarray]:
+def tiled_forward(c: Checked, plan: Plan, *, workers=None, kernel=None) -> tuple[np.ndarray, np.ndarray]:
     """The online softmax over every (batch, head) and query block; returns (out, lse) in the compute dtype,
-    (..., h, n_q, d_v) and (..., h, n_q)."""
+    (..., h, n_q, d_v) and (..., h, n_q). ``kernel``: "fused" (numba) or "numpy"; None asks
+    :func:`attnlab._kernels.tile_kernel` (what :func:`attnlab.attention.choose_path` passes down)."""
     g = group_view(c)
     d_k, d_v = g.q.shape[-1], g.v.shape[-1]
+    tile = tile_step(_kernels.tile_kernel() if kernel is None else kernel)
     out = np.empty((*g.batch, plan.n_q, d_v), g.q.dtype)    # (..., h_kv, g, n_q, d_v)
     lse = np.empty((*g.batch, plan.n_q), g.q.dtype)         # (..., h_kv, g, n_q)
     # head by head, so a worker transposes each key head once; biggest blocks first within a head
@@ -279,16 +286,87 @@ def tiled_forward(c: Checked, plan: Plan, *, workers=None) -> tuple[np.ndarray, 
     def work(item, buf):
         idx, i0, i1 = item
         forward_rows(g.q[idx], buf.keys_transposed(g.key_head(idx), g.k[idx]), g.v[idx],
-                     None if g.keep is None else g.keep[idx], plan, c.scale, i0, i1, out[idx], lse[idx], buf)
+                     None if g.keep is None else g.keep[idx], plan, c.scale, i0, i1, out[idx], lse[idx], buf, tile)
 
     run_items(items, work, lambda: Scratch(plan, d_k, d_v, g.q.dtype), workers)
     return out.reshape(*c.batch, plan.n_q, d_v), lse.reshape(*c.batch, plan.n_q)   # (..., h, n_q, d_v), (..., h, n_q)
 
 
-def forward_rows(q, kT, v, keep, plan: Plan, scale: float, i0: int, i1: int, out, lse, buf: Scratch) -> None:
+class NumpyTile:
+    """The numpy tile step: mask, shift, exponential (numpy's exp or exp2, whichever this machine runs
+    faster) and row sum, each a pass over the tile."""
+    fused = False
+
+    def __init__(self, exp: _kernels.ExpChoice):
+        self.unit, self.exp, self.log = exp.unit, exp.fn, exp.log
+
+    def __call__(self, s, plan, r0, r1, j0, j1, keep, m, shift, l, acc, first, bounded, buf):
+        masked = plan.tile_drop(r0, r1, j0, j1, keep, buf)
+        if masked is not None:
+            col, drop = masked
+            np.copyto(s[:, col:], -np.inf, where=drop)          # (br, bk) masked scores drop out
+        if not bounded:
+            m[:], shift[:] = move_shift(s, m, shift, l, acc, rescale=not first, exp=self.exp, unit=self.unit)
+        p = self.exp(s, out=s)                                  # (br, bk) p = exp(s - shift) in the unit's base
+        if first:
+            np.matmul(p, buf.ones[:j1 - j0], out=l)             # (br,) l = rowsum p
+        else:
+            l += p @ buf.ones[:j1 - j0]                         # (br,) l += rowsum p
+        return p
+
+    def exp_rows(self, s, shift):
+        """The backward's weights in place: s (br, bk) natural scores, shift (br,): exp(s - shift)."""
+        s -= shift[:, None]                                     # (br, bk)
+        if self.unit != 1.0:
+            s *= self.unit                                      # (br, bk) to the faster exponential's base
+        return self.exp(s, out=s)                               # (br, bk)
+
+
+class FusedTile:
+    """The numba tile step (:func:`attnlab._fused.tile_softmax`): shift, exponential, the causal diagonal
+    and window, and row sum in one pass per row; base 2. A dense mask is still applied by numpy first."""
+    fused = True
+    unit, exp, log = LOG2E, np.exp2, np.log2
+
+    def __init__(self, module):
+        self.softmax = module.tile_softmax
+        self.exp_minus_rows = module.exp_minus_rows
+
+    def __call__(self, s, plan, r0, r1, j0, j1, keep, m, shift, l, acc, first, bounded, buf):
+        if keep is not None:
+            drop = np.logical_not(keep[r0:r1, j0:j1], out=buf.tile(buf.drop, r1 - r0, j1 - j0))   # (br, bk)
+            np.copyto(s, -np.inf, where=drop)                   # (br, bk) the dense mask's dropped scores
+        far = plan.n_q + plan.n_k + 1                           # no bound
+        hi0 = r0 + plan.offset + 1 - j0 if plan.is_causal else far          # row r sees columns < hi0 + r
+        lo0 = r0 + plan.offset - plan.window + 1 - j0 if plan.window is not None else -far   # and >= lo0 + r
+        self.softmax(s, m, shift, l, acc, hi0, lo0, first, not bounded)
+        return s
+
+    def exp_rows(self, s, shift):
+        """The backward's weights in place, exp(s - shift), in one pass (:func:`attnlab._fused.exp_minus_rows`)."""
+        self.exp_minus_rows(s, shift, s.dtype.type(LOG2E))
+        return s
+
+
+@functools.cache
+def tile_step(kernel: str):
+    """The tile step of ``kernel`` ("fused" or "numpy"); "fused" without numba raises ValueError."""
+    if kernel == "numpy":
+        return NumpyTile(_kernels.numpy_exp())
+    if kernel == "fused":
+        module = _kernels.fused_module()
+        if module is None:
+            raise ValueError("kernel='fused' needs numba (pip install 'attnlab[fast]'), which is not installed")
+        return FusedTile(module)
+    raise ValueError(f"kernel must be 'fused' or 'numpy', got {kernel!r}")
+
+
+def forward_rows(q, kT, v, keep, plan: Plan, scale: float, i0: int, i1: int, out, lse, buf: Scratch,
+                 tile=None) -> None:
     """Rows i0:i1 of one (batch, head): the online softmax over the key blocks they may see.
 
     q (n_q, d_k), kT (d_k, n_k), v (n_k, d_v), keep (n_q, n_k) or None; writes out[i0:i1], lse[i0:i1].
+    ``tile`` is the tile step (:class:`NumpyTile` or :class:`FusedTile`; default the numpy one).
 
     Each row subtracts a reference ``shift`` before exp. Any shift gives the same out = acc / l and
     lse = shift + log l; it only has to keep exp(s - shift) from overflowing. So a row keeps shift = 0
@@ -297,14 +375,15 @@ def forward_rows(q, kT, v, keep, plan: Plan, scale: float, i0: int, i1: int, out
     m leaves that band (FlashAttention-4 rescales only past a threshold in the same way). When
     ‖q_i‖ · max_j ‖k_j‖ · scale bounds every score of the block within the band, m is not tracked at all.
     """
-    bq = i1 - i0
-    qs = np.multiply(q[i0:i1], scale * LOG2E, out=buf.qs[:bq])  # (bq, d_k) queries, scaled once: s₂ = qs kᵀ
-    # |s₂_ij| <= ‖qs_i‖ ‖k_j‖ (Cauchy-Schwarz): within the band for every row, shift stays 0 and the
+    tile = tile_step("numpy") if tile is None else tile
+    bq, unit = i1 - i0, tile.unit
+    qs = np.multiply(q[i0:i1], scale * unit, out=buf.qs[:bq])   # (bq, d_k) queries, scaled once: s = qs kᵀ
+    # |s_ij| <= ‖qs_i‖ ‖k_j‖ (Cauchy-Schwarz): within the band for every row, shift stays 0 and the
     # running max is never needed (inputs of unit scale, the common case, skip that pass on every tile)
-    bounded = max_row_norm(qs) * buf.key_norm <= SHIFT_SLACK * LOG2E
-    m = np.full(bq, -np.inf, q.dtype)                           # (bq,) running max of s₂
-    shift = np.zeros(bq, q.dtype)                               # (bq,) what exp2's argument has subtracted
-    l = buf.l[:bq]                                              # (bq,) running sum Σ 2^(s₂ - shift)
+    bounded = max_row_norm(qs) * buf.key_norm <= SHIFT_SLACK * unit
+    m = np.full(bq, -np.inf, q.dtype)                           # (bq,) running max of s
+    shift = np.zeros(bq, q.dtype)                               # (bq,) what the exponential's argument lost
+    l = buf.l[:bq]                                              # (bq,) running sum Σ exp(s - shift)
     acc = buf.acc[:bq]                                          # (bq, d_v) running numerator
     tiles = plan.tiles(i0, i1)
     if not tiles:
@@ -312,39 +391,30 @@ def forward_rows(q, kT, v, keep, plan: Plan, scale: float, i0: int, i1: int, out
         acc.fill(0)
     for r0, r1, j0, j1 in tiles:
         rows, first = slice(r0 - i0, r1 - i0), j0 == tiles[0][2]    # the tile's rows; is it their first?
-        s = np.matmul(qs[rows], kT[:, j0:j1], out=buf.tile(buf.s, r1 - r0, j1 - j0))   # (br, bk) s · log₂e
-        masked = plan.tile_drop(r0, r1, j0, j1, keep, buf)
-        if masked is not None:
-            col, drop = masked
-            np.copyto(s[:, col:], -np.inf, where=drop)          # (br, bk) masked scores drop out
-        if not bounded:
-            m[rows], shift[rows] = move_shift(s, m[rows], shift[rows], l[rows], acc[rows],
-                                              rescale=not first)
-        p = np.exp2(s, out=s)                                   # (br, bk) p = 2^(s₂ - shift)
+        s = np.matmul(qs[rows], kT[:, j0:j1], out=buf.tile(buf.s, r1 - r0, j1 - j0))   # (br, bk) s · unit
+        p = tile(s, plan, r0, r1, j0, j1, keep, m[rows], shift[rows], l[rows], acc[rows], first, bounded, buf)
         if first:
-            np.matmul(p, buf.ones[:j1 - j0], out=l[rows])       # (br,) l = rowsum p
             np.matmul(p, v[j0:j1], out=acc[rows])               # (br, d_v) acc = p vⱼ
         else:
-            l[rows] += p @ buf.ones[:j1 - j0]                   # (br,) l += rowsum p
             acc[rows] += np.matmul(p, v[j0:j1], out=buf.pv[:r1 - r0])   # (br, d_v) acc += p vⱼ
     seen = l > 0                                                # (bq,) False: the query saw no key
     np.divide(acc, np.where(seen, l, 1)[:, None], out=out[i0:i1])          # (bq, d_v) out = acc / l, or 0
-    lse2 = shift + np.log2(np.where(seen, l, 1))                # (bq,) log₂ Σ_j 2^s₂
-    lse[i0:i1] = np.where(seen, lse2 / LOG2E, -np.inf)          # (bq,) lse = log Σ_j exp(s)
+    lse_u = shift + tile.log(np.where(seen, l, 1))              # (bq,) log Σ_j exp(s) in the unit's base
+    lse[i0:i1] = np.where(seen, lse_u / unit, -np.inf)          # (bq,) lse = log Σ_j exp(s)
 
 
-def move_shift(s, m, shift, l, acc, *, rescale: bool):
-    """For rows whose scores are not bounded: fold the tile's base-2 scores s (bq, bk) into the running max m (bq,),
-    move the reference ``shift`` (bq,) of rows whose max left the ±SHIFT_SLACK band, rescaling the running
-    sum l (bq,) and accumulator acc (bq, d_v) that came before (``rescale``), and subtract the shift from s
-    in place. Returns (m, shift)."""
+def move_shift(s, m, shift, l, acc, *, rescale: bool, exp=np.exp2, unit=LOG2E):
+    """For rows whose scores are not bounded: fold the tile's scores s (bq, bk) (natural scores times
+    ``unit``, for ``exp`` of that base) into the running max m (bq,), move the reference ``shift`` (bq,) of
+    rows whose max left the ±SHIFT_SLACK band, rescaling the running sum l (bq,) and accumulator acc
+    (bq, d_v) that came before (``rescale``), and subtract the shift from s in place. Returns (m, shift)."""
     m = np.maximum(m, s.max(axis=1))                            # (bq,) m' = max(m, rowmax s)
-    move = np.abs(m - shift) > SHIFT_SLACK * LOG2E              # (bq,) rows whose max left the band
+    move = np.abs(m - shift) > SHIFT_SLACK * unit               # (bq,) rows whose max left the band
     move &= m > -np.inf                                         # (a row with no key yet keeps shift 0)
     if move.any():
         new_shift = np.where(move, m, shift)                    # (bq,)
         if rescale:
-            alpha = np.exp2(np.minimum(shift - new_shift, 0))   # (bq,) 2^(shift - shift'): rescale what
+            alpha = exp(np.minimum(shift - new_shift, 0))       # (bq,) base^(shift - shift'): rescale what
             l *= alpha                                          # came before (1 where unmoved; a
             acc *= alpha[:, None]                               # moving-down row had nothing yet)
         shift = new_shift
@@ -456,24 +526,26 @@ class TiledSaved:
     out: np.ndarray          # (..., h, n_q, d_v) in the compute dtype
     lse: np.ndarray          # (..., h, n_q) log Σ_j exp(s_j), -inf for a query that sees no key
     plan: Plan               # the backward's tiles: the forward's grid and mask in BACKWARD_BLOCKS
+    kernel: str | None = None  # the tile kernel the forward ran ("fused" or "numpy"), for the backward too
 
 
-def tiled_forward_saved(c: Checked, inputs: tuple, *, block_q=None, block_k=None,
-                        workers=None) -> tuple[np.ndarray, TiledSaved]:
+def tiled_forward_saved(c: Checked, inputs: tuple, *, block_q=None, block_k=None, workers=None,
+                        kernel=None) -> tuple[np.ndarray, TiledSaved]:
     """The forward of a training step: ``out`` (..., h, n_q, d_v) in the compute dtype, and what
     :func:`tiled_backward` needs. The backward's plan has the same grid and mask, in its own default tiles
     (``BACKWARD_BLOCKS``) where none was given."""
     plan = make_plan(c, block_q=block_q, block_k=block_k)
     back = make_plan(c, block_q=block_q, block_k=block_k, default=BACKWARD_BLOCKS)
-    out, lse = tiled_forward(c, plan, workers=workers)          # (..., h, n_q, d_v), (..., h, n_q)
-    return out, TiledSaved(c=c, inputs=inputs, out=out, lse=lse, plan=back)
+    out, lse = tiled_forward(c, plan, workers=workers, kernel=kernel)   # (..., h, n_q, d_v), (..., h, n_q)
+    return out, TiledSaved(c=c, inputs=inputs, out=out, lse=lse, plan=back, kernel=kernel)
 
 
-def tiled_backward(c: Checked, plan: Plan, out, lse, do, *, workers=None):
+def tiled_backward(c: Checked, plan: Plan, out, lse, do, *, workers=None, kernel=None):
     """FlashAttention-2's backward over every (batch, key/value head) and the query heads that use it;
     (dq, dk, dv) over the broadcast batch: dq (..., h, n_q, d_k), dk and dv (..., h_kv, n_k, ·)."""
     g = group_view(c)
     n_q, n_k, d_k, d_v = g.q.shape[-2], g.k.shape[-2], g.q.shape[-1], g.v.shape[-1]
+    tile = tile_step(_kernels.tile_kernel() if kernel is None else kernel)
     do = g.split(do, 2)                                 # (..., h_kv, g, n_q, d_v)
     dq = np.zeros((*g.batch, n_q, d_k), g.q.dtype)      # (..., h_kv, g, n_q, d_k)
     dk = np.empty((*g.batch[:-1], n_k, d_k), g.q.dtype)  # (..., h_kv, n_k, d_k) summed over the group
@@ -488,14 +560,15 @@ def tiled_backward(c: Checked, plan: Plan, out, lse, do, *, workers=None):
         np.copyto(buf.vT, g.v[idx][0].T)                # (d_v, n_k)
         backward_head(g.q[idx], k, buf.keys_transposed(g.key_head((*idx, 0)), k), buf.vT,
                       None if g.keep is None else g.keep[idx], plan, c.scale, lse[idx], delta[idx], do[idx],
-                      dq[idx], dk[idx], dv[idx], buf)
+                      dq[idx], dk[idx], dv[idx], buf, tile)
 
     run_items(list(np.ndindex(g.batch[:-1])), work,
               lambda: Scratch(plan, d_k, d_v, g.q.dtype, backward=True), workers)
     return dq.reshape(*c.batch, n_q, d_k), dk, dv
 
 
-def backward_head(q, k, kT, vT, keep, plan: Plan, scale, lse, delta, do, dq, dk, dv, buf: Scratch) -> None:
+def backward_head(q, k, kT, vT, keep, plan: Plan, scale, lse, delta, do, dq, dk, dv, buf: Scratch,
+                  tile=None) -> None:
     """One (batch, key/value head) and its group of g query heads: for each key block, walk the query blocks
     of every head of the group that see it (FlashAttention-2, alg. 2).
 
@@ -518,12 +591,14 @@ def backward_head(q, k, kT, vT, keep, plan: Plan, scale, lse, delta, do, dq, dk,
                     continue                                    # the forward skipped this tile too
                 j0c, j1c = max(j0, lo), min(j1, hi)             # the part of the key block it saw
                 backward_tile(qs[h], k, kT, vT, keep_h, plan, scale, lse[h], delta[h], do[h], dq[h], i0, i1,
-                              j0c, j1c, dk_j[j0c - j0:j1c - j0], dv_j[j0c - j0:j1c - j0], buf)
+                              j0c, j1c, dk_j[j0c - j0:j1c - j0], dv_j[j0c - j0:j1c - j0], buf, tile)
 
 
 def backward_tile(qs, k, kT, vT, keep, plan, scale, lse, delta, do, dq, i0, i1, j0, j1, dk_j, dv_j,
-                  buf) -> None:
-    """One tile's share of dq, dk, dv; each line undoes one line of :func:`forward_rows`."""
+                  buf, tile=None) -> None:
+    """One tile's share of dq, dk, dv; each line undoes one line of :func:`forward_rows`. ``tile``: the tile
+    step whose ``exp_rows`` rebuilds the weights (default the numpy one)."""
+    tile = tile_step("numpy") if tile is None else tile
     bq, bk = i1 - i0, j1 - j0
     qs_i, do_i = qs[i0:i1], do[i0:i1]                           # (bq, d_k) q · scale, (bq, d_v)
     # forward: s = q kⱼᵀ · scale, masked scores -inf
@@ -533,8 +608,7 @@ def backward_tile(qs, k, kT, vT, keep, plan, scale, lse, delta, do, dq, i0, i1, 
         col, drop = masked
         np.copyto(s[:, col:], -np.inf, where=drop)
     # forward: p = exp(s - m') normalised by l at the end, so the weights are a = exp(s - lse)
-    s -= lse[i0:i1, None]
-    a = np.exp(s, out=s)                                        # (bq, bk) the tile's weights
+    a = tile.exp_rows(s, lse[i0:i1])                            # (bq, bk) the tile's weights exp(s - lse)
     # forward: out = a v, so dv = aᵀ dout and da = dout vᵀ
     dv_j += np.matmul(a.T, do_i, out=buf.tmp_k[:bk, :do_i.shape[1]])        # (bk, d_v)
     da = np.matmul(do_i, vT[:, j0:j1], out=buf.tile(buf.dp, bq, bk))        # (bq, bk)

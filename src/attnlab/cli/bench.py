@@ -1,4 +1,5 @@
-"""attnlab bench: speed and memory of the tiled and naive paths beside PyTorch, in one process."""
+"""attnlab bench: speed and memory of attnlab's attention paths beside PyTorch, in one process, each pair
+timed alone (see :mod:`attnlab.bench`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from ._app import add_json_flag, print_json, stderr_progress
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench", help="time the tiled and naive attention paths against PyTorch SDPA")
+    p = sub.add_parser("bench", help="time attnlab's attention paths against PyTorch SDPA, each pair alone; "
+                       "print the CPU, SIMD level, BLAS kernel and the path each call took")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (n = 256, 1024, 2048)")
     p.add_argument("--scale", action="store_true", help="instead, run causal attention once at n = 65,536 "
                    "(12 heads) and report its time and memory")
@@ -27,7 +29,11 @@ def cmd_bench(args) -> int:
         return 0
     with progress_bar(bench.n_steps(quick=args.quick)) as step:
         result = bench.run_bench(quick=args.quick, progress=step)
-    print_json(result) if args.json else print_table(result)
+    if args.json:
+        print_json(result)
+    else:
+        print_table(result)
+        print_goals(result)
     return 0
 
 
@@ -59,35 +65,77 @@ def fmt(x, spec: str = ".1f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def ratio_text(row: dict) -> str:
+    """"0.93 (0.88-1.02)": the median per-round ratio and its min-max, or "-" without torch."""
+    if row["ratio"] is None:
+        return "-"
+    return f"{row['ratio']:.2f} ({row['ratio_min']:.2f}-{row['ratio_max']:.2f})"
+
+
+def blas_kernel(blas: list[dict]) -> str:
+    from ..bench import blas_kernel
+    return blas_kernel(blas)
+
+
 def print_table(r: dict) -> None:
-    blas = ", ".join(f"{b['internal_api']} {b['version']} ({b['architecture'] or b['prefix']}, "
-                     f"{b['num_threads']} threads)" for b in r["blas"] if b["user_api"] == "blas") or "unknown"
-    torch = r["torch"]
-    print(f"float32, batch 1, {r['shape']['n_heads']} heads, d_head {r['shape']['d_head']}; medians of "
-          "alternated runs")
-    torch_text = f"{torch['version']}, {torch['threads']} threads" if torch else "not installed"
-    print(f"BLAS: {blas}; torch: {torch_text}")
+    m = r["machine"]
+    torch = m["torch"]
+    print(f"CPU: {m['cpu']}; SIMD: {m['simd']}; {m['cores']} usable cores")
+    print(f"BLAS: {blas_kernel(m['blas'])}")
+    torch_text = f"{torch['version']}, {torch['threads']} threads, {torch['cpu_capability']}" if torch else "not installed"
+    numba = m["numba"] or "not installed"
+    ns = m["numpy_exp"]["ns_per_element"]
+    print(f"torch: {torch_text}; numba: {numba}{' (disabled by ATTNLAB_NO_NUMBA)' if m['numba_disabled'] else ''}")
+    print(f"tile kernel: {m['tile_kernel']}; numpy's exponential here: {m['numpy_exp']['chosen']} "
+          f"(exp {ns['exp']:.2f}, exp2 {ns['exp2']:.2f} ns per element)")
+    print(f"float32, {r['shape']['n_heads']} heads, d_head {r['shape']['d_head']}; {r['method']}, "
+          f"{r['shape']['rounds']} rounds")
     measured = " and ".join(f"{g:.0f}" for g in r["gemm_gflops_measured"])
     print(f"numpy float32 GEMM: {r['gemm_gflops']:.0f} GFLOP/s (the faster of {measured}, before and after "
           "the forward rows)")
+    paths = sorted({row["path"] for key in ("forward", "batch", "decode", "backward") for row in r[key]})
+    print("paths: " + "; ".join(f"[{i}] {p}" for i, p in enumerate(paths)))
+    tag = lambda row: f"[{paths.index(row['path'])}]"          # noqa: E731
     print()
-    print(f"{'n':>6} {'causal':>6} {'tiled ms':>9} {'GFLOP/s':>8} {'of GEMM':>8} {'naive ms':>9} "
-          f"{'torch ms':>9} {'tiled/torch':>11} {'out MiB':>8} {'tiled MiB':>9} {'naive MiB':>9}")
+    print(f"{'n':>6} {'causal':>6} {'path':>4} {'attnlab ms':>10} {'GFLOP/s':>8} {'of GEMM':>8} {'torch ms':>9} "
+          f"{'ratio (min-max)':>17} {'naive ms':>9} {'out MiB':>8} {'extra MiB':>9} {'naive MiB':>9}")
     for f in r["forward"]:
-        print(f"{f['n']:>6} {'yes' if f['is_causal'] else 'no':>6} {f['tiled_ms']:>9.1f} "
-              f"{f['tiled_gflops']:>8.0f} {f['tiled_vs_gemm']:>8.0%} {fmt(f['naive_ms']):>9} "
-              f"{fmt(f['torch_ms']):>9} {fmt(f['tiled_vs_torch'], '.2f'):>11} {f['output_mib']:>8.1f} "
-              f"{f['tiled_extra_mib']:>9.1f} {fmt(f['naive_extra_mib']):>9}")
+        print(f"{f['n']:>6} {'yes' if f['is_causal'] else 'no':>6} {tag(f):>4} {f['attnlab_ms']:>10.1f} "
+              f"{f['gflops']:>8.0f} {f['of_gemm']:>8.0%} {fmt(f['torch_ms']):>9} {ratio_text(f):>17} "
+              f"{fmt(f['naive_ms']):>9} {f['output_mib']:>8.1f} {f['extra_mib']:>9.1f} {fmt(f['naive_extra_mib']):>9}")
     print()
-    print(f"{'decode: context':>16} {'attnlab ms':>11} {'torch ms':>9} {'ratio':>6}")
+    print(f"{'batch':>6} {'n':>6} {'path':>4} {'attnlab ms':>10} {'torch ms':>9} {'ratio (min-max)':>17}")
+    for b in r["batch"]:
+        print(f"{b['batch']:>6} {b['n']:>6} {tag(b):>4} {b['attnlab_ms']:>10.2f} {fmt(b['torch_ms'], '.2f'):>9} "
+              f"{ratio_text(b):>17}")
+    print()
+    print(f"{'decode: context':>16} {'path':>4} {'attnlab ms':>11} {'torch ms':>9} {'ratio (min-max)':>17}")
     for d in r["decode"]:
-        print(f"{d['context']:>16} {d['attnlab_ms']:>11.3f} {fmt(d['torch_ms'], '.3f'):>9} "
-              f"{fmt(d['ratio'], '.2f'):>6}")
+        print(f"{d['context']:>16} {tag(d):>4} {d['attnlab_ms']:>11.3f} {fmt(d['torch_ms'], '.3f'):>9} "
+              f"{ratio_text(d):>17}")
     print()
-    print(f"{'backward: n':>12} {'tiled ms':>9} {'naive ms':>9} {'torch fwd+bwd ms':>17} {'ratio':>6}")
+    print(f"{'fwd+bwd: n':>11} {'path':>4} {'attnlab ms':>10} {'torch ms':>9} {'ratio (min-max)':>17} "
+          f"{'naive ms':>9}")
     for b in r["backward"]:
-        print(f"{b['n']:>12} {b['tiled_ms']:>9.1f} {fmt(b['naive_ms']):>9} {fmt(b['torch_ms']):>17} "
-              f"{fmt(b['ratio'], '.2f'):>6}")
+        print(f"{b['n']:>11} {tag(b):>4} {b['attnlab_ms']:>10.1f} {fmt(b['torch_ms']):>9} {ratio_text(b):>17} "
+              f"{fmt(b['naive_ms']):>9}")
+
+
+def print_goals(r: dict) -> None:
+    """The issue's goals: each with the figures it covers, the worst one, and met / missed."""
+    load = r.get("load_average")
+    print()
+    print(f"goals (SIMD {r['machine']['simd']}; load average after the run: "
+          f"{' '.join(map(str, load)) if load else 'unknown'} on {r['machine']['cores']} cores)")
+    if load and load[0] > r["machine"]["cores"]:
+        print(f"  warning: the 1-minute load ({load[0]}) exceeded the {r['machine']['cores']} cores: other processes "
+              "shared them, which slows torch's threads (they wait on each other) more than attnlab's; "
+              "run again on a quiet machine before trusting a verdict")
+    for g in r["goals"]:
+        verdict = {True: "met", False: "missed", None: "-"}[g["met"]]
+        figures = ", ".join(f"{k} {fmt(v, '.0%' if g['goal'].endswith('%') else '.2f')}"
+                            for k, v in g["figures"].items())
+        print(f"  {g['case']}: goal {g['goal']}; {verdict}  [{figures}]")
 
 
 def print_scale(r: dict) -> None:

@@ -1,0 +1,315 @@
+"""The fused tile kernel (numba) against the numpy path and the float64 reference: every mask kind, window,
+q_offset, float16/32/64, fully masked rows, extreme scores; its exponential; the path chooser and its log;
+the on-disk cache. Tests of the kernel itself skip without numba; the path tests run on both kernels."""
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnlab import _kernels, attention, tiled
+from attnlab._checks import check_attention_args
+from attnlab._kernels import NO_NUMBA_ENV
+from attnlab.attention import attention_path
+from attnlab.naive import naive_attention
+from attnlab.tiled import tiled_attention
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def reference(q, k, v, **kw):
+    """The naive grid in float64: the reference every path is held to."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    return naive_attention(check_attention_args(q, k, v, **kw))[0]
+
+
+def both_kernels(q, k, v, monkeypatch, **kw):
+    """tiled_attention on the numpy kernel and on the fused one (small tiles: every edge is crossed)."""
+    outs = {}
+    for kernel in ("numpy", "fused"):
+        monkeypatch.setenv(NO_NUMBA_ENV, "1" if kernel == "numpy" else "0")
+        assert _kernels.tile_kernel() == kernel
+        outs[kernel] = tiled_attention(q, k, v, block_q=5, block_k=7, **kw)
+    return outs
+
+
+def tol(dtype):
+    return {np.float16: 2e-3, np.float32: 2e-6, np.float64: 1e-12}[dtype]
+
+
+MASK_KINDS = ["none", "causal", "window", "offset", "dense", "padding", "causal+dense"]
+
+
+def mask_kwargs(kind, rng, n_q, n_k):
+    if kind == "none":
+        return {}
+    if kind == "causal":
+        return {"is_causal": True}
+    if kind == "window":
+        return {"is_causal": True, "window": 4}
+    if kind == "offset":
+        return {"is_causal": True, "q_offset": 3, "window": 6}
+    if kind == "dense":
+        return {"mask": rng.random((n_q, n_k)) < 0.6}
+    if kind == "padding":
+        keep = np.ones((2, 1, 1, n_k), bool)                 # (B, 1, 1, n_k) the last keys of batch 1 are padding
+        keep[1, ..., n_k // 2:] = False
+        return {"mask": keep}
+    return {"is_causal": True, "mask": rng.random((n_q, n_k)) < 0.7}
+
+
+@pytest.mark.parametrize("kind", MASK_KINDS)
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("n_q, n_k", [(23, 23), (17, 31), (31, 17)])
+def test_fused_and_numpy_match_the_float64_reference(rng, monkeypatch, kind, dtype, n_q, n_k):
+    pytest.importorskip("numba")
+    q, k, v = (rng.normal(size=(2, 3, n, 8)).astype(dtype) for n in (n_q, n_k, n_k))
+    kw = mask_kwargs(kind, rng, n_q, n_k)
+    ref = reference(q, k, v, **kw)
+    outs = both_kernels(q, k, v, monkeypatch, **kw)
+    for kernel, out in outs.items():
+        assert out.dtype == dtype, kernel
+        np.testing.assert_allclose(out.astype(np.float64), ref, rtol=tol(dtype), atol=tol(dtype), err_msg=kernel)
+    np.testing.assert_allclose(outs["fused"].astype(np.float64), outs["numpy"].astype(np.float64),
+                               rtol=tol(dtype), atol=tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fully_masked_rows_give_zero_and_lse_minus_inf_on_both_kernels(rng, monkeypatch, dtype):
+    pytest.importorskip("numba")
+    q, k, v = (rng.normal(size=(4, 9, 8)).astype(dtype) for _ in range(3))
+    keep = rng.random((4, 9, 9)) < 0.5
+    keep[:, [2, 6]] = False                                   # two queries see no key at all
+    ref = reference(q, k, v, mask=keep)
+    for kernel in ("numpy", "fused"):
+        monkeypatch.setenv(NO_NUMBA_ENV, "1" if kernel == "numpy" else "0")
+        out, lse = tiled_attention(q, k, v, mask=keep, block_q=3, block_k=4, return_lse=True)
+        assert np.all(out[:, [2, 6]] == 0) and np.all(lse[:, [2, 6]] == -np.inf) and np.isfinite(out).all()
+        np.testing.assert_allclose(out, ref, rtol=tol(dtype), atol=tol(dtype), err_msg=kernel)
+    # q_offset so negative that the first queries see nothing through causality
+    out = tiled_attention(q, k, v, is_causal=True, q_offset=-3, block_q=3, block_k=4)
+    assert np.all(out[:, :3] == 0)
+    np.testing.assert_allclose(out, reference(q, k, v, is_causal=True, q_offset=-3), rtol=tol(dtype),
+                               atol=tol(dtype))
+
+
+@pytest.mark.parametrize("spread", [1.0, 40.0, 1e3, 3e4])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_extreme_scores_on_both_kernels(rng, monkeypatch, spread, is_causal):
+    """Scores up to ±1e8 in float64 (so float32 holds the same inputs), growing across key blocks and far
+    below zero in whole rows: the running max moves, nothing overflows or underflows to NaN."""
+    pytest.importorskip("numba")
+    n = 29
+    q = rng.normal(size=(2, n, 8)) * np.sqrt(spread)
+    k = rng.normal(size=(2, n, 8)) * np.linspace(0.1, 1, n)[:, None] * np.sqrt(spread)   # later keys score higher
+    k[1] -= 3 * np.sqrt(spread)                                                            # whole rows far below 0
+    v = rng.normal(size=(2, n, 3))
+    ref = reference(q, k, v, is_causal=is_causal)
+    outs = both_kernels(q, k, v, monkeypatch, is_causal=is_causal)
+    for kernel, out in outs.items():
+        np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-10, err_msg=kernel)
+    outs32 = both_kernels(*(x.astype(np.float32) for x in (q, k, v)), monkeypatch, is_causal=is_causal)
+    for kernel, out in outs32.items():
+        assert np.isfinite(out).all()
+        # float32 scores of size S carry an absolute error ~S·6e-8, which the softmax turns into weights' error
+        np.testing.assert_allclose(out, ref, rtol=0, atol=max(2e-6, spread * 64 * 6e-8 * 4), err_msg=kernel)
+
+
+def test_pow2_float32_polynomial_accuracy():
+    fused = pytest.importorskip("attnlab._fused")
+    x = np.linspace(-126, 127.9, 2_000_003).astype(np.float32)   # (n,)
+    out = np.empty_like(x)
+    fused.pow2_array(x, out)
+    ref = np.exp2(x.astype(np.float64))
+    assert np.max(np.abs(out / ref - 1)) < 1.5e-7                 # float32 eps is 6e-8
+    low = np.array([-126.5, -200.0, -1e30, -np.inf], np.float32)
+    fused.pow2_array(low, out[:4])
+    assert np.all(out[:4] == 0)                                   # below 2^-126: 0, and -inf (masked) gives 0
+    x64 = np.linspace(-1000, 1000, 10_001)
+    out64 = np.empty_like(x64)
+    fused.pow2_array(x64, out64)
+    np.testing.assert_allclose(out64, np.exp2(x64), rtol=1e-15)
+
+
+def test_tile_softmax_against_numpy_steps(rng):
+    """One tile, by hand in numpy: row bounds (causal diagonal and window) zero the rest; the running max,
+    shift, rescale of l and acc, and the row sums."""
+    fused = pytest.importorskip("attnlab._fused")
+    br, bk, d_v = 6, 11, 3
+    s0 = rng.normal(size=(br, bk)).astype(np.float32) * 30            # base-2 scores beyond the slack
+    for first in (True, False):
+        for hi0, lo0 in ((bk + 99, -99), (3, -99), (5, -2)):
+            s, m = s0.copy(), np.full(br, -np.inf, np.float32)
+            shift, l = np.zeros(br, np.float32), np.full(br, 2.0, np.float32)
+            acc = np.ones((br, d_v), np.float32)
+            if not first:
+                m[:], shift[:] = 1.0, 1.0
+            fused.tile_softmax(s, m, shift, l, acc, hi0, lo0, first, True)
+            cols = np.arange(bk)[None, :]
+            rows = np.arange(br)[:, None]
+            vis = (cols < hi0 + rows) & (cols >= lo0 + rows)                  # (br, bk)
+            m_ref = np.maximum(-np.inf if first else 1.0, np.where(vis, s0, -np.inf).max(1))
+            old = 0.0 if first else 1.0
+            move = (np.abs(m_ref - old) > fused.SHIFT_SLACK2) & (m_ref > -np.inf)
+            shift_ref = np.where(move, m_ref, old)
+            arg = (s0 - shift_ref[:, None].astype(np.float32)).astype(np.float64)   # float32 subtraction, as the kernel
+            p = np.where(vis & (arg >= -126), np.exp2(arg), 0)                     # subnormals flushed to 0
+            alpha = np.where(move, np.exp2(old - shift_ref), 1.0)
+            l_ref = p.sum(1) if first else 2.0 * alpha + p.sum(1)
+            np.testing.assert_allclose(m, m_ref, rtol=1e-7)
+            np.testing.assert_allclose(shift, shift_ref, rtol=1e-7)
+            np.testing.assert_allclose(s, p, rtol=2e-6, atol=1e-30)
+            np.testing.assert_allclose(l, l_ref, rtol=2e-6)
+            if not first:
+                np.testing.assert_allclose(acc, np.broadcast_to(alpha[:, None], acc.shape), rtol=2e-6)
+
+
+def test_compiled_functions_release_the_gil_and_are_cached():
+    fused = pytest.importorskip("attnlab._fused")
+    for f in (fused.tile_softmax, fused.exp_row, fused.row_max, fused.pow2_array):
+        assert f.targetoptions["nogil"] and type(f._cache).__name__ == "FunctionCache"   # not NullCache
+
+
+def test_a_second_process_compiles_nothing(tmp_path):
+    """numba's cache on disk: after one process has compiled the kernel, the next loads it."""
+    pytest.importorskip("numba")
+    code = ("import numpy as np; from attnlab import tiled_attention, _fused\n"
+            "x = np.ones((1, 200, 8), np.float32)\n"
+            "tiled_attention(x, x, x, is_causal=True)\n"
+            "s = _fused.tile_softmax.stats\n"
+            "print(int(bool(s.cache_hits)), len(s.cache_misses))\n")
+    env = {**os.environ, "PYTHONPATH": str(SRC), "NUMBA_CACHE_DIR": str(tmp_path)}
+    env.pop(NO_NUMBA_ENV, None)
+    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+            for _ in range(2)]
+    first, second = (r.stdout.split() for r in runs)
+    assert second == ["1", "0"], (first, second, runs[1].stderr)       # loaded from disk, no miss
+
+
+def test_no_numba_env_forces_the_numpy_path(rng, monkeypatch):
+    q = rng.normal(size=(2, 200, 8)).astype(np.float32)
+    monkeypatch.setenv(NO_NUMBA_ENV, "1")
+    path = attention_path(q, q, q, is_causal=True)
+    assert (path.name, path.kernel) == ("tiled", "numpy") and "numpy (exp" in str(path)
+    monkeypatch.setenv(NO_NUMBA_ENV, "0")
+    expected = "fused" if _kernels.numba_version() is not None else "numpy"
+    assert attention_path(q, q, q).kernel == expected
+
+
+def test_the_debug_log_names_the_path(rng, caplog, tile_kernel):
+    q = rng.normal(size=(200, 8))
+    with caplog.at_level(logging.DEBUG, logger="attnlab.attention"):
+        attention(q, q, q, is_causal=True)
+        attention(q[:1], q, q)
+        attention(q[:5], q[:5], q[:5])
+    messages = [r.getMessage() for r in caplog.records if r.name == "attnlab.attention"]
+    assert len(messages) == 3
+    assert messages[0].startswith(f"attention path: tiled, {tile_kernel}")
+    assert messages[1].startswith("attention path: decode") and messages[2].startswith("attention path: naive")
+
+
+def test_numpy_exp_is_measured_here_and_cached():
+    choice = _kernels.numpy_exp()
+    assert choice is _kernels.numpy_exp()                                  # once per process
+    ns = choice.ns_per_element
+    assert choice.name == min(ns, key=ns.get) and all(t > 0 for t in ns.values())
+    assert choice.unit == (tiled.LOG2E if choice.name == "exp2" else 1.0)
+
+
+@pytest.mark.parametrize("name", ["exp", "exp2"])
+def test_the_numpy_path_is_exact_in_either_base(rng, monkeypatch, name):
+    """Whichever exponential this machine picks, the numpy tile step gives the float64 reference."""
+    choice = _kernels.ExpChoice(name=name, unit=tiled.LOG2E if name == "exp2" else 1.0, ns_per_element={})
+    monkeypatch.setattr(tiled, "tile_step", lambda kernel: tiled.NumpyTile(choice))
+    q, k, v = (rng.normal(size=(2, 19, 8)) * 4 for _ in range(3))
+    for kw in ({}, {"is_causal": True}, {"is_causal": True, "window": 5}):
+        out, lse = tiled_attention(q, k, v, block_q=4, block_k=6, return_lse=True, **kw)
+        np.testing.assert_allclose(out, reference(q, k, v, **kw), rtol=1e-12, atol=1e-12)
+
+
+def test_an_unknown_or_missing_kernel_is_named(monkeypatch):
+    with pytest.raises(ValueError, match="kernel must be 'fused' or 'numpy', got 'cuda'"):
+        tiled.tile_step("cuda")
+    tiled.tile_step.cache_clear()
+    monkeypatch.setattr(_kernels, "fused_module", lambda: None)
+    try:
+        with pytest.raises(ValueError, match=r"needs numba \(pip install 'attnlab\[fast\]'\)"):
+            tiled.tile_step("fused")
+    finally:
+        tiled.tile_step.cache_clear()
+
+
+@pytest.mark.parametrize("kind", MASK_KINDS)
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_the_naive_path_fused_softmax_matches_the_reference(rng, kind, dtype, tile_kernel):
+    """Below the tiled crossover attention() and attention_weights() take the naive grid; on the fused
+    kernel its softmax is one numba pass per row (scale folded in), on numpy the reference's."""
+    n_q, n_k = 13, 21
+    q, k, v = (rng.normal(size=(2, 3, n, 8)).astype(dtype) for n in (n_q, n_k, n_k))
+    kw = mask_kwargs(kind, rng, n_q, n_k)
+    path = attention_path(q, k, v, **kw)
+    assert (path.name, path.kernel) == ("naive", tile_kernel)
+    out = attention(q, k, v, **kw)
+    assert out.dtype == dtype
+    np.testing.assert_allclose(out.astype(np.float64), reference(q, k, v, **kw), rtol=tol(dtype), atol=tol(dtype))
+    from attnlab import attention_weights
+    a = attention_weights(q, k, **kw)
+    ref_a = naive_attention(check_attention_args(*(x.astype(np.float64) for x in (q, k, v)), **kw))[1]
+    np.testing.assert_allclose(a.astype(np.float64), ref_a, rtol=tol(dtype), atol=tol(dtype))
+
+
+def test_the_naive_path_fused_softmax_extreme_and_empty_rows(rng, tile_kernel):
+    q = rng.normal(size=(3, 9, 8)) * 300.0                          # scores of ±1e5
+    k = rng.normal(size=(3, 11, 8)) * 300.0
+    v = rng.normal(size=(3, 11, 4))
+    keep = rng.random((3, 9, 11)) < 0.5
+    keep[:, 4] = False                                              # a query that sees no key
+    for dtype in (np.float32, np.float64):
+        x = [a.astype(dtype) for a in (q, k, v)]
+        out = attention(*x, mask=keep)
+        assert np.all(out[:, 4] == 0) and np.isfinite(out).all()
+        np.testing.assert_allclose(out, reference(*x, mask=keep), rtol=0, atol=1e-10 if dtype == np.float64 else 2e-2)
+    # a bias keeps the numpy softmax (the fused one takes none)
+    assert attention_path(q, k, v, bias=np.zeros((9, 11))).kernel == "numpy"
+
+
+def test_a_big_batch_on_the_naive_path_splits_over_threads_and_matches(rng, monkeypatch, tile_kernel):
+    from attnlab import naive
+    monkeypatch.setattr(naive, "SPLIT_MIN_SCORES", 64)
+    q, k, v = (rng.normal(size=(5, 3, 8, 4)) for _ in range(3))
+    keep = rng.random((5, 1, 8, 8)) < 0.7
+    bias = rng.normal(size=(5, 3, 8, 8))
+    for kw in ({}, {"mask": keep}, {"bias": bias}, {"is_causal": True}):
+        c = check_attention_args(q, k, v, **kw)
+        assert naive.split_rows(c, 2) == [(0, 2), (2, 5)] or naive.split_rows(c, 2) == [(0, 3), (3, 5)]
+        np.testing.assert_allclose(naive.naive_attention_out(c, tile_kernel, workers=2), reference(q, k, v, **kw),
+                                   rtol=1e-12, atol=1e-12)
+    # nothing to split: one sequence, a key shared by every batch row (broadcast), too few scores, one worker
+    assert naive.split_rows(check_attention_args(q[:1], k[:1], v[:1]), 2) == []
+    assert naive.split_rows(check_attention_args(q, k[0], v[0]), 2) == []
+    assert naive.split_rows(check_attention_args(q, k, v), 1) == []
+    monkeypatch.setattr(naive, "SPLIT_MIN_SCORES", 10**9)
+    assert naive.split_rows(check_attention_args(q, k, v), 2) == []
+
+
+@pytest.mark.parametrize("kind", MASK_KINDS)
+def test_the_tiled_backward_matches_the_float64_reference_on_both_kernels(rng, kind, tile_kernel):
+    """The backward rebuilds each tile's weights as exp(s - lse): numpy's exp, or one fused pass."""
+    from attnlab.naive import naive_attention_grad
+    from attnlab.tiled import tiled_attention_grad
+    n_q, n_k = 17, 23
+    q, k, v = (rng.normal(size=(2, 3, n, 8)) * 2 for n in (n_q, n_k, n_k))
+    do = rng.normal(size=(2, 3, n_q, 8))
+    kw = mask_kwargs(kind, rng, n_q, n_k)
+    c = check_attention_args(q, k, v, **kw)
+    ref = naive_attention_grad(c, do)
+    for dtype, rtol in ((np.float64, 1e-10), (np.float32, 2e-4)):
+        x = [a.astype(dtype) for a in (q, k, v, do)]
+        grads = tiled_attention_grad(*x, block_q=5, block_k=7, **kw)
+        for g, r, name in zip(grads, ref, "qkv"):
+            assert g.dtype == dtype
+            np.testing.assert_allclose(g, r, rtol=rtol, atol=rtol, err_msg=f"d{name} {dtype.__name__}")
