@@ -47,8 +47,8 @@ def naive_weights(c: Checked, kernel: str = "numpy") -> np.ndarray:
     s = naive_scores(c, scaled=not fused)                # (..., h, n_q, n_k) S + M, unscaled when fused
     if not fused:
         return softmax(s)                                # (..., h, n_q, n_k) A, rows with no key are 0
-    rows = s.reshape(-1, s.shape[-1])                    # (rows, n_k) a view: s is a fresh C-contiguous array
-    if rows.size:
+    if s.size:
+        rows = s.reshape(-1, s.shape[-1])                # (rows, n_k) a view: s is a fresh C-contiguous array
         maxima = np.empty(rows.shape[0], s.dtype)        # (rows,)
         _kernels.fused_module().softmax_rows(rows, s.dtype.type(c.scale * LOG2E), maxima)
     return s                                             # (..., h, n_q, n_k) A, rows with no key are 0
