@@ -93,10 +93,10 @@
       q = [Math.round(x * 10) / 10, Math.round(y * 10) / 10].map((c) => Math.max(-R, Math.min(R, c)) + 0);
       update();
     }
-    let dragging = false;
-    svg.addEventListener("pointerdown", (e) => { dragging = true; svg.setPointerCapture(e.pointerId); moveTo(e); });
-    svg.addEventListener("pointermove", (e) => { if (dragging) moveTo(e); });
-    svg.addEventListener("pointerup", () => { dragging = false; });
+    let dragging = false;                             // the window follows the drag, even off the plane
+    svg.addEventListener("pointerdown", (e) => { dragging = true; e.preventDefault(); moveTo(e); });
+    window.addEventListener("pointermove", (e) => { if (dragging) moveTo(e); });
+    window.addEventListener("pointerup", () => { dragging = false; });
     $("lookup-scaled").addEventListener("change", update);
     update();
   }
