@@ -136,6 +136,10 @@ def test_5_heads_prints_every_head_and_the_seed_changes_them(capsys):
     one_line_error(capsys, ["heads", "--n-heads", "5"], "d_model (768) must be divisible by n_heads (5)")
 
 
+def test_7_explain_config_refuses_the_toy_knobs(capsys):
+    one_line_error(capsys, ["explain", "--config", "gpt2-small", "--d-k", "3"], "--d-k: for the toy example only")
+
+
 def test_5_abbreviated_options_are_errors_everywhere(capsys):
     for argv in (["heads", "--h", "4"], ["scale", "--pair", "4"], ["tour", "--ou", "x"], ["--vers"],
                  ["attend", "x", "--lay", "1"], ["train", "--step", "3"]):
@@ -235,6 +239,7 @@ def test_8_summary_has_a_legend_and_html_opens_at_the_asked_head(capsys, tmp_pat
     _minilm()
     text = run_text(capsys, "attend", "The cat sat", "--summary")
     assert "entropy: of a query's weights, in nats" in text and "distance: mean |query position" in text
+    assert re.search(r"^\d+ of 72 heads send most queries' strongest weight to \[CLS\] or \[SEP\]", text, re.M)
     page = tmp_path / "v.html"
     run_text(capsys, "attend", "The cat sat", "--layer", "1", "--head", "8", "--html", str(page))
     html = page.read_text()

@@ -71,7 +71,8 @@ def test_cli_attend_json_and_summary(capsys):
                                                                         "mean_distance", "top_keys"}
     assert main(["attend", "The cat", "--summary"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 5 + 72 and lines[4].split()[:4] == ["layer", "head", "entropy", "distance"]
+    assert len(lines) == 6 + 72 and lines[4].split()[:4] == ["layer", "head", "entropy", "distance"]
+    assert "heads send most queries' strongest weight to [CLS] or [SEP]" in lines[-1] and "no-op" in lines[-1]
     assert lines[1].startswith("entropy: ") and lines[2].startswith("distance: ")   # the legend, with units
 
 

@@ -114,4 +114,5 @@ def format_summary(summary) -> str:
     for r in summary.rows():
         tops = " ".join(f"{label(t['query'])}→{label(t['key'])}" for t in r["top_keys"])
         lines.append(f"{r['layer']:>5} {r['head']:>4}  {r['entropy']:7.3f}  {r['mean_distance']:8.3f}  {tops}")
-    return "\n".join(lines)
+    from ..viz.terminal import summary_note
+    return "\n".join(lines + [n for n in [summary_note(summary.tokens, summary.top_key)] if n])

@@ -258,6 +258,10 @@ def _shape_str(letters) -> str:
 
 def cmd_explain(args) -> int:
     if args.config is not None:
+        given = [flag for flag, v in (("--d-k", args.d_k), ("--seed", args.seed), ("--no-mask", args.no_mask or None))
+                 if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: for the toy example only; --config prints shapes, not numbers")
         sentence = g.RUNNING_EXAMPLE if args.sentence is None else args.sentence
         return emit(args, report_shapes(sentence, args.config))
     sentence = "the cat sat" if args.sentence is None else args.sentence   # an empty one is an error, not the default

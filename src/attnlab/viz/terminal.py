@@ -148,6 +148,23 @@ SUMMARY_LEGEND = (
     "query→key: each query's most-attended key",
 )
 
+def summary_note(tokens, top_key: np.ndarray) -> str:
+    """How many heads send most queries' strongest weight to [CLS]/[SEP], and why; "" when none do.
+
+    ``top_key`` (n_layers, n_heads, n_q) is each query's most-attended key (``HeadSummary.top_key``).
+    """
+    special = [j for j, t in enumerate(tokens) if t in SPECIAL]
+    if not special:
+        return ""
+    share = np.isin(top_key, special).mean(axis=-1)                  # (n_layers, n_heads)
+    parked = int((share > 0.5).sum())
+    if not parked:
+        return ""
+    return (f"{parked} of {share.size} heads send most queries' strongest weight to [CLS] or [SEP]: a head with "
+            "nothing to fetch parks its weight on a special token, which works as a no-op (Clark et al., 2019, "
+            "'What does BERT look at?'); it does not mean those tokens carry the meaning.")
+
+
 SPECIAL = ("[CLS]", "[SEP]", "<|endoftext|>", "<s>", "</s>")
 
 
