@@ -59,7 +59,7 @@ def test_lookup_json(capsys):
     d = run_json(capsys, "lookup", "--scale")
     assert r3(d["weights"]) == [0.140, 0.576, 0.284]
     d = run_json(capsys, "lookup", "--query", "0,1", "--keys", "1,0;0,3", "--values", "5;7")
-    assert d["tokens"] == ["key1", "key2"] and d["scores"] == [0, 3]
+    assert d["tokens"] == ["the", "cat"] and d["scores"] == [0, 3]       # custom keys keep the toy words
     np.testing.assert_allclose(d["output"], [(5 + 7 * np.e**3) / (1 + np.e**3)])
 
 
@@ -221,7 +221,9 @@ def test_a_progress_bar_leaves_nothing_on_a_non_terminal_stderr(capsys, tmp_path
     assert main(["floors", str(text), "--max-k", "2"]) == 0    # a file: the command shows a progress bar
     captured = capsys.readouterr()
     assert captured.err == ""
-    assert captured.out.splitlines()[1:] == ["k floor contexts", "0 2.108 1", "1 0.515 10", "2 0.139 15"]
+    assert [line.split() for line in captured.out.splitlines()[1:5]] == [
+        ["k", "floor", "contexts", "predictions"], ["0", "2.108", "1", "21"], ["1", "0.515", "10", "21"],
+        ["2", "0.139", "15", "20"]]
 
 
 def test_bad_input_is_one_line_exit_2(capsys, tmp_path):
@@ -237,7 +239,6 @@ def test_bad_input_is_one_line_exit_2(capsys, tmp_path):
 
 # The guide's printed outputs, verbatim: each block must appear in the tour's text.
 GUIDE_OUTPUT = [
-    "0 2.318 1\n1 0.884 15\n2 0.337 32\n3 0.296 46\n4 0.212 59\n5 0.179 69",
     "[0.000 2.000 1.000] [0.090 0.665 0.245] [0.335 0.910]",
     "4 1.98\n64 8.01",
     "0.843 0.247",
@@ -276,6 +277,10 @@ def test_tour_prints_every_number_the_guide_prints(tour_run):
     assert code == 0
     missing = [block for block in GUIDE_OUTPUT if block not in text]
     assert not missing
+    # the floors table: the guide's three columns digit for digit, then the number of predictions
+    floors = re.findall(r"^(\d) (\d\.\d{3}) (\d+) +(\d+)$", text, re.M)
+    assert floors == [("0", "2.318", "1", "127"), ("1", "0.884", "15", "127"), ("2", "0.337", "32", "126"),
+                      ("3", "0.296", "46", "125"), ("4", "0.212", "59", "124"), ("5", "0.179", "69", "123")]
     headings = re.findall(r"^== \[(\d+)/(\d+)\] (.+) ==$", text, re.M)
     assert [int(i) for i, _, _ in headings] == list(range(1, len(headings) + 1)) and len(headings) >= 8
 
@@ -289,7 +294,9 @@ def test_tour_writes_figures_and_a_self_contained_page(tour_run):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (out / "index.html").read_text(encoding="utf-8")
     assert page.count("data:image/png;base64,") == len(pngs)
-    assert "http://" not in page and "https://" not in page and "<script" not in page
+    bare = page.replace("http://www.w3.org/2000/svg", "")          # the SVG namespace is a name, not a request
+    assert "http://" not in bare and "https://" not in bare and "src=\"http" not in bare
+    assert page.count("<script") == 2                              # the widgets' data and code; the viewer's, escaped
     assert "0.843 0.247" in page and "query \\ key" in page
     assert "&#x27;The cat sat on the&#x27;" in page                # text is escaped
     assert not list(out.glob("*.part"))

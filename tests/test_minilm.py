@@ -54,9 +54,10 @@ def test_cli_attend_prints_a_trained_head(capsys):
     assert main(["attend", TEXT, "--model", "minilm", "--layer", "0", "--head", "2"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert "6 layers x 12 heads" in out[0] and "layer 0, head 2" in out[1]
-    assert len(out[2].split()) == len(TOKENS)                  # key labels, cut to fit a cell
-    sat = out[3 + TOKENS.index("sat")].split()      # rows start after the key labels
-    assert sat[0] == "sat" and max(map(float, sat[1:])) == float(sat[1 + TOKENS.index("cat")])
+    assert out[2].split() == [str(j) for j in range(len(TOKENS))]   # keys numbered: [CLS] does not fit 3 columns
+    assert "0=[CLS]  1=the  2=cat  3=sat" in "\n".join(out)           # ... and the legend names them in full
+    sat = out[3 + TOKENS.index("sat")].split()      # rows start after the key labels, numbered the same
+    assert sat[:2] == ["3", "sat"] and max(map(float, sat[2:])) == float(sat[2 + TOKENS.index("cat")])
 
 
 def test_cli_attend_json_and_summary(capsys):
@@ -70,7 +71,9 @@ def test_cli_attend_json_and_summary(capsys):
                                                                         "mean_distance", "top_keys"}
     assert main(["attend", "The cat", "--summary"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 + 72 and lines[1].split()[:4] == ["layer", "head", "entropy", "distance"]
+    assert len(lines) == 6 + 72 and lines[4].split()[:4] == ["layer", "head", "entropy", "distance"]
+    assert "heads send most queries' strongest weight to [CLS] or [SEP]" in lines[-1] and "no-op" in lines[-1]
+    assert lines[1].startswith("entropy: ") and lines[2].startswith("distance: ")   # the legend, with units
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -89,7 +92,7 @@ def test_cli_attend_bad_input_is_one_line_exit_2(capsys, argv, message):
 def test_tour_ends_with_a_trained_head_beside_an_untrained_one(capsys, tmp_path):
     from attnlab.cli import tour
 
-    assert tour.SECTIONS[-1] is tour.section_trained
+    assert tour.SECTIONS.index(tour.section_trained) >= len(tour.SECTIONS) - 2     # last, or just before the context section
     (section,) = tour.run_tour(tmp_path, sections=[tour.section_trained])
     s = section.data
     assert s["tokens"] == ["[CLS]", "the", "cat", "sat", "on", "the", "[SEP]"]   # the running example

@@ -85,7 +85,8 @@ def test_user_text_is_shown_literally(rng):
     tokens = ["[bold]x[/]", "<script>alert(1)</script>", "line\nbreak", "猫猫猫猫猫猫猫猫"]
     m = _map(4, rng, tokens)
     out = _render(terminal_grid(m, 0, 0)).export_text()
-    assert "[bold]x[/]" in out and "<script>ale…" in out and "line↵break" in out
+    assert "[bold]x[/]" in out and "<script>a…" in out and "line↵break" in out         # rows: cut to fit
+    assert "1=<script>alert(1)</script>" in out                                       # the legend: in full
     assert all(cell_width(line) <= 80 for line in out.splitlines())
 
 

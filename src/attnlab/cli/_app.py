@@ -15,6 +15,15 @@ class UsageError(Exception):
 
 
 class ArgumentParser(argparse.ArgumentParser):
+    """argparse with one-line errors and no abbreviated options: ``heads --h 4`` is an error, not ``--help``.
+
+    Subcommand parsers are made by this same class (argparse's ``parser_class``), so the rule holds everywhere.
+    """
+
+    def __init__(self, *args, **kwargs):
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
     def error(self, message):          # argparse would print the usage block and exit; we want one line
         command = self.prog.removeprefix("attnlab").strip()
         raise UsageError(f"{command}: {message}" if command else message)

@@ -63,7 +63,7 @@ def save_views(amap, layer: int, head: int, *, png=None, html=None) -> None:
         save_head(png, amap.head(layer, head), amap.q_tokens, k_tokens=amap.tokens, keep=amap.keep,
                   title=f"{amap.source}: layer {layer}, head {head}")
     if html:
-        save_html(html, amap)
+        save_html(html, amap, layer=layer, head=head)
 
 
 def report_trained_head(text: str):
@@ -109,8 +109,10 @@ def label(token: str) -> str:
 
 def format_summary(summary) -> str:
     """One line per head: entropy, mean distance, then each query's most-attended key."""
-    lines = ["layer head  entropy  distance  most-attended key per query"]
+    from ..viz.terminal import SUMMARY_LEGEND
+    lines = [*SUMMARY_LEGEND, "layer head  entropy  distance  most-attended key per query"]
     for r in summary.rows():
         tops = " ".join(f"{label(t['query'])}→{label(t['key'])}" for t in r["top_keys"])
         lines.append(f"{r['layer']:>5} {r['head']:>4}  {r['entropy']:7.3f}  {r['mean_distance']:8.3f}  {tops}")
-    return "\n".join(lines)
+    from ..viz.terminal import summary_note
+    return "\n".join(lines + [n for n in [summary_note(summary.tokens, summary.top_key)] if n])

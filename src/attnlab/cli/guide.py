@@ -8,6 +8,7 @@ and the tour can never disagree.
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -65,10 +66,27 @@ def report_floors(text: str, max_k: int = 5, *, level: str = "char", source: str
     unit = "characters" if level == "char" else "words"
     if not rows:                           # the library returns no rows; a command that prints none would mislead
         raise ValueError(f"{source} must hold at least 2 {unit} to score one prediction")
-    lines = [f"Lowest possible cross-entropy with k {unit} of context, {source}:", "k floor contexts"]
-    lines += [f"{r.k} {r.floor:.3f} {r.n_contexts}" for r in rows]
+    left = [f"{r.k} {r.floor:.3f} {r.n_contexts}" for r in rows]          # the guide's three columns
+    width = max(len("k floor contexts"), *map(len, left))
+    lines = [f"Lowest possible cross-entropy with k {unit} of context, {source}:",
+             f"{'k floor contexts'.ljust(width)}  predictions"]
+    lines += [f"{a.ljust(width)}  {r.n_predictions}" for a, r in zip(left, rows)]
+    lines.append(f"Each floor is an average over its predictions: the {unit} at positions max(k, 1) … "
+                 f"{rows[0].n_predictions}, so k = 0 and k = 1 score the same {rows[0].n_predictions} and each "
+                 f"longer context one fewer.")
+    last = rows[-1]
+    if last.k >= 2:
+        lines.append(f"At k = {last.k}: {last.n_contexts} distinct contexts for {last.n_predictions} predictions. "
+                     "A context seen once predicts its next " + unit[:-1] + " with certainty, so the later "
+                     "floors flatter what more context buys.")
+    rises = [(a, b) for a, b in zip(rows, rows[1:]) if b.floor > a.floor + 1e-12]
+    for a, b in rises:
+        lines.append(f"k = {b.k} is above k = {a.k} ({b.floor:.3f} > {a.floor:.3f}) because it is scored on "
+                     f"fewer predictions ({b.n_predictions} vs {a.n_predictions}); on the same predictions a "
+                     "longer context never raises the floor.")
     return Report("\n".join(lines), {"level": level, "source": source,
-                                     "rows": [vars(r) for r in rows]})
+                                     "rows": [vars(r) for r in rows],
+                                     "rises": [{"k": b.k, "above_k": a.k} for a, b in rises]})
 
 
 def cmd_floors(args) -> int:
@@ -99,8 +117,8 @@ def report_lookup(query=g.lookup.QUERY, keys=g.lookup.KEYS, values=g.lookup.VALU
     r = g.soft_lookup(query, keys, values, scaled=scaled)
     if len(tokens) != len(r.keys):
         raise ValueError(f"tokens must name the {len(r.keys)} keys, got {len(tokens)}: {' '.join(tokens)}")
-    hard_w, hard_out = g.hard_lookup(r, score=hard)
     top = int(np.argmax(r.scores))
+    hard_w, hard_out = g.hard_lookup(r, index=top, score=max(hard, float(r.scores[top])))
     scale_note = f" × 1/√{len(r.query)}" if scaled else ""
     lines = [f"query q {fmt(r.query)} {r.query.shape}, keys K {r.keys.shape}, values V {r.values.shape}",
              f"1. score q against each key (dot product{scale_note}):"]
@@ -113,20 +131,49 @@ def report_lookup(query=g.lookup.QUERY, keys=g.lookup.KEYS, values=g.lookup.VALU
     lines += [f"   {t:>8}  {w:.3f} · {fmt(v)}" for t, w, v in zip(tokens, r.weights, r.values)]
     lines += [f"   output {fmt(r.output)} {r.output.shape}",
               f"{fmt(r.scores)} {fmt(r.weights)} {fmt(r.output)}",
-              f"Hard lookup: push {tokens[top]}'s score to {hard:g} and it takes {hard_w[top]:.8f} of the weight"
-              f" ({'more' if hard_w[top] > 0.999999 else 'less'} than 0.999999); output {fmt(hard_out)}."]
+              hard_line(tokens[top], float(r.scores[top]), hard, float(hard_w[top]), _gap(r.scores, top, hard),
+                        hard_out, r.values[top])]
     return Report("\n".join(lines), {
         "tokens": list(tokens), "query": r.query, "keys": r.keys, "values": r.values, "scale": r.scale,
         "scores": r.scores, "weights": r.weights, "output": r.output,
-        "hard": {"token": tokens[top], "score": hard, "weights": hard_w, "output": hard_out}})
+        "hard": {"token": tokens[top], "score": max(hard, float(r.scores[top])), "weights": hard_w,
+                 "output": hard_out, "is_hard": bool(hard_w[top] > HARD_WEIGHT)}})
+
+
+def _gap(scores, top: int, hard: float) -> float:
+    """How far the pushed top score stands above the next one."""
+    others = np.delete(np.asarray(scores), top)
+    return max(hard, float(scores[top])) - float(others.max()) if others.size else float("inf")
+
+
+HARD_WEIGHT = 0.999999       # the guide's "more than 0.999999 of the weight": a hard lookup
+
+
+def hard_line(token: str, score: float, hard: float, weight: float, gap: float, out, value) -> str:
+    """What pushing the top score to ``hard`` does, said without claiming a push that did not happen."""
+    if score >= hard:
+        head = f"Hard lookup: {token}'s score is already {score:g} (at least --hard {hard:g}); it takes {weight:.8f}"
+    else:
+        head = f"Hard lookup: push {token}'s score from {score:g} to {hard:g} and it takes {weight:.8f}"
+    if weight > HARD_WEIGHT:
+        return (f"{head} of the weight (more than {HARD_WEIGHT}); output {fmt(out)}, {token}'s value "
+                f"{fmt(value)} almost exactly.")
+    rest = 1 - weight
+    return (f"{head} of the weight, so the output {fmt(out)} is still a blend ({rest:.6f} goes to the other keys, "
+            f"the next score is only {gap:g} below). A dictionary-like lookup needs the top score far "
+            f"above the rest; raise --hard.")
 
 
 def parse_vector(name: str, text: str) -> np.ndarray:
-    """'1,0' -> [1., 0.]"""
+    """'1,0' or '1 0' -> [1., 0.]: numbers split by commas or spaces, never run together."""
+    parts = [p for p in re.split(r"[,\s]+", text.strip()) if p]
     try:
-        return np.array([float(x) for x in text.replace(" ", "").split(",")])   # (d,)
+        if not parts:
+            raise ValueError
+        return np.array([float(x) for x in parts])   # (d,)
     except ValueError:
-        raise ValueError(f"{name} must be numbers separated by commas, like 1,0; got {text!r}") from None
+        raise ValueError(f"{name} must be numbers separated by commas or spaces, like 1,0 or '1 0'; "
+                         f"got {text!r}") from None
 
 
 def parse_matrix(name: str, text: str) -> np.ndarray:
@@ -139,30 +186,57 @@ def parse_matrix(name: str, text: str) -> np.ndarray:
     return np.array(rows)                                                        # (n, d)
 
 
+# Names for custom keys: the words of the toy text in the order they first appear ("the cat sat" first).
+KEY_NAMES = tuple(dict.fromkeys(g.TOY_TEXT.split()))
+
+
+def key_names(n: int) -> tuple[str, ...]:
+    """``n`` labels for keys: the cat sat on mat … then t13, t14, … past the toy's 12 words."""
+    return tuple(KEY_NAMES[i] if i < len(KEY_NAMES) else f"t{i + 1}" for i in range(n))
+
+
 def cmd_lookup(args) -> int:
     q = g.lookup.QUERY if args.query is None else parse_vector("--query", args.query)
     k = g.lookup.KEYS if args.keys is None else parse_matrix("--keys", args.keys)
     v = g.lookup.VALUES if args.values is None else parse_matrix("--values", args.values)
-    if args.tokens is not None:
-        tokens = tuple(args.tokens)
-    elif args.keys is None:
-        tokens = g.lookup.TOKENS
-    else:
-        tokens = tuple(f"key{i + 1}" for i in range(len(k)))
+    tokens = tuple(args.tokens) if args.tokens is not None else key_names(len(k))
     return emit(args, report_lookup(q, k, v, tokens=tokens, scaled=args.scale, hard=args.hard))
 
 
 # --- 3. explain ---------------------------------------------------------------------------------
 
-def report_explain(toy: g.GuideToy, sentence: str, *, is_causal: bool = True) -> Report:
+def report_explain(toy: g.GuideToy, sentence: str, *, is_causal: bool = True, d_k: int | None = None,
+                   seed: int | None = None) -> Report:
     steps = g.explain(toy, sentence, is_causal=is_causal)
-    lines = [f"A = softmax(QKᵀ/√d_k + M), output AV, on the toy embeddings of {sentence!r}"]
+    d = toy.W_Q.shape
+    how = (f"d_model = {d[0]}, d_k = d_v = {d[1]}" + (f", W^Q, W^K, W^V from seed {seed}" if seed is not None else ""))
+    lines = [f"A = softmax(QKᵀ/√d_k + M), output AV, on the toy embeddings of {sentence!r} ({how})",
+             "Rows and columns that stand for tokens are labelled with them; the others are coordinates."]
     for st in steps:
         lines.append(f"{st.symbol.name}  {_shape_str(st.symbol.shape)} = {st.shape}  {st.symbol.meaning}")
-        lines.append(indent(fmt(st.value)))
-    return Report("\n".join(lines), {"sentence": sentence, "is_causal": is_causal, "symbols": [
+        lines.append(indent(labelled_matrix(st.value, st.rows, st.cols)))
+    return Report("\n".join(lines), {"sentence": sentence, "is_causal": is_causal, "d_k": d[1], "seed": seed,
+                                     "tokens": sentence.split(), "symbols": [
         {"name": st.symbol.name, "meaning": st.symbol.meaning, "general_shape": list(st.symbol.shape),
-         "shape": list(st.shape), "value": st.value} for st in steps]})
+         "shape": list(st.shape), "rows": st.rows, "cols": st.cols, "value": st.value} for st in steps]})
+
+
+def labelled_matrix(a: np.ndarray, rows=None, cols=None) -> str:
+    """A matrix with its row and column labels (token words); axes without labels get their index.
+
+    >>> print(labelled_matrix(np.array([[0.0, -np.inf], [1.5, 2.0]]), ["the", "cat"], ["the", "cat"]))
+           the    cat
+    the  0.000   -inf
+    cat  1.500  2.000
+    """
+    a = np.asarray(a)
+    if rows is None and cols is None:
+        return fmt(a)
+    rows = [str(i) for i in range(a.shape[0])] if rows is None else list(rows)
+    cols = [str(j) for j in range(a.shape[1])] if cols is None else list(cols)
+    body = [[r] + [f"{x:.3f}" if np.isfinite(x) else ("-inf" if x < 0 else "inf") for x in row]
+            for r, row in zip(rows, a)]
+    return table([""] + cols, body, align_left=1)
 
 
 def report_shapes(sentence: str = g.RUNNING_EXAMPLE, config_name: str = "gpt2-small") -> Report:
@@ -185,10 +259,22 @@ def _shape_str(letters) -> str:
 
 def cmd_explain(args) -> int:
     if args.config is not None:
+        given = [flag for flag, v in (("--d-k", args.d_k), ("--seed", args.seed), ("--no-mask", args.no_mask or None))
+                 if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: for the toy example only; --config prints shapes, not numbers")
         sentence = g.RUNNING_EXAMPLE if args.sentence is None else args.sentence
         return emit(args, report_shapes(sentence, args.config))
     sentence = "the cat sat" if args.sentence is None else args.sentence   # an empty one is an error, not the default
-    return emit(args, report_explain(g.guide_toy(), sentence, is_causal=not args.no_mask))
+    toy = g.guide_toy()
+    if args.d_k is not None or args.seed is not None:
+        d_model = toy.embeddings.E.shape[1]
+        d_k = d_model if args.d_k is None else args.d_k
+        seed = g.toy.PROJECTION_SEED if args.seed is None else args.seed
+        W_Q, W_K, W_V = g.random_projections(d_model, d_k, rng=np.random.default_rng(seed))
+        toy = g.GuideToy(embeddings=toy.embeddings, W_Q=W_Q, W_K=W_K, W_V=W_V)
+    return emit(args, report_explain(toy, sentence, is_causal=not args.no_mask, d_k=args.d_k,
+                                     seed=g.toy.PROJECTION_SEED if args.seed is None else args.seed))
 
 
 # --- 4. scale -----------------------------------------------------------------------------------
@@ -201,25 +287,42 @@ class ScaleRun:
     scaled_lookup: np.ndarray
 
 
-def run_scale(seed: int = g.scaling.SEED, n_pairs: int = 10_000, n_trials: int = 2000) -> ScaleRun:
-    """The guide's block: both experiments restart from default_rng(seed)."""
-    spreads = g.dot_product_spread(n_pairs=n_pairs, rng=np.random.default_rng(seed))
-    top = g.top_weight(n_trials=n_trials, rng=np.random.default_rng(seed))
-    sat = {name: g.saturation(s) for name, s in (("[10, 0, 0]", (10.0, 0.0, 0.0)), ("[1, 0, 0]", (1.0, 0.0, 0.0)))}
+SATURATION_SCORES = ((10.0, 0.0, 0.0), (1.0, 0.0, 0.0))   # the guide's saturated and usable softmax
+
+
+def run_scale(seed: int = g.scaling.SEED, n_pairs: int = 10_000, n_trials: int = 2000, *, widths=(4, 64),
+              n_keys: int = 16, scores=SATURATION_SCORES) -> ScaleRun:
+    """The guide's block: both experiments restart from default_rng(seed); the top weight is measured at the
+    widest of ``widths``."""
+    if isinstance(n_pairs, int) and not isinstance(n_pairs, bool) and n_pairs == 1:
+        raise ValueError("pairs must be at least 2: the spread of one dot product is always 0")
+    widths = tuple(widths)
+    if not widths:
+        raise ValueError("widths must hold at least one d_k, got none")
+    spreads = g.dot_product_spread(widths, n_pairs=n_pairs, rng=np.random.default_rng(seed))
+    top = g.top_weight(max(widths), n_keys, n_trials=n_trials, rng=np.random.default_rng(seed))
+    sat = {"[" + ", ".join(f"{x:g}" for x in sc) + "]": g.saturation(sc) for sc in scores}
     return ScaleRun(spreads=spreads, top=top, saturation=sat, scaled_lookup=g.soft_lookup(scaled=True).weights)
 
 
 def report_scale(run: ScaleRun) -> Report:
     t = run.top
-    lines = ["Spread (standard deviation) of u · v for random N(0, 1) vectors, close to √d_k:"]
+    roots = ", ".join(f"{np.sqrt(s.d_k):.2f}" for s in run.spreads)
+    lines = [f"Spread (standard deviation) of u · v for {len(run.spreads[0].dots):,} random N(0, 1) pairs, "
+             f"close to √d_k ({roots}):", "d_k spread"]
     lines += [f"{s.d_k} {s.std:.2f}" for s in run.spreads]
-    lines += [f"Average largest of {t.n_keys} weights at width {t.d_k}, unscaled and divided by √{t.d_k}:",
+    lines += [f"Average largest of {t.n_keys} weights at width {t.d_k} over {len(t.top):,} trials, unscaled and "
+              f"divided by √{t.d_k} (an even spread would be 1/{t.n_keys} = {1 / t.n_keys:.3f}):",
               f"{t.mean:.3f} {t.mean_scaled:.3f}",
               "The hand example divided by √2:", fmt(run.scaled_lookup),
               "Saturation: the top weight, and after nudging its score up by 0.1:"]
-    (a0, a1), (b0, b1) = run.saturation["[10, 0, 0]"], run.saturation["[1, 0, 0]"]
-    lines += [f"[10, 0, 0] {a0:.5f} -> {a1:.5f}   (barely moves: tiny gradients)",
-              f"[1, 0, 0]  {b0:.3f} -> {b1:.3f}   (a gradient training can use)"]
+    width = max(map(len, run.saturation))
+    for name, (a0, a1) in run.saturation.items():
+        slope = a0 * (1 - a0)                          # d weight / d score of softmax's top weight
+        why = "barely moves: tiny gradients" if slope < 0.01 else "a gradient training can use"
+        digits = 5 if a0 > 0.999 else 3
+        lines.append(f"{name.ljust(width)} {a0:.{digits}f} -> {a1:.{digits}f}   ({why}; slope w(1 − w) = "
+                     f"{slope:.2g})")
     return Report("\n".join(lines), {
         "spread": {str(s.d_k): s.std for s in run.spreads},
         "top_weight": {"d_k": t.d_k, "n_keys": t.n_keys, "n_trials": len(t.top), "unscaled": t.mean,
@@ -229,7 +332,10 @@ def report_scale(run: ScaleRun) -> Report:
 
 
 def cmd_scale(args) -> int:
-    return emit(args, report_scale(run_scale(args.seed, args.pairs, args.trials)))
+    scores = SATURATION_SCORES if args.scores is None else tuple(
+        tuple(parse_vector("--scores", x)) for x in args.scores)
+    return emit(args, report_scale(run_scale(args.seed, args.pairs, args.trials, widths=args.d_k,
+                                             n_keys=args.keys, scores=scores)))
 
 
 # --- 5. mask ------------------------------------------------------------------------------------
@@ -276,15 +382,21 @@ EMBED_SENTENCES = ("the cat sat", "the cat sat on the")
 
 def report_embed(toy: g.GuideToy, sentences=EMBED_SENTENCES, pair=("cat", "dog")) -> Report:
     cos = toy.embeddings.cosine(*pair)
-    lines = [f"Guide 3's table retrained: {len(toy.embeddings.vocab)} words × {toy.embeddings.E.shape[1]} numbers",
+    E, vocab = toy.embeddings.E, toy.embeddings.vocab
+    lines = [f"Guide 3's table retrained: {len(vocab)} words × {E.shape[1]} numbers",
+             indent(labelled_matrix(E, vocab, None)),
              f"cos({pair[0]}, {pair[1]}) {cos:.2f}"]
     grids = []
     for s in sentences:
         _, a = toy.attend(s)
-        grids.append({"sentence": s, "weights": a, "row_sums": a.sum(axis=1)})
-        lines += [f"Causal attention weights for {s!r} (random W_Q, W_K, W_V), then the row sums:",
+        words = s.split()
+        grids.append({"sentence": s, "tokens": words, "weights": a, "row_sums": a.sum(axis=1)})
+        grid = np.concatenate([a, a.sum(axis=1, keepdims=True)], axis=1)          # (n, n + 1)
+        lines += [f"Causal attention weights for {s!r} (random W_Q, W_K, W_V; rows: queries, columns: keys):",
+                  indent(labelled_matrix(grid, words, words + ["row sum"])),
+                  "as the guide prints them, A then the row sums:",
                   f"{fmt(a)} {fmt(a.sum(axis=1))}"]
-    return Report("\n".join(lines), {"vocab": list(toy.embeddings.vocab), "cosine": {"words": list(pair),
+    return Report("\n".join(lines), {"vocab": list(vocab), "E": E, "cosine": {"words": list(pair),
                                      "value": cos}, "grids": grids})
 
 
@@ -298,36 +410,79 @@ def cmd_embed(args) -> int:
 
 # --- 7. heads -----------------------------------------------------------------------------------
 
-def report_heads(n: int = 5, seed: int = g.heads.SEED) -> Report:
-    run = g.run_heads(n, rng=np.random.default_rng(seed))
-    c = g.params()
-    text = ("Shapes of Q, S, AV, the joined heads, and the output (12 heads of width 64):\n"
-            + " ".join(str(s) for s in run.shapes.values())
-            + f"\nParameters per layer: {c.per_layer:,} in W_Q, W_K, W_V, W_O; {c.per_layer_with_bias:,} with "
-            f"biases (the layer counts {run.n_params:,})")
-    return Report(text, {"shapes": {k: list(v) for k, v in run.shapes.items()}, "params": c.per_layer,
-                         "params_with_bias": c.per_layer_with_bias, "layer_params": run.n_params})
+GRID_MOST = 12           # tokens and heads beyond which the per-head grids are left to --json
+
+
+def report_heads(n: int = 5, seed: int = g.heads.SEED, *, n_heads: int = 12, d_model: int = 768) -> Report:
+    from ..config import AttentionConfig
+
+    config = AttentionConfig(d_model=d_model, n_heads=n_heads)
+    run = g.run_heads(n, config, rng=np.random.default_rng(seed))
+    c = g.params(replace(g.GPT2_SMALL_COST, attention=config))
+    words = g.RUNNING_EXAMPLE.split()
+    tokens = words if n == len(words) else [f"t{i + 1}" for i in range(n)]
+    lines = [f"Shapes of Q, S, AV, the joined heads, and the output ({config.n_heads} heads of width "
+             f"{config.d_head}, d_model {config.d_model}, n {n}):",
+             " ".join(str(s) for s in run.shapes.values()),
+             f"Parameters per layer: {c.per_layer:,} in W_Q, W_K, W_V, W_O; {c.per_layer_with_bias:,} with "
+             f"biases (the layer counts {run.n_params:,})"]
+    if n <= GRID_MOST and config.n_heads <= GRID_MOST:
+        lines.append(f"Each head's causal weights A (rows: queries, columns: keys), X and W from seed {seed}; "
+                     f"the tokens are random stand-ins for {' '.join(tokens)!r}, and the weights are untrained:")
+        for h, a in enumerate(run.weights):
+            lines += [f"head {h + 1}", indent(labelled_matrix(a, tokens, tokens))]
+    else:
+        lines.append(f"({config.n_heads} grids of {n} × {n} weights: too many to print; --json has them)")
+    return Report("\n".join(lines), {"shapes": {k: list(v) for k, v in run.shapes.items()}, "params": c.per_layer,
+                                     "params_with_bias": c.per_layer_with_bias, "layer_params": run.n_params,
+                                     "n_heads": config.n_heads, "d_model": config.d_model, "d_head": config.d_head,
+                                     "seed": seed, "tokens": tokens, "weights": run.weights})
 
 
 def cmd_heads(args) -> int:
-    return emit(args, report_heads(args.n, args.seed))
+    return emit(args, report_heads(args.n, args.seed, n_heads=args.n_heads, d_model=args.d_model))
 
 
 # --- 8. order -----------------------------------------------------------------------------------
 
-def report_order(toy: g.GuideToy, seed: int = g.order.POSITION_SEED) -> Report:
-    r = g.order_checks(toy, rng=np.random.default_rng(seed))
-    text = (f"No mask, no positions: reversal commutes, {r.word!r} the same in both sentences:\n"
-            f"{r.reversal_commutes} {r.same_vector}\n"
-            f"With random position vectors (seed {seed}): reversal commutes, largest difference:\n"
-            f"{r.with_positions_commutes} {r.with_positions_max_diff:.3f}\n"
-            f"With the causal mask: {r.word!r} the same in both sentences, largest difference:\n"
-            f"{r.masked_same_vector} {r.masked_max_diff:.3f}")
-    return Report(text, vars(r) | {"seed": seed})
+def report_order(toy: g.GuideToy, seed: int = g.order.POSITION_SEED, sentence: str = g.order.SENTENCE,
+                 swapped: str | None = g.order.SWAPPED) -> Report:
+    r = g.order_checks(toy, sentence, swapped, rng=np.random.default_rng(seed))
+    words = sentence.split()
+    w = f"{r.word!r}"
+    text = "\n".join([
+        f"Sentences: {r.sentence!r} and {r.swapped!r}; compared word {w} (position {r.index} and {r.index_swapped}).",
+        f"No mask, no positions: reversal commutes, {w} the same in both sentences:",
+        f"{r.reversal_commutes} {r.same_vector}",
+        f"With random position vectors (seed {seed}): reversal commutes, largest difference:",
+        f"{r.with_positions_commutes} {r.with_positions_max_diff:.3f}",
+        f"With the causal mask: {w} the same in both sentences, largest difference:",
+        f"{r.masked_same_vector} {r.masked_max_diff:.3f}",
+        "",
+        "The vectors compared. Attention on the reversed rows, beside attention's output reversed (no mask):",
+        indent(labelled_matrix(r.flipped, words[::-1], None)),
+        indent(labelled_matrix(r.out_reversed, words[::-1], None)),
+        f"The new vector of {w} in each sentence, no mask (" + ("equal: without positions attention sees a bag "
+        "of words" if r.same_vector else "different: the two sentences hold different words") + "):",
+        indent(labelled_matrix(np.stack(r.unmasked), [r.sentence, r.swapped], None)),
+        f"The new vector of {w} in each sentence with the causal mask (it sees only the words up to itself):",
+        indent(labelled_matrix(np.stack(r.masked), [r.sentence, r.swapped], None)),
+    ])
+    data = {k: getattr(r, k) for k in ("reversal_commutes", "same_vector", "with_positions_commutes",
+                                       "with_positions_max_diff", "masked_same_vector", "masked_max_diff", "word",
+                                       "index", "index_swapped", "sentence", "swapped", "flipped", "out_reversed")}
+    return Report(text, data | {"seed": seed, "unmasked": list(r.unmasked), "masked": list(r.masked)})
 
 
 def cmd_order(args) -> int:
-    return emit(args, report_order(g.guide_toy(), args.seed))
+    sentences = args.sentence or []
+    if len(sentences) > 2:
+        raise ValueError(f"--sentence takes one or two sentences, got {len(sentences)}")
+    if not sentences:
+        sentence, swapped = g.order.SENTENCE, g.order.SWAPPED
+    else:
+        sentence, swapped = sentences[0], (sentences[1] if len(sentences) == 2 else None)
+    return emit(args, report_order(g.guide_toy(), args.seed, sentence, swapped))
 
 
 # --- 9. cost ------------------------------------------------------------------------------------
@@ -348,16 +503,22 @@ def report_cost(n: int = 5, config_name: str = "gpt2-small", *, block_q: int | N
              f"{c.scores_per_head} {c.scores_per_layer} {at_ctx.scores_per_head} {at_ctx.scores_per_layer}",
              f"At n = {n:,}: {c.flops_per_layer:,} FLOPs per layer ({c.flops_projections:,} in the projections, "
              f"{c.flops_scores:,} in QKᵀ and AV); {c.flops_per_model:,} for {config.n_layers} layers",
-             f"Score grid of one layer: {_bytes(c.grid_bytes_naive)} naive, {_bytes(c.grid_bytes_tiled)} tiled "
-             f"({config.workers} workers × {'×'.join(map(str, g.tile_shape(n, config)))} tiles, plus a running max "
-             "and sum per query)",
+             f"Score grid of one layer: {_bytes(c.grid_bytes_naive)} naive (all {c.scores_per_layer:,} scores at "
+             f"once), {_bytes(c.grid_bytes_tiled)} tiled (Guide 10: a block of scores at a time, plus a running "
+             "max and sum per query)",
              f"KV cache: {_bytes(g.kv_bytes_per_token(config))} per token, {_bytes(c.kv_cache_bytes)} at n = {n:,}, "
              f"{_bytes(at_ctx.kv_cache_bytes)} at n_ctx = {n_ctx} ({bytes_per_number} bytes per number)"]
+    if c.grid_bytes_tiled > c.grid_bytes_naive:
+        lines.append(f"At n = {n:,} tiling costs more than it saves: the running max and sum (2 numbers per query "
+                     "per head) outweigh so small a grid. Tiling pays once n is large.")
     if n > n_ctx:
         lines.append(f"(n = {n:,} is beyond {config_name}'s n_ctx = {n_ctx:,}: W_P has no row for those positions)")
     rows = g.growth(config) if growth_table else []
     if rows:
-        lines += ["Growth:", table(["n", "scores/layer", "FLOPs/layer", "grid naive", "grid tiled", "KV cache"],
+        b = config.block_q
+        lines += [f"Growth. Up to n = {b:,} a block holds a head's whole n × n grid, so tiled memory grows as n² "
+                  f"there too; past {b:,} the block stops growing and only the max and sum per query grow, "
+                  "linearly: that is the kink in the memory plot." + _small_n_note(rows), table(["n", "scores/layer", "FLOPs/layer", "grid naive", "grid tiled", "KV cache"],
                                    [[f"{r.n:,}", f"{r.scores_per_layer:,}", f"{r.flops_per_layer:.3g}",
                                      _bytes(r.grid_bytes_naive), _bytes(r.grid_bytes_tiled),
                                      _bytes(r.kv_cache_bytes)] for r in rows])]
@@ -366,6 +527,14 @@ def report_cost(n: int = 5, config_name: str = "gpt2-small", *, block_q: int | N
                                      "bytes_per_number": bytes_per_number, "params": vars(p), "cost": vars(c),
                                      "at_n_ctx": vars(at_ctx), "kv_bytes_per_token": g.kv_bytes_per_token(config),
                                      "growth": [vars(r) for r in rows]})
+
+
+def _small_n_note(rows) -> str:
+    small = [r.n for r in rows if r.grid_bytes_tiled > r.grid_bytes_naive]
+    if not small:
+        return ""
+    return (f" At n = {', '.join(map(str, small))} the tiled column is the larger: its max and sum per query "
+            "outweigh so small a grid.")
 
 
 def _bytes(b: int) -> str:
@@ -438,12 +607,19 @@ def register(sub) -> None:
                    "with --config any text (default: 'The cat sat on the')")
     p.add_argument("--config", choices=sorted(g.COST_CONFIGS), help="print the shapes table for this model instead")
     p.add_argument("--no-mask", action="store_true", help="leave the causal mask off (M = 0)")
+    p.add_argument("--d-k", type=_int, help="width of queries, keys and values (default 4, the toy's d_model)")
+    p.add_argument("--seed", type=seed_arg, help=f"seed of W^Q, W^K, W^V (default {g.toy.PROJECTION_SEED}, the guide's)")
     _done(p, cmd_explain)
 
     p = sub.add_parser("scale", help="why the scores are divided by √d_k")
     p.add_argument("--seed", type=seed_arg, default=g.scaling.SEED, help="the guide uses 0")
     p.add_argument("--pairs", type=_int, default=10_000, help="random pairs per width (10,000)")
     p.add_argument("--trials", type=_int, default=2000, help="random queries for the top weight (2,000)")
+    p.add_argument("--d-k", type=_int, nargs="+", default=[4, 64], metavar="N",
+                   help="widths for the spread (default 4 64); the top weight uses the widest")
+    p.add_argument("--keys", type=_int, default=16, help="keys per query in the top-weight experiment (16)")
+    p.add_argument("--scores", action="append", metavar="S",
+                   help="scores to saturate, e.g. '10,0,0' (repeatable; default the guide's 10,0,0 and 1,0,0)")
     _done(p, cmd_scale)
 
     p = sub.add_parser("mask", help="the causal mask M, with 0 and −∞, and as bools")
@@ -461,11 +637,17 @@ def register(sub) -> None:
 
     p = sub.add_parser("heads", help="multi-head attention on GPT-2 small's shapes")
     p.add_argument("--n", type=_int, default=5, help="tokens (default 5)")
-    p.add_argument("--seed", type=seed_arg, default=g.heads.SEED, help="the guide uses 0")
+    p.add_argument("--seed", type=seed_arg, default=g.heads.SEED, help="seed of X and the four matrices (the guide uses 0)")
+    p.add_argument("--n-heads", type=_int, default=12, help="heads h (default 12, GPT-2 small's)")
+    p.add_argument("--d-model", type=_int, default=768, help="width d_model, a multiple of h (default 768)")
     _done(p, cmd_heads)
 
     p = sub.add_parser("order", help="attention is blind to order until positions are added")
     p.add_argument("--seed", type=seed_arg, default=g.order.POSITION_SEED, help="seed of the position vectors (2)")
+    p.add_argument("--sentence", action="append", metavar="TEXT",
+                   help="a sentence of toy words; give it twice for the second sentence (default: the guide's "
+                        "'the cat saw the dog' and 'the dog saw the cat'; one sentence alone is set beside its "
+                        "words reversed)")
     _done(p, cmd_order)
 
     p = sub.add_parser("cost", help="parameters, scores, FLOPs, score-grid and KV-cache memory")

@@ -117,10 +117,14 @@ def cmd_train(args) -> int:
               "floors": {part: f["floors"] for part, f in figures.items()},
               "add_alpha": {part: f["add_alpha"] for part, f in figures.items()}, "alpha": ALPHA,
               "out": args.out}
+    note = heldout_note(figures, int(data.train.size))
+    result["note"] = note
     if args.json:
         print_json(result)
     else:
         print_table(figures, config)
+        if note:
+            print(note)
         if args.out:
             print(f"checkpoint: {Path(args.out) / 'model.safetensors'}")
     return 0
@@ -143,6 +147,21 @@ def run_with_progress(steps, total: int, *, save, save_every: int) -> list[float
             if save is not None and (s.step % save_every == 0 or s.step == total):
                 save()
     return losses
+
+
+def heldout_note(figures: dict, n_train: int) -> str | None:
+    """A sentence when the model does worse on the held-out tail than counting with one token of context."""
+    held = figures.get("heldout")
+    if not held or held.get("model") is None or 1 not in held["add_alpha"]:
+        return None
+    model, count = held["model"], held["add_alpha"][1]
+    if model <= count:
+        return None
+    return (f"Held-out, the model ({model:.3f}) does worse than add-α counting with k = 1 ({count:.3f}), though "
+            f"it beats it on the training part ({figures['train']['model']:.3f}): on {n_train:,} training tokens "
+            "it has memorised the text more than learned it (overfitting). Counting with one token of context has "
+            "almost nothing to overfit. Try a longer text (e.g. the guide itself, see README), fewer --steps, or "
+            "--heldout 0 to see it reach the training floors.")
 
 
 def print_table(figures: dict, config) -> None:

@@ -7,7 +7,7 @@ small on the running example "The cat sat on the" (n = 5, d_model = 768, d_k = d
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -42,11 +42,20 @@ SYMBOLS = (
 )
 
 
+# Without the causal mask two symbols mean something else; the rest read the same.
+UNMASKED = {
+    "M": "no mask (--no-mask): M is all zeros, every token may look at every token",
+    "S + M": "equal to S: with no mask nothing is sent to −∞",
+}
+
+
 @dataclass(frozen=True, eq=False)
 class Step:
     symbol: Symbol
     shape: tuple[int, ...]         # the shape here
     value: np.ndarray | None       # None when only shapes are known
+    rows: tuple[str, ...] | None = None   # a label per row when the rows are tokens
+    cols: tuple[str, ...] | None = None   # a label per column when the columns are tokens
 
 
 def shape_sizes(n: int, config: AttentionConfig = GPT2_SMALL) -> dict[str, int]:
@@ -71,7 +80,8 @@ def explain(toy: GuideToy, sentence: str, *, is_causal: bool = True) -> list[Ste
     """Every symbol of the equation computed on the toy embeddings of ``sentence``.
 
     The weights come from :func:`attnlab.attention`; S, M and S + M are shown as the guide writes them.
-    Without the causal mask, M is all zeros.
+    Without the causal mask, M is all zeros and the meanings of M and S + M say so. Each step carries the
+    words of ``sentence`` as labels of its token axes (rows of X, Q, K, V, AV; both axes of S, M, A).
     """
     if not isinstance(toy, GuideToy):
         raise TypeError(f"toy must be a GuideToy (see guide_toy()), got {type(toy).__name__}")
@@ -86,7 +96,11 @@ def explain(toy: GuideToy, sentence: str, *, is_causal: bool = True) -> list[Ste
     values = {"X": x, "W^Q": toy.W_Q, "W^K": toy.W_K, "W^V": toy.W_V, "Q": q, "K": k, "V": v, "Kᵀ": k.T,
               "S": s, "M": m, "S + M": s + m, "A": a, "AV": out}
     letters = {"n": n, "d_model": x.shape[1], "d_k": d_k, "d_v": v.shape[1]}
-    steps = [Step(symbol=sym, shape=values[sym.name].shape, value=values[sym.name]) for sym in SYMBOLS]
+    words = tuple(sentence.split())
+    symbols = SYMBOLS if is_causal else tuple(replace(s, meaning=UNMASKED.get(s.name, s.meaning)) for s in SYMBOLS)
+    steps = [Step(symbol=sym, shape=values[sym.name].shape, value=values[sym.name],
+                  rows=words if sym.shape[0] == "n" else None, cols=words if sym.shape[-1] == "n" else None)
+             for sym in symbols]
     assert all(st.shape == tuple(letters[d] for d in st.symbol.shape) for st in steps)
     return steps
 

@@ -84,13 +84,20 @@ def toy_vocab(text: str = TOY_TEXT) -> tuple[str, ...]:
 
 
 def word_ids(vocab: tuple[str, ...], sentence: str) -> np.ndarray:
-    """The words of ``sentence`` (split on whitespace) as indices into ``vocab``: (n,)."""
+    """The words of ``sentence`` (split on whitespace) as indices into ``vocab``: (n,).
+
+    A word not in ``vocab`` is looked up lowercased, so the guide's "The cat sat" works on the toy's words.
+
+    >>> word_ids(("cat", "the"), "The cat").tolist()
+    [1, 0]
+    """
     if not isinstance(sentence, str):
         raise TypeError(f"sentence must be a str, got {type(sentence).__name__}")
     words = sentence.split()
     if not words:
         raise ValueError("sentence must hold at least one word, got an empty string")
     index = {w: i for i, w in enumerate(vocab)}
+    words = [w if w in index else w.lower() for w in words]                  # "The" is the toy's "the"
     unknown = [w for w in words if w not in index]
     if unknown:
         raise ValueError(f"word {unknown[0]!r} is not in the toy vocabulary ({' '.join(vocab)})")

@@ -80,3 +80,25 @@ def save_growth(path, n, series, *, ylabel: str, title: str | None = None, marks
         ax.set_title(title)
     _save(fig, path)
 
+
+
+def save_context(path, result, *, title: str | None = None) -> None:
+    """Both cosines of :func:`attnlab.context.compare_in_context` against the hidden state: the token rows
+    alone first, then the embeddings, then after each layer."""
+    labels = ["W_E rows", "embeddings"] + [name.removeprefix("layer ") for name in result.layers[1:]]
+    x = np.arange(len(labels))                                                          # (L + 2,)
+    word = np.concatenate([[result.rows_word_cosine], result.word_cosine])              # (L + 2,)
+    sentence = np.concatenate([[result.rows_sentence_cosine], result.sentence_cosine])  # (L + 2,)
+    fig = _figure(6.4, 3.8)
+    ax = fig.add_subplot()
+    ax.plot(x, word, marker="o", color=COLOURS[0], label=f"{result.word!r} in A vs in B")
+    ax.plot(x, sentence, marker="s", color=COLOURS[1], label="mean-pooled A vs B")
+    ax.axvspan(1.5, len(labels) - 0.5, color="#f0f0f0", zorder=0)
+    ax.annotate("attention layers", (0.98, 0.03), xycoords="axes fraction", ha="right", fontsize=8, color="#555555")
+    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_xlabel("hidden state")
+    ax.set_ylabel("cosine")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, frameon=False, loc="lower left")
+    ax.set_title(title or f"{result.model}: {result.word!r} in two sentences", fontsize=10)
+    _save(fig, path)

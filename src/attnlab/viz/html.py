@@ -49,21 +49,22 @@ def script_json(data) -> str:
     return text.translate(_JSON_ESCAPES)
 
 
-def view_data(amap: AttentionMap) -> dict:
-    """Everything the page draws, as JSON-ready values."""
+def view_data(amap: AttentionMap, layer: int = 0, head: int = 0) -> dict:
+    """Everything the page draws, as JSON-ready values; the page opens at ``layer``, ``head``."""
     if not isinstance(amap, AttentionMap):
         raise TypeError(f"amap must be an attnlab.AttentionMap, got {type(amap).__name__}")
+    amap.head(layer, head)                                                    # checks both indices
     n_layers, n_heads, n_q, n_k = amap.weights.shape
     if amap.weights.size > MAX_HTML_CELLS:
         raise ValueError(f"amap has {amap.weights.size:,} weights ({n_layers} layers × {n_heads} heads × {n_q} × {n_k}), "
                          f"more than one page can hold ({MAX_HTML_CELLS:,}); pass fewer layers or tokens")
     fractions = np.empty(amap.weights.shape, "<u2")                          # (L, h, n_q, n_k)
-    for layer, a in enumerate(amap.weights):                                  # a: (h, n_q, n_k); NaN drawn as 0
-        fractions[layer] = np.rint(np.clip(np.nan_to_num(a, nan=0.0), 0.0, 1.0) * 65535)   # (h, n_q, n_k)
+    for i, a in enumerate(amap.weights):                                      # a: (h, n_q, n_k); NaN drawn as 0
+        fractions[i] = np.rint(np.clip(np.nan_to_num(a, nan=0.0), 0.0, 1.0) * 65535)   # (h, n_q, n_k)
     summary = summarize_heads(amap).table()
     return {
         "source": amap.source, "tokens": list(amap.tokens),
-        "n_layers": n_layers, "n_heads": n_heads, "n_q": n_q, "n_k": n_k,
+        "n_layers": n_layers, "n_heads": n_heads, "n_q": n_q, "n_k": n_k, "start": [int(layer), int(head)],
         "weights": _packed(fractions),
         "keep": None if amap.keep is None else _packed(amap.keep.astype(np.uint8)),   # (n_q, n_k)
         "summary_fields": list(SUMMARY_FIELDS),
@@ -76,8 +77,9 @@ def _asset(name: str) -> str:
     return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
-def render_html(amap: AttentionMap) -> str:
-    """The whole interactive page for ``amap`` as one string of HTML (inline CSS, JS and data).
+def render_html(amap: AttentionMap, *, layer: int = 0, head: int = 0) -> str:
+    """The whole interactive page for ``amap`` as one string of HTML (inline CSS, JS and data), opening at
+    ``layer`` and ``head``.
 
     Raises
     ------
@@ -86,9 +88,10 @@ def render_html(amap: AttentionMap) -> str:
     ValueError
         ``amap`` holds more than ``MAX_HTML_CELLS`` weights.
     """
-    data = view_data(amap)
+    data = view_data(amap, layer, head)
     source = html.escape(amap.source or "attention weights")
     headers = "".join(f'<th title="{html.escape(d)}">{html.escape(f)}</th>' for f, d in SUMMARY_FIELDS.items())
+    legend = "".join(f"<dt>{html.escape(f)}</dt><dd>{html.escape(d)}</dd>" for f, d in SUMMARY_FIELDS.items())
     return f"""<!doctype html>
 <html lang="en">
 <head>
@@ -123,6 +126,7 @@ def render_html(amap: AttentionMap) -> str:
 <canvas id="model-view" aria-label="model view"></canvas>
 <h2 id="summary-title" style="margin-top:12px">Per-head summary</h2>
 <table id="summary"><thead><tr><th>head</th>{headers}</tr></thead><tbody></tbody></table>
+<dl id="summary-legend" class="hint">{legend}</dl>
 </section>
 </main>
 <script type="application/json" id="attnlab-data">{script_json(data)}</script>
@@ -133,15 +137,16 @@ def render_html(amap: AttentionMap) -> str:
 """
 
 
-def save_html(path, amap: AttentionMap) -> None:
-    """Write the interactive page for ``amap`` to ``path``: one file that works offline.
+def save_html(path, amap: AttentionMap, *, layer: int = 0, head: int = 0) -> None:
+    """Write the interactive page for ``amap`` to ``path``: one file that works offline, opening at ``layer``
+    and ``head``.
 
     Raises
     ------
     OSError
         ``path`` cannot be written (its folder is missing, or it is a folder).
     """
-    page = render_html(amap)
+    page = render_html(amap, layer=layer, head=head)
     with atomic_path(path) as tmp:
         tmp.write_text(page, encoding="utf-8")
 

@@ -289,7 +289,7 @@
       KEEP = D.keep === null ? null : await unpack(D.keep);
       wire();
       renderThumbs();
-      select(0, 0);
+      select(D.start ? D.start[0] : 0, D.start ? D.start[1] : 0);   // the layer and head the caller asked for
       status.textContent = `${L} layers \u00d7 ${H} heads, ${NQ} queries \u00d7 ${NK} keys`;
       document.body.dataset.ready = "1";
     } catch (err) {

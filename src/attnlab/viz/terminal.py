@@ -26,10 +26,12 @@ Piece = tuple[str, str | None]        # text and a rich style (None = plain)
 
 @dataclass(frozen=True)
 class GridLayout:
-    """What fits: the lines of the grid as styled pieces, and the note on what was elided."""
+    """What fits: the lines of the grid as styled pieces, the note on what was elided, and the legend of
+    numbered keys (empty when every key's label fits its 3-column header)."""
     title: str
     lines: tuple[tuple[Piece, ...], ...]
     note: str
+    legend: tuple[str, ...] = ()
 
 
 def cell_width(text: str) -> int:
@@ -87,15 +89,20 @@ def layout_grid(amap: AttentionMap, layer: int, head: int, *, width: int = 80, m
     a = amap.head(layer, head)                                     # (n_q, n_k)
     width, max_rows = as_positive_int("width", width), as_positive_int("max_rows", max_rows)
     n_q, n_k = a.shape
+    numbered = any(cell_width(_short(t)) > CELL - 1 for t in amap.tokens)   # key labels too long for a header
+    offset = n_k - n_q                                                # query i is key i + offset
     q_labels = [display_token(t) for t in amap.q_tokens]
+    if numbered:
+        q_labels = [f"{i + offset} {t}" for i, t in enumerate(q_labels)]
     label = min(max(3, *map(cell_width, q_labels)), LABEL_MOST)
     if width < label + 1 + 3 * CELL:
         raise ValueError(f"width must leave room for a label and 3 cells, at least {label + 1 + 3 * CELL}, got {width}")
     cols = _kept(n_k, (width - label - 1) // CELL)
     rows = _kept(n_q, max(max_rows, 3))
     keep = np.ones_like(a, bool) if amap.keep is None else amap.keep  # (n_q, n_k)
+    head_label = (lambda j: str(j)) if numbered else (lambda j: _short(amap.tokens[j]))
     header = [(" " * (label + 1), None)] + [
-        (" " + fit_cells(ELIDED if j is None else _short(amap.tokens[j]), CELL - 1), "bold") for j in cols]
+        (" " + fit_cells(ELIDED if j is None else head_label(j), CELL - 1), "bold") for j in cols]
     lines = [tuple(header)]
     for i in rows:
         if i is None:
@@ -108,9 +115,84 @@ def layout_grid(amap: AttentionMap, layer: int, head: int, *, width: int = 80, m
     notes = ["· = masked."] if (~keep).any() else []
     if elided:
         notes.append(f"Elided to fit {width} columns: " + "; ".join(elided) + ".")
+    legend: tuple[str, ...] = ()
+    if numbered:
+        notes.append("Keys are numbered to fit their 3-column headers (rows carry the same numbers); the legend "
+                     "above gives each in full, and --json gives every token.")
+        legend = _legend([f"{j}={display_token(amap.tokens[j])}" for j in cols if j is not None], width)
+    sink = sink_note(amap, layer, head)
+    if sink:
+        notes.append(sink)
     note = " ".join(notes)
     title = f"layer {layer}, head {head}" + (f" — {amap.source}" if amap.source else "")
-    return GridLayout(title=title, lines=tuple(lines), note=note)
+    return GridLayout(title=title, lines=tuple(lines), note=note, legend=legend)
+
+
+def _legend(items: list[str], width: int) -> tuple[str, ...]:
+    """``items`` joined by two spaces into lines of at most ``width`` terminal columns (an item too long is cut)."""
+    lines, line = [], ""
+    for item in items:
+        item = item if cell_width(item) <= width else fit_cells(item, width).rstrip()
+        if line and cell_width(line) + 2 + cell_width(item) > width:
+            lines.append(line)
+            line = ""
+        line = f"{line}  {item}" if line else item
+    if line:
+        lines.append(line)
+    return tuple(lines)
+
+
+SUMMARY_LEGEND = (
+    "entropy: of a query's weights, in nats, averaged over the queries (0 = all on one key, log n = even spread)",
+    "distance: mean |query position − key position| weighted by attention, in tokens (1 = the previous token)",
+    "query→key: each query's most-attended key",
+)
+
+def summary_note(tokens, top_key: np.ndarray) -> str:
+    """How many heads send most queries' strongest weight to [CLS]/[SEP], and why; "" when none do.
+
+    ``top_key`` (n_layers, n_heads, n_q) is each query's most-attended key (``HeadSummary.top_key``).
+    """
+    special = [j for j, t in enumerate(tokens) if t in SPECIAL]
+    if not special:
+        return ""
+    share = np.isin(top_key, special).mean(axis=-1)                  # (n_layers, n_heads)
+    parked = int((share > 0.5).sum())
+    if not parked:
+        return ""
+    return (f"{parked} of {share.size} heads send most queries' strongest weight to [CLS] or [SEP]: a head with "
+            "nothing to fetch parks its weight on a special token, which works as a no-op (Clark et al., 2019, "
+            "'What does BERT look at?'); it does not mean those tokens carry the meaning.")
+
+
+SPECIAL = ("[CLS]", "[SEP]", "<|endoftext|>", "<s>", "</s>")
+
+
+def sink_note(amap: AttentionMap, layer: int, head: int) -> str:
+    """Why a head puts most of its queries' weight on [CLS]/[SEP] or on the first token, or "" when it doesn't.
+
+    >>> m = AttentionMap(tokens=("[CLS]", "a", "b", "[SEP]"), weights=np.tile([0.9, 0.05, 0.0, 0.05], (4, 1)))
+    >>> sink_note(m, 0, 0).split(":")[0]
+    'Most queries here put their largest weight on [CLS]'
+    """
+    a = amap.head(layer, head)                                       # (n_q, n_k)
+    top = np.argmax(a, axis=1)                                       # (n_q,)
+    n_q = len(top)
+    if n_q < 2:
+        return ""
+    special = [j for j, t in enumerate(amap.tokens) if t in SPECIAL]
+    on_special = np.isin(top, special)                               # (n_q,)
+    if on_special.sum() * 2 > n_q:
+        names = "/".join(dict.fromkeys(amap.tokens[j] for j in top[on_special]))
+        return (f"Most queries here put their largest weight on {names}: a trained head with nothing to fetch "
+                f"for a query parks its weight on a special token, which works as a no-op (Clark et al., 2019, "
+                f"'What does BERT look at?'). It does not mean {names} carries the meaning.")
+    keep = np.ones_like(a, bool) if amap.keep is None else amap.keep  # (n_q, n_k)
+    free = keep.sum(axis=1) >= 3                                     # (n_q,) queries with a real choice
+    if free.any() and (top[free] == 0).sum() * 2 > free.sum() and a[free, 0].mean() > 0.5:
+        return ("Most queries here put their largest weight on the first token: trained heads use it as a "
+                "resting place when nothing else matches (an 'attention sink', Xiao et al., 2023).")
+    return ""
 
 
 def terminal_grid(amap: AttentionMap, layer: int, head: int, width: int = 80, *, max_rows: int = 40):
@@ -129,8 +211,9 @@ def terminal_grid(amap: AttentionMap, layer: int, head: int, width: int = 80, *,
 
     g = layout_grid(amap, layer, head, width=width, max_rows=max_rows)
     grid = [Text.assemble(*((t, s or "") for t, s in line), no_wrap=True, overflow="crop") for line in g.lines]
+    legend = [Text(line, style="bold", no_wrap=True, overflow="crop") for line in g.legend]
     note = Text("\n".join(textwrap.wrap(g.note, width)), style="dim")
-    return Group(Text(fit_cells(g.title, width).rstrip(), style="bold"), *grid, note)
+    return Group(Text(fit_cells(g.title, width).rstrip(), style="bold"), *grid, *legend, note)
 
 
 def terminal_text(amap: AttentionMap, layer: int, head: int, width: int = 80, *, max_rows: int = 40) -> str:
@@ -148,4 +231,4 @@ def terminal_text(amap: AttentionMap, layer: int, head: int, width: int = 80, *,
     """
     g = layout_grid(amap, layer, head, width=width, max_rows=max_rows)
     grid = ["".join(t for t, _ in line).rstrip() for line in g.lines]
-    return "\n".join([fit_cells(g.title, width).rstrip(), *grid, *textwrap.wrap(g.note, width)])
+    return "\n".join([fit_cells(g.title, width).rstrip(), *grid, *g.legend, *textwrap.wrap(g.note, width)])

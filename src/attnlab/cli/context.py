@@ -1,0 +1,84 @@
+"""attnlab context: one word in two sentences, through a trained model, layer by layer (the guide's two gaps)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._app import add_json_flag, print_json
+
+
+def register(sub) -> None:
+    p = sub.add_parser("context", help="cosine of a word's vector in two sentences, and of the sentences, "
+                       "at every layer of a trained model",
+                       description="Run SENTENCE_A and SENTENCE_B through a trained model and print, at the "
+                                   "embedding layer and after every layer, the cosine between WORD's vector in "
+                                   "the two sentences and between the mean-pooled sentence vectors.")
+    p.add_argument("word", metavar="WORD", help="a word that occurs in both sentences, e.g. bank")
+    p.add_argument("sentence_a", metavar="SENTENCE_A", help="e.g. 'we sat on the river bank'")
+    p.add_argument("sentence_b", metavar="SENTENCE_B", help="e.g. 'the bank lent her the money'")
+    p.add_argument("--model", default="minilm",
+                   help="'minilm' (all-MiniLM-L6-v2, the default) or a BERT/GPT-2 checkpoint folder")
+    p.add_argument("--png", metavar="FILE", help="also draw both cosines against the layer into this PNG")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_context)
+
+
+def cmd_context(args) -> int:
+    from ..context import compare_in_context
+
+    r = compare_in_context(args.word, args.sentence_a, args.sentence_b, args.model)
+    if args.png:
+        from ..viz.charts import save_context
+        save_context(args.png, r)
+    if args.json:
+        print_json(context_data(r))
+        return 0
+    print(context_text(r))
+    if args.png:
+        print(f"wrote {args.png}")
+    return 0
+
+
+def context_data(r) -> dict:
+    """The --json shape: one entry per hidden state (embeddings first), and the W_E rows alone beside."""
+    return {"word": r.word, "layers": list(r.layers), "word_cosine": r.word_cosine,
+            "sentence_cosine": r.sentence_cosine, "model": r.model, "sentences": list(r.sentences),
+            "tokens": [list(t) for t in r.tokens], "word_tokens": [list(p) for p in r.pieces],
+            "token_rows": {"word_cosine": r.rows_word_cosine, "sentence_cosine": r.rows_sentence_cosine}}
+
+
+def context_text(r) -> str:
+    """A table of both cosines per hidden state, with what to notice."""
+    pieces = ["+".join(r.tokens[s][i] for i in r.pieces[s]) for s in (0, 1)]
+    rows = [("token rows W_E alone (no positions, no attention)", r.rows_word_cosine, r.rows_sentence_cosine)]
+    rows += [("embeddings (+ positions, normalised)" if name == "embeddings" else f"after {name}", w, s)
+             for name, w, s in zip(r.layers, r.word_cosine, r.sentence_cosine)]
+    width = max(len(name) for name, _, _ in rows)
+    lines = [f"{r.model}: cosine between {r.word!r} in A and in B, and between the mean-pooled sentences",
+             f"A: {r.sentences[0]!r}  ({r.word!r} is token {pieces[0]} at {list(r.pieces[0])})",
+             f"B: {r.sentences[1]!r}  ({r.word!r} is token {pieces[1]} at {list(r.pieces[1])})",
+             f"{'hidden state'.ljust(width)}  {'word':>7}  {'sentence':>8}"]
+    lines += [f"{name.ljust(width)}  {w:7.4f}  {s:8.4f}" for name, w, s in rows]
+    lines += notice(r)
+    return "\n".join(lines)
+
+
+def notice(r) -> list[str]:
+    """Two or three sentences on what the numbers show."""
+    out = []
+    w = r.word_cosine
+    low = int(np.argmin(w))
+    if r.rows_word_cosine > 1 - 1e-9:
+        out.append(f"Before attention {r.word!r} is one row of the table in both sentences (cosine 1). Each layer "
+                   f"mixes in the words around it, and its two vectors drift apart, to {w[low]:.4f} "
+                   f"{'at the embedding layer' if low == 0 else 'after ' + r.layers[low]}: a contextual vector.")
+        if r.pieces[0] != r.pieces[1] and w[0] < 1 - 1e-9:
+            out.append(f"At the embedding layer the cosine ({w[0]:.4f}) is below 1 only because {r.word!r} sits at "
+                       f"different positions ({list(r.pieces[0])} and {list(r.pieces[1])}), which add different "
+                       "position rows.")
+    same_words = sorted(r.tokens[0]) == sorted(r.tokens[1])
+    if same_words:
+        out.append(f"The sentences hold the same tokens, so their mean token rows are identical (cosine "
+                   f"{r.rows_sentence_cosine:.4f}); with positions and attention the means differ "
+                   f"({r.sentence_cosine[-1]:.4f} after the last layer): the vectors now carry the word order.")
+    return out

@@ -1,0 +1,113 @@
+"""The two gaps embeddings leave, measured on a trained model: a word's vector in two sentences, layer by layer.
+
+The guide opens with two gaps. "bank" beside a river and at a lender gets one row of the embedding
+table, so one vector; and the mean of the rows of "the cat saw the dog" equals the mean for "the dog saw
+the cat". :func:`compare_in_context` runs both sentences through a trained model (all-MiniLM-L6-v2 by
+default) and gives, for every hidden state (the embedding output first, then the output of each layer):
+
+- the cosine between WORD's vector in sentence A and in sentence B (a word of several word pieces is the
+  mean of its pieces' vectors);
+- the cosine between the two mean-pooled sentence vectors (the mean over every token, [CLS] and [SEP]
+  included, as sentence-transformers pools MiniLM).
+
+It also gives both cosines for the token-embedding rows alone (W_E[ids], before positions are added and
+before any attention): there "bank" is one row, so its cosine is exactly 1, and two sentences holding
+the same words have exactly the same mean.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+MINILM = "minilm"
+
+
+@dataclass(frozen=True, eq=False)
+class InContext:
+    """One word in two sentences, at every hidden state of a model."""
+    word: str
+    sentences: tuple[str, str]
+    tokens: tuple[tuple[str, ...], tuple[str, ...]]   # each sentence's tokens, as the model sees them
+    pieces: tuple[tuple[int, ...], tuple[int, ...]]   # positions of WORD's tokens in each sentence
+    layers: tuple[str, ...]                            # "embeddings", "layer 1", …: one per hidden state
+    word_cosine: np.ndarray                            # (n_layers + 1,)
+    sentence_cosine: np.ndarray                        # (n_layers + 1,)
+    rows_word_cosine: float                            # W_E rows alone: before positions and attention
+    rows_sentence_cosine: float
+    model: str
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine similarity along the last axis: (..., d), (..., d) -> (...)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+def find_word(word: str, text: str, offsets, *, name: str = "sentence") -> tuple[int, ...]:
+    """Positions of the tokens that cover the first whole-word, case-insensitive occurrence of ``word`` in
+    ``text``; ``offsets`` are the tokens' (start, end) characters, special tokens (0, 0).
+
+    >>> find_word("bank", "the river bank", [(0, 0), (0, 3), (4, 9), (10, 14), (0, 0)])
+    (3,)
+    """
+    found = re.search(r"(?<!\w)" + re.escape(word.strip()) + r"(?!\w)", text, re.IGNORECASE)
+    if found is None:
+        raise ValueError(f"{name} must contain the word {word!r} (whole word, any case), got {text!r}")
+    start, end = found.span()
+    pieces = tuple(i for i, (a, b) in enumerate(offsets) if b > a and a < end and b > start)
+    if not pieces:
+        raise ValueError(f"{name}: no token of {text!r} covers {word!r}")
+    return pieces
+
+
+def compare_in_context(word: str, sentence_a: str, sentence_b: str, model=MINILM) -> InContext:
+    """``word``'s vector in ``sentence_a`` and in ``sentence_b``, and the two sentences' mean vectors, compared
+    by cosine at every hidden state of ``model`` (``"minilm"``, a checkpoint folder, or a loaded
+    :class:`attnlab.models.Model`).
+
+    Raises
+    ------
+    TypeError
+        ``word`` or a sentence is not a str.
+    ValueError
+        ``word`` is empty or does not occur in a sentence as a whole word.
+    FileNotFoundError
+        The model is not installed.
+    """
+    from .models import Model, load_model
+
+    for name, value in (("word", word), ("sentence_a", sentence_a), ("sentence_b", sentence_b)):
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    if not word.strip():
+        raise ValueError("word must hold at least one non-space character, got an empty string")
+    m = model if isinstance(model, Model) else load_model(model)
+    states, tokens, pieces, rows = [], [], [], []
+    for name, text in (("sentence_a", sentence_a), ("sentence_b", sentence_b)):
+        ids, labels = m.encode(text)                                  # (n,)
+        offsets = m.tokenizer.encode(text).offsets
+        pieces.append(find_word(word, text, offsets, name=name))
+        states.append(m.network(ids).hidden_states)                   # (L + 1, n, d_model)
+        rows.append(token_rows(m.network, ids))                       # (n, d_model)
+        tokens.append(tuple(labels))
+    (ha, hb), (pa, pb) = states, pieces
+    word_cos = cosine(ha[:, list(pa)].mean(axis=1), hb[:, list(pb)].mean(axis=1))   # (L + 1,)
+    sentence_cos = cosine(ha.mean(axis=1), hb.mean(axis=1))                          # (L + 1,)
+    ra, rb = rows
+    return InContext(
+        word=word, sentences=(sentence_a, sentence_b), tokens=tuple(tokens), pieces=(pa, pb),
+        layers=("embeddings",) + tuple(f"layer {i}" for i in range(1, len(ha))),
+        word_cosine=word_cos, sentence_cosine=sentence_cos,
+        rows_word_cosine=float(cosine(ra[list(pa)].mean(axis=0), rb[list(pb)].mean(axis=0))),
+        rows_sentence_cosine=float(cosine(ra.mean(axis=0), rb.mean(axis=0))), model=m.name)
+
+
+def token_rows(network, ids) -> np.ndarray:
+    """The token-embedding rows W_E[ids] (n, d_model): what a token is before positions and attention."""
+    W_E = getattr(network, "W_E", None)
+    if W_E is None:
+        raise TypeError(f"{type(network).__name__} has no token-embedding table W_E")
+    return np.asarray(W_E)[np.asarray(ids)]                            # (n, d_model)
