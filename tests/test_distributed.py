@@ -305,6 +305,14 @@ def test_longctx_cli_json(cluster, capsys):
     assert all(w["peak_rss"] > 0 for w in r["worker_memory"].values())
 
 
+def test_longctx_cli_without_dask_says_how_to_install(capsys, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "distributed", None)        # as if Dask were not installed
+    assert main(["longctx", "--n", "64"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'attnlab[distributed]'" in err
+
+
 def test_longctx_cli_bad_input(capsys):
     assert main(["longctx", "--n", "0"]) == 2
     assert capsys.readouterr().err.count("\n") == 1

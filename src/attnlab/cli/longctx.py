@@ -50,11 +50,13 @@ def register(sub) -> None:
 
 
 def cmd_longctx(args) -> int:
+    from ..distributed import connect, local_cluster
+    from ..distributed.cluster import require_distributed
+    from ..distributed.longctx import run_longctx
     try:
-        from ..distributed import connect, local_cluster
-        from ..distributed.longctx import run_longctx
+        require_distributed()                   # attnlab.distributed imports Dask only when it runs
     except ImportError as e:
-        raise ValueError(f"longctx needs Dask: pip install 'attnlab[distributed]' ({e})") from None
+        raise ValueError(str(e)) from None
     import numpy as np
 
     if args.scheduler is not None and args.workers is not None:
