@@ -179,7 +179,8 @@ def _own_lm(positions, n_kv_heads, d_head):
 def _check_own_lm_against(modules, model, ids, cache, out, *, perm=None, rotary=None, atol=1e-12):
     """The own LM's blocks are x + attention(x): chain transformers' eager attention modules (one per block)
     on transformers' own residual stream and hold every named activation against them."""
-    n, width, d_head = len(ids), model.config.d_model, model.config.attention.d_head
+    a = model.config.attention
+    n, width, d_head = len(ids), a.n_heads * a.d_head, a.d_head
     causal = torch.full((1, 1, n, n), float("-inf"), dtype=torch.float64).triu(1)   # transformers' additive mask
     h = torch.from_numpy(model.W_E[ids] + (model.W_P[:n] if model.W_P is not None else 0))[None]   # (1, n, d)
     with torch.no_grad():
@@ -190,9 +191,8 @@ def _check_own_lm_against(modules, model, ids, cache, out, *, perm=None, rotary=
                 q, k, v = attn.c_attn(h).split(width, dim=-1)
             else:
                 y, weights = attn(h, position_embeddings=rotary, attention_mask=causal)
-                q, k = transformers.models.llama.modeling_llama.apply_rotary_pos_emb(
-                    attn.q_proj(h).view(1, n, -1, d_head).transpose(1, 2), attn.k_proj(h).view(1, n, -1, d_head).transpose(1, 2),
-                    *rotary)
+                q, k = (lin(h).view(1, n, -1, d_head).transpose(1, 2) for lin in (attn.q_proj, attn.k_proj))
+                q, k = transformers.models.llama.modeling_llama.apply_rotary_pos_emb(q, k, *rotary)
                 q, k = (t.transpose(1, 2).reshape(1, n, -1) for t in (q, k))
                 v = attn.v_proj(h)
             for name, t in (("q", q), ("k", k), ("v", v)):
