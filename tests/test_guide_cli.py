@@ -288,8 +288,8 @@ def test_tour_prints_every_number_the_guide_prints(tour_run):
 def test_tour_writes_figures_and_a_self_contained_page(tour_run):
     _, _, out = tour_run
     pngs = {p.name for p in out.glob("*.png")}
-    assert {"mask.png", "attention_1.png", "attention_2.png", "sqrt_dk.png", "cost_memory.png",
-            "cost_compute.png"} <= pngs
+    assert {"floors.png", "lookup.png", "shapes.png", "sqrt_dk.png", "mask.png", "attention_1.png",
+            "attention_2.png", "explain.png", "heads.png", "order.png", "cost_memory.png", "cost_compute.png"} <= pngs
     for name in pngs:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (out / "index.html").read_text(encoding="utf-8")
