@@ -456,7 +456,7 @@ def run_tour(out, sections=SECTIONS, *, on_section=None) -> list[Section]:
 
 
 INTRO = (
-    "Every number the guide *Attention: letting tokens look at each other* prints, reproduced with attnlab, "
+    "Every number the guide “Attention: letting tokens look at each other” prints, reproduced with attnlab, "
     "section by section, with what to notice, the figure, a widget to play with where one helps, and the "
     "command that varies it.",
     "Everything on this page runs offline in your browser: no server, no network.")
@@ -494,7 +494,8 @@ def cmd_tour(args) -> int:
     page = Path(args.out) / "index.html"
     if args.json:
         print_json({"out": str(args.out), "index": str(page), "sections": [
-            {"title": s.title, "data": jsonable(s.data), "figures": [f.file for f in s.figures]}
+            {"title": s.title, "data": jsonable(s.data), "figures": [f.file for f in s.figures],
+             "commands": list(s.commands)}
             for s in sections]})
     else:
         print(f"\nWrote {len(sections)} sections' figures and {page}")
