@@ -133,3 +133,27 @@ def test_long_input_through_the_tiled_path_matches_transformers(folders, kind):
     with torch.no_grad():
         theirs = hf_model(folder)(torch.from_numpy(ids)[None]).logits[0].numpy()
     np.testing.assert_allclose(logits, theirs, rtol=0, atol=ATOL)
+
+
+def test_llama_with_attention_bias_tied_embeddings_and_a_wide_head(tmp_path):
+    """``attention_bias`` puts biases on q, k, v and o; head_dim 32 is not hidden_size / heads (16)."""
+    torch.manual_seed(1)
+    cfg = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=1, head_dim=32, attention_bias=True,
+                                   tie_word_embeddings=True, max_position_embeddings=64, initializer_range=0.1,
+                                   bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    model = transformers.LlamaForCausalLM(cfg)
+    with torch.no_grad():                                   # transformers starts biases at 0: make them count
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.5)
+    model.save_pretrained(tmp_path)
+    ours = load_network(tmp_path)
+    assert ours.config.attention.d_head == 32 and np.abs(ours.blocks[0].attn.b_O).max() > 0
+    ids = np.random.default_rng(1).integers(0, 300, 20)
+    out = forward(ours, ids, return_weights=True)
+    with torch.no_grad():
+        o = hf_model(tmp_path)(torch.from_numpy(ids)[None], output_attentions=True, output_hidden_states=True)
+    np.testing.assert_allclose(np.stack(out.attentions), _stack(o.attentions), rtol=0, atol=ATOL)
+    np.testing.assert_allclose(np.stack(out.hidden_states), _stack(o.hidden_states), rtol=0, atol=ATOL)
+    np.testing.assert_allclose(out.logits, o.logits[0].numpy(), rtol=0, atol=ATOL)
