@@ -9,14 +9,13 @@ import sys
 import numpy as np
 import pytest
 
+from attnlab.config import AttentionConfig
 from attnlab.layers import GatedMLP, RMSNorm, rms_norm, silu
 from attnlab.models import attend, load_model, load_network, read_safetensors
 from attnlab.models.checkpoint import bfloat16_to_float32
 from attnlab.models.llama import half_to_pairs
-from attnlab.positions import rope
+from attnlab.positions import RoPE, rope
 from attnlab.stack import ModelConfig, Transformer, forward
-from attnlab.config import AttentionConfig
-from attnlab.positions import RoPE
 
 CONFIG = {"model_type": "llama", "vocab_size": 50, "hidden_size": 32, "intermediate_size": 48,
           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
@@ -301,5 +300,5 @@ def test_text_longer_than_the_positions_is_refused(tmp_path, tensors):
     with pytest.raises(ValueError, match="text has 65 tokens, more than the model's 64 positions"):
         attend("a " * 65, folder)
     assert "65 tokens" in _cli_error("attend", "a " * 65, "--model", str(folder))
-    model_, tokenizer = load_model(folder)
+    _, tokenizer = load_model(folder)
     assert tokenizer.labels(tokenizer.encode("c a b")) == ("c", "a", "b")

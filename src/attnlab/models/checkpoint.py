@@ -46,7 +46,7 @@ def bfloat16_to_float32(bits: np.ndarray) -> np.ndarray:
     half, so the bits shift into place and the lower 16 mantissa bits are 0).
 
     >>> bfloat16_to_float32(np.array([0x3F80, 0xC000, 0x3EAB], np.uint16))    # 1, -2, 0.333984375
-    array([ 1.       , -2.       ,  0.3339844], dtype=float32)
+    array([ 1.        , -2.        ,  0.33398438], dtype=float32)
     """
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
