@@ -101,8 +101,8 @@ def test_gpt2_logits_without_weights_take_the_tiled_path_and_match_the_reference
     model = load_network(folder)
     ids = np.random.default_rng(1).integers(0, 264, 320)   # 320 × 320 scores per head: past the crossover
     calls = []
-    real = attnlab.tiled.tiled_attention
-    monkeypatch.setattr(attnlab.tiled, "tiled_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = attnlab.tiled.tiled_forward
+    monkeypatch.setattr(attnlab.tiled, "tiled_forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     out = forward(model, ids)                              # logits only: no weights asked for
     assert out.attentions is None
     assert len(calls) == 2                                 # each layer went through the tiled kernel

@@ -139,14 +139,16 @@ def test_attend_reads_a_folder_that_train_wrote(capsys, tmp_path):
     assert r.tokens == tuple("the cat sat") and r.attentions.weights.shape == (2, 4, 11, 11)
     np.testing.assert_array_equal(r.attentions.keep, np.tril(np.ones((11, 11), bool)))   # a decoder: causal
     model, vocab = load_checkpoint(tmp_path / "ck")
-    np.testing.assert_array_equal(r.logits, forward(model, vocab.encode("the cat sat")).logits)
+    # attend asks for the weights (the naive path); the same pass, bit for bit
+    np.testing.assert_array_equal(r.logits, forward(model, vocab.encode("the cat sat"), return_weights=True).logits)
     assert load_model(tmp_path / "ck")[0].config == model.config
     assert main(["attend", "the cat sat", "--model", str(tmp_path / "ck"), "--head", "3"]) == 0
     assert "(attnlab): 11 tokens, 2 layers x 4 heads" in capsys.readouterr().out
     page = tmp_path / "view.html"
     assert main(["attend", "the cat sat", "--model", str(tmp_path / "ck"), "--summary", "--html", str(page)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1].startswith("layer head  entropy") and len(lines) == 2 + 2 * 4
+    header = next(i for i, line in enumerate(lines) if line.startswith("layer head  entropy"))
+    assert lines[1].startswith("entropy: ") and len(lines[header + 1:]) == 2 * 4      # a legend, then a row per head
     assert "<canvas" in page.read_text(encoding="utf-8")
     one_line_error(capsys, ["attend", "the zoo", "--model", str(tmp_path / "ck")], "'z' is not in the vocabulary")
 
