@@ -89,7 +89,7 @@ class HFTokenizer:
 
     def labels(self, ids) -> tuple[str, ...]:
         if self.byte_level:
-            return tuple(self.tokenizer.decode([int(i)]) for i in ids)
+            return tuple(self.tokenizer.decode([int(i)], skip_special_tokens=False) for i in ids)   # "<s>" too
         return tuple(self.tokenizer.id_to_token(int(i)) for i in ids)
 
     def decode(self, ids) -> str:
@@ -107,6 +107,24 @@ def wordpiece_folder_tokenizer(folder: Path) -> HFTokenizer:
     tok.no_padding()
     tok.no_truncation()
     return HFTokenizer(tok, byte_level=False)
+
+
+def json_folder_tokenizer(folder: Path) -> HFTokenizer:
+    """A folder's ``tokenizer.json`` of any kind (Llama 3's and Qwen2's byte-level BPE, Llama 2's and Mistral's
+    SentencePiece-style BPE), its special tokens added as the file says, padding and truncation off. Tokens
+    are labelled one by one decoded when the file's decoder is byte-level, else by their own string."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        raise FileNotFoundError(2, "No tokenizer.json in the model folder", str(path))
+    tok = Tokenizer.from_file(str(path))
+    tok.no_padding()
+    tok.no_truncation()
+    decoder = (json.loads(path.read_text(encoding="utf-8")).get("decoder") or {}).get("type")
+    return HFTokenizer(tok, byte_level=decoder == "ByteLevel")
 
 
 def bpe_folder_tokenizer(folder: Path) -> HFTokenizer:
