@@ -46,7 +46,7 @@ def test_minilm_has_a_previous_token_head(minilm):
 
 
 def test_text_longer_than_512_positions_is_refused(minilm):
-    with pytest.raises(ValueError, match=r"ids has 602 tokens, but the model has only 512 positions"):
+    with pytest.raises(ValueError, match=r"text has 602 tokens, more than the model's 512 positions"):
         attend("cat " * 600, minilm)
 
 
