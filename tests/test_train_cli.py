@@ -147,7 +147,7 @@ def test_attend_reads_a_folder_that_train_wrote(capsys, tmp_path):
     page = tmp_path / "view.html"
     assert main(["attend", "the cat sat", "--model", str(tmp_path / "ck"), "--summary", "--html", str(page)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    header = next(i for i, line in enumerate(lines) if line.startswith("layer head  kv  entropy"))
+    header = next(i for i, line in enumerate(lines) if line.startswith("layer head  kv  entropy"))   # 2 KV heads
     assert lines[1].startswith("entropy: ") and len(lines[header + 1:]) == 2 * 4      # a legend, then a row per head
     assert "<canvas" in page.read_text(encoding="utf-8")
     one_line_error(capsys, ["attend", "the zoo", "--model", str(tmp_path / "ck")], "'z' is not in the vocabulary")
