@@ -9,7 +9,7 @@ import numpy as np
 from ._app import print_json, stderr_progress
 
 # what `attnlab train --task induction` uses when an option is not given (see InductionConfig for why)
-INDUCTION_DEFAULTS = {"steps": 600, "context": 24, "heads": 2, "positions": "rope", "batch": 32, "lr": 1e-2}
+INDUCTION_DEFAULTS = {"steps": 1000, "context": 24, "heads": 2, "positions": "rope", "batch": 32, "lr": 1e-2}
 
 
 def induction_config(args):
@@ -112,6 +112,6 @@ def format_induction(r: dict) -> str:
     for f in r.get("figures", []):
         lines.append(f"wrote {f}")
     if r.get("out"):
-        lines.append(f"checkpoint: {r['out']} (attnlab detect --model {r['out']} --repeat-random 10; "
+        lines.append(f"checkpoint: {r['out']} (attnlab detect --model {r['out']} --repeat-random 6; "
                      f"attnlab attend 'abcdefabcdef' --model {r['out']})")
     return "\n".join(lines)

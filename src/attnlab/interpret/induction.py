@@ -156,7 +156,7 @@ class InductionConfig:
     n_layers: int = 2           # 2 grows an induction head; 1 is the control that cannot
     n_heads: int = 2            # per layer: room for a previous-token head beside another
     d_model: int = 64
-    steps: int = 600
+    steps: int = 1000
     batch_size: int = 32
     lr: float = 1e-2            # Adam's peak rate, decayed along a cosine to 0.1× (a constant rate leaves the
                                 # repeat loss jumping between 0.002 and 0.1 near the end)

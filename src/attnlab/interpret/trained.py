@@ -2,7 +2,7 @@
 
 It was trained with the defaults of ``attnlab train --task induction`` (:data:`INDUCTION_CONFIG`)::
 
-    attnlab train --task induction --out DIR        # seed 0, 600 steps; then copy config.json and
+    attnlab train --task induction --out DIR        # seed 0, 1000 steps; then copy config.json and
                                                     # model.safetensors of DIR into attnlab/interpret/data/induction
 
 A 2-layer, 2-head attention-only model with RoPE on 32 random tokens and a BOS ("|"): about 150 KB.
