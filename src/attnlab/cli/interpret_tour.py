@@ -11,7 +11,7 @@ SENTENCE = "The cat sat on the mat because the cat was tired, and the mat was wa
 def what_heads_do(ctx, Section, Figure):
     from ..interpret import detect_heads, top_heads
     from ..interpret.figures import save_head_grids, save_two_heads
-    from ..interpret.induction import best_heads, eval_batch, evaluate, induction_batch, offset_baseline
+    from ..interpret.induction import FIRST, REPEAT, eval_batch, induction_batch, offset_baseline, per_token_loss
     from ..interpret.trained import INDUCTION_COMMAND, INDUCTION_CONFIG, load_induction_model
     from ..stack import forward
     from ..viz import terminal_text
@@ -35,25 +35,31 @@ def what_heads_do(ctx, Section, Figure):
         lines.append(f"(MiniLM skipped: {e})")
     cfg = INDUCTION_CONFIG
     small = load_induction_model()
-    e = evaluate(small, eval_batch(cfg), cfg.steps)
-    b = best_heads(e)
+    ids, targets, kind = held_out = eval_batch(cfg)                                # (64, n_ctx) each
+    loss = per_token_loss(forward(small, ids).logits, targets)                    # (64, n_ctx)
+    first, repeat = float(loss[kind == FIRST].mean()), float(loss[kind == REPEAT].mean())
     seq = induction_batch(cfg.task, 1, np.random.default_rng(7))[0][0]            # (n_ctx,)
     labels = cfg.task.vocab().labels(seq)
     weights = forward(small, seq, return_weights=True).attentions
+    s = detect_heads(small, seq, ("previous_token", "induction"), exclude_bos=True)
+    h0, h1 = int(np.argmax(s["previous_token"][0])), int(np.argmax(s["induction"][1]))
+    b = {"previous_token": (0, h0, float(s["previous_token"][0, h0])),
+         "induction": (1, h1, float(s["induction"][1, h1]))}
     save_two_heads(ctx.out / "induction_heads.png", weights, labels,
                    [(*b["previous_token"][:2], "previous token"), (*b["induction"][:2], "induction")])
     figures.append(Figure("induction_heads.png", "the small induction model's two heads on a repeated sequence"))
     (l0, h0, s0), (l1, h1, s1) = b["previous_token"], b["induction"]
     amap = AttentionMap(labels, np.stack(weights), keep=np.tril(np.ones((len(seq), len(seq)), bool)))
-    guess = offset_baseline(eval_batch(cfg), cfg.task)
+    guess = offset_baseline(held_out, cfg.task)
     lines += ["", f"A 2-layer attention-only model trained on random tokens whose segment repeats "
               f"({INDUCTION_COMMAND}), on {''.join(labels)!r}:",
-              f"layer {l0}, head {h0}: previous-token score {s0:.3f}", terminal_text(amap, l0, h0),
-              f"layer {l1}, head {h1}: induction score {s1:.3f}", terminal_text(amap, l1, h1),
-              f"loss on first occurrences {e.first_loss:.3f} nats (log V = {np.log(cfg.task.vocab_size):.3f}), on "
-              f"repeats {e.repeat_loss:.3f}; one layer, guessing by offset, can do no better than {guess:.3f}."]
-    data["induction"] = {"first_loss": e.first_loss, "repeat_loss": e.repeat_loss, "offset_baseline": guess,
-                         "previous_token": e.previous_token, "induction": e.induction, "tokens": list(labels),
+              f"layer {l0}, head {h0}: previous-token score {s0:.3f} on it", terminal_text(amap, l0, h0),
+              f"layer {l1}, head {h1}: induction score {s1:.3f} on it", terminal_text(amap, l1, h1),
+              f"On {len(ids)} held-out sequences: loss on first occurrences {first:.3f} nats (log V = "
+              f"{np.log(cfg.task.vocab_size):.3f}), on repeats {repeat:.3f}; one layer, guessing by offset, can do "
+              f"no better than {guess:.3f}."]
+    data["induction"] = {"first_loss": first, "repeat_loss": repeat, "offset_baseline": guess,
+                         "previous_token": s["previous_token"], "induction": s["induction"], "tokens": list(labels),
                          "heads": b}
     return Section("What trained heads do", "\n".join(lines), data, tuple(figures), id="interpret", prose=(
         "Detectors score a head by the share of its weight that falls where a pattern says: one token back "
