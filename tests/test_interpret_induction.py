@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from attnlab.interpret.induction import (FIRST, OTHER, REPEAT, InductionConfig, InductionTask, copy_baseline,
-                                         evaluate, induction_batch, load_run, offset_baseline, save_run,
+                                         evaluate, induction_batch, load_run, off_range_batch, offset_baseline, save_run,
                                          start_run, target_kinds, train_steps)
 
 
@@ -130,3 +130,21 @@ def test_the_shipped_checkpoint_has_both_heads():
     assert e.previous_token[0].max() >= 0.8
     assert e.induction[1].max() >= 0.8
     assert e.induction[0].max() < 0.5 and e.previous_token[1].max() < 0.5     # and not the other way round
+
+
+def test_the_off_range_test_has_a_period_beyond_training():
+    task = InductionTask()
+    ids, targets, kind = off_range_batch(task, 3, np.random.default_rng(0))
+    n = (task.n_ctx - 1) // 2
+    assert n > task.max_period and ids.shape == (3, 2 * n)
+    full = np.concatenate([ids, targets[:, -1:]], axis=1)                       # (3, 2N + 1)
+    np.testing.assert_array_equal(full[:, 1:n + 1], full[:, n + 1:])
+    assert (kind[:, :n] == FIRST).all() and (kind[:, n] == OTHER).all() and (kind[:, n + 1:] == REPEAT).all()
+
+
+def test_the_shipped_model_does_induction_on_a_period_it_never_saw():
+    from attnlab.interpret.induction import first_and_repeat_loss
+    from attnlab.interpret.trained import load_induction_model
+    _, repeat = first_and_repeat_loss(load_induction_model(), off_range_batch(InductionTask(), 32,
+                                                                              np.random.default_rng(1)))
+    assert repeat < 0.3

@@ -138,14 +138,33 @@ class Evaluation:
         return self.duplicate_token
 
 
+def first_and_repeat_loss(model: Transformer, batch) -> tuple[float, float]:
+    """The mean loss on FIRST and on REPEAT targets of ``batch`` (ids, targets, kinds), nats."""
+    ids, targets, kind = batch
+    loss = per_token_loss(forward(model, ids).logits, targets)           # (B, n)
+    return float(loss[kind == FIRST].mean()), float(loss[kind == REPEAT].mean())
+
+
+def off_range_batch(task: InductionTask, batch_size: int, rng: np.random.Generator):
+    """The standard induction test with a period the training never drew: BOS, then N random distinct tokens
+    twice, N = (n_ctx − 1) // 2 > max_period. Induction, which matches content, carries over; a guess by
+    offset, tuned to the trained periods, does not. Returns (ids, targets, kinds), each (B, 2N)."""
+    rng = check_rng(rng)
+    n = (task.n_ctx - 1) // 2
+    if n <= task.max_period:
+        raise ValueError(f"n_ctx {task.n_ctx} leaves no room for a period beyond max_period {task.max_period}")
+    seqs = np.array([np.concatenate([[task.bos], r, r]) for r in
+                     (rng.permutation(task.vocab_size)[:n] for _ in range(batch_size))])   # (B, 2N + 1)
+    return seqs[:, :-1], seqs[:, 1:], target_kinds(seqs)
+
+
 def evaluate(model: Transformer, batch, step: int) -> Evaluation:
     """``batch`` from :func:`induction_batch`: the mean loss on FIRST and on REPEAT targets, and the detector
     scores averaged over the batch's sequences."""
-    ids, targets, kind = batch
-    loss = per_token_loss(forward(model, ids).logits, targets)           # (B, n)
+    ids = batch[0]
+    first, repeat = first_and_repeat_loss(model, batch)
     s = detect_heads(model, ids, exclude_bos=True)
-    return Evaluation(step=step, first_loss=float(loss[kind == FIRST].mean()),
-                      repeat_loss=float(loss[kind == REPEAT].mean()), previous_token=s["previous_token"],
+    return Evaluation(step=step, first_loss=first, repeat_loss=repeat, previous_token=s["previous_token"],
                       induction=s["induction"], duplicate_token=s["duplicate_token"])
 
 
