@@ -27,7 +27,7 @@ from ._checks import as_float_array, as_positive_int, as_token_ids, check_flag, 
 from .cache import KVCache
 from .config import AttentionConfig
 from .layers import ACTIVATIONS, MLPS, NORMS, LayerNorm
-from .multihead import MultiHeadAttention, multihead_attention
+from .multihead import MultiHeadAttention, multihead_attention, multihead_attention_with_weights
 from .sampling import check_temperature, sample_next
 
 
@@ -334,8 +334,9 @@ def block_forward(block: Block, x: np.ndarray, config: ModelConfig, *, cache: KV
     if hook is not None:
         x = hook("hook_resid_pre", x)                                   # (..., n, d_model)
     a_in = block.ln_1(x) if pre and block.ln_1 is not None else x       # (..., n, d_model)
-    out = multihead_attention(block.attn, a_in, is_causal=config.is_causal, cache=cache,
-                              return_weights=return_weights, hook=None if hook is None else hook.scoped("attn."))
+    attn = multihead_attention_with_weights if return_weights else multihead_attention
+    out = attn(block.attn, a_in, is_causal=config.is_causal, cache=cache,
+               hook=None if hook is None else hook.scoped("attn."))
     y, a = out if return_weights else (out, None)                       # (..., n, d_model), (..., h, n, n_k)
     if hook is not None:
         y = hook("hook_attn_out", y)

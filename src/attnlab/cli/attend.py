@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from ._app import add_json_flag, print_json
 
 
@@ -70,40 +68,6 @@ def save_views(amap, layer: int, head: int, *, png=None, html=None) -> None:
                   title=f"{amap.source}: layer {layer}, head {head}" + (f" ({kv})" if kv else ""))
     if html:
         save_html(html, amap, layer=layer, head=head)
-
-
-def report_trained_head(text: str):
-    """The text through all-MiniLM-L6-v2: its most focused head (lowest entropy) beside an untrained head of
-    the same shape on the same input. A :class:`~attnlab.cli.guide.Report` for the tour."""
-    from ..models import attend, load_model, random_heads
-    from ..summary import summarize_heads
-    from ..viz import terminal_text
-    from .guide import Report
-
-    model = load_model("minilm")
-    trained = attend(text, model).attentions
-    facts = summarize_heads(trained)
-    layer, head = (int(i) for i in np.unravel_index(np.argmin(facts.entropy), facts.entropy.shape))
-    untrained = random_heads(text, model, rng=np.random.default_rng(0))
-    untrained_entropy = float(summarize_heads(untrained).entropy[0, head])
-    toks, n = trained.tokens, len(trained.tokens)
-    pairs = " ".join(f"{label(q)}→{label(toks[j])}" for q, j in zip(toks, facts.top_key[layer, head]))
-    text_out = "\n".join([
-        f"all-MiniLM-L6-v2 (a trained BERT: no causal mask, [CLS] and [SEP] added) on {text!r}.",
-        f"Layer {layer}, head {head}, its most focused head (entropy {facts.entropy[layer, head]:.3f} nats):",
-        terminal_text(trained, layer, head),
-        f"Each query's strongest key: {pairs}",
-        "",
-        "An untrained head of the same shape on the same input (weights from N(0, 0.02²)); "
-        f"entropy {untrained_entropy:.3f}, where log {n} = {np.log(n):.3f} is an even spread:",
-        terminal_text(untrained, 0, head),
-        "Training turns the even blur into a pattern. `attnlab attend TEXT --summary` lists every head.",
-    ])
-    return Report(text_out, {"model": "all-MiniLM-L6-v2", "tokens": list(toks), "layer": layer, "head": head,
-                             "trained": trained.head(layer, head),
-                             "trained_entropy": float(facts.entropy[layer, head]),
-                             "trained_top_keys": [toks[j] for j in facts.top_key[layer, head]],
-                             "untrained": untrained.head(0, head), "untrained_entropy": untrained_entropy})
 
 
 def label(token: str) -> str:

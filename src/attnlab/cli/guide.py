@@ -662,10 +662,14 @@ def register(sub) -> None:
 
     p = sub.add_parser("cost", help="parameters, scores, FLOPs, score-grid and KV-cache memory")
     p.add_argument("--n", type=_int, default=5, help="sequence length (default 5, the running example)")
-    p.add_argument("--config", choices=sorted(g.COST_CONFIGS), default="gpt2-small")
-    p.add_argument("--block-q", type=_int, help=f"queries per tile of tiled attention ({g.CostConfig.block_q})")
-    p.add_argument("--block-k", type=_int, help=f"keys per tile of tiled attention ({g.CostConfig.block_k})")
-    p.add_argument("--workers", type=_int, help=f"tiles in flight at once ({g.CostConfig.workers})")
+    p.add_argument("--config", choices=sorted(g.COST_CONFIGS), default="gpt2-small",
+                   help="the model whose sizes are counted (gpt2-small, the guide's)")
+    p.add_argument("--block-q", type=_int, help="the tiled column only (Guide 10): queries per block of "
+                   f"scores ({g.CostConfig.block_q})")
+    p.add_argument("--block-k", type=_int, help="the tiled column only: keys per block of scores "
+                   f"({g.CostConfig.block_k})")
+    p.add_argument("--workers", type=_int, help="the tiled column only: blocks held at once, one per worker "
+                   f"thread ({g.CostConfig.workers})")
     p.add_argument("--bytes", type=_int, default=4, help="bytes per number (4: float32)")
     p.add_argument("--no-growth", action="store_true", help="leave out the growth table")
     _done(p, cmd_cost)

@@ -88,7 +88,7 @@ def random_heads(text: str, model: str | Path | tuple = MINILM, *, rng: np.rando
         x = first.ln_1(x)                                          # (n, d_model) a pre-norm block normalises first
     cfg: AttentionConfig = c.attention
     layer = MultiHeadAttention.init(cfg, rng=rng, std=std)
-    _, a = layer(x, is_causal=c.is_causal, return_weights=True)    # (h, n, n)
+    _, a = layer.with_weights(x, is_causal=c.is_causal)            # (h, n, n)
     keep = causal_mask(len(ids), window=cfg.window) if c.is_causal else None   # (n, n)
     return AttentionMap(tokenizer.labels(ids), a[None], keep=keep, source=f"untrained, N(0, {std}²) weights",
                         n_kv_heads=cfg.n_kv_heads)
