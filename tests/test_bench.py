@@ -18,6 +18,16 @@ def tiny(monkeypatch):
     monkeypatch.setattr(bench, "BATCH", (2, 16))
     monkeypatch.setattr(bench, "SCALE_N", 128)
     monkeypatch.setattr(bench, "gemm_gflops", lambda: 100.0)
+    monkeypatch.setattr(bench, "blas_contention", lambda: {"blas_threads": 2, "all_threads_ms": 40.0,
+                                                           "one_thread_ms": 20.0, "ratio": 2.0})
+
+
+def test_blas_contention_times_the_same_product_on_all_threads_and_one():
+    pytest.importorskip("threadpoolctl")
+    probe = bench.blas_contention(rounds=1)
+    assert probe["all_threads_ms"] > 0 and probe["one_thread_ms"] > 0
+    assert probe["ratio"] == pytest.approx(probe["all_threads_ms"] / probe["one_thread_ms"])     # one round
+    assert probe["blas_threads"] is None or probe["blas_threads"] >= 1
 
 
 def test_attention_flops_counts_the_visible_scores():
@@ -107,6 +117,7 @@ def test_bench_table_and_scale(tiny, capsys):
     out = capsys.readouterr().out
     assert "numpy float32 GEMM: 100 GFLOP/s" in out and "decode: context" in out and "fwd+bwd: n" in out
     assert "SIMD: " in out and "BLAS: " in out and "tile kernel: " in out and "paths: [0]" in out
+    assert "BLAS contention probe" in out and "40.0 ms, one thread 20.0 ms (ratio 2.00" in out
     assert main(["bench", "--scale", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["n"] == 128 and r["finite"] and r["seconds"] > 0

@@ -443,7 +443,29 @@ def bench_rows(say, torch, *, repeat: int, sizes: tuple[int, ...], quick: bool) 
             "gemm_gflops": gemm, "gemm_gflops_measured": gemms,
             "forward": [asdict(r) for r in forward], "batch": [asdict(r) for r in batch],
             "decode": [asdict(r) for r in decode], "backward": [asdict(r) for r in backward],
-            "load_average": load_average()}
+            "blas_contention": blas_contention(), "load_average": load_average()}
+
+
+def blas_contention(rounds: int = 7) -> dict | None:
+    """The same batched matrix product (MiniLM's scores: 12 heads of 494 × 64 by 64 × 494, float32) with BLAS
+    on all its threads and on one, alternating: the medians in ms. On a quiet machine the two are close, or
+    more threads win; when other processes hold the cores, BLAS threads that wait on each other make the
+    first many times slower (measured 650 against 27 ms at a load of 15 on 2 cores). Every path that runs
+    numpy's matmul on BLAS's own threads (the naive grid, the decode step) and torch's threads suffer it;
+    the tiled path, one BLAS thread per worker, does not. None without threadpoolctl."""
+    limiter = blas_limiter()
+    if limiter is None:
+        return None
+    q = np.random.default_rng(0).standard_normal((N_HEADS, 494, D_HEAD), dtype=np.float32)    # (h, n, d_head)
+    kT = np.ascontiguousarray(np.swapaxes(q, -1, -2))                                         # (h, d_head, n)
+
+    def one_thread():
+        with limiter.limit(limits=1, user_api="blas"):
+            q @ kT                                                                            # (h, n, n)
+
+    p = paired(lambda: q @ kT, one_thread, rounds)
+    threads = max((b["num_threads"] for b in blas_info() if b["user_api"] == "blas"), default=None)
+    return {"blas_threads": threads, "all_threads_ms": p.a_ms, "one_thread_ms": p.b_ms, "ratio": p.ratio}
 
 
 def load_average() -> list[float] | None:

@@ -134,6 +134,11 @@ def print_goals(r: dict) -> None:
     machine_cores = r["machine"].get("machine_cores") or r["machine"]["cores"]
     print(f"goals (SIMD {r['machine']['simd']}; load average after the run: "
           f"{' '.join(map(str, load)) if load else 'unknown'} on {machine_cores} cores)")
+    probe = r.get("blas_contention")
+    if probe:
+        print(f"  BLAS contention probe (12 × 494² scores, as MiniLM's): {probe['blas_threads']} BLAS threads "
+              f"{probe['all_threads_ms']:.1f} ms, one thread {probe['one_thread_ms']:.1f} ms (ratio {probe['ratio']:.2f}; "
+              "far above 1: the cores are shared, and every path on BLAS's or torch's own threads slows with it)")
     if load and load[0] > machine_cores:
         print(f"  warning: the 1-minute load ({load[0]}) exceeded the machine's {machine_cores} cores: other "
               "processes shared them, which slows torch's threads (they wait on each other) more than attnlab's; "

@@ -9,7 +9,7 @@ import numpy as np
 from ._app import print_json, stderr_progress
 
 # what `attnlab train --task induction` uses when an option is not given (see InductionConfig for why)
-INDUCTION_DEFAULTS = {"steps": 600, "context": 24, "heads": 2, "positions": "rope", "batch": 32, "lr": 1e-2}
+INDUCTION_DEFAULTS = {"steps": 1000, "context": 24, "heads": 2, "positions": "rope", "batch": 32, "lr": 1e-2}
 
 
 def induction_config(args):
@@ -57,14 +57,19 @@ def cmd_train_induction(args) -> int:
 
 
 def induction_result(run) -> dict:
-    from ..interpret.induction import best_heads, copy_baseline, eval_batch
+    from ..interpret.induction import (best_heads, copy_baseline, eval_batch, first_and_repeat_loss, off_range_batch,
+                                       offset_baseline)
     e, c = run.final, run.config
+    off = off_range_batch(c.task, 64, np.random.default_rng([c.seed, 2]))
+    off_first, off_repeat = first_and_repeat_loss(run.model, off)
     log_v = float(np.log(c.task.vocab_size))
     return {"task": "induction", "layers": c.n_layers, "heads": c.n_heads, "d_model": c.d_model,
             "positions": c.positions, "steps": run.step, "seed": c.seed, "vocab_size": c.task.vocab_size,
             "n_ctx": c.task.n_ctx, "periods": [c.task.min_period, c.task.max_period], "log_v": log_v,
             "first_loss": e.first_loss, "repeat_loss": e.repeat_loss, "repeat_over_log_v": e.repeat_loss / log_v,
-            "copy_baseline": copy_baseline(eval_batch(c)),
+            "copy_baseline": copy_baseline(eval_batch(c)), "offset_baseline": offset_baseline(eval_batch(c), c.task),
+            "off_range": {"period": int(off[0].shape[1] // 2), "first_loss": off_first, "repeat_loss": off_repeat,
+                          "repeat_over_log_v": off_repeat / log_v},
             "previous_token_scores": e.previous_token, "induction_scores": e.induction,
             "duplicate_token_scores": e.duplicate_token, "phase_change_step": run.phase_change_step(),
             "best_heads": best_heads(e), "seconds": run.seconds,
@@ -94,13 +99,18 @@ def format_induction(r: dict) -> str:
     cv = r["curve"]
     for i in np.unique(np.linspace(0, len(cv["step"]) - 1, 11).astype(int)):
         lines.append(f"{cv['step'][i]:>5}  {cv['first_loss'][i]:.3f}  {cv['repeat_loss'][i]:.3f}")
-    phase = r["phase_change_step"]
+    phase, off = r["phase_change_step"], r["off_range"]
     lines += ["", f"loss on first occurrences {r['first_loss']:.3f} nats (log V = {r['log_v']:.3f}); on repeats "
               f"{r['repeat_loss']:.3f} ({r['repeat_over_log_v']:.2f} · log V)",
-              f"copying any earlier token of the context, without induction, would give {r['copy_baseline']:.3f} "
-              "on repeats",
-              "phase change: " + (f"the repeat loss falls below ½ log V at step {phase}" if phase is not None
-                                  else "none (the repeat loss never fell below ½ log V)")]
+              f"without induction, on repeats: copying any earlier token of the context gives {r['copy_baseline']:.3f}, "
+              f"copying one of the tokens {r['periods'][0] - 1}–{r['periods'][1] - 1} positions back (the range of "
+              f"periods) {r['offset_baseline']:.3f}",
+              f"on a period never trained on ({off['period']}, the standard test: BOS, N tokens, the same N), "
+              f"loss on repeats {off['repeat_loss']:.3f} ({off['repeat_over_log_v']:.2f} · log V): induction carries "
+              "over, a guess by offset does not",
+              "phase change: " + (f"the repeat loss falls below half the offset guess at step {phase}"
+                                  if phase is not None else "none (the repeat loss never fell below half the "
+                                  "offset guess: no induction)")]
     pt, ind = r["best_heads"]["previous_token"], r["best_heads"]["induction"]
     lines.append(f"best previous-token head in layer 0: L{pt[0]}H{pt[1]} {pt[2]:.3f}; best induction head in the "
                  f"last layer: L{ind[0]}H{ind[1]} {ind[2]:.3f}")
@@ -110,6 +120,6 @@ def format_induction(r: dict) -> str:
     for f in r.get("figures", []):
         lines.append(f"wrote {f}")
     if r.get("out"):
-        lines.append(f"checkpoint: {r['out']} (attnlab detect --model {r['out']} --repeat-random 10; "
+        lines.append(f"checkpoint: {r['out']} (attnlab detect --model {r['out']} --repeat-random 6; "
                      f"attnlab attend 'abcdefabcdef' --model {r['out']})")
     return "\n".join(lines)

@@ -85,6 +85,17 @@ def special_ids(tokenizer) -> tuple[list[int], list[int]]:
     return [], []
 
 
+def text_tokens(ids: np.ndarray, tokenizer) -> int:
+    """How many of ``ids`` are the text's own, not the specials the tokenizer wraps it in ([CLS], [SEP])."""
+    before, after = special_ids(tokenizer)
+    n = ids.size
+    if before and list(ids[:len(before)]) == before:
+        n -= len(before)
+    if after and list(ids[ids.size - len(after):]) == after:
+        n -= len(after)
+    return n
+
+
 def detect_ids(args, model, tokenizer) -> np.ndarray:
     from ..interpret import repeated_random_tokens
     if (args.text is None) == (args.repeat_random is None):
@@ -96,7 +107,7 @@ def detect_ids(args, model, tokenizer) -> np.ndarray:
         raise ValueError(f"--repeat-random must be a positive integer, got {n}")
     before, after = special_ids(tokenizer)
     total = 2 * n + len(before) + len(after)
-    if model.config.attention.positions.has_table and total > model.config.n_ctx:
+    if total > model.config.n_ctx:                      # the positions it has (RoPE: the context it was trained on)
         raise ValueError(f"--repeat-random {n} makes {total} tokens (2 × {n}"
                          f"{f' + {len(before) + len(after)} special' if before or after else ''}), more than the "
                          f"model's {model.config.n_ctx} positions; use N <= {(model.config.n_ctx - total + 2 * n) // 2}")
@@ -113,9 +124,10 @@ def cmd_detect(args) -> int:
         raise ValueError(f"--top must be a positive integer, got {args.top}")
     model, tokenizer = load(args.model)
     ids = detect_ids(args, model, tokenizer)
-    if ids.size < 2:
-        raise ValueError(f"the text has {ids.size} token; detectors need at least 2 (the first has no earlier "
-                         "token to score)")
+    own = text_tokens(ids, tokenizer)
+    if own < 2:
+        raise ValueError(f"the text has {own} token; detectors need at least 2 (the first has no earlier token "
+                         "to score)")
     scores = detect_heads(model, ids, kinds, exclude_bos=args.exclude_bos,
                           exclude_current_token=args.exclude_current_token)
     tokens = list(tokenizer.labels(ids))

@@ -425,8 +425,13 @@ def section_context(ctx: TourContext) -> Section:
                   "attnlab context bat 'the bat flew out of the cave' 'he swung the bat at the ball'"))
 
 
+def section_what_heads_do(ctx: TourContext) -> Section:
+    from .interpret_tour import what_heads_do
+    return what_heads_do(ctx, Section, Figure)
+
+
 SECTIONS = [section_floors, section_lookup, section_shapes, section_scale, section_mask, section_explain,
-            section_heads, section_order, section_cost, section_trained, section_context]
+            section_heads, section_order, section_cost, section_trained, section_context, section_what_heads_do]
 
 
 def prepare_out(out) -> Path:

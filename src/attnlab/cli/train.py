@@ -26,7 +26,7 @@ def register(sub) -> None:
     p.add_argument("file", nargs="?", metavar="FILE", help="UTF-8 text (default: the guide's toy text)")
     p.add_argument("--task", default="text", choices=("text", "induction"), help="text: next tokens of FILE "
                    "(default); induction: repeated random tokens, to grow an induction head (Olsson et al.)")
-    p.add_argument("--steps", type=int, default=None, help="training steps (default 300; induction 600)")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default 300; induction 1000)")
     p.add_argument("--context", type=int, default=None, help="tokens per window, n_ctx (default 32; induction 24)")
     p.add_argument("--layers", type=int, default=2, help="attention layers (default 2)")
     p.add_argument("--heads", type=int, default=None, help="heads per layer (default 4; induction 2)")

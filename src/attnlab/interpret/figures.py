@@ -23,7 +23,7 @@ def _heatmap(ax, grid: np.ndarray, *, title: str, xlabel: str, xticks=None, dive
     ax.set_xticks(range(grid.shape[1]))
     if xticks is not None:
         ax.set_xticklabels(xticks, rotation=90, fontsize=7)
-    if grid.size <= 200:
+    if grid.size <= 48:                                                  # small grids only: text is slow to draw
         for (i, j), v in np.ndenumerate(grid):
             ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=6, color="white")
     ax.figure.colorbar(im, ax=ax, shrink=0.8)
@@ -53,7 +53,10 @@ def save_induction_curves(path, run) -> None:
     top, bottom = fig.subplots(2, 1, sharex=True)
     top.plot(steps, [e.first_loss for e in h], label="first occurrences")
     top.plot(steps, [e.repeat_loss for e in h], label="repeats")
+    from .induction import eval_batch, offset_baseline
     top.axhline(np.log(run.config.task.vocab_size), color="#777777", linestyle=":", linewidth=1, label="log V")
+    top.axhline(offset_baseline(eval_batch(run.config), run.config.task), color="#777777", linestyle="-.",
+                linewidth=1, label="one layer's guess by offset, without induction")
     phase = run.phase_change_step()
     for ax in (top, bottom):
         if phase is not None:

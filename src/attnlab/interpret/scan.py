@@ -95,7 +95,7 @@ def scan_lines(model, tokenizer, lines) -> ScanSums:
     out = ScanSums()
     for text in lines:
         ids = tokenizer.encode(text)
-        if c.attention.positions.has_table and ids.size > c.n_ctx:
+        if ids.size > c.n_ctx:                         # past its positions (RoPE: the context it was trained on)
             out.too_long += 1
             continue
         if ids.size < 2:

@@ -60,7 +60,7 @@ def attend(text: str, model: str | Path | tuple = MINILM) -> Attended:
     network, tokenizer, name = _loaded(model)
     ids = tokenizer.encode(text)                                   # (n,)
     c = network.config
-    if ids.size > c.n_ctx:
+    if ids.size > c.n_ctx:                                         # past the table, or what it was trained for
         raise ValueError(f"text has {ids.size} tokens, more than the model's {c.n_ctx} positions (n_ctx); "
                          "shorten it")
     labels = tokenizer.labels(ids)
