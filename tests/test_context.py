@@ -84,7 +84,7 @@ def test_matches_transformers_bertmodel(minilm):
     r = compare_in_context("bank", RIVER, LENDER, minilm)
     states = []
     for text in (RIVER, LENDER):
-        ids, _ = minilm.encode(text)
+        ids = minilm[1].encode(text)
         with torch.no_grad():
             out = hf(torch.tensor(ids[None]), output_hidden_states=True)
         states.append(np.stack([h[0].double().numpy() for h in out.hidden_states]))

@@ -257,6 +257,11 @@ def test_9_cost_says_what_a_learner_can_use(capsys):
     text = run_text(capsys, "cost", "--n", "1", "--no-growth")
     assert "At n = 1 tiling costs more than it saves" in text
     assert "tiling costs more" not in run_text(capsys, "cost", "--n", "4096", "--no-growth")
+    with pytest.raises(SystemExit) as done:                           # the kernel's knobs say what they touch
+        main(["cost", "--help"])
+    assert done.value.code == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert help_text.count("the tiled column only") == 3 and "tiles in flight" not in help_text
 
 
 # --- 10. floors: the number of predictions beside each floor ------------------------------------------
@@ -299,7 +304,7 @@ def test_12_generate_lists_the_vocabulary_and_explains_greedy(capsys, tmp_path):
     d = run_json(capsys, "generate", str(out), "--prompt", "the cat", "--temperature", "0", "--tokens", "60")
     assert d["note"].startswith("(temperature 0 is greedy")
     from attnlab.cli.generate import greedy_note
-    from attnlab.lm.text import Vocab
+    from attnlab.tokens import Vocab
     v = Vocab.from_text("ab t")
     assert "loop repeating 't '" in greedy_note(v, v.encode("abt t t t "))
     assert "loop" not in greedy_note(v, v.encode("abt ba"))

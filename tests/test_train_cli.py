@@ -72,16 +72,16 @@ def test_ctrl_c_keeps_the_last_checkpoint_whole(capsys, tmp_path, monkeypatch):
                  "--out", str(tmp_path)]) == 130
     assert "interrupted" in capsys.readouterr().err
     model, _ = load_checkpoint(tmp_path)                        # the step-5 checkpoint, whole
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors", "training.safetensors"]
 
 
 def test_resume_needs_the_same_configuration(capsys, tmp_path):
     assert main(["train", "--steps", "5", "--context", "16", "--d-model", "16", "--out", str(tmp_path), "--json"]) == 0
     first = json.loads(capsys.readouterr().out)
-    assert main(["train", "--steps", "5", "--context", "16", "--d-model", "16", "--out", str(tmp_path), "--resume",
-                 "--json"]) == 0
+    assert main(["train", "--steps", "10", "--context", "16", "--d-model", "16", "--out", str(tmp_path), "--resume",
+                 "--json"]) == 0                                  # --steps counts every step: 5 more
     assert json.loads(capsys.readouterr().out)["train_loss"] < first["train_loss"]
-    one_line_error(capsys, ["train", "--steps", "5", "--context", "16", "--d-model", "16", "--layers", "3",
+    one_line_error(capsys, ["train", "--steps", "15", "--context", "16", "--d-model", "16", "--layers", "3",
                             "--out", str(tmp_path), "--resume"],
                    "made with a different configuration: n_layers 2 in the checkpoint, 3 asked")
 
@@ -139,14 +139,16 @@ def test_attend_reads_a_folder_that_train_wrote(capsys, tmp_path):
     assert r.tokens == tuple("the cat sat") and r.attentions.weights.shape == (2, 4, 11, 11)
     np.testing.assert_array_equal(r.attentions.keep, np.tril(np.ones((11, 11), bool)))   # a decoder: causal
     model, vocab = load_checkpoint(tmp_path / "ck")
-    np.testing.assert_array_equal(r.logits, forward(model, vocab.encode("the cat sat")).logits)
+    # attend asks for the weights (the naive path); the same pass, bit for bit
+    np.testing.assert_array_equal(r.logits, forward(model, vocab.encode("the cat sat"), return_weights=True).logits)
     assert load_model(tmp_path / "ck")[0].config == model.config
     assert main(["attend", "the cat sat", "--model", str(tmp_path / "ck"), "--head", "3"]) == 0
     assert "(attnlab): 11 tokens, 2 layers x 4 heads" in capsys.readouterr().out
     page = tmp_path / "view.html"
     assert main(["attend", "the cat sat", "--model", str(tmp_path / "ck"), "--summary", "--html", str(page)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1].startswith("layer head  entropy") and len(lines) == 2 + 2 * 4
+    header = next(i for i, line in enumerate(lines) if line.startswith("layer head  kv  entropy"))   # 2 KV heads
+    assert lines[1].startswith("entropy: ") and len(lines[header + 1:]) == 2 * 4      # a legend, then a row per head
     assert "<canvas" in page.read_text(encoding="utf-8")
     one_line_error(capsys, ["attend", "the zoo", "--model", str(tmp_path / "ck")], "'z' is not in the vocabulary")
 

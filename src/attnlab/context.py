@@ -65,8 +65,8 @@ def find_word(word: str, text: str, offsets, *, name: str = "sentence") -> tuple
 
 def compare_in_context(word: str, sentence_a: str, sentence_b: str, model=MINILM) -> InContext:
     """``word``'s vector in ``sentence_a`` and in ``sentence_b``, and the two sentences' mean vectors, compared
-    by cosine at every hidden state of ``model`` (``"minilm"``, a checkpoint folder, or a loaded
-    :class:`attnlab.models.Model`).
+    by cosine at every hidden state of ``model`` (``"minilm"``, a checkpoint folder, or the
+    ``(model, tokenizer)`` pair of :func:`attnlab.models.load_model`).
 
     Raises
     ------
@@ -77,22 +77,24 @@ def compare_in_context(word: str, sentence_a: str, sentence_b: str, model=MINILM
     FileNotFoundError
         The model is not installed.
     """
-    from .models import Model, load_model
+    from .models import load_model
+    from .stack import Transformer, forward
 
     for name, value in (("word", word), ("sentence_a", sentence_a), ("sentence_b", sentence_b)):
         if not isinstance(value, str):
             raise TypeError(f"{name} must be a str, got {type(value).__name__}")
     if not word.strip():
         raise ValueError("word must hold at least one non-space character, got an empty string")
-    m = model if isinstance(model, Model) else load_model(model)
+    loaded = isinstance(model, tuple) and len(model) == 2 and isinstance(model[0], Transformer)
+    network, tokenizer = model if loaded else load_model(model)
     states, tokens, pieces, rows = [], [], [], []
     for name, text in (("sentence_a", sentence_a), ("sentence_b", sentence_b)):
-        ids, labels = m.encode(text)                                  # (n,)
-        offsets = m.tokenizer.encode(text).offsets
+        ids = tokenizer.encode(text)                                  # (n,)
+        offsets = tokenizer.tokenizer.encode(text).offsets
         pieces.append(find_word(word, text, offsets, name=name))
-        states.append(m.network(ids).hidden_states)                   # (L + 1, n, d_model)
-        rows.append(token_rows(m.network, ids))                       # (n, d_model)
-        tokens.append(tuple(labels))
+        states.append(np.stack(forward(network, ids).hidden_states))  # (L + 1, n, d_model)
+        rows.append(token_rows(network, ids))                         # (n, d_model)
+        tokens.append(tokenizer.labels(ids))
     (ha, hb), (pa, pb) = states, pieces
     word_cos = cosine(ha[:, list(pa)].mean(axis=1), hb[:, list(pb)].mean(axis=1))   # (L + 1,)
     sentence_cos = cosine(ha.mean(axis=1), hb.mean(axis=1))                          # (L + 1,)
@@ -102,7 +104,8 @@ def compare_in_context(word: str, sentence_a: str, sentence_b: str, model=MINILM
         layers=("embeddings",) + tuple(f"layer {i}" for i in range(1, len(ha))),
         word_cosine=word_cos, sentence_cosine=sentence_cos,
         rows_word_cosine=float(cosine(ra[list(pa)].mean(axis=0), rb[list(pb)].mean(axis=0))),
-        rows_sentence_cosine=float(cosine(ra.mean(axis=0), rb.mean(axis=0))), model=m.name)
+        rows_sentence_cosine=float(cosine(ra.mean(axis=0), rb.mean(axis=0))),
+        model=network.name or network.config.family)
 
 
 def token_rows(network, ids) -> np.ndarray:

@@ -36,10 +36,14 @@ def connect(address: str, *, timeout: float = 10.0):
 
 
 def local_cluster(n_workers: int, *, threads_per_worker: int = 1, memory_limit="auto"):
-    """A ``(LocalCluster, Client)`` of ``n_workers`` worker processes, no dashboard. The caller closes both."""
+    """A ``(LocalCluster, Client)`` of ``n_workers`` worker processes, no dashboard. The caller closes both.
+
+    The scheduler's small HTTP server (health, metrics) still starts; it takes a free port rather than
+    8787, which another cluster on the machine may hold."""
     distributed = require_distributed()
     cluster = distributed.LocalCluster(n_workers=n_workers, threads_per_worker=threads_per_worker,
-                                       processes=True, dashboard_address=None, memory_limit=memory_limit)
+                                       processes=True, dashboard_address=None, memory_limit=memory_limit,
+                                       scheduler_kwargs={"dashboard_address": ":0"})
     return cluster, distributed.Client(cluster)
 
 

@@ -23,12 +23,35 @@ from .cluster import get_client, worker_addresses
 from .partials import attend_part, decode_part, merge_tree
 
 
+POLL_S = 0.25   # how often a wait on a worker looks whether the scheduler has declared it lost
+
+
 def call(actor, method: str, *args):
     """Start an actor method call; an actor whose worker is gone raises at once, so return the error."""
     try:
         return getattr(actor, method)(*args)
     except Exception as e:
         return e
+
+
+def answer(pending, holder, timeout: float):
+    """The result of an actor call ``pending`` (or the error ``call`` returned), waiting at most ``timeout``
+    seconds, and failing as soon as the actor's own future ``holder`` is no longer finished: the scheduler
+    has declared its worker lost, while Dask would otherwise keep dialling the dead address until its
+    connect timeout. Raises what the call raised, RuntimeError for a lost worker, or TimeoutError."""
+    import time
+
+    if isinstance(pending, Exception):
+        raise pending
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return pending.result(timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))
+        except TimeoutError:
+            if holder.status != "finished":
+                raise RuntimeError(f"the scheduler declared its worker lost (actor {holder.status})") from None
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"no answer within {timeout:g} s") from None
 
 
 class ShardLostError(RuntimeError):
@@ -180,17 +203,15 @@ class ShardedKVCache:
                 if not last.replicas:
                     raise ShardLostError(len(shards) - 1, last.start, last.start + last.length, list(last.lost))
                 take = min(t - done, self.shard_capacity - last.length)
-                for w, _, actor in last.replicas:
+                for w, holder, actor in last.replicas:
                     writes.append((call(actor, "write", last.length, key[:, done:done + take],
-                                        value[:, done:done + take]), len(shards) - 1, last, w))
+                                        value[:, done:done + take]), holder, len(shards) - 1, last, w))
                     load[w] = load.get(w, 0) + take
                 shards[-1] = replace(last, length=last.length + take)
                 done += take
-            for fut, i, shard, w in writes:
+            for fut, holder, i, shard, w in writes:
                 try:
-                    if isinstance(fut, Exception):
-                        raise fut
-                    fut.result(timeout=self.timeout)
+                    answer(fut, holder, self.timeout)
                 except Exception as e:
                     raise RuntimeError(f"append of {t} tokens failed writing shard {i} (tokens "
                                        f"{shard.start}–{shard.start + self.shard_capacity - 1}) on worker {w}: "
@@ -214,9 +235,13 @@ class ShardedKVCache:
         futures = [self.client.submit(KVShard, self.n_heads, self.shard_capacity, self.d_head, self.dtype.str,
                                       actor=True, workers=[w], allow_other_workers=False, pure=False)
                    for w in workers]
-        wait(futures, timeout=self.timeout)
-        return Shard(start=start, length=0,
-                     replicas=tuple((w, f, f.result(timeout=self.timeout)) for w, f in zip(workers, futures)))
+        try:
+            wait(futures, timeout=self.timeout)
+            actors = [f.result(timeout=self.timeout) for f in futures]
+        except Exception as e:
+            raise RuntimeError(f"cannot open a shard for tokens {start}–{start + self.shard_capacity - 1} on "
+                               f"{', '.join(workers)}: {type(e).__name__}: {e}; the cache is unchanged") from e
+        return Shard(start=start, length=0, replicas=tuple(zip(workers, futures, actors)))
 
     # ------------------------------------------------------------------------------------------------
 
@@ -254,12 +279,9 @@ class ShardedKVCache:
         """Shard i's partial: from its first replica, else the next; replicas that fail are dropped."""
         causes, failed = [], []
         result = None
-        for r, (w, _, actor) in enumerate(shard.replicas):
+        for r, (w, holder, actor) in enumerate(shard.replicas):
             try:
-                f = fut if r == 0 else call(actor, "attend", *args)
-                if isinstance(f, Exception):
-                    raise f
-                result = f.result(timeout=self.timeout)
+                result = answer(fut if r == 0 else call(actor, "attend", *args), holder, self.timeout)
                 break
             except Exception as e:                               # a dead worker: refused, closed, timed out
                 causes.append(f"{w}: {type(e).__name__} {e}".strip())

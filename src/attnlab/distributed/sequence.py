@@ -11,6 +11,7 @@ most of its pairs; Dask moves what else is needed and recomputes what a lost wor
 from __future__ import annotations
 
 import operator
+import time
 import uuid
 
 import numpy as np
@@ -84,15 +85,22 @@ def sequence_parallel_attention(query, key, value, *, client=None, shards=None, 
     if all(kinds):
         return dask_path(client, workers, c, query, key, value, q_parts, shards, opts, return_lse)
     k_parts = split_even(n_k, shards or len(workers))
+    deadline = None if timeout is None else time.monotonic() + timeout
     for attempt in range(RETRIES + 1):
+        left = None if deadline is None else deadline - time.monotonic()
         try:
-            out, lse = numpy_path(client, workers, c, q_parts, k_parts, opts, timeout, progress)
+            if left is not None and left <= 0:
+                raise DeadlinePassed(f"{attempt} attempt(s) lost workers")
+            out, lse = numpy_path(client, workers, c, q_parts, k_parts, opts, left, progress)
             break
+        except DeadlinePassed as e:                     # the caller's timeout: not a lost worker
+            raise TimeoutError(f"sequence_parallel_attention did not finish within {timeout:g} s ({e})") from None
         except lost_data_errors() as e:
             if attempt == RETRIES:
-                raise RuntimeError(f"sequence_parallel_attention lost workers {attempt + 1} times and gave up "
-                                   f"({type(e).__name__}: {e})") from e
-            workers = worker_addresses(client)          # the survivors (and any restarted worker)
+                raise RuntimeError(f"sequence_parallel_attention lost workers {attempt + 1} times and gave up: "
+                                   f"{describe(e)}") from e
+            gone = getattr(e, "worker", None)           # a worker that stopped answering may still be listed
+            workers = [w for w in worker_addresses(client) if w != gone] or worker_addresses(client)
     out = out.astype(c.out_dtype, copy=False)
     return (out, lse) if return_lse else out
 
@@ -106,15 +114,33 @@ def is_dask_array(x) -> bool:
 
 
 def lost_data_errors() -> tuple:
-    """What Dask raises when data a task needed was on a worker that died."""
+    """What Dask raises when data a task needed was on a worker that died: its futures cancelled, a
+    connection to it closed, the scheduler no longer knowing it (:class:`WorkerGone`), or an ``OSError``
+    such as "Timed out trying to connect to tcp://…" when a worker killed late is still listed and Dask
+    keeps dialling it until its connect timeout. (The caller's own timeout is :class:`DeadlinePassed`.)"""
     from concurrent.futures import CancelledError
 
     distributed = require_distributed()
-    return (CancelledError, distributed.comm.CommClosedError, WorkerGone)
+    return (CancelledError, distributed.comm.CommClosedError, WorkerGone, OSError)
+
+
+def describe(e: BaseException) -> str:
+    """An error and its cause in one line: ``WorkerGone: worker tcp://… left (OSError: Timed out …)``."""
+    cause = e.__cause__ or e.__context__
+    return f"{type(e).__name__}: {e}" + (f" ({type(cause).__name__}: {cause})" if cause is not None else "")
 
 
 class WorkerGone(RuntimeError):
-    """A worker left between listing the workers and sending it data."""
+    """A worker left (or stopped answering) between listing the workers and sending it data."""
+
+    def __init__(self, worker: str):
+        self.worker = worker
+        super().__init__(f"worker {worker} left the cluster or stopped answering while its shard was sent")
+
+
+class DeadlinePassed(Exception):
+    """The caller's ``timeout`` ran out (raised to the caller as TimeoutError; kept apart from the
+    OSError/TimeoutError of a lost worker's connection, which triggers a retry)."""
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -203,9 +229,10 @@ def numpy_path(client, workers, c, q_parts, k_parts, opts, timeout, progress):
         for i, w in home.items():
             lo, hi = parts[i]
             try:
-                data[i] = client.scatter(np.ascontiguousarray(x[..., lo:hi, :]), workers=[w], hash=False)
-            except KeyError as e:                               # the scheduler no longer knows w
-                raise WorkerGone(f"worker {w} left the cluster") from e
+                data[i] = client.scatter(np.ascontiguousarray(x[..., lo:hi, :]), workers=[w], hash=False,
+                                         **({} if timeout is None else {"timeout": timeout}))
+            except (KeyError, OSError) as e:   # unknown to the scheduler, or unreachable (a TimeoutError too)
+                raise WorkerGone(w) from e
         return data
 
     q_data, k_data, v_data = scatter(c.q, q_parts, q_home), scatter(c.k, k_parts, k_home), \
@@ -221,8 +248,7 @@ def numpy_path(client, workers, c, q_parts, k_parts, opts, timeout, progress):
         results = dict(zip(merged, client.gather(list(merged.values()), errors="raise")))
     except TimeoutError:
         client.cancel(every)
-        raise TimeoutError(f"sequence_parallel_attention did not finish within {timeout:g} s on "
-                           f"{len(workers)} workers ({done} of {len(every)} tasks done)") from None
+        raise DeadlinePassed(f"{done} of {len(every)} tasks done on {len(workers)} workers") from None
     except distributed.KilledWorker as e:
         raise RuntimeError(f"Dask gave up on a task after it killed workers repeatedly: {e}") from None
     d_v = c.v.shape[-1]

@@ -62,8 +62,8 @@ def duplicate_token_pattern(ids: np.ndarray) -> np.ndarray:
 def induction_pattern(ids: np.ndarray) -> np.ndarray:
     """P (n, n): 1 at (i, j) where the token before j is an earlier occurrence of token i.
 
-    >>> induction_pattern(np.array([1, 2, 1, 2])).astype(int).tolist()     # A B A B: the 2nd A looks at B
-    [[0, 0, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0]]
+    >>> induction_pattern(np.array([1, 2, 1, 2])).astype(int).tolist()     # A B A B: the 2nd A looks at B, the 2nd B at A
+    [[0, 0, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]]
     """
     dup = duplicate_token_pattern(ids)                                  # (n, n) j < i, same token
     out = np.zeros_like(dup)
