@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from attnlab.interpret.induction import (FIRST, OTHER, REPEAT, InductionConfig, InductionTask, copy_baseline,
-                                         evaluate, induction_batch, load_run, off_range_batch, offset_baseline, save_run,
-                                         start_run, target_kinds, train_steps)
+                                         evaluate, induction_batch, load_run, off_range_batch, offset_baseline,
+                                         save_run, start_run, target_kinds, train_steps)
 
 
 def test_target_kinds_by_hand():

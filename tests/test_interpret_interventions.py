@@ -215,3 +215,42 @@ def test_lens_matches_transformers(gpt2_pair):
     np.testing.assert_allclose(lens.logits[1], row.numpy(), rtol=0, atol=1e-4)
     np.testing.assert_allclose(lens.logits[-1], o.logits[0].numpy(), rtol=0, atol=1e-4)
     np.testing.assert_array_equal(lens.top_ids[1, :, 0], row.numpy().argmax(-1))
+
+
+def test_llama_gqa_ablation_and_detectors_match_transformers(tmp_path):
+    """A Llama-family folder (4 query heads on 2 KV heads): detectors score its weights, and a mean-ablated
+    head matches a pre-hook on transformers' o_proj, whose input is the merged heads."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from attnlab.interpret import detect_heads, score_patterns
+    from attnlab.models import load_network
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=120, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.2, tie_word_embeddings=False,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None))
+    hf.save_pretrained(tmp_path)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32,
+                                                           attn_implementation="eager").eval()
+    ours = load_network(tmp_path)
+    ids = np.random.default_rng(6).integers(0, 120, 16)
+    with torch.no_grad():
+        o = hf(torch.from_numpy(ids)[None], output_attentions=True)
+    weights = np.stack([a[0].numpy() for a in o.attentions])                  # (L, H, n, n)
+    s = detect_heads(ours, ids)
+    for k, v in score_patterns(weights, ids).items():
+        np.testing.assert_allclose(s[k], v, rtol=0, atol=1e-5)
+    r = ablate(ours, ids, mode="mean")
+
+    def hook(module, args):
+        z = args[0].clone().view(1, 16, 4, 8)                                 # (1, n, h, d_head)
+        z[0, :, 3] = z[0, :, 3].mean(0)
+        return (z.view(1, 16, 32),)
+    handle = hf.model.layers[0].self_attn.o_proj.register_forward_pre_hook(hook)
+    try:
+        with torch.no_grad():
+            t = torch.from_numpy(ids)[None]
+            loss = hf(t, labels=t).loss.item()
+    finally:
+        handle.remove()
+    assert abs(r.ablated[0, 3] - loss) < 1e-4

@@ -102,7 +102,8 @@ def format_induction(r: dict) -> str:
     phase, off = r["phase_change_step"], r["off_range"]
     lines += ["", f"loss on first occurrences {r['first_loss']:.3f} nats (log V = {r['log_v']:.3f}); on repeats "
               f"{r['repeat_loss']:.3f} ({r['repeat_over_log_v']:.2f} · log V)",
-              f"without induction, on repeats: copying any earlier token of the context gives {r['copy_baseline']:.3f}, "
+              "without induction, on repeats: copying any earlier token of the context gives "
+              f"{r['copy_baseline']:.3f}, "
               f"copying one of the tokens {r['periods'][0] - 1}–{r['periods'][1] - 1} positions back (the range of "
               f"periods) {r['offset_baseline']:.3f}",
               f"on a period never trained on ({off['period']}, the standard test: BOS, N tokens, the same N), "

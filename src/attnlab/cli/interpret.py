@@ -110,7 +110,8 @@ def detect_ids(args, model, tokenizer) -> np.ndarray:
     if total > model.config.n_ctx:                      # the positions it has (RoPE: the context it was trained on)
         raise ValueError(f"--repeat-random {n} makes {total} tokens (2 × {n}"
                          f"{f' + {len(before) + len(after)} special' if before or after else ''}), more than the "
-                         f"model's {model.config.n_ctx} positions; use N <= {(model.config.n_ctx - total + 2 * n) // 2}")
+                         f"model's {model.config.n_ctx} positions; use N <= "
+                         f"{(model.config.n_ctx - total + 2 * n) // 2}")
     r = repeated_random_tokens(n, vocab_size=model.config.vocab_size, rng=np.random.default_rng(args.seed),
                                avoid=before + after)
     return np.concatenate([before, r, after]).astype(np.int64)

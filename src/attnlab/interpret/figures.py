@@ -14,8 +14,11 @@ def _heatmap(ax, grid: np.ndarray, *, title: str, xlabel: str, xticks=None, dive
     if diverging:
         lim = float(np.nanmax(np.abs(grid))) or 1.0
         im = ax.imshow(grid, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
+        dark = lambda v: abs(v) > 0.5 * lim                                # noqa: E731
     else:
-        im = ax.imshow(grid, cmap="viridis", vmin=min(0.0, float(np.nanmin(grid))), aspect="auto")
+        low, high = min(0.0, float(np.nanmin(grid))), float(np.nanmax(grid))
+        im = ax.imshow(grid, cmap="viridis", vmin=low, aspect="auto")
+        dark = lambda v: v < low + 0.6 * (high - low)                      # noqa: E731  viridis is dark low
     ax.set_title(title, fontsize=10)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("layer")
@@ -25,7 +28,7 @@ def _heatmap(ax, grid: np.ndarray, *, title: str, xlabel: str, xticks=None, dive
         ax.set_xticklabels(xticks, rotation=90, fontsize=7)
     if grid.size <= 48:                                                  # small grids only: text is slow to draw
         for (i, j), v in np.ndenumerate(grid):
-            ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=6, color="white")
+            ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=6, color="white" if dark(v) else "black")
     ax.figure.colorbar(im, ax=ax, shrink=0.8)
 
 

@@ -37,8 +37,8 @@ import numpy as np
 
 from .._checks import as_positive_int, check_rng
 from ..lm.model import lm_config
-from ..positions import POSITION_SCHEMES
 from ..lm.training import AdamConfig, AdamState, cosine_decay, steps_on
+from ..positions import POSITION_SCHEMES
 from ..stack import Transformer, forward
 from ..tokens import Vocab
 from .detect import detect_heads
@@ -64,7 +64,8 @@ class InductionTask:
             raise ValueError(f"need 2 <= min_period <= max_period <= vocab_size, got {self.min_period}, "
                              f"{self.max_period}, {self.vocab_size}")
         if self.n_ctx < 2 * self.max_period + 1:
-            raise ValueError(f"n_ctx must hold BOS and two copies of the longest segment (>= {2 * self.max_period + 1}), "
+            raise ValueError(f"n_ctx must hold BOS and two copies of the longest segment "
+                             f"(>= {2 * self.max_period + 1}), "
                              f"got {self.n_ctx}")
         if self.max_period > self.vocab_size:
             raise ValueError(f"a segment of max_period {self.max_period} distinct tokens needs vocab_size >= "
@@ -93,7 +94,7 @@ def induction_batch(task: InductionTask, batch_size: int, rng: np.random.Generat
         at = 1
         while at <= n:
             r = [next(tokens) for _ in range(rng.integers(task.min_period, task.max_period + 1))]
-            pair = (r * (n if task.tiled else 2))[:n + 1 - at]                                                   # r r, cut at the end
+            pair = (r * (n if task.tiled else 2))[:n + 1 - at]                           # r r …, cut at the end
             row[at:at + len(pair)] = pair
             at += len(pair)
     return seqs[:, :-1], seqs[:, 1:], target_kinds(seqs)
@@ -132,10 +133,6 @@ class Evaluation:
     previous_token: np.ndarray      # (n_layers, n_heads)
     induction: np.ndarray           # (n_layers, n_heads)
     duplicate_token: np.ndarray     # (n_layers, n_heads)
-
-    @property
-    def dup(self):
-        return self.duplicate_token
 
 
 def first_and_repeat_loss(model: Transformer, batch) -> tuple[float, float]:
