@@ -1,5 +1,6 @@
 """Speed check of the stack refactor (issue 10) against the old main, in one process: the LM training step
-(attnlab's own model: forward, hand-written backward, Adam) and `attnlab bench`'s tiled rows.
+(attnlab's own model: forward, hand-written backward, Adam), `attnlab bench`'s tiled rows, and the model
+forward passes the stack took over (MiniLM, a GPT-2-shaped checkpoint, GPT-2 generation through the KV caches).
 
     git worktree add /tmp/oldmain e071d16          # the main the stack started from
     PYTHONPATH=src python benchmarks/stack_vs_main.py [--old /tmp/oldmain] [--rounds 31] [--json]
@@ -43,7 +44,7 @@ def import_old(tree: Path):
     shutil.copytree(src, tmp / "attnlab_old")
     sys.path.insert(0, str(tmp))
     return (importlib.import_module("attnlab_old.lm.model"), importlib.import_module("attnlab_old.lm.training"),
-            importlib.import_module("attnlab_old.tiled"))
+            importlib.import_module("attnlab_old.tiled"), importlib.import_module("attnlab_old.models"))
 
 
 def machine() -> dict:
@@ -122,6 +123,57 @@ def tiled_cases(old_tiled, *, sizes, rounds: int) -> list[dict]:
     return out
 
 
+def gpt2_folder(folder: Path, *, n_layers: int = 4, d: int = 768, n_heads: int = 12, vocab: int = 2000,
+                n_ctx: int = 1024) -> Path:
+    """A GPT-2-shaped checkpoint of random weights, in Hugging Face's names (Conv1D [in, out])."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(3)
+    w = lambda *shape: rng.normal(0, 0.02, shape).astype(np.float32)   # noqa: E731
+    ones, zeros = (lambda n: np.ones(n, np.float32)), (lambda n: np.zeros(n, np.float32))   # noqa: E731
+    t = {"wte.weight": w(vocab, d), "wpe.weight": w(n_ctx, d), "ln_f.weight": ones(d), "ln_f.bias": zeros(d)}
+    for i in range(n_layers):
+        p = f"h.{i}."
+        t.update({p + "ln_1.weight": ones(d), p + "ln_1.bias": zeros(d), p + "ln_2.weight": ones(d),
+                  p + "ln_2.bias": zeros(d), p + "attn.c_attn.weight": w(d, 3 * d), p + "attn.c_attn.bias": w(3 * d),
+                  p + "attn.c_proj.weight": w(d, d), p + "attn.c_proj.bias": w(d), p + "mlp.c_fc.weight": w(d, 4 * d),
+                  p + "mlp.c_fc.bias": w(4 * d), p + "mlp.c_proj.weight": w(4 * d, d), p + "mlp.c_proj.bias": w(d)})
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(t, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": n_layers, "n_embd": d,
+                                                    "n_head": n_heads, "n_positions": n_ctx, "vocab_size": vocab,
+                                                    "activation_function": "gelu_new"}))
+    return folder
+
+
+def model_cases(old_models, *, rounds: int) -> list[dict]:
+    """The stack's forward against the old per-family forwards (MiniLM, GPT-2), and GPT-2 generation."""
+    from attnlab.models import load_network
+    from attnlab.stack import forward, generate
+
+    out = []
+    rng = np.random.default_rng(2)
+    folders = [("MiniLM", "minilm")]
+    with tempfile.TemporaryDirectory() as tmp:
+        folders.append(("GPT-2 4 layers", gpt2_folder(Path(tmp) / "gpt2")))
+        for label, folder in folders:
+            new_m, old_m = load_network(folder), old_models.load_network(folder)
+            for n in (64, 384):
+                ids = rng.integers(1000, 2000, n)
+                want = old_m(ids).hidden_states[-1]
+                got = forward(new_m, ids).hidden_states[-1]
+                assert np.allclose(got, want, atol=1e-4), np.abs(got - want).max()
+                r = alternate(lambda: forward(new_m, ids), lambda: old_m(ids), rounds)
+                out.append({"case": f"{label} forward n {n}", **r})
+            if label.startswith("GPT-2"):
+                prompt = rng.integers(1000, 2000, 16)
+                assert np.array_equal(generate(new_m, prompt, 32), old_models.gpt2.generate(old_m, prompt, 32))
+                r = alternate(lambda: generate(new_m, prompt, 32), lambda: old_models.gpt2.generate(old_m, prompt, 32),
+                              rounds)
+                out.append({"case": f"{label} generate 32 after 16 (greedy)", **r})
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--old", type=Path, default=Path("/tmp/oldmain"), help="a checkout of the old main")
@@ -130,10 +182,11 @@ def main() -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048], help="tiled sizes (default 1024 2048)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    old_model, old_training, old_tiled = import_old(args.old)
+    old_model, old_training, old_tiled, old_models = import_old(args.old)
     rows = [lm_step_case(old_model, old_training, positions=pos, n_ctx=ctx, batch=16, rounds=args.rounds)
             for pos, ctx in (("learned", 32), ("rope", 32), ("alibi", 128))]
     rows += tiled_cases(old_tiled, sizes=args.sizes, rounds=args.tiled_rounds)
+    rows += model_cases(old_models, rounds=args.tiled_rounds)
     report = {"machine": machine(), "rows": rows}
     if args.json:
         print(json.dumps(report, indent=1))

@@ -238,6 +238,8 @@ def test_bias_must_be_float_broadcast_and_not_nan(rng):
         attention(q, k, v, bias=np.ones((2, 5)))
     with pytest.raises(ValueError, match="bias must be finite or -inf"):
         attention(q, k, v, bias=np.full((3, 5), np.nan))
+    with pytest.raises(ValueError, match="bias must be finite or -inf"):     # checked as given, before it broadcasts
+        attention(q, k, v, bias=np.array([[0.0, 0.0, np.inf, 0.0, 0.0]]))
 
 
 @pytest.mark.parametrize("scale,exc", [(0.0, ValueError), (-1.0, ValueError), (np.inf, ValueError),

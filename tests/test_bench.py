@@ -18,6 +18,16 @@ def tiny(monkeypatch):
     monkeypatch.setattr(bench, "BATCH", (2, 16))
     monkeypatch.setattr(bench, "SCALE_N", 128)
     monkeypatch.setattr(bench, "gemm_gflops", lambda: 100.0)
+    monkeypatch.setattr(bench, "blas_contention", lambda: {"blas_threads": 2, "all_threads_ms": 40.0,
+                                                           "one_thread_ms": 20.0, "ratio": 2.0})
+
+
+def test_blas_contention_times_the_same_product_on_all_threads_and_one():
+    pytest.importorskip("threadpoolctl")
+    probe = bench.blas_contention(rounds=1)
+    assert probe["all_threads_ms"] > 0 and probe["one_thread_ms"] > 0
+    assert probe["ratio"] == pytest.approx(probe["all_threads_ms"] / probe["one_thread_ms"])     # one round
+    assert probe["blas_threads"] is None or probe["blas_threads"] >= 1
 
 
 def test_attention_flops_counts_the_visible_scores():
@@ -107,15 +117,51 @@ def test_bench_table_and_scale(tiny, capsys):
     out = capsys.readouterr().out
     assert "numpy float32 GEMM: 100 GFLOP/s" in out and "decode: context" in out and "fwd+bwd: n" in out
     assert "SIMD: " in out and "BLAS: " in out and "tile kernel: " in out and "paths: [0]" in out
+    assert "BLAS contention probe" in out and "40.0 ms, one thread 20.0 ms (ratio 2.00" in out
     assert main(["bench", "--scale", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["n"] == 128 and r["finite"] and r["seconds"] > 0
 
 
-def test_bench_bad_flag_is_one_line_exit_2(capsys):
-    assert main(["bench", "--sizes", "3"]) == 2
+@pytest.mark.parametrize("argv, named", [(["--sizes", "0"], "sizes"), (["--sizes", "x"], "--sizes"),
+                                         (["--cores", "0"], "cores"), (["--cores", "4096"], "cores"),
+                                         (["--speed"], "--speed")])
+def test_bench_bad_flag_is_one_line_exit_2(capsys, argv, named):
+    assert main(["bench", *argv]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("attnlab: error:") and "--sizes" in err and err.count("\n") == 1
+    assert err.startswith("attnlab: error:") and named in err and err.count("\n") == 1
+
+
+def test_bench_sizes_and_cores(tiny, monkeypatch):
+    torch = pytest.importorskip("torch")
+    import os
+
+    before, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    seen = []
+    row = bench.forward_row
+
+    def spy(*args, **kw):                         # where the rows run: the pinned cores, torch's threads
+        seen.append((len(os.sched_getaffinity(0)), torch.get_num_threads()))
+        return row(*args, **kw)
+
+    monkeypatch.setattr(bench, "forward_row", spy)
+    r = bench.run_bench(quick=True, repeat=1, cores=1, sizes=[32, 48])
+    assert [(f["n"], f["is_causal"]) for f in r["forward"]] == [(32, True), (32, False), (48, True), (48, False)]
+    assert seen == [(1, 1)] * 4 and r["machine"]["cores"] == 1 and r["cores_asked"] == 1
+    assert [b["num_threads"] for b in r["machine"]["blas"] if b["user_api"] == "blas"] in ([], [1])
+    assert os.sched_getaffinity(0) == before and torch.get_num_threads() == threads      # restored
+    assert bench.n_steps(quick=True, sizes=[32, 48]) == 2 + 4 + 1 + 1 + 1
+
+
+def test_on_cores_restores_after_an_error():
+    import os
+
+    before = os.sched_getaffinity(0)
+    with pytest.raises(RuntimeError):
+        with bench.on_cores(1):
+            assert len(os.sched_getaffinity(0)) == 1
+            raise RuntimeError("inside")
+    assert os.sched_getaffinity(0) == before
 
 
 def test_n_steps_counts_the_steps_run_bench_announces(tiny):
@@ -138,3 +184,14 @@ def test_goal_table_judges_each_goal_by_its_worst_figure():
     assert goals["decode step at contexts 1024 and 4096"]["met"] is None          # torch missing: no verdict
     assert goals["share of numpy's GEMM rate at n >= 4096"]["worst"] == 0.65
     assert goals["backward (forward + backward)"]["met"] is True
+    assert goals["memory of the tiled forward: extra peak (output included) / output"]["met"] is None   # no rows
+
+
+def test_goal_table_judges_memory_against_the_output():
+    row = lambda n, path, extra: {"n": n, "is_causal": False, "path": path, "ratio": 1.0, "of_gemm": 0.7,   # noqa: E731
+                                  "output_mib": 4.0, "extra_mib": extra}
+    r = {"forward": [row(64, "naive, numpy softmax (exp)", 40.0), row(1024, "tiled, fused", 5.0),
+                     row(2048, "tiled, fused", 6.4)], "batch": [], "decode": [], "backward": []}
+    memory = bench.goal_table(r)[-1]
+    assert memory["figures"] == {"n=1024 full": 1.25, "n=2048 full": 1.6}            # the naive row is not judged
+    assert memory["worst"] == 1.6 and memory["met"] is False

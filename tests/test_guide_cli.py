@@ -285,11 +285,37 @@ def test_tour_prints_every_number_the_guide_prints(tour_run):
     assert [int(i) for i, _, _ in headings] == list(range(1, len(headings) + 1)) and len(headings) >= 8
 
 
+FOLDER_PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_]*$")     # DIR, GPT2_FOLDER: a folder the learner supplies
+
+
+def test_every_command_the_tour_offers_runs(tour_run, tmp_path, monkeypatch, capsys):
+    """Every 'try' line parses as written (options exist, spelled in full); each one is run too, except those
+    that train a model, start Dask worker processes or name a folder the learner supplies."""
+    import shlex
+
+    from attnlab.cli import build_parser
+    _, text, _ = tour_run
+    commands = [shlex.split(c)[1:] for c in re.findall(r"^   try: (attnlab .+)$", text, re.M)]
+    assert len(commands) >= 20
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "MY_TEXT.txt").write_text("the cat sat on the mat and the dog sat on the log")
+    parser, ran = build_parser(), 0
+    for argv in commands:
+        assert callable(parser.parse_args(argv).func), argv
+        if argv[0] in ("train", "scan") or any(FOLDER_PLACEHOLDER.match(a) for a in argv):
+            continue
+        assert main(argv) == 0, (argv, capsys.readouterr().err)
+        assert capsys.readouterr().out.strip(), argv
+        ran += 1
+    assert ran >= 20
+    assert {"mask.png", "view.html", "bank.png"} <= {p.name for p in tmp_path.iterdir()}
+
+
 def test_tour_writes_figures_and_a_self_contained_page(tour_run):
     _, _, out = tour_run
     pngs = {p.name for p in out.glob("*.png")}
-    assert {"mask.png", "attention_1.png", "attention_2.png", "sqrt_dk.png", "cost_memory.png",
-            "cost_compute.png"} <= pngs
+    assert {"floors.png", "lookup.png", "shapes.png", "sqrt_dk.png", "mask.png", "attention_1.png",
+            "attention_2.png", "explain.png", "heads.png", "order.png", "cost_memory.png", "cost_compute.png"} <= pngs
     for name in pngs:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (out / "index.html").read_text(encoding="utf-8")
@@ -316,6 +342,8 @@ def test_tour_json(capsys, tmp_path):
     assert round(order["with_positions_max_diff"], 3) == 0.749 and round(order["masked_max_diff"], 3) == 0.020
     cost = by_title["The price of looking at everything"]
     assert cost["params"]["position_table"] == 786_432 and cost["at_n_ctx"]["scores_per_layer"] == 12_582_912
+    assert all(s["commands"] and s["commands"][0].startswith("attnlab ") for s in d["sections"]
+               if "skipped" not in s["data"])
     assert (tmp_path / "t" / "index.html").is_file()
 
 

@@ -225,6 +225,20 @@ def test_top_weight_follows_the_guides_draw_order():
     np.testing.assert_allclose(g.top_weight(n_trials=50, rng=np.random.default_rng(0)).top, top, rtol=1e-12)
 
 
+def test_top_weight_in_blocks_is_the_trial_by_trial_draw(monkeypatch):
+    from attnlab.guide import scaling
+    monkeypatch.setattr(scaling, "TRIAL_NUMBERS", 3 * 5 * 4)        # 3 trials of (1 + 4 keys) × width 5 a draw
+    rng = np.random.default_rng(7)
+    top, top_scaled = [], []
+    for _ in range(11):                                            # 3 + 3 + 3 + 2: a short last block
+        q, K = rng.normal(size=5), rng.normal(size=(4, 5))
+        top.append(softmax_ref(K @ q).max())
+        top_scaled.append(softmax_ref(K @ q / np.sqrt(5)).max())
+    t = g.top_weight(5, 4, 11, rng=np.random.default_rng(7))
+    np.testing.assert_allclose(t.top, top, rtol=1e-12)
+    np.testing.assert_allclose(t.top_scaled, top_scaled, rtol=1e-12)
+
+
 @settings(max_examples=10, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.sampled_from([1, 9, 25, 100]))
 def test_spread_is_close_to_sqrt_width_for_any_seed(seed, d_k):

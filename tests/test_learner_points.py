@@ -257,6 +257,11 @@ def test_9_cost_says_what_a_learner_can_use(capsys):
     text = run_text(capsys, "cost", "--n", "1", "--no-growth")
     assert "At n = 1 tiling costs more than it saves" in text
     assert "tiling costs more" not in run_text(capsys, "cost", "--n", "4096", "--no-growth")
+    with pytest.raises(SystemExit) as done:                           # the kernel's knobs say what they touch
+        main(["cost", "--help"])
+    assert done.value.code == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert help_text.count("the tiled column only") == 3 and "tiles in flight" not in help_text
 
 
 # --- 10. floors: the number of predictions beside each floor ------------------------------------------

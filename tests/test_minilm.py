@@ -46,7 +46,7 @@ def test_minilm_has_a_previous_token_head(minilm):
 
 
 def test_text_longer_than_512_positions_is_refused(minilm):
-    with pytest.raises(ValueError, match=r"ids has 602 tokens, but the model has only 512 positions"):
+    with pytest.raises(ValueError, match=r"text has 602 tokens, more than the model's 512 positions"):
         attend("cat " * 600, minilm)
 
 
@@ -80,7 +80,7 @@ def test_cli_attend_json_and_summary(capsys):
     (["attend", "The cat", "--layer", "6"], "layer must be an integer from 0 to 5, got 6"),
     (["attend", "The cat", "--head", "-1"], "head must be an integer from 0 to 11, got -1"),
     (["attend", "The cat", "--model", "/no/such/folder"], "no such folder"),
-    (["attend", "cat " * 600], "602 tokens, but the model has only 512 positions"),
+    (["attend", "cat " * 600], "text has 602 tokens, more than the model's 512 positions"),
 ])
 def test_cli_attend_bad_input_is_one_line_exit_2(capsys, argv, message):
     assert main(argv) == 2
@@ -92,7 +92,7 @@ def test_cli_attend_bad_input_is_one_line_exit_2(capsys, argv, message):
 def test_tour_ends_with_a_trained_head_beside_an_untrained_one(capsys, tmp_path):
     from attnlab.cli import tour
 
-    assert tour.SECTIONS.index(tour.section_trained) >= len(tour.SECTIONS) - 2     # last, or just before the context section
+    assert tour.SECTIONS.index(tour.section_trained) >= len(tour.SECTIONS) - 3     # before the context and interpret sections
     (section,) = tour.run_tour(tmp_path, sections=[tour.section_trained])
     s = section.data
     assert s["tokens"] == ["[CLS]", "the", "cat", "sat", "on", "the", "[SEP]"]   # the running example

@@ -356,7 +356,7 @@ def test_not_safetensors_and_missing_files(tmp_path, write_gpt2):
 
 def test_text_longer_than_the_positions_names_the_limit(write_gpt2):
     model = load_model(write_gpt2())
-    with pytest.raises(ValueError, match=r"ids has 20 tokens, but the model has only 16 positions \(n_ctx"):
+    with pytest.raises(ValueError, match=r"text has 20 tokens, more than the model's 16 positions \(n_ctx\); shorten it"):
         attend("a" * 20, model)
     with pytest.raises(ValueError, match=r"ids must be in \[0, 264\).*got 264 at index 1"):
         forward(model[0], [1, 264])

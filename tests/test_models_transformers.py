@@ -160,3 +160,110 @@ def test_gpt2_run_with_cache_matches_transformers(gpt2_pair):
         last = hf.transformer.ln_f(torch.from_numpy(cache["blocks.1.hook_resid_post"]))   # the residual before ln_f
         np.testing.assert_allclose(last.numpy(), o.hidden_states[-1][0].numpy(), rtol=0, atol=1e-5)
     np.testing.assert_allclose(out.logits, o.logits[0].numpy(), rtol=0, atol=1e-5)
+
+
+def _own_lm(positions, n_kv_heads, d_head):
+    """attnlab's own LM (attention-only blocks, no norms) in float64, with nonzero biases."""
+    from attnlab.lm.model import lm_config
+    from attnlab.stack import Transformer
+
+    rng = np.random.default_rng(5)
+    model = Transformer.init(lm_config(7, d_model=12, n_heads=4, n_kv_heads=n_kv_heads, d_head=d_head, n_layers=2,
+                                       n_ctx=8, positions=positions), rng=rng, std=0.4, dtype=np.float64)
+    for name, a in model.params().items():
+        if name.split(".")[-1].startswith("b_"):
+            a[:] = rng.normal(0, 0.3, a.shape)
+    return model
+
+
+def _check_own_lm_against(modules, model, ids, cache, out, *, perm=None, rotary=None, atol=1e-12):
+    """The own LM's blocks are x + attention(x): chain transformers' eager attention modules (one per block)
+    on transformers' own residual stream and hold every named activation against them."""
+    a = model.config.attention
+    n, width, d_head = len(ids), a.n_heads * a.d_head, a.d_head
+    causal = torch.full((1, 1, n, n), float("-inf"), dtype=torch.float64).triu(1)   # transformers' additive mask
+    h = torch.from_numpy(model.W_E[ids] + (model.W_P[:n] if model.W_P is not None else 0))[None]   # (1, n, d)
+    with torch.no_grad():
+        for i, attn in enumerate(modules):
+            np.testing.assert_allclose(cache[f"blocks.{i}.hook_resid_pre"], h[0].numpy(), rtol=0, atol=atol)
+            if rotary is None:
+                y, weights = attn(h, attention_mask=causal)
+                q, k, v = attn.c_attn(h).split(width, dim=-1)
+            else:
+                y, weights = attn(h, position_embeddings=rotary, attention_mask=causal)
+                q, k = (lin(h).view(1, n, -1, d_head).transpose(1, 2) for lin in (attn.q_proj, attn.k_proj))
+                q, k = transformers.models.llama.modeling_llama.apply_rotary_pos_emb(q, k, *rotary)
+                q, k = (t.transpose(1, 2).reshape(1, n, -1) for t in (q, k))
+                v = attn.v_proj(h)
+            for name, t in (("q", q), ("k", k), ("v", v)):
+                ours = cache[f"blocks.{i}.attn.hook_{name}"]                  # (h or h_kv, n, d_head)
+                want = _split(t, ours.shape[0])
+                np.testing.assert_allclose(ours if perm is None or name == "v" else ours[..., perm], want,
+                                           rtol=0, atol=atol, err_msg=f"layer {i} {name}")
+            np.testing.assert_allclose(cache[f"blocks.{i}.attn.hook_pattern"], weights[0].numpy(), rtol=0, atol=atol)
+            np.testing.assert_allclose(cache[f"blocks.{i}.hook_attn_out"], y[0].numpy(), rtol=0, atol=atol)
+            h = h + y                                                         # the block's residual line
+            np.testing.assert_allclose(cache[f"blocks.{i}.hook_resid_post"], h[0].numpy(), rtol=0, atol=atol)
+    np.testing.assert_allclose(out.logits, h[0].numpy() @ model.W_U + model.b_U, rtol=0, atol=10 * atol)
+
+
+def test_own_lm_run_with_cache_matches_transformers_gpt2_attention():
+    """attnlab's own LM, learned positions: each block's attention is transformers' GPT2Attention (eager) with
+    c_attn = W_Q | W_K | W_V and c_proj = W_O (Conv1D stores [in, out], attnlab's layout)."""
+    from attnlab.positions import Learned
+
+    model = _own_lm(Learned(), None, 3)                                       # GPT-2: d_head = d_model / n_heads
+    ids = np.array([3, 0, 6, 6, 1, 2])
+    out, cache = run_with_cache(model, ids)
+    cfg = transformers.GPT2Config(n_embd=12, n_head=4, n_layer=2, n_positions=8, vocab_size=7,
+                                  attn_pdrop=0.0, resid_pdrop=0.0)
+    cfg._attn_implementation = "eager"
+    modules = []
+    for i, block in enumerate(model.blocks):
+        a = transformers.models.gpt2.modeling_gpt2.GPT2Attention(cfg, layer_idx=i).double().eval()
+        p = block.attn
+        with torch.no_grad():
+            a.c_attn.weight.copy_(torch.from_numpy(np.concatenate([p.W_Q, p.W_K, p.W_V], 1)))
+            a.c_attn.bias.copy_(torch.from_numpy(np.concatenate([p.b_Q, p.b_K, p.b_V])))
+            a.c_proj.weight.copy_(torch.from_numpy(p.W_O))
+            a.c_proj.bias.copy_(torch.from_numpy(p.b_O))
+        modules.append(a)
+    _check_own_lm_against(modules, model, ids, cache, out)
+
+
+def test_own_lm_with_gqa_and_rope_theta_matches_transformers_llama_attention():
+    """attnlab's own LM with 4 query heads on 2 KV heads and RoPE θ = 500: each block's attention is
+    transformers' LlamaAttention (eager, biases on). Llama rotates the halves (i, i + d_head/2) where attnlab
+    rotates the pairs (2i, 2i+1): W_Q's and W_K's columns are reordered within each head to match, so its q
+    and k are attnlab's with the features of a head in the order ``perm``; the scores are unchanged."""
+    from attnlab.positions import RoPE
+
+    model = _own_lm(RoPE(theta=500.0), 2, 4)                                 # d_head 4 on d_model 12
+    ids = np.array([3, 0, 6, 6, 1, 2, 5])
+    out, cache = run_with_cache(model, ids)
+    cfg = transformers.LlamaConfig(hidden_size=12, num_attention_heads=4, num_key_value_heads=2, head_dim=4,
+                                   attention_bias=True, num_hidden_layers=2, vocab_size=7, max_position_embeddings=8,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+    cfg._attn_implementation = "eager"
+    perm = np.r_[0:4:2, 1:4:2]                                                # (0, 2, 1, 3) within a head
+
+    def heads_reordered(w, n_heads):                                         # (…, n_heads·4) columns
+        return np.concatenate([w[..., 4 * h:4 * h + 4][..., perm] for h in range(n_heads)], -1)
+
+    modules = []
+    for i, block in enumerate(model.blocks):
+        a = transformers.models.llama.modeling_llama.LlamaAttention(cfg, layer_idx=i).double().eval()
+        p = block.attn
+        with torch.no_grad():
+            for lin, W, b in ((a.q_proj, heads_reordered(p.W_Q, 4), heads_reordered(p.b_Q, 4)),
+                              (a.k_proj, heads_reordered(p.W_K, 2), heads_reordered(p.b_K, 2)),
+                              (a.v_proj, p.W_V, p.b_V), (a.o_proj, p.W_O, p.b_O)):
+                lin.weight.copy_(torch.from_numpy(np.ascontiguousarray(W.T)))   # nn.Linear stores [out, in]
+                lin.bias.copy_(torch.from_numpy(np.ascontiguousarray(b)))
+        modules.append(a)
+    rotary = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(cfg)
+    x = torch.zeros(1, len(ids), 12, dtype=torch.float64)
+    cos, sin = rotary(x, torch.arange(len(ids))[None])
+    assert cache["blocks.0.attn.hook_k"].shape == (2, len(ids), 4)            # the 2 KV heads, never repeated
+    # transformers computes cos and sin in float32 (its rotary upcasts to float32, never float64): 1e-6
+    _check_own_lm_against(modules, model, ids, cache, out, perm=perm, rotary=(cos.double(), sin.double()), atol=1e-6)

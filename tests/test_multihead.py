@@ -20,7 +20,7 @@ def test_guide_multihead_shapes():
     WQ, WK, WV, WO = (rng.normal(0, 0.02, (d_model, d_model)) for _ in range(4))
     zeros = np.zeros(d_model)
     layer = MultiHeadAttention(WQ, WK, WV, WO, zeros, zeros, zeros, zeros, config=GPT2_SMALL)
-    y, a = layer(x, is_causal=True, return_weights=True)
+    y, a = layer.with_weights(x, is_causal=True)
     assert y.shape == (5, 768) and a.shape == (12, 5, 5)
     # the guide's own computation
     q, k, v = split_heads(x @ WQ, h), split_heads(x @ WK, h), split_heads(x @ WV, h)
@@ -46,7 +46,7 @@ def test_each_head_is_plain_attention(rng):
     cfg = AttentionConfig(d_model=16, n_heads=4)
     layer = MultiHeadAttention.init(cfg, rng=rng, dtype=np.float64)
     x = rng.normal(size=(6, 16))
-    _, a = layer(x, return_weights=True)
+    _, a = layer.with_weights(x)
     for i in range(4):
         cols = slice(4 * i, 4 * i + 4)
         a_i = attention_weights(x @ layer.W_Q[:, cols], x @ layer.W_K[:, cols])
@@ -115,7 +115,7 @@ def test_config_states_d_head_apart_from_d_model(rng):
     layer = MultiHeadAttention.init(cfg, rng=rng, dtype=np.float64, std=0.5)
     assert layer.W_Q.shape == (8, 15) and layer.W_O.shape == (15, 8)
     x = rng.normal(size=(4, 8))
-    y, a = layer(x, is_causal=True, return_weights=True)
+    y, a = layer.with_weights(x, is_causal=True)
     q, k, v = (split_heads(x @ w + b, 3) for w, b in ((layer.W_Q, layer.b_Q), (layer.W_K, layer.b_K),
                                                        (layer.W_V, layer.b_V)))
     ref = merge_heads(attention(q, k, v, is_causal=True)) @ layer.W_O + layer.b_O
@@ -138,7 +138,7 @@ def test_gqa_layer_shares_kv_heads_and_caches_only_them(rng):
     A = np.exp(s - s.max(-1, keepdims=True))
     A /= A.sum(-1, keepdims=True)
     ref = merge_heads(A @ v) @ layer.W_O + layer.b_O
-    y, a = layer(x, is_causal=True, return_weights=True)
+    y, a = layer.with_weights(x, is_causal=True)
     np.testing.assert_allclose(a, A, rtol=1e-12)
     np.testing.assert_allclose(y, ref, rtol=1e-12)
     cache = layer.new_cache(5)
@@ -152,3 +152,28 @@ def test_gqa_layer_shares_kv_heads_and_caches_only_them(rng):
                                          r"\(12, 8\)"):
         MultiHeadAttention(layer.W_Q, layer.W_Q, layer.W_V, layer.W_O, layer.b_Q, layer.b_K, layer.b_V, layer.b_O,
                            config=cfg)
+
+
+def test_one_return_type_per_function(rng):
+    """The layer returns y and nothing else; the weights come from a second function, never from a flag.
+    Both give the same y: the plain call may take the tiled kernel (n = 160 here is above the crossover),
+    the weighted one holds the grid; float64 keeps them equal to rounding. With a KV cache the weights of a
+    step are its rows of the full grid."""
+    from attnlab.multihead import multihead_attention, multihead_attention_with_weights
+
+    layer = MultiHeadAttention.init(AttentionConfig(d_model=16, n_heads=4, n_kv_heads=2), rng=rng,
+                                    dtype=np.float64, std=0.5)
+    x = rng.normal(size=(160, 16))
+    y = multihead_attention(layer, x, is_causal=True)
+    assert isinstance(y, np.ndarray) and y.shape == (160, 16)
+    y_w, a = multihead_attention_with_weights(layer, x, is_causal=True)
+    np.testing.assert_allclose(y_w, y, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(a.sum(-1), 1.0, rtol=1e-12)
+    assert a.shape == (4, 160, 160) and not np.triu(a, 1).any()
+    with pytest.raises(TypeError, match="return_weights"):
+        layer(x, return_weights=True)
+    cache = layer.new_cache(160)
+    layer(x[:150], is_causal=True, cache=cache)
+    y_step, a_step = layer.with_weights(x[150:], is_causal=True, cache=cache)
+    np.testing.assert_allclose(a_step, a[:, 150:], rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(y_step, y_w[150:], rtol=1e-10, atol=1e-12)

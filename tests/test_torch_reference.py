@@ -70,6 +70,6 @@ def test_multihead_matches_torch_multiheadattention(rng, dtype, causal):
     attn_mask = torch.triu(torch.ones(6, 6, dtype=torch.bool), 1) if causal else None   # torch: True = blocked
     with torch.no_grad():
         ref, ref_w = mha(tx, tx, tx, attn_mask=attn_mask, need_weights=True, average_attn_weights=False)
-    got, w = layer(x, is_causal=causal, return_weights=True)
+    got, w = layer.with_weights(x, is_causal=causal)
     np.testing.assert_allclose(got, ref.numpy(), **TOL[dtype])
     np.testing.assert_allclose(w, ref_w.numpy(), **TOL[dtype])

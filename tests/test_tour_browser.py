@@ -83,7 +83,7 @@ def values(page, selector):
 
 # --- the page -------------------------------------------------------------------------------------------
 
-def test_every_section_has_prose_numbers_and_a_command(page):
+def test_every_section_has_prose_numbers_a_figure_and_a_command(page):
     sections = page.locator("main > section")
     assert sections.count() >= 10
     for i in range(sections.count()):
@@ -94,6 +94,9 @@ def test_every_section_has_prose_numbers_and_a_command(page):
         assert s.locator(".prose p").count() >= 2, title
         assert s.locator("pre.numbers-text").inner_text().strip(), title
         assert s.locator(".try code").first.inner_text().startswith("attnlab "), title
+        assert s.locator("figure img").count() >= 1, title                # the figure
+        for img in s.locator("figure img").all():                          # drawn, not a broken image
+            assert img.evaluate("i => i.complete && i.naturalWidth > 0"), title
     text = page.inner_text("main")
     for number in ("0.884", "[0.090 0.665 0.245]", "0.843 0.247", "False 0.749", "12582912"):
         assert number in text

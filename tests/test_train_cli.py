@@ -72,16 +72,16 @@ def test_ctrl_c_keeps_the_last_checkpoint_whole(capsys, tmp_path, monkeypatch):
                  "--out", str(tmp_path)]) == 130
     assert "interrupted" in capsys.readouterr().err
     model, _ = load_checkpoint(tmp_path)                        # the step-5 checkpoint, whole
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors", "training.safetensors"]
 
 
 def test_resume_needs_the_same_configuration(capsys, tmp_path):
     assert main(["train", "--steps", "5", "--context", "16", "--d-model", "16", "--out", str(tmp_path), "--json"]) == 0
     first = json.loads(capsys.readouterr().out)
-    assert main(["train", "--steps", "5", "--context", "16", "--d-model", "16", "--out", str(tmp_path), "--resume",
-                 "--json"]) == 0
+    assert main(["train", "--steps", "10", "--context", "16", "--d-model", "16", "--out", str(tmp_path), "--resume",
+                 "--json"]) == 0                                  # --steps counts every step: 5 more
     assert json.loads(capsys.readouterr().out)["train_loss"] < first["train_loss"]
-    one_line_error(capsys, ["train", "--steps", "5", "--context", "16", "--d-model", "16", "--layers", "3",
+    one_line_error(capsys, ["train", "--steps", "15", "--context", "16", "--d-model", "16", "--layers", "3",
                             "--out", str(tmp_path), "--resume"],
                    "made with a different configuration: n_layers 2 in the checkpoint, 3 asked")
 
@@ -147,7 +147,7 @@ def test_attend_reads_a_folder_that_train_wrote(capsys, tmp_path):
     page = tmp_path / "view.html"
     assert main(["attend", "the cat sat", "--model", str(tmp_path / "ck"), "--summary", "--html", str(page)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    header = next(i for i, line in enumerate(lines) if line.startswith("layer head  entropy"))
+    header = next(i for i, line in enumerate(lines) if line.startswith("layer head  kv  entropy"))   # 2 KV heads
     assert lines[1].startswith("entropy: ") and len(lines[header + 1:]) == 2 * 4      # a legend, then a row per head
     assert "<canvas" in page.read_text(encoding="utf-8")
     one_line_error(capsys, ["attend", "the zoo", "--model", str(tmp_path / "ck")], "'z' is not in the vocabulary")

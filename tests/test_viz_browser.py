@@ -233,3 +233,15 @@ def test_fewer_queries_than_keys(tmp_path, view):
     row = view.hover_query(0)
     assert "query #2 c" in row and _top_keys(row) == [(0.7, 2), (0.2, 1), (0.1, 0)]   # the masked key left out
     assert view.errors == []
+
+
+def test_grouped_query_heads_name_their_kv_head(browser, tmp_path, rng):
+    w = rng.random((2, 6, 3, 3))
+    m = AttentionMap(tokens=("a", "b", "c"), weights=w / w.sum(-1, keepdims=True), n_kv_heads=2)
+    save_html(tmp_path / "gqa.html", m, layer=1, head=4)
+    p = Page(browser)
+    page = p.open(tmp_path / "gqa.html")
+    options = page.eval_on_selector_all("#head option", "os => os.map(o => o.textContent)")
+    assert options == [f"head {h} (KV head {h // 3})" for h in range(6)]
+    assert page.eval_on_selector("#summary", "t => t.tBodies[0].rows[4].cells[0].textContent") == "head 4 (KV head 1)"
+    assert p.errors == [] and p.requests == []

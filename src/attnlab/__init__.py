@@ -23,7 +23,7 @@ from .config import GPT2_SMALL, AttentionConfig
 from .hooks import hook_names, run_with_cache, run_with_hooks
 from .masks import additive_mask, causal_mask
 from .multihead import (MultiHeadAttention, merge_heads, multihead_attention, multihead_attention_grad,
-                        split_heads)
+                        multihead_attention_with_weights, split_heads)
 from .positions import (ALiBi, Learned, RoPE, Sinusoidal, alibi_bias, alibi_slopes, learned_positions, rope,
                         sinusoidal_positions)
 from .softmax import softmax
@@ -65,6 +65,7 @@ __all__ = [
     "merge_heads",
     "multihead_attention",
     "multihead_attention_grad",
+    "multihead_attention_with_weights",
     "new_caches",
     "rope",
     "run_with_cache",

@@ -213,9 +213,10 @@ def check_attention_args(query, key, value, *, mask=None, bias=None, is_causal=F
     if mask is not None:
         keep = broadcast_to("mask", as_bool_array("mask", mask), grid, "the score grid (..., n_q, n_k) =")
     if bias is not None:
-        bias = broadcast_to("bias", as_float_array("bias", bias), grid, "the score grid (..., n_q, n_k) =")
-        if require_finite and (np.isnan(bias).any() or np.isposinf(bias).any()):
-            raise ValueError("bias must be finite or -inf (to drop a score), got NaN or +inf")
+        given = as_float_array("bias", bias)
+        bias = broadcast_to("bias", given, grid, "the score grid (..., n_q, n_k) =")
+        if require_finite and (np.isnan(given).any() or np.isposinf(given).any()):   # as given: a broadcast
+            raise ValueError("bias must be finite or -inf (to drop a score), got NaN or +inf")   # repeats it
     scale = 1.0 / np.sqrt(query.shape[-1]) if scale is None else as_positive_float("scale", scale)
     dt = compute_dtype(query, key, value)
     return Checked(q=query.astype(dt, copy=False), k=key.astype(dt, copy=False), v=value.astype(dt, copy=False),

@@ -19,11 +19,14 @@ class AttentionMap:
 
     ``keep`` (n_q, n_k) says which cells a query could attend to (False = masked, e.g. above the causal
     diagonal); None means every cell was visible. ``source`` says where the weights came from.
+    ``n_kv_heads`` (grouped-query attention) says how many key/value heads the query heads read: head i
+    reads KV head ``i // (n_heads / n_kv_heads)``; None means one KV head per query head.
     """
     tokens: tuple[str, ...]
     weights: np.ndarray                 # (n_layers, n_heads, n_q, n_k)
     keep: np.ndarray | None = None      # (n_q, n_k) bool
     source: str = ""
+    n_kv_heads: int | None = None       # grouped-query attention: the key/value heads the query heads share
 
     def __post_init__(self):
         if isinstance(self.tokens, str) or not all(isinstance(t, str) for t in self.tokens):
@@ -44,6 +47,11 @@ class AttentionMap:
             if keep.shape != w.shape[-2:]:
                 raise ValueError(f"keep must have shape {w.shape[-2:]}, got {keep.shape}")
             object.__setattr__(self, "keep", keep)
+        if self.n_kv_heads is not None:
+            kv = self.n_kv_heads
+            if isinstance(kv, bool) or not isinstance(kv, (int, np.integer)) or kv < 1 or w.shape[1] % kv:
+                raise ValueError(f"n_kv_heads must be a positive integer dividing the {w.shape[1]} heads, got {kv!r}")
+            object.__setattr__(self, "n_kv_heads", int(kv))
 
     @property
     def n_layers(self) -> int:
@@ -64,3 +72,30 @@ class AttentionMap:
             if not isinstance(i, (int, np.integer)) or isinstance(i, bool) or not 0 <= i < n:
                 raise ValueError(f"{name} must be an integer from 0 to {n - 1}, got {i!r}")
         return self.weights[layer, head]                        # (n_q, n_k)
+
+    @property
+    def grouped(self) -> bool:
+        """Whether query heads share key/value heads (grouped-query or multi-query attention)."""
+        return self.n_kv_heads is not None and self.n_kv_heads < self.n_heads
+
+    def kv_head(self, head: int) -> int:
+        """The key/value head that query head ``head`` reads (itself without grouping).
+
+        >>> AttentionMap(("a",), np.ones((1, 4, 1, 1)), n_kv_heads=2).kv_head(3)
+        1
+        """
+        self.head(0, head)                                       # checks the index
+        return int(head) // (self.n_heads // (self.n_kv_heads or self.n_heads))
+
+    def kv_note(self, head: int) -> str:
+        """Which KV head a query head reads and which heads share it, or "" without grouping.
+
+        >>> AttentionMap(("a",), np.ones((1, 4, 1, 1)), n_kv_heads=2).kv_note(3)
+        'reads KV head 1 with heads 2-3'
+        >>> AttentionMap(("a",), np.ones((1, 4, 1, 1)), n_kv_heads=1).kv_note(0)
+        'reads KV head 0 with heads 0-3'
+        """
+        if not self.grouped:
+            return ""
+        kv, g = self.kv_head(head), self.n_heads // self.n_kv_heads
+        return f"reads KV head {kv} with heads {kv * g}-{kv * g + g - 1}"

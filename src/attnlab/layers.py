@@ -1,7 +1,9 @@
-"""The pieces of a transformer block besides attention: layer norm, GELU and the MLP.
+"""The pieces of a transformer block besides attention: layer norm and RMSNorm, GELU and SiLU, the MLP
+and its gated (SwiGLU) form.
 
 Each is a pure function; the small dataclasses only hold parameters, as MultiHeadAttention does.
-:data:`NORMS` maps a norm's name to its class (what :class:`attnlab.stack.ModelConfig` names).
+:data:`NORMS` maps a norm's name to its class and :data:`MLPS` an MLP's name to its class (what
+:class:`attnlab.stack.ModelConfig` names). Each class lists its parameter names in ``PARAMS``.
 """
 
 from __future__ import annotations
@@ -49,7 +51,17 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi).astype(x.dtype) * (x + 0.044715 * x ** 3)))
 
 
-ACTIVATIONS = {"gelu": gelu, "gelu_new": gelu_tanh, "gelu_pytorch_tanh": gelu_tanh}
+def silu(x: np.ndarray) -> np.ndarray:
+    """SiLU (swish), ``x · σ(x) = x / (1 + e^(−x))`` (Elfwing et al., 2018): the gate of Llama's SwiGLU MLP.
+
+    >>> silu(np.array([-1.0, 0.0, 1.0], np.float32)).round(4)
+    array([-0.2689,  0.    ,  0.7311], dtype=float32)
+    """
+    with np.errstate(over="ignore"):                     # e^(−x) overflows to inf for x < −88: x/inf = −0
+        return x / (1 + np.exp(-x))
+
+
+ACTIVATIONS = {"gelu": gelu, "gelu_new": gelu_tanh, "gelu_pytorch_tanh": gelu_tanh, "silu": silu}
 
 
 def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
@@ -65,6 +77,7 @@ class LayerNorm:
     bias: np.ndarray     # (d_model,)
     eps: float
     name = "layer"       # its key in NORMS
+    PARAMS = ("weight", "bias")
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return layer_norm(x, self.weight, self.bias, self.eps)
@@ -85,6 +98,43 @@ class LayerNorm:
                    eps)
 
 
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """(..., d_model) -> (..., d_model): each row divided by its root mean square, then scaled; no centring,
+    no bias (Zhang & Sennrich, 2019). The mean of squares is taken in at least float32, as Llama's code does.
+
+    >>> rms_norm(np.array([[3.0, 4.0]]), np.ones(2), 0.0).round(4)     # rms of (3, 4) is √12.5
+    array([[0.8485, 1.1314]])
+    """
+    x32 = x.astype(np.result_type(x, np.float32), copy=False)
+    ms = (x32 * x32).mean(axis=-1, keepdims=True)            # (..., 1)
+    return (x32 / np.sqrt(ms + eps)).astype(x.dtype, copy=False) * weight   # (..., d_model)
+
+
+@dataclass(frozen=True, eq=False)
+class RMSNorm:
+    """RMSNorm, the norm of Llama, Mistral and Qwen2: a weight, no bias."""
+    weight: np.ndarray   # (d_model,)
+    eps: float
+    name = "rms"         # its key in NORMS
+    PARAMS = ("weight",)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return rms_norm(x, self.weight, self.eps)
+
+    @classmethod
+    def init(cls, d_model: int, eps: float, dtype=np.float32) -> "RMSNorm":
+        """Weight 1: the identity after normalising, as torch starts it."""
+        return cls(np.ones(d_model, dtype), eps)
+
+    def params(self) -> dict[str, np.ndarray]:
+        return {"weight": self.weight}
+
+    @classmethod
+    def load(cls, tensors, prefix: str, *, d_model: int, eps: float, why: str | None = None) -> "RMSNorm":
+        """The norm stored as ``{prefix}.weight`` (d_model,) in a checkpoint's Tensors."""
+        return cls(tensors.take(f"{prefix}.weight", (d_model,), why), eps)
+
+
 @dataclass(frozen=True, eq=False)
 class MLP:
     """The per-token network of a block: ``act(x W_in + b_in) W_out + b_out``."""
@@ -93,6 +143,8 @@ class MLP:
     W_out: np.ndarray    # (d_mlp, d_model)
     b_out: np.ndarray    # (d_model,)
     activation: str      # a key of ACTIVATIONS
+    name = "mlp"         # its key in MLPS
+    PARAMS = ("W_in", "b_in", "W_out", "b_out")
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         hidden = ACTIVATIONS[self.activation](x @ self.W_in + self.b_in)   # (..., n, d_mlp)
@@ -110,7 +162,35 @@ class MLP:
         return {"W_in": self.W_in, "b_in": self.b_in, "W_out": self.W_out, "b_out": self.b_out}
 
 
-NORMS = {LayerNorm.name: LayerNorm}   # name -> class: what ModelConfig.norm names
+@dataclass(frozen=True, eq=False)
+class GatedMLP:
+    """The gated MLP of Llama, Mistral and Qwen2 (SwiGLU with ``activation="silu"``; Shazeer, 2020):
+    ``(act(x W_gate) ⊙ x W_in) W_out``, no biases. The gate decides, per hidden unit, how much of the
+    linear path ``x W_in`` goes through."""
+    W_gate: np.ndarray   # (d_model, d_mlp)
+    W_in: np.ndarray     # (d_model, d_mlp)
+    W_out: np.ndarray    # (d_mlp, d_model)
+    activation: str      # a key of ACTIVATIONS
+    name = "gated"       # its key in MLPS
+    PARAMS = ("W_gate", "W_in", "W_out")
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        hidden = ACTIVATIONS[self.activation](x @ self.W_gate) * (x @ self.W_in)   # (..., n, d_mlp)
+        return hidden @ self.W_out                                                  # (..., n, d_model)
+
+    @classmethod
+    def init(cls, d_model: int, d_mlp: int, activation: str, *, rng: np.random.Generator, std: float = 0.02,
+             dtype=np.float32) -> "GatedMLP":
+        """Weights from N(0, std²)."""
+        draw = lambda *shape: rng.normal(0.0, std, shape).astype(dtype)   # noqa: E731
+        return cls(draw(d_model, d_mlp), draw(d_model, d_mlp), draw(d_mlp, d_model), activation)
+
+    def params(self) -> dict[str, np.ndarray]:
+        return {"W_gate": self.W_gate, "W_in": self.W_in, "W_out": self.W_out}
+
+
+NORMS = {c.name: c for c in (LayerNorm, RMSNorm)}   # name -> class: what ModelConfig.norm names
+MLPS = {c.name: c for c in (MLP, GatedMLP)}         # name -> class: what ModelConfig.mlp names
 
 
 def activation_name(config: dict, key: str, source: str) -> str:

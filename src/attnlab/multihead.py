@@ -102,10 +102,14 @@ class MultiHeadAttention:
         return KVCache.empty(self.config.n_kv_heads, capacity, self.config.d_head,
                              batch_shape=batch_shape, dtype=np.result_type(self.W_K, np.float32))
 
-    def __call__(self, x, *, mask=None, bias=None, is_causal=False, return_weights=False,
-                 cache: KVCache | None = None):
-        return multihead_attention(self, x, mask=mask, bias=bias, is_causal=is_causal,
-                                   return_weights=return_weights, cache=cache)
+    def __call__(self, x, *, mask=None, bias=None, is_causal=False, cache: KVCache | None = None) -> np.ndarray:
+        """:func:`multihead_attention` with these weights: y (..., n, d_model)."""
+        return multihead_attention(self, x, mask=mask, bias=bias, is_causal=is_causal, cache=cache)
+
+    def with_weights(self, x, *, mask=None, bias=None, is_causal=False,
+                     cache: KVCache | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`multihead_attention_with_weights` with these weights: y and the weights (..., h, n, n_k)."""
+        return multihead_attention_with_weights(self, x, mask=mask, bias=bias, is_causal=is_causal, cache=cache)
 
 
 PARAMS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
@@ -118,8 +122,8 @@ def param_shapes(c: AttentionConfig) -> dict[str, tuple]:
             "b_Q": (w,), "b_K": (w_kv,), "b_V": (w_kv,), "b_O": (d,)}
 
 
-def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_causal=False, return_weights=False,
-                        cache: KVCache | None = None, hook=None):
+def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_causal=False,
+                        cache: KVCache | None = None, hook=None) -> np.ndarray:
     """Multi-head attention (Vaswani et al., 2017, §3.2.2):
     ``y = concat_i(attention(x W_Qᵢ + b_Qᵢ, x W_Kᵢ + b_Kᵢ, x W_Vᵢ + b_Vᵢ)) W_O + b_O``.
 
@@ -137,8 +141,6 @@ def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_ca
     bias : float array broadcasting to (..., n_heads, n, n_k), optional
         Added to the scaled scores, on top of the position scheme's own bias.
     is_causal : bool
-    return_weights : bool
-        Also return the weights (..., n_heads, n, n_k).
     cache : KVCache, optional
         The new tokens sit after the ``cache.length`` cached ones: they take those positions, their keys
         and values are appended, and the n queries attend to all n_k cached tokens (bottom-right causal
@@ -152,13 +154,44 @@ def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_ca
     Returns
     -------
     y : (..., n, d_model)
-    weights : (..., n_heads, n, n_k), only with ``return_weights=True``
+        The weights themselves come from :func:`multihead_attention_with_weights`.
 
     Raises
     ------
     ValueError, TypeError
         When ``x`` is not (..., n, d_model), and as :func:`attnlab.attention` or :meth:`KVCache.append` do.
     """
+    return _multihead(p, x, mask=mask, bias=bias, is_causal=is_causal, cache=cache, hook=hook, weights=False)[0]
+
+
+def multihead_attention_with_weights(p: MultiHeadAttention, x, *, mask=None, bias=None, is_causal=False,
+                                     cache: KVCache | None = None, hook=None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`multihead_attention`, and every head's weights: ``(y, weights)``.
+
+    The weights are the whole (n, n_k) grid per head, so this takes the naive path (never the tiled kernel);
+    ``y`` is what :func:`multihead_attention` returns on that path.
+
+    Parameters
+    ----------
+    p, x, mask, bias, is_causal, cache, hook
+        As in :func:`multihead_attention`.
+
+    Returns
+    -------
+    y : (..., n, d_model)
+    weights : (..., n_heads, n, n_k)
+        Each row sums to 1 (0 for a query that sees no key).
+
+    Raises
+    ------
+    ValueError, TypeError
+        As :func:`multihead_attention` does.
+    """
+    return _multihead(p, x, mask=mask, bias=bias, is_causal=is_causal, cache=cache, hook=hook, weights=True)
+
+
+def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook, weights: bool):
+    """The forward of both: ``(y, weights)``, the weights (..., h, n, n_k) only when ``weights`` (else None)."""
     x = _check_x(p, x)
     start = 0 if cache is None else cache.length
     q, k, v = _project(p, x, start=start)            # (..., h, n, d_head), (..., h_kv, n, d_head) × 2
@@ -169,7 +202,8 @@ def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_ca
     try:
         opts = dict(mask=mask, bias=_bias(p, bias, q.shape[-2], k.shape[-2], q.dtype), is_causal=is_causal,
                     window=p.config.window)
-        grid = return_weights or (hook is not None and (hook.wants("hook_scores") or hook.wants("hook_pattern")))
+        a = None                                     # (..., h, n, n_k) once the grid is built
+        grid = weights or (hook is not None and (hook.wants("hook_scores") or hook.wants("hook_pattern")))
         if grid:
             heads, a = _attention_on_the_grid(q, k, v, opts, hook, finite=cache is None)   # (..., h, n, d_head)
         elif cache is None:
@@ -184,7 +218,7 @@ def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_ca
     if hook is not None:
         heads = hook("hook_z", heads)                # (..., h, n, d_head) per-head outputs before W_O
     _, y = _output(p, heads)                         # (..., n, d_model)
-    return (y, a) if return_weights else y
+    return y, (a if weights else None)
 
 
 def _attention_on_the_grid(q, k, v, opts: dict, hook, *, finite: bool):

@@ -1,6 +1,6 @@
 """Choosing the next token from a model's logits: the most likely one, or a draw at a temperature.
 
-GPT-2's :func:`attnlab.models.generate` and the small model's :func:`attnlab.lm.generate` share it.
+The one :func:`attnlab.stack.generate` uses it for every decoder (GPT-2, attnlab's own LM).
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ import numpy as np
 from ._checks import as_float_array, as_positive_int, as_token_ids, check_flag, check_rng
 from .cache import KVCache
 from .config import AttentionConfig
-from .layers import ACTIVATIONS, MLP, NORMS, LayerNorm
-from .multihead import MultiHeadAttention, multihead_attention
+from .layers import ACTIVATIONS, MLPS, NORMS, LayerNorm
+from .multihead import MultiHeadAttention, multihead_attention, multihead_attention_with_weights
 from .sampling import check_temperature, sample_next
 
 
@@ -42,7 +42,8 @@ class ModelConfig:
     attention: AttentionConfig      # d_model, n_heads, n_kv_heads, d_head, n_ctx, positions, window
     d_mlp: int | None = None        # width of the MLP's hidden layer; None = attention-only blocks
     activation: str = "gelu_new"    # the MLP's nonlinearity, a key of attnlab.layers.ACTIVATIONS
-    norm: type | None = None        # a norm class of attnlab.layers.NORMS (LayerNorm); None = no norms
+    mlp: str = "mlp"                # the MLP's kind, a key of attnlab.layers.MLPS ("gated": Llama's SwiGLU)
+    norm: type | None = None        # a norm class of attnlab.layers.NORMS (LayerNorm, RMSNorm); None = no norms
     norm_eps: float = 1e-5
     pre_norm: bool = True           # norm before each sublayer (GPT-2) or after the residual (BERT)
     is_causal: bool = True          # a decoder; False = an encoder, every token sees both sides (BERT)
@@ -60,6 +61,8 @@ class ModelConfig:
         as_positive_int("d_mlp", self.d_mlp, allow_none=True)
         if self.d_mlp is not None and self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
+        if self.mlp not in MLPS:
+            raise ValueError(f"mlp must be one of {sorted(MLPS)}, got {self.mlp!r}")
         if self.norm is not None and self.norm not in NORMS.values():
             raise ValueError(f"norm must be None or one of {[c.__name__ for c in NORMS.values()]}, got {self.norm!r}")
         for name in ("pre_norm", "is_causal", "tied_embeddings", "has_logits", "embed_norm"):
@@ -84,7 +87,7 @@ class ModelConfig:
 
     def to_json(self) -> dict:
         return {"vocab_size": self.vocab_size, "n_layers": self.n_layers, "attention": self.attention.to_json(),
-                "d_mlp": self.d_mlp, "activation": self.activation,
+                "d_mlp": self.d_mlp, "activation": self.activation, "mlp": self.mlp,
                 "norm": None if self.norm is None else self.norm.name, "norm_eps": self.norm_eps,
                 "pre_norm": self.pre_norm, "is_causal": self.is_causal, "tied_embeddings": self.tied_embeddings,
                 "has_logits": self.has_logits, "n_types": self.n_types, "embed_norm": self.embed_norm,
@@ -110,7 +113,7 @@ class Block:
     """One block: attention and, optionally, an MLP, each a residual line with its norm (or none)."""
     attn: MultiHeadAttention
     ln_1: LayerNorm | None = None    # around the attention (before it pre-norm, after its residual post-norm)
-    mlp: MLP | None = None
+    mlp: object | None = None        # an instance of the config's MLPS class (MLP, GatedMLP)
     ln_2: LayerNorm | None = None    # around the MLP
 
 
@@ -161,6 +164,9 @@ class Transformer:
                 got = None if b.mlp is None else b.mlp.W_in.shape
                 raise ValueError(f"blocks[{i}].mlp has W_in {got}, the config (d_model {c.d_model}, d_mlp "
                                  f"{c.d_mlp}) asks for {None if c.d_mlp is None else (c.d_model, c.d_mlp)}")
+            if b.mlp is not None and not isinstance(b.mlp, MLPS[c.mlp]):
+                raise ValueError(f"blocks[{i}].mlp is a {type(b.mlp).__name__}, the config (mlp {c.mlp!r}) asks "
+                                 f"for a {MLPS[c.mlp].__name__}")
 
     @classmethod
     def init(cls, config: ModelConfig, *, rng: np.random.Generator, std: float = 0.02,
@@ -170,8 +176,8 @@ class Transformer:
         draw = lambda *shape: rng.normal(0.0, std, shape).astype(dtype)   # noqa: E731
         norm = (lambda: c.norm.init(c.d_model, c.norm_eps, dtype)) if c.norm else (lambda: None)   # noqa: E731
         blocks = tuple(Block(attn=MultiHeadAttention.init(c.attention, rng=rng, std=std, dtype=dtype), ln_1=norm(),
-                             mlp=None if c.d_mlp is None else MLP.init(c.d_model, c.d_mlp, c.activation, rng=rng,
-                                                                       std=std, dtype=dtype),
+                             mlp=None if c.d_mlp is None else MLPS[c.mlp].init(c.d_model, c.d_mlp, c.activation,
+                                                                               rng=rng, std=std, dtype=dtype),
                              ln_2=norm() if c.d_mlp is not None else None)
                        for _ in range(c.n_layers))
         W_E = draw(c.vocab_size, c.d_model)                        # drawn after the blocks, as attnlab always has
@@ -221,13 +227,13 @@ class Transformer:
             missing, extra = sorted(set(template) - set(params)), sorted(set(params) - set(template))
             raise ValueError(f"the weights do not fit the config: missing {missing}, extra {extra}")
         p = params
-        norm = lambda prefix: c.norm(p[f"{prefix}.weight"], p[f"{prefix}.bias"], c.norm_eps)   # noqa: E731
+        norm = lambda prefix: c.norm(*(p[f"{prefix}.{k}"] for k in c.norm.PARAMS), c.norm_eps)   # noqa: E731
         blocks = []
         for i in range(c.n_layers):
             pre = f"blocks.{i}."
             attn = MultiHeadAttention(**{k: p[pre + "attn." + k] for k in ATTENTION_PARAMS}, config=c.attention)
-            mlp = None if c.d_mlp is None else MLP(*(p[pre + "mlp." + k] for k in ("W_in", "b_in", "W_out", "b_out")),
-                                                   c.activation)
+            mlp = None if c.d_mlp is None else MLPS[c.mlp](*(p[pre + "mlp." + k] for k in MLPS[c.mlp].PARAMS),
+                                                           c.activation)
             blocks.append(Block(attn=attn, ln_1=norm(pre + "ln_1") if c.norm else None, mlp=mlp,
                                 ln_2=norm(pre + "ln_2") if c.norm and mlp is not None else None))
         return cls(config=c, W_E=p["W_E"], blocks=blocks, W_P=p.get("W_P"), W_T=p.get("W_T"),
@@ -243,20 +249,18 @@ def model_config(config) -> ModelConfig:
 
 
 ATTENTION_PARAMS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
-MLP_PARAMS = ("W_in", "b_in", "W_out", "b_out")
-NORM_PARAMS = ("weight", "bias")
 
 
 def param_names(config: ModelConfig) -> list[str]:
     """The names :meth:`Transformer.params` uses for a model of this config, in order."""
     c = config
-    norm = lambda prefix: [f"{prefix}.{k}" for k in NORM_PARAMS] if c.norm else []   # noqa: E731
+    norm = lambda prefix: [f"{prefix}.{k}" for k in c.norm.PARAMS] if c.norm else []   # noqa: E731
     names = ["W_E"] + ["W_P"] * c.attention.positions.has_table + ["W_T"] * (c.n_types > 0)
     names += norm("ln_embed") if c.embed_norm else []
     for i in range(c.n_layers):
         names += [f"blocks.{i}.attn.{k}" for k in ATTENTION_PARAMS] + norm(f"blocks.{i}.ln_1")
         if c.d_mlp is not None:
-            names += [f"blocks.{i}.mlp.{k}" for k in MLP_PARAMS] + norm(f"blocks.{i}.ln_2")
+            names += [f"blocks.{i}.mlp.{k}" for k in MLPS[c.mlp].PARAMS] + norm(f"blocks.{i}.ln_2")
     names += norm("ln_final") if c.final_norm else []
     return names + (["W_U", "b_U"] if c.has_logits and not c.tied_embeddings else [])
 
@@ -330,8 +334,9 @@ def block_forward(block: Block, x: np.ndarray, config: ModelConfig, *, cache: KV
     if hook is not None:
         x = hook("hook_resid_pre", x)                                   # (..., n, d_model)
     a_in = block.ln_1(x) if pre and block.ln_1 is not None else x       # (..., n, d_model)
-    out = multihead_attention(block.attn, a_in, is_causal=config.is_causal, cache=cache,
-                              return_weights=return_weights, hook=None if hook is None else hook.scoped("attn."))
+    attn = multihead_attention_with_weights if return_weights else multihead_attention
+    out = attn(block.attn, a_in, is_causal=config.is_causal, cache=cache,
+               hook=None if hook is None else hook.scoped("attn."))
     y, a = out if return_weights else (out, None)                       # (..., n, d_model), (..., h, n, n_k)
     if hook is not None:
         y = hook("hook_attn_out", y)

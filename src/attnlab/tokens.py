@@ -1,5 +1,5 @@
-"""Tokenizers, all in one place: GPT-2's byte-level BPE and BERT's WordPiece (through the `tokenizers`
-library), and attnlab's own character- or word-level :class:`Vocab`.
+"""Tokenizers, all in one place: a folder's ``tokenizer.json`` (BERT's WordPiece, Llama's BPE) and GPT-2's
+byte-level BPE (through the `tokenizers` library), and attnlab's own character- or word-level :class:`Vocab`.
 
 Every tokenizer a model family hands out answers the same three questions: ``encode(text)`` -> ids (n,),
 ``labels(ids)`` -> one readable string per token, ``decode(ids)`` -> text.
@@ -89,24 +89,30 @@ class HFTokenizer:
 
     def labels(self, ids) -> tuple[str, ...]:
         if self.byte_level:
-            return tuple(self.tokenizer.decode([int(i)]) for i in ids)
+            return tuple(self.tokenizer.decode([int(i)], skip_special_tokens=False) for i in ids)   # "<s>" too
         return tuple(self.tokenizer.id_to_token(int(i)) for i in ids)
 
     def decode(self, ids) -> str:
         return self.tokenizer.decode([int(i) for i in ids])
 
 
-def wordpiece_folder_tokenizer(folder: Path) -> HFTokenizer:
-    """A BERT folder's ``tokenizer.json``, padding and truncation turned off (MiniLM's pads to 128)."""
+def json_folder_tokenizer(folder: Path) -> HFTokenizer:
+    """A folder's ``tokenizer.json`` of any kind (BERT's WordPiece, Llama 3's and Qwen2's byte-level BPE, Llama 2's
+    and Mistral's SentencePiece-style BPE), its special tokens added as the file says, padding and truncation off
+    (MiniLM's file pads to 128). Tokens
+    are labelled one by one decoded when the file's decoder is byte-level, else by their own string."""
+    import json
+
     from tokenizers import Tokenizer
 
     path = Path(folder) / "tokenizer.json"
     if not path.is_file():
-        raise FileNotFoundError(2, "No tokenizer.json in the BERT model folder", str(path))
+        raise FileNotFoundError(2, "No tokenizer.json in the model folder", str(path))
     tok = Tokenizer.from_file(str(path))
     tok.no_padding()
     tok.no_truncation()
-    return HFTokenizer(tok, byte_level=False)
+    decoder = (json.loads(path.read_text(encoding="utf-8")).get("decoder") or {}).get("type")
+    return HFTokenizer(tok, byte_level=decoder == "ByteLevel")
 
 
 def bpe_folder_tokenizer(folder: Path) -> HFTokenizer:

@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from ._app import add_json_flag, print_json
 
 
 def register(sub) -> None:
-    p = sub.add_parser("attend", help="show a trained model's attention on a text (BERT, GPT-2 or your own)",
+    p = sub.add_parser("attend", help="show a trained model's attention on a text (BERT, GPT-2, Llama, Mistral, "
+                                      "Qwen2 or your own)",
                        description="Run a trained model on TEXT and print one head's attention weights, "
                                    "rows = queries, columns = keys.")
     p.add_argument("text", help="the text to run, e.g. 'The cat sat on the mat'")
     p.add_argument("--model", default="minilm",
                    help="'minilm' (all-MiniLM-L6-v2, the default), a folder with config.json and "
-                        "model.safetensors (BERT or GPT-2), or a folder written by 'attnlab train --out'")
+                        "model.safetensors or its shards (BERT, GPT-2, Llama, Mistral, Qwen2), or a folder "
+                        "written by 'attnlab train --out'")
     p.add_argument("--layer", type=int, default=0, help="layer to show, from 0 (default 0)")
     p.add_argument("--head", type=int, default=0, help="head to show, from 0 (default 0)")
     p.add_argument("--summary", action="store_true",
-                   help="list every head's most-attended key per query, entropy and mean attention distance")
+                   help="list every head's most-attended key per query, entropy and mean attention distance "
+                        "(and, with grouped-query attention, the KV head it reads)")
     p.add_argument("--png", metavar="FILE", help="also save the chosen head as a PNG heatmap")
     p.add_argument("--html", metavar="FILE",
                    help="also save every layer and head as one self-contained interactive HTML page")
@@ -37,14 +38,16 @@ def cmd_attend(args) -> int:
     save_views(amap, args.layer, args.head, png=args.png, html=args.html)
     if args.json:
         data = {"model": args.model, "tokens": list(result.tokens), "ids": result.ids,
-                "attentions": amap.weights}                     # (layer, head, query, key)
+                "attentions": amap.weights,                     # (layer, head, query, key)
+                "kv_heads": [amap.kv_head(h) for h in range(amap.n_heads)]}   # the KV head each query head reads
         if summary is not None:
             data["summary"] = summary.rows()
         print_json(data)
         return 0
-    print(f"{amap.source}: {len(result.tokens)} tokens, {amap.n_layers} layers x {amap.n_heads} heads")
+    kv = f" reading {amap.n_kv_heads} KV heads" if amap.grouped else ""
+    print(f"{amap.source}: {len(result.tokens)} tokens, {amap.n_layers} layers x {amap.n_heads} heads{kv}")
     if summary is not None:
-        print(format_summary(summary))
+        print(format_summary(summary, amap))
         return 0
     from rich.console import Console
 
@@ -60,44 +63,11 @@ def save_views(amap, layer: int, head: int, *, png=None, html=None) -> None:
     """The chosen head as a PNG heatmap, and the whole map as the interactive HTML page."""
     from ..viz import save_head, save_html
     if png:
+        kv = amap.kv_note(head)
         save_head(png, amap.head(layer, head), amap.q_tokens, k_tokens=amap.tokens, keep=amap.keep,
-                  title=f"{amap.source}: layer {layer}, head {head}")
+                  title=f"{amap.source}: layer {layer}, head {head}" + (f" ({kv})" if kv else ""))
     if html:
         save_html(html, amap, layer=layer, head=head)
-
-
-def report_trained_head(text: str):
-    """The text through all-MiniLM-L6-v2: its most focused head (lowest entropy) beside an untrained head of
-    the same shape on the same input. A :class:`~attnlab.cli.guide.Report` for the tour."""
-    from ..models import attend, load_model, random_heads
-    from ..summary import summarize_heads
-    from ..viz import terminal_text
-    from .guide import Report
-
-    model = load_model("minilm")
-    trained = attend(text, model).attentions
-    facts = summarize_heads(trained)
-    layer, head = (int(i) for i in np.unravel_index(np.argmin(facts.entropy), facts.entropy.shape))
-    untrained = random_heads(text, model, rng=np.random.default_rng(0))
-    untrained_entropy = float(summarize_heads(untrained).entropy[0, head])
-    toks, n = trained.tokens, len(trained.tokens)
-    pairs = " ".join(f"{label(q)}→{label(toks[j])}" for q, j in zip(toks, facts.top_key[layer, head]))
-    text_out = "\n".join([
-        f"all-MiniLM-L6-v2 (a trained BERT: no causal mask, [CLS] and [SEP] added) on {text!r}.",
-        f"Layer {layer}, head {head}, its most focused head (entropy {facts.entropy[layer, head]:.3f} nats):",
-        terminal_text(trained, layer, head),
-        f"Each query's strongest key: {pairs}",
-        "",
-        "An untrained head of the same shape on the same input (weights from N(0, 0.02²)); "
-        f"entropy {untrained_entropy:.3f}, where log {n} = {np.log(n):.3f} is an even spread:",
-        terminal_text(untrained, 0, head),
-        "Training turns the even blur into a pattern. `attnlab attend TEXT --summary` lists every head.",
-    ])
-    return Report(text_out, {"model": "all-MiniLM-L6-v2", "tokens": list(toks), "layer": layer, "head": head,
-                             "trained": trained.head(layer, head),
-                             "trained_entropy": float(facts.entropy[layer, head]),
-                             "trained_top_keys": [toks[j] for j in facts.top_key[layer, head]],
-                             "untrained": untrained.head(0, head), "untrained_entropy": untrained_entropy})
 
 
 def label(token: str) -> str:
@@ -107,12 +77,22 @@ def label(token: str) -> str:
     return display_token(token.replace(" ", "␣"), 8)
 
 
-def format_summary(summary) -> str:
-    """One line per head: entropy, mean distance, then each query's most-attended key."""
+def format_summary(summary, amap=None) -> str:
+    """One line per head: entropy, mean distance, then each query's most-attended key; with grouped-query
+    attention (``amap.grouped``) a column for the KV head each query head reads, and a line saying so."""
     from ..viz.terminal import SUMMARY_LEGEND
-    lines = [*SUMMARY_LEGEND, "layer head  entropy  distance  most-attended key per query"]
+    grouped = amap is not None and amap.grouped
+    kv_head = "  kv" if grouped else ""
+    lines = [*SUMMARY_LEGEND]
+    if grouped:
+        g = amap.n_heads // amap.n_kv_heads
+        lines.append(f"kv: grouped-query attention, {amap.n_heads} query heads share {amap.n_kv_heads} key/value "
+                     f"heads; heads {g}·k to {g}·k+{g - 1} all read KV head k (the same keys and values, their "
+                     "own queries).")
+    lines.append(f"layer head{kv_head}  entropy  distance  most-attended key per query")
     for r in summary.rows():
         tops = " ".join(f"{label(t['query'])}→{label(t['key'])}" for t in r["top_keys"])
-        lines.append(f"{r['layer']:>5} {r['head']:>4}  {r['entropy']:7.3f}  {r['mean_distance']:8.3f}  {tops}")
+        kv = f" {amap.kv_head(r['head']):>3}" if grouped else ""
+        lines.append(f"{r['layer']:>5} {r['head']:>4}{kv}  {r['entropy']:7.3f}  {r['mean_distance']:8.3f}  {tops}")
     from ..viz.terminal import summary_note
     return "\n".join(lines + [n for n in [summary_note(summary.tokens, summary.top_key)] if n])

@@ -13,6 +13,10 @@ def register(sub) -> None:
     p = sub.add_parser("bench", help="time attnlab's attention paths against PyTorch SDPA, each pair alone; "
                        "print the CPU, SIMD level, BLAS kernel and the path each call took")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (n = 256, 1024, 2048)")
+    p.add_argument("--cores", type=int, metavar="N", help="run attnlab and torch on the same N cores (the process "
+                   "pinned to them, BLAS and torch on N threads; default: every core this process may use)")
+    p.add_argument("--sizes", type=int, nargs="+", metavar="N", help="the forward rows' sequence lengths "
+                   "(default 256 … 8192, or those of --quick)")
     p.add_argument("--scale", action="store_true", help="instead, run causal attention once at n = 65,536 "
                    "(12 heads) and report its time and memory")
     add_json_flag(p)
@@ -21,14 +25,15 @@ def register(sub) -> None:
 
 def cmd_bench(args) -> int:
     from .. import bench
+    bench.check_cores(args.cores)                      # bad input: one line before the progress bar starts
     if args.scale:
-        with progress_bar(1) as step:
+        with progress_bar(1) as step, bench.on_cores(args.cores):
             step(f"causal attention at n = {bench.SCALE_N:,} (a minute or more)")
             result = bench.run_scale(bench.SCALE_N)
         print_json(result) if args.json else print_scale(result)
         return 0
-    with progress_bar(bench.n_steps(quick=args.quick)) as step:
-        result = bench.run_bench(quick=args.quick, progress=step)
+    with progress_bar(bench.n_steps(quick=args.quick, sizes=args.sizes)) as step:
+        result = bench.run_bench(quick=args.quick, progress=step, cores=args.cores, sizes=args.sizes)
     if args.json:
         print_json(result)
     else:
@@ -80,7 +85,8 @@ def blas_kernel(blas: list[dict]) -> str:
 def print_table(r: dict) -> None:
     m = r["machine"]
     torch = m["torch"]
-    print(f"CPU: {m['cpu']}; SIMD: {m['simd']}; {m['cores']} usable cores")
+    pinned = f" (pinned by --cores; the machine has {m['machine_cores']})" if r.get("cores_asked") else ""
+    print(f"CPU: {m['cpu']}; SIMD: {m['simd']}; attnlab and torch on the same {m['cores']} cores{pinned}")
     print(f"BLAS: {blas_kernel(m['blas'])}")
     torch_text = f"{torch['version']}, {torch['threads']} threads, {torch['cpu_capability']}" if torch else "not installed"
     numba = m["numba"] or "not installed"
@@ -125,11 +131,17 @@ def print_goals(r: dict) -> None:
     """The issue's goals: each with the figures it covers, the worst one, and met / missed."""
     load = r.get("load_average")
     print()
+    machine_cores = r["machine"].get("machine_cores") or r["machine"]["cores"]
     print(f"goals (SIMD {r['machine']['simd']}; load average after the run: "
-          f"{' '.join(map(str, load)) if load else 'unknown'} on {r['machine']['cores']} cores)")
-    if load and load[0] > r["machine"]["cores"]:
-        print(f"  warning: the 1-minute load ({load[0]}) exceeded the {r['machine']['cores']} cores: other processes "
-              "shared them, which slows torch's threads (they wait on each other) more than attnlab's; "
+          f"{' '.join(map(str, load)) if load else 'unknown'} on {machine_cores} cores)")
+    probe = r.get("blas_contention")
+    if probe:
+        print(f"  BLAS contention probe (12 × 494² scores, as MiniLM's): {probe['blas_threads']} BLAS threads "
+              f"{probe['all_threads_ms']:.1f} ms, one thread {probe['one_thread_ms']:.1f} ms (ratio {probe['ratio']:.2f}; "
+              "far above 1: the cores are shared, and every path on BLAS's or torch's own threads slows with it)")
+    if load and load[0] > machine_cores:
+        print(f"  warning: the 1-minute load ({load[0]}) exceeded the machine's {machine_cores} cores: other "
+              "processes shared them, which slows torch's threads (they wait on each other) more than attnlab's; "
               "run again on a quiet machine before trusting a verdict")
     for g in r["goals"]:
         verdict = {True: "met", False: "missed", None: "-"}[g["met"]]

@@ -508,11 +508,19 @@ def report_cost(n: int = 5, config_name: str = "gpt2-small", *, block_q: int | N
              "max and sum per query)",
              f"KV cache: {_bytes(g.kv_bytes_per_token(config))} per token, {_bytes(c.kv_cache_bytes)} at n = {n:,}, "
              f"{_bytes(at_ctx.kv_cache_bytes)} at n_ctx = {n_ctx} ({bytes_per_number} bytes per number)"]
+    a = config.attention
+    if a.n_kv_heads < a.n_heads:
+        lines.append(f"Grouped-query attention: {a.n_heads} query heads share {a.n_kv_heads} key/value heads, so the "
+                     f"cache is {a.n_heads // a.n_kv_heads}x smaller than the same model without GQA: "
+                     f"{_bytes(g.kv_bytes_per_token(config))} vs {_bytes(g.kv_bytes_per_token(g.without_gqa(config)))} "
+                     f"per token, {_bytes(at_ctx.kv_cache_bytes)} vs {_bytes(at_ctx.kv_cache_bytes_without_gqa)} at "
+                     f"n_ctx = {n_ctx:,}")
     if c.grid_bytes_tiled > c.grid_bytes_naive:
         lines.append(f"At n = {n:,} tiling costs more than it saves: the running max and sum (2 numbers per query "
                      "per head) outweigh so small a grid. Tiling pays once n is large.")
     if n > n_ctx:
-        lines.append(f"(n = {n:,} is beyond {config_name}'s n_ctx = {n_ctx:,}: W_P has no row for those positions)")
+        why = "W_P has no row for those positions" if a.positions.has_table else "positions it was not trained for"
+        lines.append(f"(n = {n:,} is beyond {config_name}'s n_ctx = {n_ctx:,}: {why})")
     rows = g.growth(config) if growth_table else []
     if rows:
         b = config.block_q
@@ -526,6 +534,8 @@ def report_cost(n: int = 5, config_name: str = "gpt2-small", *, block_q: int | N
                                      "block_q": config.block_q, "block_k": config.block_k, "workers": config.workers,
                                      "bytes_per_number": bytes_per_number, "params": vars(p), "cost": vars(c),
                                      "at_n_ctx": vars(at_ctx), "kv_bytes_per_token": g.kv_bytes_per_token(config),
+                                     "n_heads": a.n_heads, "n_kv_heads": a.n_kv_heads,
+                                     "kv_bytes_per_token_without_gqa": g.kv_bytes_per_token(g.without_gqa(config)),
                                      "growth": [vars(r) for r in rows]})
 
 
@@ -652,10 +662,14 @@ def register(sub) -> None:
 
     p = sub.add_parser("cost", help="parameters, scores, FLOPs, score-grid and KV-cache memory")
     p.add_argument("--n", type=_int, default=5, help="sequence length (default 5, the running example)")
-    p.add_argument("--config", choices=sorted(g.COST_CONFIGS), default="gpt2-small")
-    p.add_argument("--block-q", type=_int, help=f"queries per tile of tiled attention ({g.CostConfig.block_q})")
-    p.add_argument("--block-k", type=_int, help=f"keys per tile of tiled attention ({g.CostConfig.block_k})")
-    p.add_argument("--workers", type=_int, help=f"tiles in flight at once ({g.CostConfig.workers})")
+    p.add_argument("--config", choices=sorted(g.COST_CONFIGS), default="gpt2-small",
+                   help="the model whose sizes are counted (gpt2-small, the guide's)")
+    p.add_argument("--block-q", type=_int, help="the tiled column only (Guide 10): queries per block of "
+                   f"scores ({g.CostConfig.block_q})")
+    p.add_argument("--block-k", type=_int, help="the tiled column only: keys per block of scores "
+                   f"({g.CostConfig.block_k})")
+    p.add_argument("--workers", type=_int, help="the tiled column only: blocks held at once, one per worker "
+                   f"thread ({g.CostConfig.workers})")
     p.add_argument("--bytes", type=_int, default=4, help="bytes per number (4: float32)")
     p.add_argument("--no-growth", action="store_true", help="leave out the growth table")
     _done(p, cmd_cost)

@@ -59,8 +59,14 @@ class TourContext:
 
 
 def section_floors(ctx: TourContext) -> Section:
+    from ..viz.charts import save_floors
     r = cg.report_floors(g.TOY_TEXT, 5)
-    return Section("Why context pays: n-gram floors", r.text, r.data, id="floors", prose=(
+    rows = r.data["rows"]
+    save_floors(ctx.out / "floors.png", [x["k"] for x in rows], [x["floor"] for x in rows],
+                [x["n_predictions"] for x in rows], title="n-gram floors of the guide's toy text")
+    return Section("Why context pays: n-gram floors", r.text, r.data,
+                   (Figure("floors.png", "the lowest loss for each context length k, with the number of "
+                           "predictions each floor averages over"),), id="floors", prose=(
         "Count what follows every context in the toy text and you have the lowest loss any predictor could reach "
         "with k characters of context. One character gets to 0.884, where Guide 1's network stalled; a second "
         "cuts it to 0.337.",
@@ -78,7 +84,12 @@ def section_lookup(ctx: TourContext) -> Section:
     ctx.widgets["lookup"] = {"tokens": list(g.lookup.TOKENS), "keys": g.lookup.KEYS, "values": g.lookup.VALUES,
                              "query": g.lookup.QUERY, "range": 8}
     w = g.soft_lookup(np.array([-2.0, -2.0])).weights
-    return Section("The idea: a soft lookup", r.text, r.data, id="lookup", widget="lookup", prose=(
+    from ..viz.charts import save_lookup
+    save_lookup(ctx.out / "lookup.png", g.lookup.QUERY, g.lookup.KEYS, g.lookup.VALUES, g.lookup.TOKENS,
+                title="the guide's soft lookup: the query of “sat” against three keys")
+    return Section("The idea: a soft lookup", r.text, r.data,
+                   (Figure("lookup.png", "the query and the keys, and the weights their scores give"),),
+                   id="lookup", widget="lookup", prose=(
         "A query is scored against every key with a dot product, softmax turns the scores into weights that are "
         "positive and sum to 1, and the output is the weights' mix of the values. Nothing is picked; everything "
         "is blended.",
@@ -96,7 +107,17 @@ def section_lookup(ctx: TourContext) -> Section:
 
 def section_shapes(ctx: TourContext) -> Section:
     r = _needs_tokenizer(lambda: cg.report_shapes(g.RUNNING_EXAMPLE, "gpt2-small"))
-    return Section("Where queries, keys and values come from", r.text, r.data, id="shapes", prose=(
+    figures = ()
+    if "sizes" in r.data:
+        from ..viz.charts import save_shapes
+        n, d_model, d_k, d_v = (r.data["sizes"][x] for x in ("n", "d_model", "d_k", "d_v"))
+        save_shapes(ctx.out / "shapes.png", [(("X", (n, d_model)), ("W^Q", (d_model, d_k)), ("Q", (n, d_k))),
+                                             (("Q", (n, d_k)), ("Kᵀ", (d_k, n)), ("S", (n, n))),
+                                             (("A", (n, n)), ("V", (n, d_v)), ("AV", (n, d_v)))],
+                    title=f"GPT-2 small on '{g.RUNNING_EXAMPLE}': each product's shapes")
+        figures = (Figure("shapes.png", "three of the products as boxes, sides on a log scale so 5 and 768 "
+                          "both fit; the true shapes are written in them"),)
+    return Section("Where queries, keys and values come from", r.text, r.data, figures, id="shapes", prose=(
         "Queries, keys and values are the token vectors X times three learned matrices. Every shape follows from "
         "four numbers: n tokens, d_model, d_k and d_v. For GPT-2 small on “The cat sat on the” they are 5, 768, "
         "64 and 64.",
@@ -199,7 +220,15 @@ def section_explain(ctx: TourContext) -> Section:
     r = cg.report_explain(ctx.toy, "the cat sat")
     st = {s.symbol.name: s.value for s in g.explain(ctx.toy, "the cat sat")}
     S = st["S"]
-    return Section("The equation, symbol by symbol", r.text, r.data, id="explain", prose=(
+    from ..viz.charts import save_score_grids
+    words = "the cat sat".split()
+    save_score_grids(ctx.out / "explain.png", [("S = QKᵀ/√d_k", S, words, words, "scores"),
+                                               ("S + M", st["S + M"], words, words, "scores"),
+                                               ("A = softmax(S + M)", st["A"], words, words, "weights")],
+                     title="one row at a time: scores, the mask's −∞, and the weights")
+    return Section("The equation, symbol by symbol", r.text, r.data,
+                   (Figure("explain.png", "S, S + M and A for “the cat sat”: red scores are high, blue low; "
+                           "−∞ becomes a weight of 0"),), id="explain", prose=(
         "Every symbol of A = softmax(QKᵀ/√d_k + M), output AV, computed on the toy embeddings of “the cat sat”, "
         "with the words on every axis that stands for tokens. The projections are random, so the weights mean "
         "nothing; every step and every shape is the real one.",
@@ -232,8 +261,16 @@ def section_heads(ctx: TourContext) -> Section:
 
 
 def section_order(ctx: TourContext) -> Section:
+    from ..viz.charts import save_vectors
     r = cg.report_order(ctx.toy)
-    return Section("Order: giving tokens a position", r.text, r.data, id="order", prose=(
+    d = r.data
+    save_vectors(ctx.out / "order.png",
+                 [(f"no mask: '{d['word']}' the same", dict(zip((d["sentence"], d["swapped"]), d["unmasked"]))),
+                  ("with the causal mask: slightly apart", dict(zip((d["sentence"], d["swapped"]), d["masked"])))],
+                 title=f"the new vector of '{d['word']}' in each sentence")
+    return Section("Order: giving tokens a position", r.text, r.data,
+                   (Figure("order.png", f"the vector attention gives '{d['word']}' in both sentences: equal "
+                           "without a mask, a little apart with one"),), id="order", prose=(
         "Without positions attention sees a bag of words: reverse the rows and the outputs come back reversed, "
         "and “saw” gets the same vector whether the cat saw the dog or the dog saw the cat.",
         "Add one vector per position and the reversal check fails, with outputs up to 0.749 apart. The causal "
@@ -388,8 +425,13 @@ def section_context(ctx: TourContext) -> Section:
                   "attnlab context bat 'the bat flew out of the cave' 'he swung the bat at the ball'"))
 
 
+def section_what_heads_do(ctx: TourContext) -> Section:
+    from .interpret_tour import what_heads_do
+    return what_heads_do(ctx, Section, Figure)
+
+
 SECTIONS = [section_floors, section_lookup, section_shapes, section_scale, section_mask, section_explain,
-            section_heads, section_order, section_cost, section_trained, section_context]
+            section_heads, section_order, section_cost, section_trained, section_context, section_what_heads_do]
 
 
 def prepare_out(out) -> Path:
@@ -419,7 +461,7 @@ def run_tour(out, sections=SECTIONS, *, on_section=None) -> list[Section]:
 
 
 INTRO = (
-    "Every number the guide *Attention: letting tokens look at each other* prints, reproduced with attnlab, "
+    "Every number the guide “Attention: letting tokens look at each other” prints, reproduced with attnlab, "
     "section by section, with what to notice, the figure, a widget to play with where one helps, and the "
     "command that varies it.",
     "Everything on this page runs offline in your browser: no server, no network.")
@@ -457,7 +499,8 @@ def cmd_tour(args) -> int:
     page = Path(args.out) / "index.html"
     if args.json:
         print_json({"out": str(args.out), "index": str(page), "sections": [
-            {"title": s.title, "data": jsonable(s.data), "figures": [f.file for f in s.figures]}
+            {"title": s.title, "data": jsonable(s.data), "figures": [f.file for f in s.figures],
+             "commands": list(s.commands)}
             for s in sections]})
     else:
         print(f"\nWrote {len(sections)} sections' figures and {page}")

@@ -24,19 +24,22 @@ def register(sub) -> None:
     p = sub.add_parser("train", help="train a small attention language model on a text and compare it with "
                        "the n-gram floors")
     p.add_argument("file", nargs="?", metavar="FILE", help="UTF-8 text (default: the guide's toy text)")
-    p.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
-    p.add_argument("--context", type=int, default=32, help="tokens per window, n_ctx (default 32)")
+    p.add_argument("--task", default="text", choices=("text", "induction"), help="text: next tokens of FILE "
+                   "(default); induction: repeated random tokens, to grow an induction head (Olsson et al.)")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default 300; induction 1000)")
+    p.add_argument("--context", type=int, default=None, help="tokens per window, n_ctx (default 32; induction 24)")
     p.add_argument("--layers", type=int, default=2, help="attention layers (default 2)")
-    p.add_argument("--heads", type=int, default=4, help="heads per layer (default 4)")
+    p.add_argument("--heads", type=int, default=None, help="heads per layer (default 4; induction 2)")
     p.add_argument("--d-model", type=int, default=64, help="width of a token's vector (default 64)")
-    p.add_argument("--positions", default="learned", choices=list(POSITION_SCHEMES), help="position scheme")
+    p.add_argument("--positions", default=None, choices=list(POSITION_SCHEMES),
+                   help="position scheme (default learned; induction rope)")
     p.add_argument("--rope-theta", type=float, default=None, metavar="THETA",
                    help="RoPE's base θ (default 10000; only with --positions rope)")
     p.add_argument("--kv-heads", type=int, default=None, help="key/value heads, a divisor of --heads "
                    "(grouped-query attention; default: as many as --heads)")
     p.add_argument("--level", default="char", choices=("char", "word"), help="tokens: characters or words")
-    p.add_argument("--batch", type=int, default=16, help="windows per step (default 16)")
-    p.add_argument("--lr", type=float, default=3e-3, help="Adam's learning rate (default 3e-3)")
+    p.add_argument("--batch", type=int, default=None, help="windows per step (default 16; induction 32)")
+    p.add_argument("--lr", type=float, default=None, help="Adam's learning rate (default 3e-3; induction 1e-2)")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW's decoupled decay of the matrices "
                    "(default 0; 1.0 with --lr 0.01 suits a 27 KB text)")
     p.add_argument("--schedule", default="cosine", choices=("constant", "cosine"),
@@ -46,8 +49,9 @@ def register(sub) -> None:
     p.add_argument("--seed", type=seed_arg, default=0, help="seed of the one random generator (default 0)")
     p.add_argument("--out", metavar="DIR", help="save the checkpoint here (every --save-every steps and at the end)")
     p.add_argument("--save-every", type=int, default=100, help="steps between checkpoints (default 100)")
-    p.add_argument("--resume", action="store_true", help="start from the checkpoint in --out (same "
-                   "configuration and vocabulary required)")
+    p.add_argument("--resume", action="store_true", help="go on from the checkpoint in --out to --steps in "
+                   "all (same configuration and vocabulary required): Adam's moments, the step and the random "
+                   "generator are restored, so the run ends bit for bit where an uninterrupted one ends")
     add_json_flag(p)
     p.set_defaults(func=cmd_train)
 
@@ -72,14 +76,24 @@ def load_data(file, level: str, heldout: float) -> Data:
     return Data(vocab=vocab, train=train, heldout=tail)
 
 
+TEXT_DEFAULTS = {"steps": 300, "context": 32, "heads": 4, "positions": "learned", "batch": 16, "lr": 3e-3}
+
+
 def cmd_train(args) -> int:
+    if args.task == "induction":
+        from .induction import cmd_train_induction
+        return cmd_train_induction(args)
+    for name, value in TEXT_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     from ..lm.checkpoint import load_checkpoint, save_checkpoint
+    from ..lm.resume import load_training_state, save_training_state
     from ..lm.compare import ALPHA, loss_beside_counts
     from ..lm.model import lm_config
     from ..positions import POSITION_SCHEMES
     from ..stack import Transformer
     from .._threads import one_blas_thread
-    from ..lm.training import AdamConfig, check_text_length, cosine_decay, training_steps
+    from ..lm.training import AdamConfig, AdamState, check_text_length, cosine_decay, training_steps
 
     if args.save_every < 1:
         raise ValueError(f"--save-every must be a positive integer, got {args.save_every}")
@@ -95,18 +109,29 @@ def cmd_train(args) -> int:
     check_text_length(data.train, config.n_ctx)
     if args.out and not args.resume:
         Path(args.out).mkdir(parents=True, exist_ok=True)       # an unwritable --out fails now, not at step 100
-    rng = np.random.default_rng(args.seed)
+    rng, state, start = np.random.default_rng(args.seed), None, 0
     if args.resume:
         model, _ = load_checkpoint(args.out, config=config, vocab=data.vocab)
+        state, rng, _ = load_training_state(args.out, model.params())
+        start = state.t
+        if start >= args.steps:
+            raise ValueError(f"the checkpoint in {args.out} has already taken {start} steps; --steps {args.steps} "
+                             "counts all steps, so ask for more")
     else:
         model = Transformer.init(config, rng=rng)
+        state = AdamState.zeros(model.params())
     adam = AdamConfig(lr=args.lr, weight_decay=args.weight_decay)
     schedule = cosine_decay(args.steps) if args.schedule == "cosine" and args.steps > 0 else None
     steps = training_steps(model, data.train, steps=args.steps, batch_size=args.batch, rng=rng, adam=adam,
-                           schedule=schedule)
+                           schedule=schedule, state=state, start=start)
+
+    def save():
+        save_checkpoint(model, data.vocab, args.out)
+        save_training_state(args.out, state, rng)
+
     with one_blas_thread():
-        losses = run_with_progress(steps, args.steps, save=(lambda: save_checkpoint(model, data.vocab, args.out))
-                                   if args.out else None, save_every=args.save_every)
+        losses = run_with_progress(steps, args.steps - start, save=save if args.out else None,
+                                   save_every=args.save_every)
         figures = loss_beside_counts(model, data.vocab, data.train, data.heldout, max_k=FLOOR_MAX_K,
                                      ks=BASELINE_KS)
     result = {"config": config.to_json(), "steps": args.steps, "batch": args.batch, "lr": args.lr,

@@ -11,8 +11,8 @@ cost       parameters, scores, FLOPs, memory, KV cache
 ========== =========================================================
 """
 
-from .cost import (COST_CONFIGS, GPT2_SMALL_COST, Cost, CostConfig, cost, growth, kv_bytes_per_token, params,
-                   tile_shape, tiled_grid_numbers)
+from .cost import (COST_CONFIGS, GPT2_SMALL_COST, LLAMA_3_2_1B_COST, Cost, CostConfig, cost, growth,
+                   kv_bytes_per_token, params, tile_shape, tiled_grid_numbers, without_gqa)
 from .explain import SYMBOLS, MaskTable, Step, explain, mask_table, shape_sizes, shapes
 from .heads import HeadsRun, run_heads
 from ..ngrams import Floor, encode, floors, iter_floors, read_utf8   # the library's: section 1, n-gram floors
@@ -23,11 +23,11 @@ from .toy import (RUNNING_EXAMPLE, TOY_TEXT, GuideToy, SkipGramConfig, ToyEmbedd
                   random_projections, self_attention, train_embeddings)
 
 __all__ = [
-    "COST_CONFIGS", "GPT2_SMALL_COST", "RUNNING_EXAMPLE", "SYMBOLS", "TOY_TEXT",
+    "COST_CONFIGS", "GPT2_SMALL_COST", "LLAMA_3_2_1B_COST", "RUNNING_EXAMPLE", "SYMBOLS", "TOY_TEXT",
     "Cost", "CostConfig", "Floor", "GuideToy", "HeadsRun", "Lookup", "MaskTable", "OrderChecks",
     "SkipGramConfig", "Spread", "Step", "ToyEmbeddings", "TopWeight",
     "cost", "dot_product_spread", "encode", "explain", "floors", "growth", "guide_toy", "hard_lookup",
     "iter_floors", "kv_bytes_per_token", "mask_table", "order_checks", "params", "random_projections",
     "read_utf8", "run_heads", "saturation", "self_attention", "shape_sizes", "shapes", "soft_lookup",
-    "tile_shape", "tiled_grid_numbers", "top_weight", "train_embeddings",
+    "tile_shape", "tiled_grid_numbers", "top_weight", "train_embeddings", "without_gqa",
 ]

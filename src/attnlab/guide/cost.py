@@ -2,11 +2,12 @@
 
 The guide counts parameters and scores; the rest follows from the same shapes.
 
-- Parameters per layer: W_Q, W_K, W_V, W_O hold 4 · d_model · h · d_head; GPT-2 adds four bias rows.
-  W_P (the position table) holds n_ctx · d_model.
+- Parameters per layer: W_Q and W_O hold 2 · d_model · h · d_head, W_K and W_V 2 · d_model · h_kv · d_head
+  (h_kv = h but for grouped-query attention); GPT-2 adds four bias rows. W_P (the position table, if the
+  model has one: not with RoPE) holds n_ctx · d_model.
 - Scores: one n × n grid per head, h per layer, n_layers · h per model.
-- FLOPs per layer (a multiply-add is 2 FLOPs): the four projections, 8 · n · d_model · h · d_head, grow
-  with n; QKᵀ and AV, 4 · h · n² · d_head, grow with n². Softmax and masking are left out (O(h · n²) too).
+- FLOPs per layer (a multiply-add is 2 FLOPs): the four projections, 2 · n · d_model · (2h + 2h_kv) · d_head,
+  grow with n; QKᵀ and AV, 4 · h · n² · d_head, grow with n². Softmax and masking are left out (O(h · n²) too).
 - Score-grid bytes: naive attention holds one layer's h × n × n scores at once. Tiled attention (online
   softmax, as in FlashAttention; attnlab's kernel in :mod:`attnlab.tiled`) holds, in each worker, one
   tile of min(n, block_q) × min(n, block_k) scores (its reusable scratch buffer), and per query a running
@@ -15,15 +16,18 @@ The guide counts parameters and scores; the rest follows from the same shapes.
   per core of the machines attnlab is measured on (fewer when there are fewer (head, query block) work
   items than workers); the max and sum are counted for all h · n queries, an upper bound on the query
   blocks in flight.
-- KV cache: every layer keeps each token's key and value, 2 · n_layers · h · d_head numbers per token.
+- KV cache: every layer keeps each token's key and value, 2 · n_layers · h_kv · d_head numbers per token.
+  Grouped-query attention (Ainslie et al., 2023) shares each key/value head among h / h_kv query heads, so
+  the cache is h / h_kv times smaller than the same model's with one KV head per query head.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .._checks import as_positive_int
 from ..config import GPT2_SMALL, AttentionConfig
+from ..positions import RoPE
 from ..tiled import BLOCK_K, BLOCK_Q
 
 GROWTH_MAX = 1_048_576       # the growth table runs n = 1, 2, 4, … up to 2^20
@@ -47,14 +51,25 @@ class CostConfig:
 
 
 GPT2_SMALL_COST = CostConfig()
-COST_CONFIGS = {"gpt2-small": GPT2_SMALL_COST}   # the names --config accepts
+
+# Llama 3.2 1B, from its published config.json (https://huggingface.co/meta-llama/Llama-3.2-1B/blob/main/config.json):
+# hidden_size 2048, num_attention_heads 32, num_key_value_heads 8, head_dim 64, num_hidden_layers 16,
+# max_position_embeddings 131072, rope_theta 500000, rope_scaling llama3 (factor 32, low_freq_factor 1,
+# high_freq_factor 4, original_max_position_embeddings 8192).
+LLAMA_3_2_1B_COST = CostConfig(
+    attention=AttentionConfig(d_model=2048, n_heads=32, n_kv_heads=8, d_head=64, n_ctx=131072,
+                              positions=RoPE(500000.0, scaling={"rope_type": "llama3", "factor": 32.0,
+                                                                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                                "original_max_position_embeddings": 8192})),
+    n_layers=16)
+COST_CONFIGS = {"gpt2-small": GPT2_SMALL_COST, "llama-3.2-1b": LLAMA_3_2_1B_COST}   # the names --config accepts
 
 
 @dataclass(frozen=True)
 class Params:
     per_layer: int               # W_Q, W_K, W_V, W_O
     per_layer_with_bias: int     # plus GPT-2's four bias rows
-    position_table: int          # W_P: n_ctx × d_model
+    position_table: int          # W_P: n_ctx × d_model (0 without a learned table)
     all_layers_with_bias: int
 
 
@@ -72,6 +87,7 @@ class Cost:
     grid_bytes_naive: int        # one layer's score grid, all heads at once
     grid_bytes_tiled: int        # one tile per worker plus a running max and sum per query
     kv_cache_bytes: int          # keys and values of n tokens, every layer
+    kv_cache_bytes_without_gqa: int   # the same with one KV head per query head (= kv_cache_bytes without GQA)
 
 
 def params(config: CostConfig = GPT2_SMALL_COST) -> Params:
@@ -83,7 +99,8 @@ def params(config: CostConfig = GPT2_SMALL_COST) -> Params:
     """
     a = config.attention
     return Params(per_layer=a.n_params, per_layer_with_bias=a.n_params_with_bias,
-                  position_table=a.n_ctx * a.d_model, all_layers_with_bias=config.n_layers * a.n_params_with_bias)
+                  position_table=a.n_ctx * a.d_model if a.positions.has_table else 0,
+                  all_layers_with_bias=config.n_layers * a.n_params_with_bias)
 
 
 def cost(n: int, config: CostConfig = GPT2_SMALL_COST) -> Cost:
@@ -95,15 +112,16 @@ def cost(n: int, config: CostConfig = GPT2_SMALL_COST) -> Cost:
     """
     n = as_positive_int("n", n)
     a, b = config.attention, config.bytes_per_number
-    h, width = a.n_heads, a.n_heads * a.d_head
-    flops_projections = 2 * n * a.d_model * width * 4        # Q, K, V in; W_O out
+    h = a.n_heads
+    flops_projections = 2 * n * a.d_model * a.d_head * (2 * h + 2 * a.n_kv_heads)   # Q, K, V in; W_O out
     flops_scores = 2 * h * n * n * a.d_head * 2              # QKᵀ, then AV
     flops_layer = flops_projections + flops_scores
     return Cost(n=n, scores_per_head=n * n, scores_per_layer=h * n * n, scores_per_model=config.n_layers * h * n * n,
                 flops_projections=flops_projections, flops_scores=flops_scores, flops_per_layer=flops_layer,
                 flops_per_model=config.n_layers * flops_layer,
                 grid_bytes_naive=h * n * n * b, grid_bytes_tiled=tiled_grid_numbers(n, config) * b,
-                kv_cache_bytes=n * kv_bytes_per_token(config))
+                kv_cache_bytes=n * kv_bytes_per_token(config),
+                kv_cache_bytes_without_gqa=n * kv_bytes_per_token(without_gqa(config)))
 
 
 def tile_shape(n: int, config: CostConfig = GPT2_SMALL_COST) -> tuple[int, int]:
@@ -128,13 +146,20 @@ def tiled_grid_numbers(n: int, config: CostConfig = GPT2_SMALL_COST) -> int:
 
 
 def kv_bytes_per_token(config: CostConfig = GPT2_SMALL_COST) -> int:
-    """Bytes the KV cache grows by per token: a key and a value per head per layer.
+    """Bytes the KV cache grows by per token: a key and a value per key/value head per layer.
 
-    >>> kv_bytes_per_token()          # 2 · 12 layers · 768 · 4 bytes
+    >>> kv_bytes_per_token()          # 2 · 12 layers · 12 heads · 64 · 4 bytes
     73728
+    >>> kv_bytes_per_token(LLAMA_3_2_1B_COST) // 1024, kv_bytes_per_token(without_gqa(LLAMA_3_2_1B_COST)) // 1024
+    (64, 256)
     """
     a = config.attention
-    return 2 * config.n_layers * a.n_heads * a.d_head * config.bytes_per_number
+    return 2 * config.n_layers * a.n_kv_heads * a.d_head * config.bytes_per_number
+
+
+def without_gqa(config: CostConfig) -> CostConfig:
+    """The same model with one key/value head per query head (plain multi-head attention)."""
+    return replace(config, attention=replace(config.attention, n_kv_heads=config.attention.n_heads))
 
 
 def growth(config: CostConfig = GPT2_SMALL_COST, n_max: int = GROWTH_MAX) -> list[Cost]:

@@ -50,7 +50,7 @@ def run_heads(n: int = 5, config: AttentionConfig = GPT2_SMALL, *, rng: np.rando
     W_O = rng.normal(0, STD, (width, d))                                  # (h·d_head, d_model)
     layer = MultiHeadAttention(W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=W_O, b_Q=np.zeros(width), b_K=np.zeros(width),
                                b_V=np.zeros(width), b_O=np.zeros(d), config=config)
-    y, a = layer(x, is_causal=True, return_weights=True)                  # (n, d_model), (h, n, n)
+    y, a = layer.with_weights(x, is_causal=True)                          # (n, d_model), (h, n, n)
     q = split_heads(x @ W_Q, config.n_heads)                              # (h, n, d_head)
     v = split_heads(x @ W_V, config.n_heads)                              # (h, n, d_head)
     heads_out = a @ v                                                     # (h, n, d_head)

@@ -139,10 +139,14 @@ class Step:
 
 
 def training_steps(model: Transformer, ids, *, steps: int, batch_size: int, rng: np.random.Generator,
-                   adam: AdamConfig = AdamConfig(), schedule=None, state: AdamState | None = None):
+                   adam: AdamConfig = AdamConfig(), schedule=None, state: AdamState | None = None,
+                   start: int = 0):
     """Train ``model`` in place on ``ids`` (n,), yielding a :class:`Step` after each update.
 
     ``schedule(step)`` (steps count from 1), if given, scales the learning rate, e.g. :func:`cosine_decay`.
+    ``state`` and ``start`` resume a run: Adam's moments and the steps already taken (the run then goes on
+    with step ``start + 1`` up to ``steps``; with the generator state of ``rng`` restored too, it ends bit
+    for bit where the uninterrupted run ends).
 
     Returns a generator, so the caller decides what to show and when to save; stopping the loop early
     leaves a model that is whole after its last completed step. The arguments are checked here, before
@@ -150,18 +154,34 @@ def training_steps(model: Transformer, ids, *, steps: int, batch_size: int, rng:
     """
     check_trainable(model)
     ids = as_token_ids("ids", ids, model.config.vocab_size)
-    steps = as_positive_int("steps", steps)
     batch_size = as_positive_int("batch_size", batch_size)
-    check_rng(rng)
     check_text_length(ids, model.config.n_ctx)
-    return _steps(model, ids, steps, batch_size, rng, adam, schedule, state)
+    return steps_on(model, lambda r: sample_batch(ids, model.config.n_ctx, batch_size, r), steps=steps, rng=rng,
+                    adam=adam, schedule=schedule, state=state, start=start)
 
 
-def _steps(model, ids, steps, batch_size, rng, adam, schedule, state):
+def steps_on(model: Transformer, sample, *, steps: int, rng: np.random.Generator, adam: AdamConfig = AdamConfig(),
+             schedule=None, state: AdamState | None = None, start: int = 0):
+    """The training loop for any data: ``sample(rng)`` gives a batch ``(ids, targets)``, each (B, n_ctx).
+
+    Yields a :class:`Step` after each update of steps ``start + 1 … steps``; ``state`` (Adam's moments and
+    step count) carries over from an earlier run, else starts at zero.
+    """
+    check_trainable(model)
+    steps = as_positive_int("steps", steps)
+    check_rng(rng)
+    if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= steps:
+        raise ValueError(f"start must be an int in [0, steps={steps}], got {start!r}")
+    if state is not None and state.t != start:
+        raise ValueError(f"the Adam state has taken {state.t} steps, but the run resumes after step {start}")
+    return _steps(model, sample, steps, rng, adam, schedule, state, start)
+
+
+def _steps(model, sample, steps, rng, adam, schedule, state, start):
     params = model.params()
     state = AdamState.zeros(params) if state is None else state
-    for step in range(1, steps + 1):
-        x, y = sample_batch(ids, model.config.n_ctx, batch_size, rng)   # (B, n_ctx) each
+    for step in range(start + 1, steps + 1):
+        x, y = sample(rng)                                               # (B, n_ctx) each
         value, grads = loss_and_grad(model, x, y)
         adam_step(params, grads, state, adam, lr_scale=1.0 if schedule is None else schedule(step))
         yield Step(step=step, loss=value, tokens=y.size)

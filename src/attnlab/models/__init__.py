@@ -1,5 +1,5 @@
-"""Trained models in numpy, all on the one stack (:mod:`attnlab.stack`): BERT-family encoders, GPT-2, and
-the folders ``attnlab train`` writes, read from safetensors checkpoints.
+"""Trained models in numpy, all on the one stack (:mod:`attnlab.stack`): BERT-family encoders, GPT-2,
+Llama, Mistral and Qwen2, and the folders ``attnlab train`` writes, read from safetensors checkpoints.
 
 Each family is one module that registers a :class:`~attnlab.models.families.Family`; ``load_model``
 picks the family from the folder's config.json. ``attend(text, model="minilm")`` loads a checkpoint
@@ -8,7 +8,7 @@ forward pass and returns every layer's attention weights as an :class:`attnlab.A
 hidden states. safetensors and tokenizers are imported only when a model is loaded.
 """
 
-from . import bert, gpt2, own  # noqa: F401  each registers its family
+from . import bert, gpt2, llama, own  # noqa: F401  each registers its family
 from .attend import Attended, attend, random_heads
 from .checkpoint import read_safetensors
 from .families import FAMILIES, MINILM, Family, load_model, load_network, minilm_path, register

@@ -59,11 +59,15 @@ def attend(text: str, model: str | Path | tuple = MINILM) -> Attended:
     """
     network, tokenizer, name = _loaded(model)
     ids = tokenizer.encode(text)                                   # (n,)
+    c = network.config
+    if ids.size > c.n_ctx:                                         # past the table, or what it was trained for
+        raise ValueError(f"text has {ids.size} tokens, more than the model's {c.n_ctx} positions (n_ctx); "
+                         "shorten it")
     labels = tokenizer.labels(ids)
     out = forward(network, ids, return_weights=True)
-    c = network.config
-    keep = causal_mask(len(ids)) if c.is_causal else None          # (n, n)
-    amap = AttentionMap(labels, np.stack(out.attentions), keep=keep, source=f"{name} ({c.family})")
+    keep = causal_mask(len(ids), window=c.attention.window) if c.is_causal else None   # (n, n)
+    amap = AttentionMap(labels, np.stack(out.attentions), keep=keep, source=f"{name} ({c.family})",
+                        n_kv_heads=c.attention.n_kv_heads)
     return Attended(tokens=labels, ids=ids, attentions=amap, hidden_states=np.stack(out.hidden_states),
                     logits=out.logits)
 
@@ -84,6 +88,7 @@ def random_heads(text: str, model: str | Path | tuple = MINILM, *, rng: np.rando
         x = first.ln_1(x)                                          # (n, d_model) a pre-norm block normalises first
     cfg: AttentionConfig = c.attention
     layer = MultiHeadAttention.init(cfg, rng=rng, std=std)
-    _, a = layer(x, is_causal=c.is_causal, return_weights=True)    # (h, n, n)
-    return AttentionMap(tokenizer.labels(ids), a[None], keep=causal_mask(len(ids)) if c.is_causal else None,
-                        source=f"untrained, N(0, {std}²) weights")
+    _, a = layer.with_weights(x, is_causal=c.is_causal)            # (h, n, n)
+    keep = causal_mask(len(ids), window=cfg.window) if c.is_causal else None   # (n, n)
+    return AttentionMap(tokenizer.labels(ids), a[None], keep=keep, source=f"untrained, N(0, {std}²) weights",
+                        n_kv_heads=cfg.n_kv_heads)

@@ -17,7 +17,7 @@ from ..layers import MLP, LayerNorm, activation_name
 from ..multihead import MultiHeadAttention
 from ..positions import Learned
 from ..stack import Block, ModelConfig, Transformer
-from ..tokens import wordpiece_folder_tokenizer
+from ..tokens import json_folder_tokenizer
 from .checkpoint import Tensors, config_float, config_int
 from .families import Family, checkpoint_loader, register
 
@@ -72,4 +72,4 @@ def bert_from_tensors(tensors: Tensors, cfg: ModelConfig) -> Transformer:
 
 BERT = register(Family(name="bert", matches=lambda config: config.get("model_type") == "bert",
                        load=checkpoint_loader(bert_config, bert_from_tensors),
-                       tokenizer=lambda folder, config: wordpiece_folder_tokenizer(folder)))
+                       tokenizer=lambda folder, config: json_folder_tokenizer(folder)))

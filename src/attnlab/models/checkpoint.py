@@ -1,7 +1,16 @@
-"""Reading checkpoints: safetensors through its numpy API, never pickle.
+"""Reading checkpoints: safetensors files memory-mapped, never pickle.
 
-A checkpoint folder holds ``config.json`` and ``model.safetensors`` (the Hugging Face layout). Every
-problem is one ``ValueError``/``FileNotFoundError`` that names the file, the tensor or the limit.
+A checkpoint folder holds ``config.json`` and ``model.safetensors``, or shards listed by
+``model.safetensors.index.json`` (the Hugging Face layouts). Every problem is one
+``ValueError``/``FileNotFoundError`` that names the file, the tensor or the limit.
+
+A safetensors file is an 8-byte little-endian header length, a JSON header (each tensor's dtype, shape
+and byte range), then the raw little-endian data. attnlab maps the file into memory (``np.memmap``) and
+hands out views of it: a float32 tensor is never copied, so loading a model costs address space, not RAM,
+and the pages are read when the forward pass first touches them. (safetensors' own numpy API copies every
+tensor and has no bfloat16.) bfloat16 is the upper 16 bits of a float32 (same sign and 8-bit exponent,
+7 of float32's 23 mantissa bits), so shifting each one left by 16 bits gives the float32 of exactly the
+same value: bfloat16 tensors are converted so, exactly, into new float32 arrays.
 """
 
 from __future__ import annotations
@@ -27,8 +36,24 @@ def refuse_pickle(path: Path) -> None:
             "model.save_pretrained(folder) or safetensors.torch.save_file(state_dict, 'model.safetensors')")
 
 
-def check_complete(path: Path) -> None:
-    """Raise if the file is shorter than its safetensors header says, naming the first tensor cut off."""
+# safetensors dtype names -> numpy (little-endian, as the format stores them); BF16 is read as uint16 bits
+DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
+          "I8": "i1", "U8": "u1", "BOOL": "?"}
+
+
+def bfloat16_to_float32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 values, given as their uint16 bit patterns, as float32: exact (bfloat16 is a float32's upper
+    half, so the bits shift into place and the lower 16 mantissa bits are 0).
+
+    >>> bfloat16_to_float32(np.array([0x3F80, 0xC000, 0x3EAB], np.uint16))    # 1, -2, 0.333984375
+    array([ 1.        , -2.        ,  0.33398438], dtype=float32)
+    """
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def read_header(path: Path) -> tuple[int, dict]:
+    """``(data_start, header)`` of a safetensors file: where the data begins, and the JSON header. Raises if
+    the file is shorter than its header says, naming the first tensor cut off."""
     size = path.stat().st_size
     with path.open("rb") as f:
         head = f.read(8)
@@ -50,10 +75,39 @@ def check_complete(path: Path) -> None:
         end += 8 + n_header                                   # absolute byte where the tensor's data ends
         if end > size:
             raise ValueError(f"{path} is truncated: tensor {name!r} ends at byte {end}, the file has {size} bytes")
+    return 8 + n_header, header
+
+
+def check_complete(path: Path) -> None:
+    """Raise if the file is shorter than its safetensors header says, naming the first tensor cut off."""
+    read_header(path)
+
+
+def map_tensors(path: Path, data_start: int, header: dict) -> dict[str, np.ndarray]:
+    """The tensors of a safetensors file as read-only views of its memory map (bfloat16 converted to
+    float32 copies); an error naming a tensor whose dtype or byte range does not fit."""
+    size = path.stat().st_size
+    mapped = np.memmap(path, dtype=np.uint8, mode="r") if size > data_start else np.zeros(0, np.uint8)
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype, shape, (begin, end) = info.get("dtype"), tuple(info.get("shape", ())), info["data_offsets"]
+        if dtype not in DTYPES:
+            raise ValueError(f"{path}: tensor {name!r} has dtype {dtype!r}; attnlab reads {sorted(DTYPES)}")
+        item = np.dtype(DTYPES[dtype])
+        if end - begin != item.itemsize * int(np.prod(shape)):
+            raise ValueError(f"{path}: tensor {name!r} of shape {shape} and dtype {dtype} needs "
+                             f"{item.itemsize * int(np.prod(shape))} bytes, its header gives it {end - begin}")
+        arr = np.ndarray(shape, item, buffer=mapped, offset=data_start + begin) if end > begin \
+            else np.zeros(shape, item)                                      # a view: nothing copied
+        out[name] = bfloat16_to_float32(arr) if dtype == "BF16" else arr
+    return out
 
 
 def read_safetensors(path) -> dict[str, np.ndarray]:
-    """Every tensor of a ``.safetensors`` file as numpy arrays, by name.
+    """Every tensor of a ``.safetensors`` file as numpy arrays, by name: read-only views of the file mapped
+    into memory (float16/32/64 and integers), bfloat16 converted exactly to float32.
 
     Parameters
     ----------
@@ -66,17 +120,17 @@ def read_safetensors(path) -> dict[str, np.ndarray]:
     ValueError
         A pickled checkpoint, a truncated file (naming the first tensor cut off), or not safetensors.
     """
-    from safetensors.numpy import load_file
-
     path = Path(path)
     refuse_pickle(path)
     if not path.is_file():
         raise FileNotFoundError(2, "No such checkpoint file", str(path))
-    check_complete(path)
+    data_start, header = read_header(path)
     try:
-        return load_file(str(path))
-    except Exception as e:   # safetensors raises its own error types; one clear message instead
-        raise ValueError(f"{path} could not be read as safetensors: {e}") from None
+        return map_tensors(path, data_start, header)
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        if isinstance(e, ValueError) and str(e).startswith(str(path)):
+            raise
+        raise ValueError(f"{path} could not be read as safetensors: {e!r}") from None
 
 
 def read_config(folder: Path) -> dict:
@@ -104,9 +158,15 @@ def checkpoint_files(folder: Path) -> list[Path]:
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
-            return [folder / name for name in sorted(set(weight_map.values()))]
+            shards = [folder / name for name in sorted(set(weight_map.values()))]
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"{index} must be JSON with a 'weight_map' of tensor -> shard file ({e!r})") from None
+        for shard in shards:
+            if not shard.is_file():
+                listed = sorted(k for k, v in weight_map.items() if v == shard.name)
+                raise FileNotFoundError(2, f"Shard {shard.name} is listed in {index.name} (for {len(listed)} "
+                                        f"tensors, e.g. {listed[0]!r}) but missing", str(shard))
+        return shards
     pickles = sorted(p for p in folder.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
     if pickles:
         refuse_pickle(pickles[0])

@@ -2,7 +2,8 @@
 
 A :class:`Family` is a small object: a name, a test on the folder's config.json, a loader that maps the
 checkpoint's tensor names onto the stack, and the folder's tokenizer. Each family lives in its own module
-(:mod:`attnlab.models.gpt2`, :mod:`~attnlab.models.bert`, :mod:`~attnlab.models.own`) that calls
+(:mod:`attnlab.models.gpt2`, :mod:`~attnlab.models.bert`, :mod:`~attnlab.models.llama` for Llama, Mistral
+and Qwen2, :mod:`~attnlab.models.own`) that calls
 :func:`register`; a new family is one more such file (and its import line in ``attnlab/models/__init__.py``).
 Nothing outside a family's file tests which family a model is.
 """

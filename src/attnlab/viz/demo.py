@@ -43,7 +43,7 @@ def demo_map(tokens, *, rng: np.random.Generator, n_layers: int = 2,
     for _ in range(n_layers):
         layer = MultiHeadAttention.init(config, rng=rng, std=std, dtype=np.float64)
         x_norm = layer_norm(x, 1.0, 0.0, eps=0.0)                  # (n, d_model) no learned scale or shift
-        y, a = layer(x_norm, is_causal=True, return_weights=True)  # (n, d_model), (h, n, n)
+        y, a = layer.with_weights(x_norm, is_causal=True)          # (n, d_model), (h, n, n)
         x = x + y                                                 # (n, d_model)
         grids.append(a)
     return AttentionMap(tokens=tokens, weights=np.stack(grids),  # (n_layers, h, n, n)

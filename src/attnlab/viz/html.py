@@ -65,6 +65,7 @@ def view_data(amap: AttentionMap, layer: int = 0, head: int = 0) -> dict:
     return {
         "source": amap.source, "tokens": list(amap.tokens),
         "n_layers": n_layers, "n_heads": n_heads, "n_q": n_q, "n_k": n_k, "start": [int(layer), int(head)],
+        "kv_heads": [amap.kv_head(h) for h in range(n_heads)] if amap.grouped else None,   # KV head per query head
         "weights": _packed(fractions),
         "keep": None if amap.keep is None else _packed(amap.keep.astype(np.uint8)),   # (n_q, n_k)
         "summary_fields": list(SUMMARY_FIELDS),

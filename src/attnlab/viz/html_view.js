@@ -204,7 +204,10 @@
     const ctx = sizeCanvas($("model-view"), MV.left + H * step, MV.top + L * step);
     ctx.imageSmoothingEnabled = false;
     ctx.font = "11px system-ui, sans-serif"; ctx.fillStyle = "#1b1b1b"; ctx.textBaseline = "middle";
-    for (let h = 0; h < H; h++) { ctx.textAlign = "center"; ctx.fillText(`h${h}`, MV.left + h * step + T / 2, MV.top / 2); }
+    for (let h = 0; h < H; h++) {
+      ctx.textAlign = "center";
+      ctx.fillText(`h${h}` + (D.kv_heads ? `·kv${D.kv_heads[h]}` : ""), MV.left + h * step + T / 2, MV.top / 2);
+    }
     for (let l = 0; l < L; l++) {
       ctx.textAlign = "right"; ctx.fillText(`layer ${l}`, MV.left - 6, MV.top + l * step + T / 2);
       for (let h = 0; h < H; h++)
@@ -218,12 +221,15 @@
     const h = Math.floor((ev.clientX - r.left - MV.left) / step), l = Math.floor((ev.clientY - r.top - MV.top) / step);
     return l >= 0 && l < L && h >= 0 && h < H ? [l, h] : null;
   }
+  function kvLabel(h) {                          // grouped-query attention: the KV head a query head reads
+    return D.kv_heads ? ` (KV head ${D.kv_heads[h]})` : "";
+  }
   function drawSummary() {
     const body = $("summary").tBodies[0];
     body.replaceChildren();
     for (let h = 0; h < H; h++) {
       const tr = body.insertRow();
-      tr.insertCell().textContent = `head ${h}`;
+      tr.insertCell().textContent = `head ${h}` + kvLabel(h);
       for (const f of D.summary_fields) tr.insertCell().textContent = D.summary[f][state.layer][h].toFixed(3);
       if (h === state.head) tr.className = "selected";
       tr.addEventListener("click", () => select(state.layer, h));
@@ -249,7 +255,7 @@
 
   function wire() {
     for (let l = 0; l < L; l++) $("layer").add(new Option(`layer ${l}`, String(l)));
-    for (let h = 0; h < H; h++) $("head").add(new Option(`head ${h}`, String(h)));
+    for (let h = 0; h < H; h++) $("head").add(new Option(`head ${h}` + kvLabel(h), String(h)));
     $("layer").addEventListener("change", (e) => select(Number(e.target.value), state.head));
     $("head").addEventListener("change", (e) => select(state.layer, Number(e.target.value)));
     const hv = $("head-view"), grid = $("grid"), mv = $("model-view");

@@ -124,7 +124,8 @@ def layout_grid(amap: AttentionMap, layer: int, head: int, *, width: int = 80, m
     if sink:
         notes.append(sink)
     note = " ".join(notes)
-    title = f"layer {layer}, head {head}" + (f" — {amap.source}" if amap.source else "")
+    kv = amap.kv_note(head)
+    title = f"layer {layer}, head {head}" + (f" ({kv})" if kv else "") + (f" — {amap.source}" if amap.source else "")
     return GridLayout(title=title, lines=tuple(lines), note=note, legend=legend)
 
 

@@ -1,0 +1,247 @@
+"""attnlab detect | ablate | patch | lens | scan: what trained heads do (also as ``attnlab interpret …``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._app import add_json_flag, print_json, seed_arg
+
+MODEL_HELP = ("'minilm', a GPT-2 or BERT checkpoint folder, or a folder written by 'attnlab train --out' "
+              "(e.g. --task induction)")
+
+
+def register(sub) -> None:
+    add_commands(sub)
+    p = sub.add_parser("interpret", help="what trained heads do: detect, ablate, patch, lens, scan")
+    add_commands(p.add_subparsers(title="commands", metavar="COMMAND"))
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("detect", help="score every head as a previous-token, duplicate-token or induction head",
+                       description="Score every head with TransformerLens's detectors (share of its attention "
+                                   "on the pattern's cells).")
+    p.add_argument("text", nargs="?", help="the text to run (or use --repeat-random)")
+    p.add_argument("--model", default="minilm", help=MODEL_HELP + " (default minilm)")
+    p.add_argument("--kind", default="all", help="previous_token, duplicate_token, induction or all (default)")
+    p.add_argument("--repeat-random", type=int, metavar="N", help="N random token ids repeated twice (the "
+                   "standard induction test) instead of TEXT")
+    p.add_argument("--seed", type=seed_arg, default=0, help="seed of --repeat-random (default 0)")
+    p.add_argument("--exclude-bos", action="store_true", help="leave the first key's weight out")
+    p.add_argument("--exclude-current-token", action="store_true", help="leave each query's own key out")
+    p.add_argument("--top", type=int, default=3, help="heads listed per detector (default 3)")
+    p.add_argument("--png", metavar="FILE", help="a layer × head heatmap per detector")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_detect)
+
+    p = sub.add_parser("ablate", help="the change in next-token loss when each head is removed (causal LMs)")
+    p.add_argument("text")
+    p.add_argument("--model", required=True, help=MODEL_HELP)
+    p.add_argument("--mode", default="zero", choices=("zero", "mean"), help="zero the head's output, or "
+                   "replace it by its mean over positions (default zero)")
+    p.add_argument("--png", metavar="FILE", help="a layer × head heatmap of the change")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_ablate)
+
+    p = sub.add_parser("patch", help="activation patching: what each head and each layer's residual at each "
+                       "position restores of the clean logit difference")
+    p.add_argument("--model", required=True, help=MODEL_HELP)
+    p.add_argument("--clean", required=True, metavar="TEXT")
+    p.add_argument("--corrupt", required=True, metavar="TEXT", help="as many tokens as --clean")
+    p.add_argument("--answer", required=True, metavar="TOKEN", help="the clean run's answer, one token "
+                   "(GPT-2: mind the leading space, ' Mary')")
+    p.add_argument("--wrong", required=True, metavar="TOKEN", help="the competing token")
+    p.add_argument("--png", metavar="FILE", help="the layer × head and layer × position grids")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_patch)
+
+    p = sub.add_parser("lens", help="the logit lens: each layer's residual stream read as next-token guesses")
+    p.add_argument("text")
+    p.add_argument("--model", required=True, help=MODEL_HELP)
+    p.add_argument("--top", type=int, default=3, help="tokens per position and layer (default 3)")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_lens)
+
+    from .scan import add_scan
+    add_scan(sub)
+
+
+def load(name):
+    from ..models import load_model
+    return load_model(name)
+
+
+def special_ids(tokenizer) -> tuple[list[int], list[int]]:
+    """The ids a tokenizer puts before and after a text ([CLS] … [SEP] for BERT, <|endoftext|> before for
+    GPT-2, the induction task's BOS "|" for its checkpoints), to wrap a random sequence the same way."""
+    from ..tokens import HFTokenizer, Vocab
+    if isinstance(tokenizer, HFTokenizer):
+        if tokenizer.byte_level:
+            eot = tokenizer.tokenizer.token_to_id("<|endoftext|>")
+            return ([] if eot is None else [eot]), []
+        ids = tokenizer.tokenizer.encode("").ids
+        return ids[:1], ids[1:]
+    if isinstance(tokenizer, Vocab) and "|" in tokenizer.symbols:
+        return [tokenizer.symbols.index("|")], []
+    return [], []
+
+
+def text_tokens(ids: np.ndarray, tokenizer) -> int:
+    """How many of ``ids`` are the text's own, not the specials the tokenizer wraps it in ([CLS], [SEP])."""
+    before, after = special_ids(tokenizer)
+    n = ids.size
+    if before and list(ids[:len(before)]) == before:
+        n -= len(before)
+    if after and list(ids[ids.size - len(after):]) == after:
+        n -= len(after)
+    return n
+
+
+def detect_ids(args, model, tokenizer) -> np.ndarray:
+    from ..interpret import repeated_random_tokens
+    if (args.text is None) == (args.repeat_random is None):
+        raise ValueError("give either TEXT or --repeat-random N, not both and not neither")
+    if args.text is not None:
+        return tokenizer.encode(args.text)
+    n = args.repeat_random
+    if n < 1:
+        raise ValueError(f"--repeat-random must be a positive integer, got {n}")
+    before, after = special_ids(tokenizer)
+    total = 2 * n + len(before) + len(after)
+    if total > model.config.n_ctx:                      # the positions it has (RoPE: the context it was trained on)
+        raise ValueError(f"--repeat-random {n} makes {total} tokens (2 × {n}"
+                         f"{f' + {len(before) + len(after)} special' if before or after else ''}), more than the "
+                         f"model's {model.config.n_ctx} positions; use N <= "
+                         f"{(model.config.n_ctx - total + 2 * n) // 2}")
+    r = repeated_random_tokens(n, vocab_size=model.config.vocab_size, rng=np.random.default_rng(args.seed),
+                               avoid=before + after)
+    return np.concatenate([before, r, after]).astype(np.int64)
+
+
+def cmd_detect(args) -> int:
+    from ..interpret import detect_heads, top_heads
+    from ..interpret.detect import check_kinds
+    kinds = check_kinds(args.kind)
+    if args.top < 1:
+        raise ValueError(f"--top must be a positive integer, got {args.top}")
+    model, tokenizer = load(args.model)
+    ids = detect_ids(args, model, tokenizer)
+    own = text_tokens(ids, tokenizer)
+    if own < 2:
+        raise ValueError(f"the text has {own} token; detectors need at least 2 (the first has no earlier token "
+                         "to score)")
+    scores = detect_heads(model, ids, kinds, exclude_bos=args.exclude_bos,
+                          exclude_current_token=args.exclude_current_token)
+    tokens = list(tokenizer.labels(ids))
+    if args.png:
+        from ..interpret.figures import save_head_grids
+        save_head_grids(args.png, {k.replace("_", " "): v for k, v in scores.items()},
+                        title=f"{args.model}: detector scores")
+    if args.json:
+        print_json({"model": args.model, "tokens": tokens, "scores": scores})
+        return 0
+    c = model.config
+    print(f"{args.model}: {len(tokens)} tokens, {c.n_layers} layers × {c.attention.n_heads} heads"
+          f"{'' if c.is_causal else ' (bidirectional: the patterns are scored on the full grid)'}")
+    for k, s in scores.items():
+        best = ", ".join(f"L{i}H{j} {v:.3f}" for i, j, v in top_heads(s, args.top))
+        print(f"{k:>16}: {best}")
+    if args.png:
+        print(f"wrote {args.png}")
+    return 0
+
+
+def cmd_ablate(args) -> int:
+    from ..interpret import ablate
+    from ..interpret.interventions import check_decoder
+    model, tokenizer = load(args.model)
+    check_decoder(model, "ablation")
+    ids = tokenizer.encode(args.text)
+    r = ablate(model, ids, mode=args.mode)
+    if args.png:
+        from ..interpret.figures import save_head_grids
+        save_head_grids(args.png, {f"loss change, {args.mode} ablation (nats)": r.delta}, diverging=True,
+                        title=f"{args.model}: intact loss {r.loss:.3f}")
+    if args.json:
+        print_json({"model": args.model, "tokens": list(tokenizer.labels(ids)), "mode": r.mode, "loss": r.loss,
+                    "ablated": r.ablated, "delta": r.delta})
+        return 0
+    print(f"{args.model}: next-token loss {r.loss:.4f} nats on {len(ids)} tokens; with one head removed "
+          f"({args.mode}), the change:")
+    print("layer " + " ".join(f"{'H' + str(h):>8}" for h in range(r.delta.shape[1])))
+    for i, row in enumerate(r.delta):
+        print(f"{i:>5} " + " ".join(f"{v:+8.4f}" for v in row))
+    i, j = np.unravel_index(np.argmax(r.delta), r.delta.shape)
+    print(f"the head it misses most: layer {i}, head {j} (+{r.delta[i, j]:.4f} nats)")
+    return 0
+
+
+def one_token(tokenizer, text: str, what: str) -> int:
+    ids = tokenizer.encode(text)
+    if ids.size != 1:
+        raise ValueError(f"{what} must be one token, {text!r} is {ids.size}: {list(tokenizer.labels(ids))}")
+    return int(ids[0])
+
+
+def cmd_patch(args) -> int:
+    from ..interpret import patch
+    from ..interpret.interventions import check_decoder
+    model, tokenizer = load(args.model)
+    check_decoder(model, "patching")
+    clean, corrupt = tokenizer.encode(args.clean), tokenizer.encode(args.corrupt)
+    if clean.size != corrupt.size:
+        raise ValueError(f"--clean has {clean.size} tokens and --corrupt {corrupt.size}; they must have the same "
+                         "number")
+    answer, wrong = one_token(tokenizer, args.answer, "--answer"), one_token(tokenizer, args.wrong, "--wrong")
+    r = patch(model, clean, corrupt, answer=answer, wrong=wrong)
+    tokens = list(tokenizer.labels(clean))
+    if args.png:
+        from ..interpret.figures import save_head_grids
+        save_head_grids(args.png, {"one head's z": r.heads}, title=f"{args.model}: share of the clean logit "
+                        f"difference restored", diverging=True)
+        resid_png = str(args.png).removesuffix(".png") + "_resid.png"
+        save_head_grids(resid_png, {"residual stream into the layer": r.resid}, xlabel="position",
+                        xticks=tokens, diverging=True, title=f"{args.model}: share restored, one position")
+    if args.json:
+        print_json({"model": args.model, "tokens": tokens, "corrupt_tokens": list(tokenizer.labels(corrupt)),
+                    "answer": args.answer, "wrong": args.wrong, "clean_logit_diff": r.clean,
+                    "corrupt_logit_diff": r.corrupt, "heads": r.heads, "resid": r.resid})
+        return 0
+    print(f"logit difference {args.answer!r} − {args.wrong!r}: clean {r.clean:+.3f}, corrupted {r.corrupt:+.3f}")
+    print("share restored by patching one head's clean output (0 = none, 1 = all):")
+    print("layer " + " ".join(f"{'H' + str(h):>6}" for h in range(r.heads.shape[1])))
+    for i, row in enumerate(r.heads):
+        print(f"{i:>5} " + " ".join(f"{v:+6.2f}" for v in row))
+    print("share restored by patching one layer's clean residual stream at one position:")
+    from .attend import label
+    print("layer " + " ".join(f"{label(t):>8}" for t in tokens))
+    for i, row in enumerate(r.resid):
+        print(f"{i:>5} " + " ".join(f"{v:+8.2f}" for v in row))
+    if args.png:
+        print(f"wrote {args.png} and {resid_png}")
+    return 0
+
+
+def cmd_lens(args) -> int:
+    from ..interpret import logit_lens
+    from ..interpret.interventions import check_decoder
+    from .attend import label
+    model, tokenizer = load(args.model)
+    check_decoder(model, "the logit lens")
+    ids = tokenizer.encode(args.text)
+    lens = logit_lens(model, ids, top=args.top)
+    tokens = list(tokenizer.labels(ids))
+    if args.json:
+        print_json({"model": args.model, "tokens": tokens, "stages": list(lens.stages),
+                    "top": [[[{"token": tokenizer.labels([t])[0], "id": int(t), "p": float(p)}
+                              for t, p in zip(ti, pi)] for ti, pi in zip(ts, ps)]
+                            for ts, ps in zip(lens.top_ids, lens.top_probs)]})
+        return 0
+    print(f"{args.model}: the top {args.top} next tokens at each position, reading the residual stream after "
+          "each stage through the final norm and unembedding (the last stage is the model's output)")
+    for pos, tok in enumerate(tokens):
+        print(f"after {label(tok)!s} (position {pos}):")
+        for s, stage in enumerate(lens.stages):
+            guesses = "  ".join(f"{label(tokenizer.labels([t])[0])} {p:.2f}"
+                                for t, p in zip(lens.top_ids[s, pos], lens.top_probs[s, pos]))
+            print(f"  {stage:>9}: {guesses}")
+    return 0

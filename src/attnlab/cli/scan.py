@@ -1,0 +1,95 @@
+"""attnlab scan FILE: per-head statistics over a corpus, on Dask workers (Clark et al., 2019)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ._app import add_json_flag, print_json, stderr_progress
+
+
+def add_scan(sub) -> None:
+    p = sub.add_parser("scan", help="average every head's entropy, distance, [CLS]/[SEP]/punctuation weight "
+                       "and detector scores over every line of a corpus")
+    p.add_argument("file", metavar="FILE", help="UTF-8 text, one sentence or line per document")
+    p.add_argument("--model", default="minilm", help="'minilm' (default) or a checkpoint folder")
+    p.add_argument("--scheduler", metavar="ADDR", help="a Dask scheduler (tcp://host:8786); default: a "
+                   "LocalCluster of worker processes on this machine")
+    p.add_argument("--workers", type=int, default=2, help="LocalCluster worker processes (default 2); "
+                   "0 = no Dask, scan in this process")
+    p.add_argument("--chunk", type=int, default=16, help="lines per task (default 16)")
+    p.add_argument("--out", metavar="DIR", help="write a layer × head heatmap per statistic here")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_scan)
+
+
+def cmd_scan(args) -> int:
+    from ..interpret.scan import read_corpus, scan_corpus
+    if args.workers < 0:
+        raise ValueError(f"--workers must be >= 0, got {args.workers}")
+    if args.chunk < 1:
+        raise ValueError(f"--chunk must be a positive integer, got {args.chunk}")
+    lines = read_corpus(args.file)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)       # an unwritable --out fails now
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+    t0 = time.perf_counter()
+    with _client(args) as client, stderr_progress(TextColumn("scanning"), BarColumn(), MofNCompleteColumn(),
+                                                  TimeRemainingColumn()) as bar:
+        task = bar.add_task("scan", total=len(lines))
+        sums = scan_corpus(args.model, lines, client=client, chunk_size=args.chunk,
+                           on_progress=lambda done, total: bar.update(task, completed=done))
+    seconds = time.perf_counter() - t0
+    means = sums.means()
+    figures = write_figures(args.out, means, args.model) if args.out else []
+    where = "this process" if args.workers == 0 and not args.scheduler else \
+        (args.scheduler or f"a LocalCluster of {args.workers} worker processes")
+    result = {"model": args.model, "file": str(args.file), "lines": sums.lines, "tokens": sums.tokens,
+              "skipped_too_long": sums.too_long, "skipped_one_token": sums.too_short, "seconds": seconds,
+              "lines_per_second": sums.lines / seconds, "ran_on": where, "means": means, "figures": figures}
+    if args.json:
+        print_json(result)
+        return 0
+    print(f"{args.model}: {sums.lines} lines ({sums.tokens} tokens) in {seconds:.1f} s on {where}, "
+          f"{sums.lines / seconds:.1f} lines/s")
+    if sums.too_long or sums.too_short:
+        print(f"skipped {sums.too_long} lines longer than the model's positions and {sums.too_short} of one token")
+    from ..interpret import top_heads
+    for k, m in means.items():
+        best = ", ".join(f"L{i}H{j} {v:.3f}" for i, j, v in top_heads(m, 3))
+        print(f"{k:>16}: highest {best}")
+    for f in figures:
+        print(f"wrote {f}")
+    return 0
+
+
+class _client:
+    """The Dask client the scan runs on (None for --workers 0), closed afterwards with its LocalCluster."""
+
+    def __init__(self, args):
+        self.args, self.cluster, self.client = args, None, None
+
+    def __enter__(self):
+        from ..distributed.cluster import connect, local_cluster
+        if self.args.scheduler:
+            self.client = connect(self.args.scheduler)
+        elif self.args.workers > 0:
+            self.cluster, self.client = local_cluster(self.args.workers)
+        return self.client
+
+    def __exit__(self, *exc):
+        for thing in (self.client, self.cluster):
+            if thing is not None:
+                thing.close()
+
+
+def write_figures(out, means: dict, model: str) -> list[str]:
+    from ..interpret.figures import save_head_grids
+    groups = {"scan_attention.png": ("entropy", "distance"), "scan_special.png": ("cls", "sep", "punctuation"),
+              "scan_detectors.png": ("previous_token", "duplicate_token", "induction")}
+    paths = []
+    for name, keys in groups.items():
+        path = Path(out) / name
+        save_head_grids(path, {k.replace("_", " "): means[k] for k in keys}, title=f"{model}: corpus averages")
+        paths.append(str(path))
+    return paths

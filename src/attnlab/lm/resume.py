@@ -1,0 +1,77 @@
+"""Training that resumes exactly: Adam's moments, its step count and the generator's state, saved beside a
+checkpoint.
+
+``training.safetensors`` holds ``m.<name>`` and ``v.<name>`` for every parameter; its metadata holds the
+step count, the random generator's full state (``numpy.random.Generator.bit_generator.state``, plain JSON)
+and whatever the caller adds (e.g. a run's curve so far). A run stopped after step k and resumed from
+these (with the checkpoint's weights) draws the same batches and takes the same steps as a run that never
+stopped: it ends bit for bit where that one ends. Written through :func:`attnlab._io.atomic_path`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .._io import atomic_path
+from .training import AdamState
+
+STATE = "training.safetensors"
+
+
+def save_training_state(directory, state: AdamState, rng: np.random.Generator, extra: dict | None = None) -> Path:
+    """Write Adam's ``state`` and ``rng``'s state (and ``extra``, JSON) into ``directory``/training.safetensors."""
+    from safetensors.numpy import save_file
+
+    if not isinstance(state, AdamState):
+        raise TypeError(f"state must be an AdamState, got {type(state).__name__}")
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    tensors = {f"m.{k}": a for k, a in state.m.items()} | {f"v.{k}": a for k, a in state.v.items()}
+    meta = {"step": state.t, "rng": rng.bit_generator.state, "extra": extra or {}}
+    path = Path(directory) / STATE
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"attnlab_training": json.dumps(meta)})
+    return path
+
+
+def load_training_state(directory, params: dict) -> tuple[AdamState, np.random.Generator, dict]:
+    """Adam's state for ``params`` (names and shapes checked), the generator as it was, and the extra JSON.
+
+    Raises
+    ------
+    FileNotFoundError
+        No training.safetensors in ``directory`` (a checkpoint saved without its training state).
+    ValueError
+        An unreadable file, or moments that do not fit ``params``.
+    """
+    from safetensors import SafetensorError, safe_open
+    from safetensors.numpy import load_file
+
+    path = Path(directory) / STATE
+    if not path.is_file():
+        raise FileNotFoundError(2, "no training state to resume from (training.safetensors is missing; it is "
+                                   "written with the checkpoint since resuming became exact)", str(path))
+    try:
+        with safe_open(str(path), framework="np") as f:
+            meta = json.loads((f.metadata() or {})["attnlab_training"])
+        tensors = load_file(str(path))
+        step, rng_state, extra = int(meta["step"]), meta["rng"], meta.get("extra", {})
+        bit_generator = getattr(np.random, rng_state["bit_generator"])()
+        bit_generator.state = rng_state
+    except (SafetensorError, KeyError, TypeError, ValueError, AttributeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is not a readable attnlab training state ({type(e).__name__}: {e})") from None
+    m, v = {}, {}
+    for name, p in params.items():
+        for store, prefix in ((m, "m."), (v, "v.")):
+            a = tensors.get(prefix + name)
+            if a is None or a.shape != p.shape or a.dtype != p.dtype:
+                got = None if a is None else f"{a.dtype} {a.shape}"
+                raise ValueError(f"{path}: {prefix}{name} is {got}, the model's parameter is {p.dtype} {p.shape}")
+            store[name] = a
+    extra_names = set(tensors) - {f"{x}.{k}" for x in "mv" for k in params}
+    if extra_names:
+        raise ValueError(f"{path} holds moments of parameters the model does not have: {sorted(extra_names)[:3]}")
+    return AdamState(m=m, v=v, t=step), np.random.Generator(bit_generator), extra

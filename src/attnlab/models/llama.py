@@ -1,0 +1,180 @@
+"""The Llama family (Touvron et al., 2023; Llama 3, Grattafiori et al., 2024) and its kin Mistral (Jiang et
+al., 2023) and Qwen2 (Yang et al., 2024), from Hugging Face safetensors checkpoints (one file or shards;
+float32, float16 or bfloat16).
+
+On the stack (:mod:`attnlab.stack`) all three are the same model: token embeddings and no position table,
+pre-norm blocks with RMSNorm, grouped-query attention (``num_key_value_heads`` key/value heads) with RoPE
+(``rope_theta``, and Llama 3's frequency scaling), a gated SiLU MLP (SwiGLU), a final RMSNorm, and logits
+``x W_U`` (or ``x W_Eᵀ`` with ``tie_word_embeddings``). What differs, in config.json:
+
+- Mistral: ``sliding_window``, each query sees only that many keys up to itself;
+- Qwen2: biases on q, k and v (never on o);
+- Llama: ``attention_bias`` puts biases on q, k, v and o.
+
+RoPE's pairs. attnlab's :func:`attnlab.positions.rope` turns features (2i, 2i+1) of each head as one pair,
+as Su et al. (2021) write it. Hugging Face's code turns features (i, i + d_head/2) ("rotate_half"), and its
+Llama weights are stored for that layout. Both turn pair i by the same angle ``pos · θ_i``, so reordering
+each head's columns of W_Q and W_K (and b_Q, b_K) from (0, 1, …, d_head−1) to (0, d/2, 1, d/2+1, …)
+makes attnlab's rotation act on the same numbers. q and k are permuted alike within a head, so every score
+``q · k``, every weight and every output is unchanged; only ``hook_q`` and ``hook_k`` list a head's
+features in that order.
+
+config.json is read in both spellings transformers has used: ``rope_theta`` and ``rope_scaling``
+(transformers 4) or one ``rope_parameters`` dict (transformers 5). Tokenizer: the folder's
+``tokenizer.json``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..config import AttentionConfig
+from ..layers import GatedMLP, RMSNorm, activation_name
+from ..multihead import MultiHeadAttention
+from ..positions import ROPE_BASE, RoPE
+from ..stack import Block, ModelConfig, Transformer
+from ..tokens import json_folder_tokenizer
+from .checkpoint import Tensors, config_float, config_int, read_checkpoint
+from .families import Family, register
+
+MODEL_TYPES = ("llama", "mistral", "qwen2")
+LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def rope_scheme(config: dict, source: str) -> RoPE:
+    """RoPE with the config's base θ and, for ``rope_type`` "llama3", its frequency scaling; any other
+    scaling type is refused, naming it."""
+    params = config.get("rope_parameters")                       # transformers 5: one dict
+    if params is None:                                           # transformers 4: two fields
+        params = dict(config.get("rope_scaling") or {}, rope_theta=config.get("rope_theta", ROPE_BASE))
+    if not isinstance(params, dict):
+        raise ValueError(f"{source}: config.json field 'rope_parameters' must be an object, got {params!r}")
+    theta = params.get("rope_theta", config.get("rope_theta", ROPE_BASE))
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
+        raise ValueError(f"{source}: config.json field 'rope_theta' must be a positive number, got {theta!r}")
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind in (None, "default"):
+        return RoPE(float(theta))
+    if kind != "llama3":
+        raise ValueError(f"{source}: config.json asks for rope_type {kind!r} (in 'rope_scaling' or "
+                         f"'rope_parameters'); attnlab reads 'default' and 'llama3'")
+    scaling = {"rope_type": "llama3"}
+    for key in LLAMA3_KEYS:
+        v = params.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise ValueError(f"{source}: config.json's llama3 rope scaling needs a positive {key!r}, got {v!r}")
+        scaling[key] = float(v)
+    return RoPE(float(theta), scaling=scaling)
+
+
+def sliding_window(config: dict, source: str) -> int | None:
+    """Mistral's ``sliding_window`` (None = full attention); Qwen2's only when every layer slides."""
+    window = config.get("sliding_window")
+    if config.get("model_type") == "qwen2":
+        kinds = set(config.get("layer_types") or [])
+        if not config.get("use_sliding_window", False) and "sliding_attention" not in kinds:
+            return None
+        if kinds != {"sliding_attention"}:
+            raise ValueError(f"{source}: config.json slides the window in some layers only (use_sliding_window, "
+                             f"layer_types {sorted(kinds)}); attnlab reads Qwen2 with one kind of attention in "
+                             "every layer")
+    if window is None:
+        return None
+    return config_int(config, "sliding_window", source)
+
+
+def llama_config(config: dict, source: str) -> ModelConfig:
+    """The stack's config from a Llama, Mistral or Qwen2 config.json (hidden_size, num_attention_heads,
+    num_key_value_heads, head_dim, intermediate_size, rms_norm_eps, max_position_embeddings, …)."""
+    n = lambda key, default=None: config_int(config, key, source, default)   # noqa: E731
+    d_model, n_heads = n("hidden_size"), n("num_attention_heads")
+    n_kv_heads = n("num_key_value_heads", n_heads)
+    if n_heads % n_kv_heads:
+        raise ValueError(f"{source}: config.json has num_attention_heads={n_heads}, which is not a multiple of "
+                         f"num_key_value_heads={n_kv_heads}; each key/value head must serve a whole group of "
+                         "query heads")
+    if config.get("head_dim") is None and d_model % n_heads:
+        raise ValueError(f"{source}: config.json has hidden_size={d_model}, not a multiple of "
+                         f"num_attention_heads={n_heads}, and no head_dim")
+    if config.get("mlp_bias", False):
+        raise ValueError(f"{source}: config.json sets mlp_bias=true; attnlab reads the gated MLP without biases")
+    attention = AttentionConfig(d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                                d_head=n("head_dim", d_model // n_heads), n_ctx=n("max_position_embeddings"),
+                                positions=rope_scheme(config, source), window=sliding_window(config, source))
+    return ModelConfig(vocab_size=n("vocab_size"), n_layers=n("num_hidden_layers"), attention=attention,
+                       d_mlp=n("intermediate_size"), activation=activation_name(config, "hidden_act", source),
+                       mlp="gated", norm=RMSNorm, norm_eps=config_float(config, "rms_norm_eps", source, 1e-6),
+                       pre_norm=True, is_causal=True, tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+                       family=config.get("model_type", "llama"))
+
+
+def attention_biases(config: dict) -> tuple[bool, bool]:
+    """Whether q, k, v have biases, and whether o has one: Qwen2 (q, k, v), Llama's ``attention_bias`` (all)."""
+    every = bool(config.get("attention_bias", False))
+    return config.get("model_type") == "qwen2" or every, every
+
+
+def half_to_pairs(n_heads: int, d_head: int) -> np.ndarray:
+    """Column order taking each head from rotate_half's layout (i pairs with i + d_head/2) to attnlab's
+    (2i pairs with 2i+1): (n_heads·d_head,).
+
+    >>> half_to_pairs(2, 4)
+    array([0, 2, 1, 3, 4, 6, 5, 7])
+    """
+    half = d_head // 2
+    one = np.stack([np.arange(half), np.arange(half) + half], axis=1).ravel()   # (d_head,) 0, d/2, 1, d/2+1, …
+    return (np.arange(n_heads)[:, None] * d_head + one).ravel()                 # (n_heads·d_head,)
+
+
+def llama_from_tensors(tensors: Tensors, cfg: ModelConfig, *, qkv_bias: bool = False,
+                       o_bias: bool = False) -> Transformer:
+    """The model from a checkpoint's tensors, every shape checked against the config."""
+    a, d, d_mlp = cfg.attention, cfg.d_model, cfg.d_mlp
+    width, width_kv = a.n_heads * a.d_head, a.n_kv_heads * a.d_head
+    t = tensors.for_config(prefix="model.", layers=r"layers\.(\d+)\.", n_layers=cfg.n_layers,
+                           field="num_hidden_layers",
+                           why=f"hidden_size={d}, num_attention_heads={a.n_heads}, num_key_value_heads="
+                               f"{a.n_kv_heads}, head_dim={a.d_head}, intermediate_size={d_mlp}")
+    q_order, k_order = half_to_pairs(a.n_heads, a.d_head), half_to_pairs(a.n_kv_heads, a.d_head)
+
+    def linear(name: str, d_in: int, d_out: int, bias: bool) -> tuple[np.ndarray, np.ndarray]:
+        w = t.take(f"{name}.weight", (d_out, d_in)).T              # (in, out): a view of torch's (out, in)
+        b = t.take(f"{name}.bias", (d_out,)) if bias else np.zeros(d_out, w.dtype)
+        return w, b
+
+    def block(i: int) -> Block:
+        p = f"layers.{i}"
+        W_Q, b_Q = linear(f"{p}.self_attn.q_proj", d, width, qkv_bias)
+        W_K, b_K = linear(f"{p}.self_attn.k_proj", d, width_kv, qkv_bias)
+        W_V, b_V = linear(f"{p}.self_attn.v_proj", d, width_kv, qkv_bias)
+        W_O, b_O = linear(f"{p}.self_attn.o_proj", width, d, o_bias)
+        attn = MultiHeadAttention(W_Q[:, q_order], W_K[:, k_order], W_V, W_O, b_Q[q_order], b_K[k_order], b_V, b_O,
+                                  config=a)
+        mlp = GatedMLP(*(linear(f"{p}.mlp.{n}", d, d_mlp, False)[0] for n in ("gate_proj", "up_proj")),
+                       linear(f"{p}.mlp.down_proj", d_mlp, d, False)[0], cfg.activation)
+        return Block(attn=attn, ln_1=norm(f"{p}.input_layernorm"), mlp=mlp, ln_2=norm(f"{p}.post_attention_layernorm"))
+
+    def norm(prefix: str) -> RMSNorm:
+        return RMSNorm.load(t, prefix, d_model=d, eps=cfg.norm_eps)
+
+    W_E = t.take("embed_tokens.weight", (cfg.vocab_size, d), f"vocab_size={cfg.vocab_size}, {t.why}")
+    W_U = b_U = None
+    if not cfg.tied_embeddings:
+        W_U = t.take("lm_head.weight", (cfg.vocab_size, d), f"vocab_size={cfg.vocab_size}, {t.why}").T   # (d, vocab)
+        b_U = np.zeros(cfg.vocab_size, W_U.dtype)
+    return Transformer(config=cfg, W_E=W_E, blocks=tuple(block(i) for i in range(cfg.n_layers)),
+                       ln_final=norm("norm"), W_U=W_U, b_U=b_U)
+
+
+def load_llama(folder: Path, config: dict) -> Transformer:
+    """A Llama, Mistral or Qwen2 folder's model: the tensors mapped from its file or shards, onto the stack."""
+    tensors = read_checkpoint(folder)
+    qkv_bias, o_bias = attention_biases(config)
+    return llama_from_tensors(tensors, llama_config(config, tensors.source), qkv_bias=qkv_bias, o_bias=o_bias)
+
+
+FAMILIES = tuple(register(Family(name=kind, matches=lambda config, kind=kind: config.get("model_type") == kind,
+                                 load=load_llama, tokenizer=lambda folder, config: json_folder_tokenizer(folder)))
+                 for kind in MODEL_TYPES)
