@@ -390,8 +390,9 @@ def test_killed_worker_during_sequence_parallel_attention(doomed, rng, inputs, a
     start = time.monotonic()
     killer.start()
     try:
-        accept_right_or_clear(lambda: computed(doomed, sequence_parallel_attention(
+        outcome = accept_right_or_clear(lambda: computed(doomed, sequence_parallel_attention(
             q, k, v, client=doomed, is_causal=True, timeout=90)), want)
+        print(f"killed {after} s in, {inputs} inputs: {outcome}")      # seen with -s: which way it went
     finally:
         killer.join()
     assert time.monotonic() - start < 120

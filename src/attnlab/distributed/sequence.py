@@ -184,16 +184,18 @@ def run_pair(query, key, value, *, is_causal, window, q_offset, scale):
                        workers=threads)
 
 
-def submit_pairs(client, where, q_data, k_data, v_data, q_parts, k_parts, opts, tag):
+def submit_pairs(client, where, costs, q_data, k_data, v_data, q_parts, k_parts, opts, tag):
     """Submit every visible pair and its block's merge tree; returns ``{b: future of (out, lse)}`` and the
-    list of every future (for progress)."""
+    list of every future (for progress). Each worker runs its pairs longest first, as they were planned
+    (Dask runs higher priorities first), and a merge as soon as its two partials are there."""
     by_block: dict = {}
     every = []
-    for (b, s), w in sorted(where.items()):
+    order = sorted(where, key=lambda p: (-costs[p], p))
+    for rank, (b, s) in enumerate(order):
         f = client.submit(run_pair, q_data[b], k_data[s], v_data[s], is_causal=opts["is_causal"],
                           window=opts["window"], q_offset=q_parts[b][0] + opts["offset"] - k_parts[s][0],
-                          scale=opts["scale"], workers=[w], allow_other_workers=True, pure=False,
-                          key=f"attnlab-pair-{tag}-q{b}-k{s}")
+                          scale=opts["scale"], workers=[where[(b, s)]], allow_other_workers=True, pure=False,
+                          priority=len(order) - rank, key=f"attnlab-pair-{tag}-q{b}-k{s}")
         by_block.setdefault(b, []).append(f)
         every.append(f)
     merged = {}
@@ -204,6 +206,7 @@ def submit_pairs(client, where, q_data, k_data, v_data, q_parts, k_parts, opts, 
             for i in range(0, len(parts), 2):
                 if i + 1 < len(parts):
                     nxt.append(client.submit(merge_partials, parts[i], parts[i + 1], pure=False,
+                                             priority=len(order) + 1,
                                              key=f"attnlab-merge-{tag}-q{b}-l{level}-{i // 2}"))
                     every.append(nxt[-1])
                 else:
@@ -237,7 +240,7 @@ def numpy_path(client, workers, c, q_parts, k_parts, opts, timeout, progress):
 
     q_data, k_data, v_data = scatter(c.q, q_parts, q_home), scatter(c.k, k_parts, k_home), \
         scatter(c.v, k_parts, k_home)
-    merged, every = submit_pairs(client, where, q_data, k_data, v_data, q_parts, k_parts, opts,
+    merged, every = submit_pairs(client, where, costs, q_data, k_data, v_data, q_parts, k_parts, opts,
                                  uuid.uuid4().hex[:8])
     done = 0
     try:
@@ -281,9 +284,10 @@ def dask_path(client, workers, c, query, key, value, q_parts, shards, opts, retu
     q_data, k_data, v_data = (chunk_futures(x) for x in (q, k, v))
     who = client.who_has(list(k_data.values()))
     home = {s: (who.get(f.key) or [None])[0] for s, f in k_data.items()}
-    where, _ = assign_pairs(n_q, n_k, q_parts, k_parts, workers, is_causal=opts["is_causal"],
-                            window=opts["window"], home=home)
-    merged, _ = submit_pairs(client, where, q_data, k_data, v_data, q_parts, k_parts, opts, uuid.uuid4().hex[:8])
+    where, costs = assign_pairs(n_q, n_k, q_parts, k_parts, workers, is_causal=opts["is_causal"],
+                                window=opts["window"], home=home)
+    merged, _ = submit_pairs(client, where, costs, q_data, k_data, v_data, q_parts, k_parts, opts,
+                             uuid.uuid4().hex[:8])
     d_v, dt = c.v.shape[-1], c.q.dtype
     outs, lses = [], []
     for b, (lo, hi) in enumerate(q_parts):
