@@ -110,7 +110,8 @@ def scan_lines(model, tokenizer, lines) -> ScanSums:
 def _loaded(model_name: str):
     """The model and tokenizer, loaded once per process (each Dask worker keeps its own)."""
     from ..models import load_model
-    return load_model(model_name)
+    from .trained import resolve
+    return load_model(resolve(model_name))
 
 
 def scan_chunk(model_name: str, lines: list[str]) -> ScanSums:
