@@ -17,8 +17,8 @@ da = pytest.importorskip("dask.array")
 
 from attnlab import tiled_attention  # noqa: E402
 from attnlab.cli import main  # noqa: E402
-from attnlab.distributed import (ShardedKVCache, ShardLostError, local_cluster, merge_partials,  # noqa: E402
-                                 merge_tree, sequence_parallel_attention)
+from attnlab.distributed import (ShardedKVCache, ShardLostError, decode_part, local_cluster,  # noqa: E402
+                                 merge_partials, merge_tree, sequence_parallel_attention)
 from attnlab.distributed.partials import pair_cost, split_even  # noqa: E402
 from attnlab.distributed.sequence import assign_pairs  # noqa: E402
 
@@ -88,6 +88,16 @@ def test_hidden_pairs_are_never_assigned():
     assert sum(costs.values()) == sum(min(i + 1, 100) for i in range(n))
     load = {w: sum(costs[p] for p in where if where[p] == w) for w in "ab"}
     assert abs(load["a"] - load["b"]) <= max(costs.values())     # longest first, least loaded
+
+
+def test_decode_part_computes_in_the_querys_dtype(rng):
+    # a numpy float64 scale (1 / np.sqrt(d)) must not lift a float32 step to float64 (10-50x slower)
+    q, k, v = qkv(rng, 1, 300, heads=4, kv_heads=2, dtype=np.float32)
+    out, lse = decode_part(q, k, v, scale=1 / np.sqrt(np.float64(16)), groups=2)
+    assert out.dtype == np.float32 and lse.dtype == np.float32
+    want, want_lse = tiled_attention(q, k, v, return_lse=True)
+    assert_close(out, want, np.float32)
+    assert_close(lse, want_lse, np.float32)
 
 
 def test_pair_cost_counts_the_mask():

@@ -125,14 +125,22 @@ def test_40_greedy_tokens_match_transformers_generate(folders, kind, dtype):
 
 
 @pytest.mark.parametrize("kind", list(MODELS))
-def test_long_input_through_the_tiled_path_matches_transformers(folders, kind):
-    """300 tokens: without weights asked for, attention takes its tiled kernel (n ≥ 192)."""
+def test_long_input_through_the_tiled_path_matches_transformers(folders, kind, monkeypatch):
+    """256 tokens: without weights asked for, attention takes its tiled kernel (n ≥ 192). float32 sums over
+    256 positions, in a different order in each library, reach 8e-6 here, so this one is held to 3e-5 (the
+    tiled and the naive path agree to 3e-6 among themselves)."""
     folder = folders(kind, "float32")
-    ids = np.random.default_rng(0).integers(0, 300, 300)
-    logits = forward(load_network(folder), ids).logits
+    ids = np.random.default_rng(0).integers(0, 300, 256)
+    model = load_network(folder)
+    import attnlab.tiled
+    calls, real = [], attnlab.tiled.tiled_forward
+    monkeypatch.setattr(attnlab.tiled, "tiled_forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    logits = forward(model, ids).logits
+    assert len(calls) == 2                                  # each layer went through the tiled kernel
+    np.testing.assert_allclose(logits, forward(model, ids, return_weights=True).logits, rtol=0, atol=1e-5)
     with torch.no_grad():
         theirs = hf_model(folder)(torch.from_numpy(ids)[None]).logits[0].numpy()
-    np.testing.assert_allclose(logits, theirs, rtol=0, atol=ATOL)
+    np.testing.assert_allclose(logits, theirs, rtol=0, atol=3e-5)
 
 
 def test_llama_with_attention_bias_tied_embeddings_and_a_wide_head(tmp_path):

@@ -266,7 +266,9 @@ class ShardedKVCache:
         if t == 0:
             raise ValueError(f"query has no tokens, shape {q.shape}")
         q = np.ascontiguousarray(q)
-        scale = 1.0 / np.sqrt(self.d_head) if scale is None else as_positive_float("scale", scale)
+        # a Python float: a numpy float64 scale would lift float32 queries to float64 on the workers, and
+        # the float64 @ float32 product against the shard costs 10-50x a float32 one
+        scale = float(1.0 / np.sqrt(self.d_head)) if scale is None else as_positive_float("scale", scale)
         args = [(q, s.length, n - t - s.start, is_causal, scale, groups) for s in self._shards]
         first = [call(s.replicas[0][2], "attend", *a) if s.replicas else None for s, a in zip(self._shards, args)]
         partials = []

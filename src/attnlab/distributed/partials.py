@@ -63,7 +63,7 @@ def decode_part(query, key, value, *, scale: float, groups: int = 1):
     query (..., h, t, d_k), key and value (..., h_kv, n, d) with h = groups · h_kv; the same arithmetic
     as the single-process decode step, plus the lse that the merge needs. No copy of the keys is made.
     """
-    qs = fold(query * scale, groups)                          # (..., h_kv, g·t, d_k) scaled once
+    qs = fold(query * query.dtype.type(scale), groups)        # (..., h_kv, g·t, d_k) scaled once, its dtype
     s = qs @ np.swapaxes(key, -1, -2)                         # (..., h_kv, g·t, n) S = q Kᵀ/√d_k
     m = s.max(axis=-1, keepdims=True)                         # (..., h_kv, g·t, 1)
     s -= m

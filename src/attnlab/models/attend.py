@@ -60,9 +60,9 @@ def attend(text: str, model: str | Path | tuple = MINILM) -> Attended:
     network, tokenizer, name = _loaded(model)
     ids = tokenizer.encode(text)                                   # (n,)
     c = network.config
-    if ids.size > c.n_ctx and not c.attention.positions.has_table:   # a table's own check names its rows
-        raise ValueError(f"text has {ids.size} tokens, more than the model's {c.n_ctx} positions (n_ctx, what it "
-                         "was trained for); shorten it")
+    if ids.size > c.n_ctx:                                         # past the table, or what it was trained for
+        raise ValueError(f"text has {ids.size} tokens, more than the model's {c.n_ctx} positions (n_ctx); "
+                         "shorten it")
     labels = tokenizer.labels(ids)
     out = forward(network, ids, return_weights=True)
     keep = causal_mask(len(ids), window=c.attention.window) if c.is_causal else None   # (n, n)

@@ -271,15 +271,15 @@ def save_shapes(path, steps, *, title: str | None = None) -> None:
         for i, (name, (rows, cols)) in enumerate(step):
             w, h = side(cols), side(rows)
             ax.add_patch(Rectangle((x, top - (tall + h) / 2), w, h, facecolor="#deebf7", edgecolor=COLOURS[0]))
-            ax.text(x + w / 2, top - tall / 2, f"{name}\n{rows}×{cols}", ha="center", va="center", fontsize=8)
+            ax.text(x + w / 2, top - tall / 2, f"{name}\n{rows}×{cols}", ha="center", va="center", fontsize=12)
             x += w + 1.5
             if i < 2:
-                ax.text(x - 0.75, top - tall / 2, "×" if i == 0 else "=", ha="center", va="center", fontsize=12)
+                ax.text(x - 0.75, top - tall / 2, "×" if i == 0 else "=", ha="center", va="center", fontsize=16)
         top -= tall + 1.5
     ax.set_xlim(-0.3, wide + 0.3)
     ax.set_ylim(top + 1.3, 0.2)
     ax.set_aspect("equal")
     ax.axis("off")
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(title, fontsize=12)
     _save(fig, path)
