@@ -21,8 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.bench import blas_kernel, load_average, machine_info
-from attnlab.distributed.cluster import local_cluster
-from attnlab.interpret.scan import STATS, scan_corpus
+from attnlab.interpret.scan import STATS, scan_cluster, scan_corpus
 
 GUIDE = Path("/work/shared/guide/attention-guide.txt")
 
@@ -46,7 +45,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     lines = sentences(a.lines)
-    cluster, client = local_cluster(a.workers)
+    cluster, client = scan_cluster(a.workers)
     try:
         scan_corpus("minilm", lines[:a.workers * a.chunk], client=client, chunk_size=a.chunk)   # load on workers
         scan_corpus("minilm", lines[:a.chunk], chunk_size=a.chunk)                           # and here

@@ -132,3 +132,16 @@ def test_train_induction_json_and_resume(capsys, tmp_path):
     assert code == 0
     code, text, _ = run(capsys, "attend", "abcab", "--model", out, "--json")
     assert code == 0
+
+
+def test_patching_the_induction_model_finds_its_circuit(capsys):
+    """'|abcdefgabcde' predicts f; with the first e replaced ('|abcdzfgabcde') the current e has no earlier copy.
+    Patching back the previous-token head restores it all, as does the clean residual at the first e (into
+    layer 0) or at the f after it (into layer 1, where the induction head's key reads 'my previous token is e')."""
+    code, out, _ = run(capsys, "patch", "--model", "induction", "--clean", "|abcdefgabcde", "--corrupt",
+                       "|abcdzfgabcde", "--answer", "f", "--wrong", "g", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["clean_logit_diff"] > 5 > 0 > d["corrupt_logit_diff"]
+    heads, resid = np.array(d["heads"]), np.array(d["resid"])
+    assert heads[0].max() > 0.9 and resid[0, 5] > 0.99 and resid[1, 6] > 0.9
+    np.testing.assert_allclose(np.delete(resid[0], 5), 0.0, atol=1e-9)     # the texts agree everywhere else

@@ -72,9 +72,9 @@ def test_scan_in_one_process_equals_line_by_line(own_folder):
 
 def test_scan_on_a_local_cluster_matches_one_process(own_folder):
     pytest.importorskip("distributed")
-    from attnlab.distributed.cluster import local_cluster
+    from attnlab.interpret.scan import scan_cluster
     alone = scan_corpus(str(own_folder), LINES, chunk_size=4)
-    cluster, client = local_cluster(2)
+    cluster, client = scan_cluster(2)
     try:
         spread = scan_corpus(str(own_folder), LINES, client=client, chunk_size=4)
     finally:

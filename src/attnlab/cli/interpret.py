@@ -6,8 +6,8 @@ import numpy as np
 
 from ._app import add_json_flag, print_json, seed_arg
 
-MODEL_HELP = ("'minilm', a GPT-2 or BERT checkpoint folder, or a folder written by 'attnlab train --out' "
-              "(e.g. --task induction)")
+MODEL_HELP = ("'minilm', 'induction' (the small induction model shipped with attnlab), a GPT-2, BERT or "
+              "Llama-family checkpoint folder, or a folder written by 'attnlab train --out'")
 
 
 def register(sub) -> None:
@@ -66,8 +66,9 @@ def add_commands(sub) -> None:
 
 
 def load(name):
+    from ..interpret.trained import resolve
     from ..models import load_model
-    return load_model(name)
+    return load_model(resolve(name))
 
 
 def special_ids(tokenizer) -> tuple[list[int], list[int]]:

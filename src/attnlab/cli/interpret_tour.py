@@ -70,8 +70,13 @@ def what_heads_do(ctx, Section, Figure):
         "whose previous token is the current token, and copies what sits there: an induction head (Olsson et "
         "al., 2022). Its loss on repeats fell suddenly during training, a phase change.",
         "One layer cannot build this: no head in the first layer knows what came before a key. Trained alike, a "
-        "1-layer model only learns to guess among the tokens a segment's length back."),
-        commands=(f"attnlab detect '{SENTENCE}' --png detectors.png", INDUCTION_COMMAND,
-                  "attnlab train --task induction --layers 1 --out DIR1",
-                  "attnlab detect --model DIR --repeat-random 6 --exclude-bos",
-                  "attnlab ablate 'some text' --model GPT2_FOLDER", "attnlab scan corpus.txt --out scan/"))
+        "1-layer model only learns to guess among the tokens a segment's length back, which fails on a period "
+        f"it never saw. `{INDUCTION_COMMAND}` trains the model shown here again (about a minute; add "
+        "`--layers 1` for the control), and `--model induction` names it in every command below."),
+        commands=(f"attnlab detect '{SENTENCE}' --png detectors.png",
+                  "attnlab detect --model induction --repeat-random 6 --exclude-bos",
+                  "attnlab ablate '|abcdefgabcdefg' --model induction",
+                  "attnlab patch --model induction --clean '|abcdefgabcde' --corrupt '|abcdzfgabcde' --answer f "
+                  "--wrong g",
+                  "attnlab lens '|abcdefgabcde' --model induction --top 2",
+                  "attnlab scan MY_TEXT.txt --workers 0 --out scan"))

@@ -70,11 +70,12 @@ class _client:
         self.args, self.cluster, self.client = args, None, None
 
     def __enter__(self):
-        from ..distributed.cluster import connect, local_cluster
+        from ..distributed.cluster import connect
+        from ..interpret.scan import scan_cluster
         if self.args.scheduler:
             self.client = connect(self.args.scheduler)
         elif self.args.workers > 0:
-            self.cluster, self.client = local_cluster(self.args.workers)
+            self.cluster, self.client = scan_cluster(self.args.workers)
         return self.client
 
     def __exit__(self, *exc):

@@ -120,14 +120,14 @@ def score_patterns(weights: np.ndarray, ids, kinds="all", *, exclude_bos: bool =
 
 
 def model_patterns(model: Transformer, ids, *, token_types=None) -> np.ndarray:
-    """Every layer's attention weights (n_layers, n_heads, n, n) on ``ids`` (n,), through the stack's
-    ``hook_pattern`` activations."""
+    """Every layer's attention weights on ``ids`` (n,) or a batch (B, n), through the stack's ``hook_pattern``
+    activations, in one pass: (n_layers, n_heads, n, n), or (n_layers, B, n_heads, n, n) for a batch."""
     ids = check_ids(model, ids)
-    if ids.ndim != 1:
-        raise ValueError(f"ids must be 1-D (one text), got shape {ids.shape}")
+    if ids.ndim > 2:
+        raise ValueError(f"ids must be (n,) or (B, n), got shape {ids.shape}")
     names = [f"blocks.{i}.attn.hook_pattern" for i in range(model.config.n_layers)]
     _, cache = run_with_cache(model, ids, names, token_types=token_types)
-    return np.stack([cache[n] for n in names])                          # (n_layers, n_heads, n, n)
+    return np.stack([cache[n] for n in names])                          # (n_layers, [B,] n_heads, n, n)
 
 
 def detect_heads(model: Transformer, ids, kinds="all", *, exclude_bos: bool = False,
@@ -158,8 +158,9 @@ def detect_heads(model: Transformer, ids, kinds="all", *, exclude_bos: bool = Fa
     kinds = check_kinds(kinds)
     ids = check_ids(model, ids)
     rows = ids.reshape(-1, ids.shape[-1])                               # (B, n)
-    scores = [score_patterns(model_patterns(model, row), row, kinds, exclude_bos=exclude_bos,
-                             exclude_current_token=exclude_current_token) for row in rows]
+    weights = model_patterns(model, rows)                               # (n_layers, B, n_heads, n, n), one pass
+    scores = [score_patterns(weights[:, b], row, kinds, exclude_bos=exclude_bos,
+                             exclude_current_token=exclude_current_token) for b, row in enumerate(rows)]
     return {k: np.mean([s[k] for s in scores], axis=0) for k in kinds}
 
 

@@ -18,6 +18,14 @@ INDUCTION_CONFIG = InductionConfig()
 INDUCTION_COMMAND = "attnlab train --task induction --out DIR"
 
 
+INDUCTION = "induction"      # the name the interpret commands accept for it, beside "minilm"
+
+
+def resolve(model):
+    """``"induction"`` -> the shipped checkpoint's folder; anything else unchanged (for load_model)."""
+    return induction_checkpoint() if isinstance(model, str) and model == INDUCTION else model
+
+
 def induction_checkpoint() -> Path:
     """The folder of the shipped checkpoint (config.json, model.safetensors)."""
     return Path(__file__).with_name("data") / "induction"
