@@ -1,8 +1,14 @@
-"""attnlab generate: sample from a checkpoint written by ``attnlab train --out``, through the KV cache."""
+"""attnlab generate: sample from any decoder folder ``attnlab.models.load_model`` reads (GPT-2, Llama, Mistral,
+Qwen2, or one written by ``attnlab train --out``), through the KV cache.
+
+The prompt is encoded and the continuation decoded with the folder's own tokenizer: the character- or word-level
+vocabulary of an ``attnlab train`` folder, the ``vocab.json``/``merges.txt`` or ``tokenizer.json`` of the others.
+"""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -10,9 +16,10 @@ from ._app import add_json_flag, print_json, seed_arg
 
 
 def register(sub) -> None:
-    g = sub.add_parser("generate", help="sample text from a trained checkpoint, through the KV cache")
-    g.add_argument("dir", metavar="DIR", help="a directory written by 'attnlab train --out'")
-    g.add_argument("--prompt", required=True, help="text to start from (its tokens must be in the vocabulary)")
+    g = sub.add_parser("generate", help="sample text from a decoder checkpoint folder, through the KV cache")
+    g.add_argument("dir", metavar="DIR", help="a decoder folder: written by 'attnlab train --out', or a GPT-2, "
+                                              "Llama, Mistral or Qwen2 folder (config.json, safetensors, tokenizer)")
+    g.add_argument("--prompt", required=True, help="text to start from, encoded with the folder's tokenizer")
     g.add_argument("--tokens", type=int, default=100, help="tokens to generate (default 100)")
     g.add_argument("--temperature", type=float, default=1.0, help="divides the logits; 0 = greedy (default 1)")
     g.add_argument("--seed", type=seed_arg, default=0, help="seed of the sampler (default 0)")
@@ -22,29 +29,15 @@ def register(sub) -> None:
 
 def cmd_generate(args) -> int:
     from .._threads import one_blas_thread
-    from ..lm.checkpoint import load_checkpoint
     from ..stack import generate
 
-    model, vocab = load_checkpoint(args.dir)
-    try:
-        prompt = vocab.encode(args.prompt)
-    except ValueError as e:
-        hint = ""
-        if args.prompt.lower() != args.prompt:
-            try:
-                vocab.encode(args.prompt.lower())
-                hint = f" (the lowercase --prompt {args.prompt.lower()!r} fits)"
-            except ValueError:
-                pass
-        raise ValueError(f"--prompt: {e}; it holds {vocabulary_list(vocab)}{hint}") from None
-    if prompt.size == 0:
-        raise ValueError("--prompt must hold at least one token")
+    model, tokenizer = load_decoder(args.dir)
+    prompt = encode_prompt(tokenizer, args.prompt)
     with one_blas_thread():
         ids = generate(model, prompt, args.tokens, temperature=args.temperature,
                        rng=np.random.default_rng(args.seed))
-    text = vocab.decode(ids)
-    joined = args.prompt + ("" if vocab.level == "char" else " ") + text
-    note = greedy_note(vocab, ids) if args.temperature == 0 else None
+    text, joined = continuation(tokenizer, args.prompt, prompt, ids)
+    note = greedy_note(tokenizer, ids) if args.temperature == 0 else None
     if args.json:
         print_json({"prompt": args.prompt, "generated": text, "ids": ids, "text": joined, "note": note})
     else:
@@ -52,6 +45,62 @@ def cmd_generate(args) -> int:
         if note:
             print(note, file=sys.stderr)
     return 0
+
+
+def load_decoder(folder: str):
+    """``(model, tokenizer)`` of a folder ``load_model`` reads; an encoder is refused, naming it and why."""
+    from ..models import MINILM, load_model
+
+    if folder != MINILM and not (Path(folder) / "config.json").is_file():
+        raise FileNotFoundError(2, "no checkpoint here (config.json is missing)", folder)
+    model, tokenizer = load_model(folder)
+    c = model.config
+    if not c.is_causal or not c.has_logits:
+        why = "; ".join(w for w, bad in (("is_causal False: every token sees both sides", not c.is_causal),
+                                         ("no logits: no language-model head to predict a next token",
+                                          not c.has_logits)) if bad)
+        raise ValueError(f"{folder} is a {c.family} encoder ({why}); generate needs a decoder: a GPT-2, Llama, "
+                         "Mistral or Qwen2 folder, or one written by 'attnlab train --out'")
+    return model, tokenizer
+
+
+def encode_prompt(tokenizer, prompt: str) -> np.ndarray:
+    """The prompt's ids (n,); an error naming --prompt (and, for an own vocabulary, listing it)."""
+    from ..tokens import Vocab
+
+    try:
+        ids = tokenizer.encode(prompt)                                   # (n,)
+    except ValueError as e:
+        if not isinstance(tokenizer, Vocab):
+            raise ValueError(f"--prompt: {e}") from None
+        hint = ""
+        if prompt.lower() != prompt:
+            try:
+                tokenizer.encode(prompt.lower())
+                hint = f" (the lowercase --prompt {prompt.lower()!r} fits)"
+            except ValueError:
+                pass
+        raise ValueError(f"--prompt: {e}; it holds {vocabulary_list(tokenizer)}{hint}") from None
+    if ids.size == 0:
+        raise ValueError("--prompt must hold at least one token")
+    return ids
+
+
+def continuation(tokenizer, prompt: str, prompt_ids: np.ndarray, ids: np.ndarray) -> tuple[str, str]:
+    """``(generated, text)``: the new tokens as text, and prompt and continuation together.
+
+    An own vocabulary joins its symbols (words by a space). A subword tokenizer decodes prompt and continuation
+    as one sequence, since a token's leading space may show only in context (SentencePiece's "▁cat"); the
+    generated text is what that adds to the prompt's own decoding.
+    """
+    from ..tokens import Vocab
+
+    if isinstance(tokenizer, Vocab):
+        generated = tokenizer.decode(ids)
+        return generated, prompt + ("" if tokenizer.level == "char" else " ") + generated
+    text = tokenizer.decode(np.concatenate([prompt_ids, ids]))          # (n + n_new,) ids as one text
+    head = tokenizer.decode(prompt_ids)
+    return (text[len(head):] if text.startswith(head) else tokenizer.decode(ids)), text
 
 
 def vocabulary_list(vocab, most: int = 60) -> str:
