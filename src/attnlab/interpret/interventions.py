@@ -112,20 +112,12 @@ def logit_diff(logits: np.ndarray, answer: int, wrong: int) -> float:
     return float(np.float64(logits[-1, answer]) - np.float64(logits[-1, wrong]))
 
 
-def patch_head(layer_z: np.ndarray, head: int):
-    """A hook on ``hook_z`` that puts back ``head``'s z from ``layer_z`` (n_heads, n, d_head)."""
-    def hook(z, name):
-        z = z.copy()
-        z[head] = layer_z[head]
-        return z
-    return hook
-
-
-def patch_position(clean_x: np.ndarray, position: int):
-    """A hook on ``hook_resid_pre`` that puts back the clean residual (n, d_model) at one position."""
+def put_back(clean: np.ndarray, index: int):
+    """A hook that puts back ``clean[index]`` along the first axis: one head's z from ``hook_z``
+    (n_heads, n, d_head), or one position's residual from ``hook_resid_pre`` (n, d_model)."""
     def hook(x, name):
         x = x.copy()
-        x[position] = clean_x[position]
+        x[index] = clean[index]
         return x
     return hook
 
@@ -163,11 +155,14 @@ def patch(model: Transformer, clean_ids, corrupt_ids, *, answer: int, wrong: int
     corrupt = logit_diff(run_with_hooks(model, corrupt_ids, {}).logits, answer, wrong)
     if clean == corrupt:
         raise ValueError("the clean and corrupted texts give the same logit difference: nothing to restore")
-    run = lambda hooks: logit_diff(run_with_hooks(model, corrupt_ids, hooks).logits, answer, wrong)  # noqa: E731
-    head_diff = np.array([[run({f"blocks.{i}.attn.hook_z": patch_head(cache[f"blocks.{i}.attn.hook_z"], h)})
-                           for h in range(c.attention.n_heads)] for i in range(c.n_layers)])   # (L, H)
-    resid_diff = np.array([[run({f"blocks.{i}.hook_resid_pre": patch_position(cache[f"blocks.{i}.hook_resid_pre"], p)})
-                            for p in range(n)] for i in range(c.n_layers)])                  # (L, n)
+
+    def run(name: str, index: int) -> float:          # the corrupted run with clean[name][index] put back
+        return logit_diff(run_with_hooks(model, corrupt_ids, {name: put_back(cache[name], index)}).logits,
+                          answer, wrong)
+    head_diff = np.array([[run(f"blocks.{i}.attn.hook_z", h) for h in range(c.attention.n_heads)]
+                          for i in range(c.n_layers)])                                  # (n_layers, n_heads)
+    resid_diff = np.array([[run(f"blocks.{i}.hook_resid_pre", p) for p in range(n)]
+                           for i in range(c.n_layers)])                                 # (n_layers, n)
     frac = lambda d: (d - corrupt) / (clean - corrupt)                                       # noqa: E731
     return Patching(clean=clean, corrupt=corrupt, heads=frac(head_diff), resid=frac(resid_diff),
                     head_diff=head_diff, resid_diff=resid_diff)
