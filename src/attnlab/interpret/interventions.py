@@ -23,6 +23,7 @@ import numpy as np
 
 from .._checks import as_choice, as_positive_int
 from ..hooks import run_with_cache, run_with_hooks
+from ..softmax import softmax
 from ..stack import Transformer, check_ids
 
 MODES = ("zero", "mean")
@@ -38,12 +39,17 @@ def check_decoder(model: Transformer, what: str) -> None:
                          "it predicts no next token")
 
 
+def per_token_loss(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """−log p(target) at every position, in float64: logits (..., n, V), targets (..., n) -> (..., n)."""
+    z = logits.astype(np.float64)                                       # (..., n, V)
+    z = z - z.max(-1, keepdims=True)
+    log_p = z - np.log(np.exp(z).sum(-1, keepdims=True))                # (..., n, V)
+    return -np.take_along_axis(log_p, targets[..., None], -1)[..., 0]   # (..., n)
+
+
 def next_token_loss(logits: np.ndarray, ids: np.ndarray) -> float:
     """Mean −log p(ids[t + 1] | ids[..t]) over t = 0 … n − 2: ``logits`` (n, vocab), ``ids`` (n,)."""
-    z = logits[:-1].astype(np.float64)                                  # (n − 1, vocab)
-    z = z - z.max(-1, keepdims=True)
-    log_p = z - np.log(np.exp(z).sum(-1, keepdims=True))                # (n − 1, vocab)
-    return float(-log_p[np.arange(len(ids) - 1), ids[1:]].mean())
+    return float(per_token_loss(logits[:-1], np.asarray(ids)[1:]).mean())
 
 
 def head_ablation(head: int, mode: str):
@@ -201,8 +207,7 @@ def logit_lens(model: Transformer, ids, *, top: int = 5) -> Lens:
     _, cache = run_with_cache(model, ids, names)
     logits = unembed(model, np.stack([cache[n] for n in names]))        # (L + 1, n, vocab)
     k = min(top, logits.shape[-1])
-    z = logits.astype(np.float64) - logits.max(-1, keepdims=True)
-    p = np.exp(z) / np.exp(z).sum(-1, keepdims=True)                    # (L + 1, n, vocab)
+    p = softmax(logits.astype(np.float64))                              # (L + 1, n, vocab)
     order = np.argsort(-p, axis=-1, kind="stable")[..., :k]             # (L + 1, n, k)
     return Lens(stages=("embed", *(f"block {i}" for i in range(L))), logits=logits, top_ids=order,
                 top_probs=np.take_along_axis(p, order, -1))
