@@ -56,7 +56,7 @@ def duplicate_token_pattern(ids: np.ndarray) -> np.ndarray:
     [[0, 0, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0], [1, 0, 1, 0]]
     """
     same = ids[:, None] == ids[None, :]                                 # (n, n)
-    return np.tril(same, k=-1)
+    return np.tril(same, k=-1)                                          # (n, n) keys before the query
 
 
 def induction_pattern(ids: np.ndarray) -> np.ndarray:
@@ -66,9 +66,9 @@ def induction_pattern(ids: np.ndarray) -> np.ndarray:
     [[0, 0, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]]
     """
     dup = duplicate_token_pattern(ids)                                  # (n, n) j < i, same token
-    out = np.zeros_like(dup)
+    out = np.zeros_like(dup)                                            # (n, n)
     out[:, 1:] = dup[:, :-1]                                            # (n, n) one key to the right
-    return np.tril(out)
+    return np.tril(out)                                                 # (n, n) keys up to the query
 
 
 PATTERNS = {"previous_token": previous_token_pattern, "duplicate_token": duplicate_token_pattern,
@@ -110,7 +110,7 @@ def score_patterns(weights: np.ndarray, ids, kinds="all", *, exclude_bos: bool =
         An unknown kind, fewer than two tokens (no earlier token to score), weights of another length.
     """
     kinds = check_kinds(kinds)
-    ids = np.asarray(ids)
+    ids = np.asarray(ids)                                               # (n,)
     if ids.ndim != 1 or ids.size < 2:
         raise ValueError(f"ids must be 1-D with at least 2 tokens (the first has no earlier token to score), "
                          f"got shape {ids.shape}")
@@ -179,10 +179,10 @@ def repeated_random_tokens(n: int, *, vocab_size: int, rng: np.random.Generator,
     if allowed.size == 0:
         raise ValueError("no token id is left to draw once the special tokens are avoided")
     r = allowed[rng.integers(0, allowed.size, n)]                       # (n,)
-    return np.concatenate([r, r])
+    return np.concatenate([r, r])                                       # (2n,)
 
 
 def top_heads(scores: np.ndarray, k: int = 3) -> list[tuple[int, int, float]]:
     """The ``k`` highest of (n_layers, n_heads) scores as (layer, head, score), best first."""
-    flat = np.argsort(-scores, axis=None, kind="stable")[:k]
+    flat = np.argsort(-scores, axis=None, kind="stable")[:k]            # (k,) flat indices, best first
     return [(int(i), int(j), float(scores[i, j])) for i, j in zip(*np.unravel_index(flat, scores.shape))]

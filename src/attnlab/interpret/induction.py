@@ -106,7 +106,7 @@ def target_kinds(seqs: np.ndarray) -> np.ndarray:
     was then followed by the target (what an induction head predicts), FIRST where the target never occurred
     before, OTHER for the rest."""
     B, n1 = seqs.shape
-    kind = np.full((B, n1 - 1), OTHER)
+    kind = np.full((B, n1 - 1), OTHER)                                                   # (B, n)
     for b, row in enumerate(seqs):
         for t in range(n1 - 1):
             earlier = np.flatnonzero(row[:t] == row[t])                                  # occurrences before t

@@ -84,7 +84,7 @@ def ablate(model: Transformer, ids, *, mode: str = "zero") -> Ablation:
     """
     check_decoder(model, "ablation")
     mode = as_choice("mode", mode, MODES)
-    ids = _text_ids(model, ids)
+    ids = _text_ids(model, ids)                                         # (n,)
     c = model.config
     base = next_token_loss(run_with_hooks(model, ids, {}).logits, ids)
     out = np.empty((c.n_layers, c.attention.n_heads))                   # (n_layers, n_heads)
