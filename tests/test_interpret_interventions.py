@@ -4,7 +4,7 @@ ablated loss, one patched logit difference and one lens row against transformers
 import numpy as np
 import pytest
 
-from attnlab.interpret import ablate, logit_lens, next_token_loss, patch
+from attnlab.interpret import ablate, logit_lens, next_token_loss, patch, unembed
 from attnlab.lm.model import lm_config
 from attnlab.multihead import merge_heads, split_heads
 from attnlab.stack import Transformer, forward
@@ -113,6 +113,17 @@ def test_encoders_are_refused(rng):
             call()
     with pytest.raises(ValueError, match="mode must be one of"):
         ablate(Transformer.init(lm_config(7, d_model=8, n_heads=2, n_layers=1, n_ctx=8), rng=rng), [1, 2], mode="x")
+
+
+def test_bad_input_is_named(lm):
+    with pytest.raises(ValueError, match=r"logits must be \(n, vocab\) with n >= 2, got shape \(5,\)"):
+        next_token_loss(np.zeros(5), [0, 1])
+    with pytest.raises(ValueError, match=r"ids must be \(n,\) = \(3,\) like the logits' rows, got shape \(4,\)"):
+        next_token_loss(np.zeros((3, 5)), [0, 1, 2, 3])
+    with pytest.raises(ValueError, match="ids must be in"):
+        next_token_loss(np.zeros((2, 5)), [0, 9])
+    with pytest.raises(ValueError, match=r"x must be a residual stream \(..., d_model\) with d_model = 16, got shape"):
+        unembed(lm, np.zeros((3, 7)))
 
 
 # ---- against transformers' GPT-2, with forward hooks ------------------------------------------------------

@@ -292,6 +292,8 @@ class ModelOutput:
 def check_ids(model: Transformer, ids, *, start: int = 0, name: str = "ids") -> np.ndarray:
     """``ids`` as int64 token ids (..., n) of the vocabulary, at least one token, fitting the position table
     after the ``start`` tokens already processed (a KV cache)."""
+    if not isinstance(model, Transformer):
+        raise TypeError(f"model must be an attnlab.stack.Transformer, got {type(model).__name__}")
     arr = as_token_ids(name, ids, model.config.vocab_size)
     if arr.ndim == 0 or arr.shape[-1] == 0:
         raise ValueError(f"{name} must hold at least one token id (..., n), got shape {arr.shape}")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import as_choice, as_positive_int
+from .._checks import as_choice, as_float_array, as_positive_int, as_token_ids
 from ..hooks import run_with_cache, run_with_hooks
 from ..softmax import softmax
 from ..stack import Transformer, check_ids
@@ -49,7 +49,13 @@ def per_token_loss(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 def next_token_loss(logits: np.ndarray, ids: np.ndarray) -> float:
     """Mean −log p(ids[t + 1] | ids[..t]) over t = 0 … n − 2: ``logits`` (n, vocab), ``ids`` (n,)."""
-    return float(per_token_loss(logits[:-1], np.asarray(ids)[1:]).mean())
+    logits = as_float_array("logits", logits)                           # (n, vocab)
+    if logits.ndim != 2 or logits.shape[0] < 2:
+        raise ValueError(f"logits must be (n, vocab) with n >= 2, got shape {logits.shape}")
+    ids = as_token_ids("ids", ids, logits.shape[1])                     # (n,)
+    if ids.shape != logits.shape[:1]:
+        raise ValueError(f"ids must be (n,) = ({logits.shape[0]},) like the logits' rows, got shape {ids.shape}")
+    return float(per_token_loss(logits[:-1], ids[1:]).mean())
 
 
 def head_ablation(head: int, mode: str):
@@ -177,6 +183,10 @@ def patch(model: Transformer, clean_ids, corrupt_ids, *, answer: int, wrong: int
 def unembed(model: Transformer, x: np.ndarray) -> np.ndarray:
     """Logits (..., vocab) of a residual stream x (..., d_model): the final norm (if any), then W_U."""
     check_decoder(model, "the logit lens")
+    x = as_float_array("x", x)                                          # (..., d_model)
+    if x.ndim < 1 or x.shape[-1] != model.config.d_model:
+        raise ValueError(f"x must be a residual stream (..., d_model) with d_model = {model.config.d_model}, "
+                         f"got shape {x.shape}")
     if model.ln_final is not None:
         x = model.ln_final(x)                                           # (..., d_model)
     if model.config.tied_embeddings:
