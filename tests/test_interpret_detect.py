@@ -71,6 +71,18 @@ def test_bad_input_is_named():
         score_patterns(np.ones((1, 1, 1, 1)), [1])
     with pytest.raises(ValueError, match="weights must be"):
         pattern_scores(np.ones((3, 3)), previous_token_pattern(np.arange(2)))
+    with pytest.raises(TypeError, match="kind must be a name"):
+        score_patterns(w, [1, 2], 5)
+    with pytest.raises(ValueError, match=r"ids must be 1-D \(n,\), got shape \(2, 2\)"):
+        induction_pattern(np.ones((2, 2), int))
+    with pytest.raises(ValueError, match=r"scores must be \(n_layers, n_heads\), got shape \(3,\)"):
+        top_heads(np.zeros(3))
+    with pytest.raises(TypeError, match="k must be an integer >= 0, got str"):
+        top_heads(np.zeros((2, 2)), "2")
+    with pytest.raises(TypeError, match="model must be an attnlab.stack.Transformer, got NoneType"):
+        detect_heads(None, [1, 2])
+    with pytest.raises(TypeError, match="vocab_size must be a positive integer, got str"):
+        repeated_random_tokens(3, vocab_size="5", rng=np.random.default_rng(0))
 
 
 def test_repeated_random_tokens_avoids_special_ids():

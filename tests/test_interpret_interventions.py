@@ -4,7 +4,7 @@ ablated loss, one patched logit difference and one lens row against transformers
 import numpy as np
 import pytest
 
-from attnlab.interpret import ablate, logit_lens, next_token_loss, patch
+from attnlab.interpret import ablate, logit_lens, next_token_loss, patch, unembed
 from attnlab.lm.model import lm_config
 from attnlab.multihead import merge_heads, split_heads
 from attnlab.stack import Transformer, forward
@@ -115,6 +115,17 @@ def test_encoders_are_refused(rng):
         ablate(Transformer.init(lm_config(7, d_model=8, n_heads=2, n_layers=1, n_ctx=8), rng=rng), [1, 2], mode="x")
 
 
+def test_bad_input_is_named(lm):
+    with pytest.raises(ValueError, match=r"logits must be \(n, vocab\) with n >= 2, got shape \(5,\)"):
+        next_token_loss(np.zeros(5), [0, 1])
+    with pytest.raises(ValueError, match=r"ids must be \(n,\) = \(3,\) like the logits' rows, got shape \(4,\)"):
+        next_token_loss(np.zeros((3, 5)), [0, 1, 2, 3])
+    with pytest.raises(ValueError, match="ids must be in"):
+        next_token_loss(np.zeros((2, 5)), [0, 9])
+    with pytest.raises(ValueError, match=r"x must be a residual stream \(..., d_model\) with d_model = 16, got shape"):
+        unembed(lm, np.zeros((3, 7)))
+
+
 # ---- against transformers' GPT-2, with forward hooks ------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -131,30 +142,37 @@ def gpt2_pair(tmp_path_factory):
     return load_network(folder), hf
 
 
-def _z_hook(edit):
-    """A pre-hook on attn.c_proj, whose input is the merged heads (1, n, n_heads · d_head): z before W_O."""
+def _z_hook(edit, n_heads=4):
+    """A pre-hook on the output projection (GPT-2's attn.c_proj, Llama's o_proj), whose input is the merged
+    heads (1, n, n_heads · d_head): z before W_O."""
     def hook(module, args):
-        z = args[0].clone().view(args[0].shape[0], args[0].shape[1], 4, 16)     # (1, n, h, d_head)
+        b, n, d = args[0].shape
+        z = args[0].clone().view(b, n, n_heads, d // n_heads)                # (1, n, h, d_head)
         edit(z)
-        return (z.view(args[0].shape),) + tuple(args[1:])
+        return (z.view(b, n, d),) + tuple(args[1:])
     return hook
 
 
-def test_ablation_matches_transformers_hooks(gpt2_pair):
+def _hf_loss(hf, module, pre_hook, ids):
+    """transformers' next-token loss on ``ids`` with ``pre_hook`` on ``module`` for that one run."""
     import torch
+    handle = module.register_forward_pre_hook(pre_hook)
+    try:
+        with torch.no_grad():
+            t = torch.from_numpy(ids)[None]
+            return hf(t, labels=t).loss.item()
+    finally:
+        handle.remove()
+
+
+def test_ablation_matches_transformers_hooks(gpt2_pair):
     ours, hf = gpt2_pair
     ids = np.random.default_rng(3).integers(0, 300, 20)
     r = ablate(ours, ids, mode="mean")
 
     def mean_head(z):
         z[0, :, 2] = z[0, :, 2].mean(0)
-    handle = hf.transformer.h[1].attn.c_proj.register_forward_pre_hook(_z_hook(mean_head))
-    try:
-        with torch.no_grad():
-            t = torch.from_numpy(ids)[None]
-            loss = hf(t, labels=t).loss.item()
-    finally:
-        handle.remove()
+    loss = _hf_loss(hf, hf.transformer.h[1].attn.c_proj, _z_hook(mean_head), ids)
     assert abs(r.ablated[1, 2] - loss) < 1e-4
 
 
@@ -242,15 +260,7 @@ def test_llama_gqa_ablation_and_detectors_match_transformers(tmp_path):
         np.testing.assert_allclose(s[k], v, rtol=0, atol=1e-5)
     r = ablate(ours, ids, mode="mean")
 
-    def hook(module, args):
-        z = args[0].clone().view(1, 16, 4, 8)                                 # (1, n, h, d_head)
+    def mean_head(z):
         z[0, :, 3] = z[0, :, 3].mean(0)
-        return (z.view(1, 16, 32),)
-    handle = hf.model.layers[0].self_attn.o_proj.register_forward_pre_hook(hook)
-    try:
-        with torch.no_grad():
-            t = torch.from_numpy(ids)[None]
-            loss = hf(t, labels=t).loss.item()
-    finally:
-        handle.remove()
+    loss = _hf_loss(hf, hf.model.layers[0].self_attn.o_proj, _z_hook(mean_head), ids)
     assert abs(r.ablated[0, 3] - loss) < 1e-4

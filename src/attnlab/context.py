@@ -77,16 +77,15 @@ def compare_in_context(word: str, sentence_a: str, sentence_b: str, model=MINILM
     FileNotFoundError
         The model is not installed.
     """
-    from .models import load_model
-    from .stack import Transformer, forward
+    from .models.attend import _loaded
+    from .stack import forward
 
     for name, value in (("word", word), ("sentence_a", sentence_a), ("sentence_b", sentence_b)):
         if not isinstance(value, str):
             raise TypeError(f"{name} must be a str, got {type(value).__name__}")
     if not word.strip():
         raise ValueError("word must hold at least one non-space character, got an empty string")
-    loaded = isinstance(model, tuple) and len(model) == 2 and isinstance(model[0], Transformer)
-    network, tokenizer = model if loaded else load_model(model)
+    network, tokenizer, name = _loaded(model)
     states, tokens, pieces, rows = [], [], [], []
     for name, text in (("sentence_a", sentence_a), ("sentence_b", sentence_b)):
         ids = tokenizer.encode(text)                                  # (n,)
@@ -105,7 +104,7 @@ def compare_in_context(word: str, sentence_a: str, sentence_b: str, model=MINILM
         word_cosine=word_cos, sentence_cosine=sentence_cos,
         rows_word_cosine=float(cosine(ra[list(pa)].mean(axis=0), rb[list(pb)].mean(axis=0))),
         rows_sentence_cosine=float(cosine(ra.mean(axis=0), rb.mean(axis=0))),
-        model=network.name or network.config.family)
+        model=name)
 
 
 def token_rows(network, ids) -> np.ndarray:

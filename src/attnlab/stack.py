@@ -26,7 +26,7 @@ import numpy as np
 from ._checks import as_float_array, as_positive_int, as_token_ids, check_flag, check_rng
 from .cache import KVCache
 from .config import AttentionConfig
-from .layers import ACTIVATIONS, MLPS, NORMS, LayerNorm
+from .layers import ACTIVATIONS, MLPS, NORMS, LayerNorm, RMSNorm
 from .multihead import MultiHeadAttention, multihead_attention, multihead_attention_with_weights
 from .sampling import check_temperature, sample_next
 
@@ -112,9 +112,9 @@ class ModelConfig:
 class Block:
     """One block: attention and, optionally, an MLP, each a residual line with its norm (or none)."""
     attn: MultiHeadAttention
-    ln_1: LayerNorm | None = None    # around the attention (before it pre-norm, after its residual post-norm)
-    mlp: object | None = None        # an instance of the config's MLPS class (MLP, GatedMLP)
-    ln_2: LayerNorm | None = None    # around the MLP
+    ln_1: LayerNorm | RMSNorm | None = None   # around the attention (before it pre-norm, after its residual post-norm)
+    mlp: object | None = None                 # an instance of the config's MLPS class (MLP, GatedMLP)
+    ln_2: LayerNorm | RMSNorm | None = None   # around the MLP
 
 
 @dataclass(frozen=True, eq=False)
@@ -126,7 +126,7 @@ class Transformer:
     W_P: np.ndarray | None = None         # (n_ctx, d_model) with learned positions
     W_T: np.ndarray | None = None         # (n_types, d_model) token types (segments)
     ln_embed: LayerNorm | None = None     # on the embeddings (BERT)
-    ln_final: LayerNorm | None = None     # before the logits (pre-norm models)
+    ln_final: LayerNorm | RMSNorm | None = None   # before the logits (pre-norm models)
     W_U: np.ndarray | None = None         # (d_model, vocab_size), untied unembedding
     b_U: np.ndarray | None = None         # (vocab_size,)
     name: str = ""                        # where it was loaded from ("minilm", a folder): shown, never tested
@@ -292,6 +292,8 @@ class ModelOutput:
 def check_ids(model: Transformer, ids, *, start: int = 0, name: str = "ids") -> np.ndarray:
     """``ids`` as int64 token ids (..., n) of the vocabulary, at least one token, fitting the position table
     after the ``start`` tokens already processed (a KV cache)."""
+    if not isinstance(model, Transformer):
+        raise TypeError(f"model must be an attnlab.stack.Transformer, got {type(model).__name__}")
     arr = as_token_ids(name, ids, model.config.vocab_size)
     if arr.ndim == 0 or arr.shape[-1] == 0:
         raise ValueError(f"{name} must hold at least one token id (..., n), got shape {arr.shape}")

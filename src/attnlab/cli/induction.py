@@ -62,12 +62,13 @@ def induction_result(run) -> dict:
     e, c = run.final, run.config
     off = off_range_batch(c.task, 64, np.random.default_rng([c.seed, 2]))
     off_first, off_repeat = first_and_repeat_loss(run.model, off)
+    held_out = eval_batch(c)
     log_v = float(np.log(c.task.vocab_size))
     return {"task": "induction", "layers": c.n_layers, "heads": c.n_heads, "d_model": c.d_model,
             "positions": c.positions, "steps": run.step, "seed": c.seed, "vocab_size": c.task.vocab_size,
             "n_ctx": c.task.n_ctx, "periods": [c.task.min_period, c.task.max_period], "log_v": log_v,
             "first_loss": e.first_loss, "repeat_loss": e.repeat_loss, "repeat_over_log_v": e.repeat_loss / log_v,
-            "copy_baseline": copy_baseline(eval_batch(c)), "offset_baseline": offset_baseline(eval_batch(c), c.task),
+            "copy_baseline": copy_baseline(held_out), "offset_baseline": offset_baseline(held_out, c.task),
             "off_range": {"period": int(off[0].shape[1] // 2), "first_loss": off_first, "repeat_loss": off_repeat,
                           "repeat_over_log_v": off_repeat / log_v},
             "previous_token_scores": e.previous_token, "induction_scores": e.induction,

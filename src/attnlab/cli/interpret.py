@@ -71,6 +71,14 @@ def load(name):
     return load_model(resolve(name))
 
 
+def load_decoder(name, what: str):
+    """(model, tokenizer) of a causal LM; a bidirectional model is refused, naming ``what`` needs next tokens."""
+    from ..interpret.interventions import check_decoder
+    model, tokenizer = load(name)
+    check_decoder(model, what)
+    return model, tokenizer
+
+
 def special_ids(tokenizer) -> tuple[list[int], list[int]]:
     """The ids a tokenizer puts before and after a text ([CLS] … [SEP] for BERT, <|endoftext|> before for
     GPT-2, the induction task's BOS "|" for its checkpoints), to wrap a random sequence the same way."""
@@ -153,9 +161,7 @@ def cmd_detect(args) -> int:
 
 def cmd_ablate(args) -> int:
     from ..interpret import ablate
-    from ..interpret.interventions import check_decoder
-    model, tokenizer = load(args.model)
-    check_decoder(model, "ablation")
+    model, tokenizer = load_decoder(args.model, "ablation")
     ids = tokenizer.encode(args.text)
     r = ablate(model, ids, mode=args.mode)
     if args.png:
@@ -185,9 +191,7 @@ def one_token(tokenizer, text: str, what: str) -> int:
 
 def cmd_patch(args) -> int:
     from ..interpret import patch
-    from ..interpret.interventions import check_decoder
-    model, tokenizer = load(args.model)
-    check_decoder(model, "patching")
+    model, tokenizer = load_decoder(args.model, "patching")
     clean, corrupt = tokenizer.encode(args.clean), tokenizer.encode(args.corrupt)
     if clean.size != corrupt.size:
         raise ValueError(f"--clean has {clean.size} tokens and --corrupt {corrupt.size}; they must have the same "
@@ -224,10 +228,8 @@ def cmd_patch(args) -> int:
 
 def cmd_lens(args) -> int:
     from ..interpret import logit_lens
-    from ..interpret.interventions import check_decoder
     from .attend import label
-    model, tokenizer = load(args.model)
-    check_decoder(model, "the logit lens")
+    model, tokenizer = load_decoder(args.model, "the logit lens")
     ids = tokenizer.encode(args.text)
     lens = logit_lens(model, ids, top=args.top)
     tokens = list(tokenizer.labels(ids))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import check_flag, check_rng
+from .._checks import as_nonnegative_int, as_positive_int, check_flag, check_rng
 from ..hooks import run_with_cache
 from ..stack import Transformer, check_ids
 
@@ -33,11 +33,22 @@ def check_kinds(kinds) -> tuple[str, ...]:
     """``"all"``, one kind or a list of kinds, as a tuple of names from :data:`KINDS`."""
     if kinds == "all":
         return KINDS
-    names = (kinds,) if isinstance(kinds, str) else tuple(kinds)
+    try:
+        names = (kinds,) if isinstance(kinds, str) else tuple(kinds)
+    except TypeError:
+        raise TypeError(f"kind must be a name, a list of names or 'all', got {type(kinds).__name__} "
+                        f"{kinds!r}") from None
     bad = [k for k in names if k not in KINDS]
     if bad or not names:
         raise ValueError(f"kind must be one of {list(KINDS)} or 'all', got {bad[0] if bad else kinds!r}")
     return names
+
+
+def _pattern_ids(ids) -> np.ndarray:
+    ids = np.asarray(ids)                                               # (n,)
+    if ids.ndim != 1:
+        raise ValueError(f"ids must be 1-D (n,), got shape {ids.shape}")
+    return ids
 
 
 def previous_token_pattern(ids: np.ndarray) -> np.ndarray:
@@ -46,7 +57,7 @@ def previous_token_pattern(ids: np.ndarray) -> np.ndarray:
     >>> previous_token_pattern(np.array([5, 6, 7])).astype(int).tolist()
     [[0, 0, 0], [1, 0, 0], [0, 1, 0]]
     """
-    return np.eye(len(ids), k=-1, dtype=bool)                           # (n, n)
+    return np.eye(len(_pattern_ids(ids)), k=-1, dtype=bool)            # (n, n)
 
 
 def duplicate_token_pattern(ids: np.ndarray) -> np.ndarray:
@@ -55,8 +66,9 @@ def duplicate_token_pattern(ids: np.ndarray) -> np.ndarray:
     >>> duplicate_token_pattern(np.array([1, 2, 1, 1])).astype(int).tolist()
     [[0, 0, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0], [1, 0, 1, 0]]
     """
+    ids = _pattern_ids(ids)                                             # (n,)
     same = ids[:, None] == ids[None, :]                                 # (n, n)
-    return np.tril(same, k=-1)
+    return np.tril(same, k=-1)                                          # (n, n) keys before the query
 
 
 def induction_pattern(ids: np.ndarray) -> np.ndarray:
@@ -66,9 +78,9 @@ def induction_pattern(ids: np.ndarray) -> np.ndarray:
     [[0, 0, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]]
     """
     dup = duplicate_token_pattern(ids)                                  # (n, n) j < i, same token
-    out = np.zeros_like(dup)
+    out = np.zeros_like(dup)                                            # (n, n)
     out[:, 1:] = dup[:, :-1]                                            # (n, n) one key to the right
-    return np.tril(out)
+    return np.tril(out)                                                 # (n, n) keys up to the query
 
 
 PATTERNS = {"previous_token": previous_token_pattern, "duplicate_token": duplicate_token_pattern,
@@ -86,6 +98,7 @@ def pattern_scores(weights: np.ndarray, pattern: np.ndarray, *, exclude_bos: boo
     0.125
     """
     a = np.asarray(weights, dtype=np.float64)                           # (..., n_q, n_k)
+    pattern = np.asarray(pattern)                                       # (n_q, n_k)
     if a.ndim < 2 or a.shape[-2:] != pattern.shape:
         raise ValueError(f"weights must be (..., n_q, n_k) with n_q, n_k = {pattern.shape}, got {a.shape}")
     keep = np.ones(pattern.shape, bool)                                 # (n_q, n_k)
@@ -110,7 +123,7 @@ def score_patterns(weights: np.ndarray, ids, kinds="all", *, exclude_bos: bool =
         An unknown kind, fewer than two tokens (no earlier token to score), weights of another length.
     """
     kinds = check_kinds(kinds)
-    ids = np.asarray(ids)
+    ids = np.asarray(ids)                                               # (n,)
     if ids.ndim != 1 or ids.size < 2:
         raise ValueError(f"ids must be 1-D with at least 2 tokens (the first has no earlier token to score), "
                          f"got shape {ids.shape}")
@@ -175,14 +188,19 @@ def repeated_random_tokens(n: int, *, vocab_size: int, rng: np.random.Generator,
     rng = check_rng(rng)
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
+    vocab_size = as_positive_int("vocab_size", vocab_size)
     allowed = np.setdiff1d(np.arange(vocab_size), np.asarray(avoid, np.int64))   # (V',)
     if allowed.size == 0:
         raise ValueError("no token id is left to draw once the special tokens are avoided")
     r = allowed[rng.integers(0, allowed.size, n)]                       # (n,)
-    return np.concatenate([r, r])
+    return np.concatenate([r, r])                                       # (2n,)
 
 
 def top_heads(scores: np.ndarray, k: int = 3) -> list[tuple[int, int, float]]:
     """The ``k`` highest of (n_layers, n_heads) scores as (layer, head, score), best first."""
-    flat = np.argsort(-scores, axis=None, kind="stable")[:k]
+    scores = np.asarray(scores)                                         # (n_layers, n_heads)
+    if scores.ndim != 2:
+        raise ValueError(f"scores must be (n_layers, n_heads), got shape {scores.shape}")
+    k = as_nonnegative_int("k", k)
+    flat = np.argsort(-scores, axis=None, kind="stable")[:k]            # (k,) flat indices, best first
     return [(int(i), int(j), float(scores[i, j])) for i, j in zip(*np.unravel_index(flat, scores.shape))]

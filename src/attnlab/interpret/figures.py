@@ -61,10 +61,9 @@ def save_induction_curves(path, run) -> None:
     top.axhline(offset_baseline(eval_batch(run.config), run.config.task), color="#777777", linestyle="-.",
                 linewidth=1, label="one layer's guess by offset, without induction")
     phase = run.phase_change_step()
-    for ax in (top, bottom):
-        if phase is not None:
-            ax.axvline(phase, color="#c0392b", linestyle="--", linewidth=1)
     if phase is not None:
+        for ax in (top, bottom):
+            ax.axvline(phase, color="#c0392b", linestyle="--", linewidth=1)
         top.annotate(f"phase change, step {phase}", (phase, 0.95), xycoords=("data", "axes fraction"),
                      xytext=(4, 0), textcoords="offset points", fontsize=8, color="#c0392b", va="top")
     top.set_ylabel("loss, nats")

@@ -42,6 +42,7 @@ from ..positions import POSITION_SCHEMES
 from ..stack import Transformer, forward
 from ..tokens import Vocab
 from .detect import detect_heads
+from .interventions import per_token_loss
 
 FIRST, REPEAT, OTHER = 0, 1, -1
 SYMBOLS = string.ascii_lowercase + string.digits     # the task's tokens shown as letters, then digits
@@ -105,7 +106,7 @@ def target_kinds(seqs: np.ndarray) -> np.ndarray:
     was then followed by the target (what an induction head predicts), FIRST where the target never occurred
     before, OTHER for the rest."""
     B, n1 = seqs.shape
-    kind = np.full((B, n1 - 1), OTHER)
+    kind = np.full((B, n1 - 1), OTHER)                                                   # (B, n)
     for b, row in enumerate(seqs):
         for t in range(n1 - 1):
             earlier = np.flatnonzero(row[:t] == row[t])                                  # occurrences before t
@@ -114,14 +115,6 @@ def target_kinds(seqs: np.ndarray) -> np.ndarray:
             elif not (row[:t + 1] == row[t + 1]).any():
                 kind[b, t] = FIRST
     return kind
-
-
-def per_token_loss(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """−log p(target) at every position: logits (..., n, V), targets (..., n) -> (..., n)."""
-    z = logits.astype(np.float64)
-    z = z - z.max(-1, keepdims=True)
-    log_p = z - np.log(np.exp(z).sum(-1, keepdims=True))                 # (..., n, V)
-    return -np.take_along_axis(log_p, targets[..., None], -1)[..., 0]
 
 
 @dataclass(frozen=True, eq=False)

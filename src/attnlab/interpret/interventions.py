@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import as_choice, as_positive_int
+from .._checks import as_choice, as_float_array, as_positive_int, as_token_ids
 from ..hooks import run_with_cache, run_with_hooks
+from ..softmax import softmax
 from ..stack import Transformer, check_ids
 
 MODES = ("zero", "mean")
@@ -38,12 +39,23 @@ def check_decoder(model: Transformer, what: str) -> None:
                          "it predicts no next token")
 
 
+def per_token_loss(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """−log p(target) at every position, in float64: logits (..., n, V), targets (..., n) -> (..., n)."""
+    z = logits.astype(np.float64)                                       # (..., n, V)
+    z = z - z.max(-1, keepdims=True)
+    log_p = z - np.log(np.exp(z).sum(-1, keepdims=True))                # (..., n, V)
+    return -np.take_along_axis(log_p, targets[..., None], -1)[..., 0]   # (..., n)
+
+
 def next_token_loss(logits: np.ndarray, ids: np.ndarray) -> float:
     """Mean −log p(ids[t + 1] | ids[..t]) over t = 0 … n − 2: ``logits`` (n, vocab), ``ids`` (n,)."""
-    z = logits[:-1].astype(np.float64)                                  # (n − 1, vocab)
-    z = z - z.max(-1, keepdims=True)
-    log_p = z - np.log(np.exp(z).sum(-1, keepdims=True))                # (n − 1, vocab)
-    return float(-log_p[np.arange(len(ids) - 1), ids[1:]].mean())
+    logits = as_float_array("logits", logits)                           # (n, vocab)
+    if logits.ndim != 2 or logits.shape[0] < 2:
+        raise ValueError(f"logits must be (n, vocab) with n >= 2, got shape {logits.shape}")
+    ids = as_token_ids("ids", ids, logits.shape[1])                     # (n,)
+    if ids.shape != logits.shape[:1]:
+        raise ValueError(f"ids must be (n,) = ({logits.shape[0]},) like the logits' rows, got shape {ids.shape}")
+    return float(per_token_loss(logits[:-1], ids[1:]).mean())
 
 
 def head_ablation(head: int, mode: str):
@@ -78,7 +90,7 @@ def ablate(model: Transformer, ids, *, mode: str = "zero") -> Ablation:
     """
     check_decoder(model, "ablation")
     mode = as_choice("mode", mode, MODES)
-    ids = _text_ids(model, ids)
+    ids = _text_ids(model, ids)                                         # (n,)
     c = model.config
     base = next_token_loss(run_with_hooks(model, ids, {}).logits, ids)
     out = np.empty((c.n_layers, c.attention.n_heads))                   # (n_layers, n_heads)
@@ -112,20 +124,12 @@ def logit_diff(logits: np.ndarray, answer: int, wrong: int) -> float:
     return float(np.float64(logits[-1, answer]) - np.float64(logits[-1, wrong]))
 
 
-def patch_head(layer_z: np.ndarray, head: int):
-    """A hook on ``hook_z`` that puts back ``head``'s z from ``layer_z`` (n_heads, n, d_head)."""
-    def hook(z, name):
-        z = z.copy()
-        z[head] = layer_z[head]
-        return z
-    return hook
-
-
-def patch_position(clean_x: np.ndarray, position: int):
-    """A hook on ``hook_resid_pre`` that puts back the clean residual (n, d_model) at one position."""
+def put_back(clean: np.ndarray, index: int):
+    """A hook that puts back ``clean[index]`` along the first axis: one head's z from ``hook_z``
+    (n_heads, n, d_head), or one position's residual from ``hook_resid_pre`` (n, d_model)."""
     def hook(x, name):
         x = x.copy()
-        x[position] = clean_x[position]
+        x[index] = clean[index]
         return x
     return hook
 
@@ -163,11 +167,14 @@ def patch(model: Transformer, clean_ids, corrupt_ids, *, answer: int, wrong: int
     corrupt = logit_diff(run_with_hooks(model, corrupt_ids, {}).logits, answer, wrong)
     if clean == corrupt:
         raise ValueError("the clean and corrupted texts give the same logit difference: nothing to restore")
-    run = lambda hooks: logit_diff(run_with_hooks(model, corrupt_ids, hooks).logits, answer, wrong)  # noqa: E731
-    head_diff = np.array([[run({f"blocks.{i}.attn.hook_z": patch_head(cache[f"blocks.{i}.attn.hook_z"], h)})
-                           for h in range(c.attention.n_heads)] for i in range(c.n_layers)])   # (L, H)
-    resid_diff = np.array([[run({f"blocks.{i}.hook_resid_pre": patch_position(cache[f"blocks.{i}.hook_resid_pre"], p)})
-                            for p in range(n)] for i in range(c.n_layers)])                  # (L, n)
+
+    def run(name: str, index: int) -> float:          # the corrupted run with clean[name][index] put back
+        return logit_diff(run_with_hooks(model, corrupt_ids, {name: put_back(cache[name], index)}).logits,
+                          answer, wrong)
+    head_diff = np.array([[run(f"blocks.{i}.attn.hook_z", h) for h in range(c.attention.n_heads)]
+                          for i in range(c.n_layers)])                                  # (n_layers, n_heads)
+    resid_diff = np.array([[run(f"blocks.{i}.hook_resid_pre", p) for p in range(n)]
+                           for i in range(c.n_layers)])                                 # (n_layers, n)
     frac = lambda d: (d - corrupt) / (clean - corrupt)                                       # noqa: E731
     return Patching(clean=clean, corrupt=corrupt, heads=frac(head_diff), resid=frac(resid_diff),
                     head_diff=head_diff, resid_diff=resid_diff)
@@ -176,6 +183,10 @@ def patch(model: Transformer, clean_ids, corrupt_ids, *, answer: int, wrong: int
 def unembed(model: Transformer, x: np.ndarray) -> np.ndarray:
     """Logits (..., vocab) of a residual stream x (..., d_model): the final norm (if any), then W_U."""
     check_decoder(model, "the logit lens")
+    x = as_float_array("x", x)                                          # (..., d_model)
+    if x.ndim < 1 or x.shape[-1] != model.config.d_model:
+        raise ValueError(f"x must be a residual stream (..., d_model) with d_model = {model.config.d_model}, "
+                         f"got shape {x.shape}")
     if model.ln_final is not None:
         x = model.ln_final(x)                                           # (..., d_model)
     if model.config.tied_embeddings:
@@ -206,8 +217,7 @@ def logit_lens(model: Transformer, ids, *, top: int = 5) -> Lens:
     _, cache = run_with_cache(model, ids, names)
     logits = unembed(model, np.stack([cache[n] for n in names]))        # (L + 1, n, vocab)
     k = min(top, logits.shape[-1])
-    z = logits.astype(np.float64) - logits.max(-1, keepdims=True)
-    p = np.exp(z) / np.exp(z).sum(-1, keepdims=True)                    # (L + 1, n, vocab)
+    p = softmax(logits.astype(np.float64))                              # (L + 1, n, vocab)
     order = np.argsort(-p, axis=-1, kind="stable")[..., :k]             # (L + 1, n, k)
     return Lens(stages=("embed", *(f"block {i}" for i in range(L))), logits=logits, top_ids=order,
                 top_probs=np.take_along_axis(p, order, -1))

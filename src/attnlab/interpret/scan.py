@@ -101,7 +101,8 @@ def scan_lines(model, tokenizer, lines) -> ScanSums:
         if ids.size < 2:
             out.too_short += 1
             continue
-        one = line_stats(model_patterns(model, ids).astype(np.float64), ids, tokenizer.labels(ids))
+        weights = model_patterns(model, ids).astype(np.float64)        # (n_layers, n_heads, n, n)
+        one = line_stats(weights, ids, tokenizer.labels(ids))           # {stat: (n_layers, n_heads)}
         out.add(ScanSums(sums=one, lines=1, tokens=int(ids.size)))
     return out
 

@@ -78,11 +78,6 @@ def read_header(path: Path) -> tuple[int, dict]:
     return 8 + n_header, header
 
 
-def check_complete(path: Path) -> None:
-    """Raise if the file is shorter than its safetensors header says, naming the first tensor cut off."""
-    read_header(path)
-
-
 def map_tensors(path: Path, data_start: int, header: dict) -> dict[str, np.ndarray]:
     """The tensors of a safetensors file as read-only views of its memory map (bfloat16 converted to
     float32 copies); an error naming a tensor whose dtype or byte range does not fit."""

@@ -141,7 +141,7 @@ def llama_from_tensors(tensors: Tensors, cfg: ModelConfig, *, qkv_bias: bool = F
 
     def linear(name: str, d_in: int, d_out: int, bias: bool) -> tuple[np.ndarray, np.ndarray]:
         w = t.take(f"{name}.weight", (d_out, d_in)).T              # (in, out): a view of torch's (out, in)
-        b = t.take(f"{name}.bias", (d_out,)) if bias else np.zeros(d_out, w.dtype)
+        b = t.take(f"{name}.bias", (d_out,)) if bias else np.zeros(d_out, w.dtype)   # (out,)
         return w, b
 
     def block(i: int) -> Block:
@@ -150,8 +150,10 @@ def llama_from_tensors(tensors: Tensors, cfg: ModelConfig, *, qkv_bias: bool = F
         W_K, b_K = linear(f"{p}.self_attn.k_proj", d, width_kv, qkv_bias)
         W_V, b_V = linear(f"{p}.self_attn.v_proj", d, width_kv, qkv_bias)
         W_O, b_O = linear(f"{p}.self_attn.o_proj", width, d, o_bias)
+        # W_Q (d_model, n_heads·d_head), W_K (d_model, n_kv_heads·d_head): each head's columns in RoPE pairs
         attn = MultiHeadAttention(W_Q[:, q_order], W_K[:, k_order], W_V, W_O, b_Q[q_order], b_K[k_order], b_V, b_O,
                                   config=a)
+        # W_gate, W_up (d_model, d_mlp), W_down (d_mlp, d_model)
         mlp = GatedMLP(*(linear(f"{p}.mlp.{n}", d, d_mlp, False)[0] for n in ("gate_proj", "up_proj")),
                        linear(f"{p}.mlp.down_proj", d_mlp, d, False)[0], cfg.activation)
         return Block(attn=attn, ln_1=norm(f"{p}.input_layernorm"), mlp=mlp, ln_2=norm(f"{p}.post_attention_layernorm"))
@@ -159,11 +161,11 @@ def llama_from_tensors(tensors: Tensors, cfg: ModelConfig, *, qkv_bias: bool = F
     def norm(prefix: str) -> RMSNorm:
         return RMSNorm.load(t, prefix, d_model=d, eps=cfg.norm_eps)
 
-    W_E = t.take("embed_tokens.weight", (cfg.vocab_size, d), f"vocab_size={cfg.vocab_size}, {t.why}")
+    W_E = t.take("embed_tokens.weight", (cfg.vocab_size, d), f"vocab_size={cfg.vocab_size}, {t.why}")   # (vocab, d)
     W_U = b_U = None
     if not cfg.tied_embeddings:
         W_U = t.take("lm_head.weight", (cfg.vocab_size, d), f"vocab_size={cfg.vocab_size}, {t.why}").T   # (d, vocab)
-        b_U = np.zeros(cfg.vocab_size, W_U.dtype)
+        b_U = np.zeros(cfg.vocab_size, W_U.dtype)                       # (vocab,)
     return Transformer(config=cfg, W_E=W_E, blocks=tuple(block(i) for i in range(cfg.n_layers)),
                        ln_final=norm("norm"), W_U=W_U, b_U=b_U)
 
