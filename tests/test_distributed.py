@@ -321,6 +321,43 @@ def test_longctx_cli_bad_input(capsys):
     assert err.count("\n") == 1 and "tcp://127.0.0.1:9" in err
 
 
+def never_runs(*args, **kwargs):
+    raise AssertionError("run_longctx started the run before checking its arguments")
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"dtype": np.float16}, ValueError, "dtype must be float32 or float64, got float16"),
+    ({"dtype": None}, TypeError, "dtype must be a numpy dtype, float32 or float64, got NoneType"),
+    ({"dtype": "nonsense"}, TypeError, "dtype must be a numpy dtype, float32 or float64, got str 'nonsense'"),
+    ({"is_causal": 1}, TypeError, "is_causal must be True or False, got int 1"),
+    ({"single": None}, TypeError, "single must be True or False, got NoneType"),
+    ({"timeout": -1.0}, ValueError, "timeout must be a positive finite number, got -1.0"),
+    ({"progress": 3}, TypeError, "progress must be a callable"),
+])
+def test_run_longctx_checks_its_arguments_before_running(client, monkeypatch, kwargs, error, match):
+    from attnlab.distributed import longctx
+    monkeypatch.setattr(longctx, "sequence_parallel_attention", never_runs)
+    with pytest.raises(error, match=match):
+        longctx.run_longctx(client, 64, **kwargs)
+
+
+def test_run_longctx_needs_a_client():
+    from attnlab.distributed.longctx import run_longctx
+    with pytest.raises(TypeError, match="client must be a distributed.Client, got NoneType None"):
+        run_longctx(None, 64)
+
+
+def test_longctx_cli_bad_dtype_is_one_line(cluster, capsys, monkeypatch):
+    import functools
+
+    from attnlab.distributed import longctx
+    monkeypatch.setattr(longctx, "sequence_parallel_attention", never_runs)
+    monkeypatch.setattr(longctx, "run_longctx", functools.partial(longctx.run_longctx, dtype=np.float16))
+    assert main(["longctx", "--n", "64", "--scheduler", cluster[0].scheduler_address]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "dtype must be float32 or float64, got float16" in err
+
+
 # ----------------------------------------------------------------------------------------------------
 # faults: each test kills a worker process of its own fresh 2-worker cluster, so no test waits on a
 # nanny's restart, and waits on facts (the process is dead, the scheduler dropped it), never on a sleep.

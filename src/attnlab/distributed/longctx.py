@@ -13,9 +13,9 @@ import time
 
 import numpy as np
 
-from .._checks import as_positive_int, check_rng
+from .._checks import as_positive_float, as_positive_int, check_flag, check_rng
 from ..tiled import attention_weights_rows, tiled_attention
-from .cluster import worker_addresses, worker_stats
+from .cluster import require_distributed, worker_addresses, worker_stats
 from .sequence import sequence_parallel_attention
 
 D_HEAD = 64
@@ -41,6 +41,26 @@ def check_rows(q, k, v, out, lse, rows, *, is_causal: bool) -> dict:
     return {"weight_error": weight_error, "output_error": output_error}
 
 
+def check_dtype(dtype) -> np.dtype:
+    """``dtype`` as a numpy dtype with a tolerance in TOLERANCE (float32 or float64), else an error."""
+    try:
+        if dtype is None:                     # np.dtype(None) would be float64
+            raise TypeError
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be a numpy dtype, float32 or float64, got {type(dtype).__name__} "
+                        f"{dtype!r}") from None
+    if dt not in TOLERANCE:
+        raise ValueError(f"dtype must be {' or '.join(d.name for d in TOLERANCE)}, got {dt.name}")
+    return dt
+
+
+def bytes_sent(stats: dict) -> int:
+    """The bytes all workers have sent to other workers, from :func:`worker_stats` (a worker that did not
+    answer, None, counts 0)."""
+    return sum(s["bytes_sent"] for s in stats.values() if s is not None)
+
+
 def fits_in_memory(n: int, heads: int, dtype) -> bool:
     """Whether a single-process tiled_attention at this size (q, k, v, out, lse and the float64 copies
     the check makes are already counted by the caller) leaves room: needs 5 arrays of n·heads·64."""
@@ -51,11 +71,23 @@ def fits_in_memory(n: int, heads: int, dtype) -> bool:
 
 def run_longctx(client, n: int, *, heads: int = 1, is_causal: bool = False, rows: int = 4, single: bool = True,
                 rng=None, timeout=None, progress=None, dtype=np.float32) -> dict:
-    """Attention at n tokens on ``client``'s cluster, measured and checked; returns a dict (see module)."""
+    """Attention at n tokens on ``client``'s cluster, measured and checked; returns a dict (see module).
+
+    Every argument is checked before the run starts: a TypeError or ValueError names the argument, what
+    was expected and what arrived (``dtype`` float32 or float64, the dtypes with a tolerance).
+    """
+    if not isinstance(client, require_distributed().Client):
+        raise TypeError(f"client must be a distributed.Client, got {type(client).__name__} {client!r}")
     n = as_positive_int("n", n)
     heads = as_positive_int("heads", heads)
     rows = as_positive_int("rows", rows)
+    is_causal = check_flag("is_causal", is_causal)
+    single = check_flag("single", single)
     rng = check_rng(rng if rng is not None else np.random.default_rng(0))
+    timeout = None if timeout is None else as_positive_float("timeout", timeout)
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be a callable(done, total) or None, got {type(progress).__name__}")
+    dtype = check_dtype(dtype)
     workers = worker_addresses(client)
     q, k, v = (rng.standard_normal((heads, n, D_HEAD), dtype=np.float32).astype(dtype, copy=False)
                for _ in range(3))
@@ -72,8 +104,7 @@ def run_longctx(client, n: int, *, heads: int = 1, is_causal: bool = False, rows
                                            timeout=timeout, progress=on_progress)
     wall = time.perf_counter() - start
     after = worker_stats(client)
-    between = sum(s["bytes_sent"] for s in after.values()) - sum(s["bytes_sent"] for s in before.values()
-                                                                 if s is not None)
+    between = bytes_sent(after) - bytes_sent(before)
     to_workers = q.nbytes + k.nbytes + v.nbytes
     to_client = out.nbytes + lse.nbytes
     sampled = sample_rows(n, rows, rng)
@@ -83,16 +114,16 @@ def run_longctx(client, n: int, *, heads: int = 1, is_causal: bool = False, rows
         start = time.perf_counter()
         tiled_attention(q, k, v, is_causal=is_causal)
         single_s = time.perf_counter() - start
-    tol = TOLERANCE[np.dtype(dtype)]
+    tol = TOLERANCE[dtype]
     return {
-        "n": n, "heads": heads, "d_head": D_HEAD, "dtype": np.dtype(dtype).name, "causal": is_causal,
+        "n": n, "heads": heads, "d_head": D_HEAD, "dtype": dtype.name, "causal": is_causal,
         "workers": len(workers), "tasks": tasks[0],
         "wall_s": wall, "single_process_s": single_s,
         "ratio": None if single_s is None else wall / single_s,
         "bytes_moved": to_workers + between + to_client,
         "bytes_to_workers": to_workers, "bytes_between_workers": between, "bytes_to_client": to_client,
-        "worker_memory": {w: {"peak_rss": s["peak_rss"], "rss_before": before.get(w, {}).get("rss")}
-                          for w, s in after.items()},
+        "worker_memory": {w: {"peak_rss": s["peak_rss"], "rss_before": (before.get(w) or {}).get("rss")}
+                          for w, s in after.items() if s is not None},
         "rows_checked": sampled, "max_weight_error": check["weight_error"],
         "max_output_error": check["output_error"], "tolerance": tol,
         "exact": check["weight_error"] <= tol and check["output_error"] <= tol,
