@@ -196,6 +196,14 @@ def test_cache_decode_step_by_step_equals_one_pass(client, rng):
     assert_close(np.concatenate(steps, axis=1), want, np.float32)
 
 
+def test_cache_with_one_kv_head_serves_many_query_heads(client, rng):
+    q, k, v = qkv(rng, 12, 12, heads=4, kv_heads=1, d=8, d_v=8, dtype=np.float64)
+    cache = ShardedKVCache(client, n_heads=1, d_head=8, shard_capacity=5, dtype=np.float64)
+    cache.append(k, v)
+    assert_close(cache.attend(q[:, -1:]), tiled_attention(q[:, -1:], k, v), np.float64)      # (4, 1, 8)
+    assert_close(cache.attend(q[:, -4:]), tiled_attention(q[:, -4:], k, v, is_causal=True), np.float64)
+
+
 def test_cache_places_shards_on_the_least_loaded_worker(client, rng):
     cache = ShardedKVCache(client, n_heads=1, d_head=4, shard_capacity=10)
     cache.append(*(rng.normal(size=(1, 45, 4)).astype(np.float32) for _ in range(2)))
@@ -241,8 +249,12 @@ def test_cache_bad_queries(client, rng):
     cache.append(np.zeros((2, 3, 8), np.float32), np.zeros((2, 3, 8), np.float32))
     with pytest.raises(ValueError, match=r"query has shape \(2, 1, 4\), the cache expects \(h, t, 8\)"):
         cache.attend(np.zeros((2, 1, 4), np.float32))
-    with pytest.raises(ValueError, match="query has 3 heads"):
+    with pytest.raises(ValueError, match=r"query has 3 heads \(shape \(3, 1, 8\)\), the cache holds 2: expected 2 "
+                       "or a multiple of it") as e:
         cache.attend(np.zeros((3, 1, 8), np.float32))
+    assert "key" not in str(e.value) and "value" not in str(e.value)   # names only what the caller passed
+    with pytest.raises(ValueError, match="query has 1 heads"):
+        cache.attend(np.zeros((1, 1, 8), np.float32))
     with pytest.raises(TypeError, match="shard_capacity must be a positive integer"):
         ShardedKVCache(client, n_heads=2, d_head=8, shard_capacity=2.5)
 

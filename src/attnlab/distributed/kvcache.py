@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .._checks import as_float_array, as_positive_float, as_positive_int, check_flag, head_groups
+from .._checks import as_float_array, as_positive_float, as_positive_int, check_flag
 from .cluster import get_client, worker_addresses
 from .partials import attend_part, decode_part, merge_tree
 
@@ -256,10 +256,10 @@ class ShardedKVCache:
         q = as_float_array("query", query, min_ndim=3)
         if q.ndim != 3 or q.shape[2] != self.d_head:
             raise ValueError(f"query has shape {q.shape}, the cache expects (h, t, {self.d_head})")
-        groups = head_groups(q, np.empty((self.n_heads, 0, self.d_head)), np.empty((self.n_heads, 0, self.d_head)))
-        if q.shape[0] not in (self.n_heads, groups * self.n_heads):
-            raise ValueError(f"query has {q.shape[0]} heads, the cache holds {self.n_heads}: expected "
-                             f"{self.n_heads} or a multiple of it")
+        if q.shape[0] == 0 or q.shape[0] % self.n_heads:
+            raise ValueError(f"query has {q.shape[0]} heads (shape {q.shape}), the cache holds {self.n_heads}: "
+                             f"expected {self.n_heads} or a multiple of it (grouped-query attention)")
+        groups = q.shape[0] // self.n_heads                      # query heads per cached key/value head
         n, t = len(self), q.shape[1]
         if n == 0:
             raise ValueError("the cache is empty: append keys and values before attend")
