@@ -73,6 +73,8 @@ def sequence_parallel_attention(query, key, value, *, client=None, shards=None, 
     query_blocks = as_positive_int("query_blocks", query_blocks, allow_none=True)
     timeout = None if timeout is None else as_positive_float("timeout", timeout)
     if all(kinds):
+        # (..., h, n_q, d_k), (..., h_kv, n_k, d_k), (..., h_kv, n_k, d_v): zero-stride numpy views, as the
+        # checks read only shapes and dtypes (the data stays in the dask arrays)
         stand_ins = [np.broadcast_to(np.zeros((), x.dtype), x.shape) for x in (query, key, value)]
         c = check_attention_args(*stand_ins, is_causal=is_causal, window=window, scale=scale, require_finite=False)
     else:
@@ -231,8 +233,9 @@ def numpy_path(client, workers, c, q_parts, k_parts, opts, timeout, progress):
         data = {}
         for i, w in home.items():
             lo, hi = parts[i]
+            part = np.ascontiguousarray(x[..., lo:hi, :])        # (..., h, hi - lo, d) a query block or key shard
             try:
-                data[i] = client.scatter(np.ascontiguousarray(x[..., lo:hi, :]), workers=[w], hash=False,
+                data[i] = client.scatter(part, workers=[w], hash=False,
                                          **({} if timeout is None else {"timeout": timeout}))
             except (KeyError, OSError) as e:   # unknown to the scheduler, or unreachable (a TimeoutError too)
                 raise WorkerGone(w) from e
@@ -276,11 +279,11 @@ def dask_path(client, workers, c, query, key, value, q_parts, shards, opts, retu
 
     n_q, n_k = c.q.shape[-2], c.k.shape[-2]
     k_sizes = [b - a for a, b in split_even(n_k, shards)] if shards else [n for n in key.chunks[-2] if n]
-    q = along_sequence(query, [b - a for a, b in q_parts])
-    k, v = along_sequence(key, k_sizes), along_sequence(value, k_sizes)
+    q = along_sequence(query, [b - a for a, b in q_parts])                # (..., h, n_q, d_k) a chunk per block
+    k, v = along_sequence(key, k_sizes), along_sequence(value, k_sizes)  # (..., h_kv, n_k, d_k|d_v) per shard
     edges = np.cumsum([0, *k_sizes])
     k_parts = [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
-    q, k, v = client.persist([q, k, v])
+    q, k, v = client.persist([q, k, v])                                   # the same, held on the workers
     q_data, k_data, v_data = (chunk_futures(x) for x in (q, k, v))
     who = client.who_has(list(k_data.values()))
     home = {s: (who.get(f.key) or [None])[0] for s, f in k_data.items()}
