@@ -41,10 +41,13 @@ def merge_partials(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.nda
     return out, lse
 
 
-def merge_tree(partials: list) -> tuple[np.ndarray, np.ndarray]:
-    """Merge a list of partials pairwise, as a balanced tree (the order the workers use)."""
+def merge_tree(partials: list, merge=merge_partials):
+    """Merge a list of partials pairwise, as a balanced tree: each level merges neighbours two by two, an
+    odd last one moves up as it is. ``merge(a, b)`` merges two of them: by default :func:`merge_partials`
+    on ``(out, lse)`` arrays; :func:`attnlab.distributed.sequence.submit_pairs` passes one that submits
+    that merge as a Dask task on futures, so the workers merge in this same order."""
     while len(partials) > 1:
-        partials = [merge_partials(*partials[i:i + 2]) if i + 1 < len(partials) else partials[i]
+        partials = [merge(*partials[i:i + 2]) if i + 1 < len(partials) else partials[i]
                     for i in range(0, len(partials), 2)]
     return partials[0]
 

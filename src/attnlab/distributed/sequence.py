@@ -10,6 +10,7 @@ most of its pairs; Dask moves what else is needed and recomputes what a lost wor
 
 from __future__ import annotations
 
+import functools
 import operator
 import time
 import uuid
@@ -18,7 +19,7 @@ import numpy as np
 
 from .._checks import as_positive_float, as_positive_int, check_attention_args
 from .cluster import get_client, require_distributed, worker_addresses
-from .partials import attend_part, merge_partials, pair_cost, split_even
+from .partials import attend_part, merge_partials, merge_tree, pair_cost, split_even
 
 # Query blocks per worker by default: with the pairs handed out longest first, four per worker balance
 # a causal grid's triangle to within a few percent, and each task still does ≥ n/8 · shard scores.
@@ -200,21 +201,13 @@ def submit_pairs(client, where, costs, q_data, k_data, v_data, q_parts, k_parts,
                           priority=len(order) - rank, key=f"attnlab-pair-{tag}-q{b}-k{s}")
         by_block.setdefault(b, []).append(f)
         every.append(f)
-    merged = {}
-    for b, parts in by_block.items():
-        level = 0
-        while len(parts) > 1:
-            nxt = []
-            for i in range(0, len(parts), 2):
-                if i + 1 < len(parts):
-                    nxt.append(client.submit(merge_partials, parts[i], parts[i + 1], pure=False,
-                                             priority=len(order) + 1,
-                                             key=f"attnlab-merge-{tag}-q{b}-l{level}-{i // 2}"))
-                    every.append(nxt[-1])
-                else:
-                    nxt.append(parts[i])
-            parts, level = nxt, level + 1
-        merged[b] = parts[0]
+
+    def submit_merge(b, x, y):                   # merges run before any pair still waiting
+        every.append(client.submit(merge_partials, x, y, pure=False, priority=len(order) + 1,
+                                   key=f"attnlab-merge-{tag}-q{b}-{len(every)}"))
+        return every[-1]
+
+    merged = {b: merge_tree(parts, functools.partial(submit_merge, b)) for b, parts in by_block.items()}
     return merged, every
 
 
