@@ -149,6 +149,23 @@ def as_token_ids(name: str, ids, vocab_size: int) -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
+def as_stop_ids(name: str, stop, vocab_size: int) -> np.ndarray:
+    """``stop`` (a token id, or a collection of ids, possibly empty) as an int64 array (k,) of ids in
+    0 … vocab_size − 1; TypeError for text, floats, bools or a nested collection, ValueError out of range."""
+    if isinstance(stop, numbers.Integral) and not isinstance(stop, (bool, np.bool_)):
+        stop = [stop]
+    if isinstance(stop, (set, frozenset)):
+        stop = sorted(stop, key=repr)
+    if not isinstance(stop, (list, tuple, np.ndarray)):
+        raise TypeError(f"{name} must be a token id or a collection of token ids, got {type(stop).__name__}")
+    if len(stop) == 0:
+        return np.empty(0, np.int64)                                           # (0,) nothing stops
+    ids = as_token_ids(name, stop, vocab_size)                                 # (k,)
+    if ids.ndim != 1:
+        raise TypeError(f"{name} must be a token id or a flat collection of token ids, got shape {ids.shape}")
+    return ids
+
+
 # ----------------------------------------------------------------------------------------------------
 # attention's arguments, checked once for every path
 

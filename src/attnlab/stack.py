@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._checks import as_float_array, as_positive_int, as_token_ids, check_flag, check_rng
+from ._checks import as_float_array, as_positive_int, as_stop_ids, as_token_ids, check_flag, check_rng
 from .cache import KVCache
 from .config import AttentionConfig
 from .layers import ACTIVATIONS, MLPS, NORMS, LayerNorm, RMSNorm
@@ -52,6 +52,8 @@ class ModelConfig:
     n_types: int = 0                # rows of the token-type (segment) table W_T (BERT: 2); 0 = none
     embed_norm: bool = False        # a norm on the embeddings (BERT)
     family: str = field(default="", compare=False)
+    eos_ids: tuple[int, ...] = field(default=(), compare=False)   # config.json's eos_token_id: the ids that end
+    #                                 a text, generate's stop; () = none (attnlab's own folders)
 
     def __post_init__(self):
         for name in ("vocab_size", "n_layers"):
@@ -71,6 +73,9 @@ class ModelConfig:
             raise ValueError("embed_norm=True needs a norm")
         if isinstance(self.n_types, bool) or not isinstance(self.n_types, int) or self.n_types < 0:
             raise ValueError(f"n_types must be an int >= 0, got {self.n_types!r}")
+        if not isinstance(self.eos_ids, tuple):
+            raise TypeError(f"eos_ids must be a tuple of token ids, got {type(self.eos_ids).__name__}")
+        as_stop_ids("eos_ids", self.eos_ids, self.vocab_size)
 
     @property
     def d_model(self) -> int:
@@ -443,9 +448,13 @@ def new_caches(model: Transformer, capacity: int, *, batch_shape: tuple = ()) ->
 
 
 def generate(model: Transformer, ids, n_new: int, *, temperature: float = 0.0,
-             rng: np.random.Generator | None = None) -> np.ndarray:
+             rng: np.random.Generator | None = None, stop=None) -> np.ndarray:
     """``n_new`` token ids (n_new,) after the prompt ``ids`` (n,): greedy (``temperature=0``) or sampled from
     softmax(logits / temperature) with ``rng``.
+
+    ``stop`` (a token id or a collection of ids, e.g. ``model.config.eos_ids``) ends generation at the first
+    of them produced; it is the last of the returned ids (m,), m <= n_new, as in transformers' ``generate``
+    with ``eos_token_id``. None (or an empty collection) runs all n_new tokens.
 
     The prompt runs once; each new token is then one decode step against the layers' KV caches. The model
     sees at most n_ctx tokens, as in training: when the caches are full they are emptied and the last
@@ -455,7 +464,7 @@ def generate(model: Transformer, ids, n_new: int, *, temperature: float = 0.0,
     ------
     ValueError, TypeError
         An encoder, a prompt that is not 1-D or does not fit n_ctx, ``n_new`` not a positive int, a bad
-        temperature, no ``rng`` when sampling.
+        temperature, no ``rng`` when sampling, a ``stop`` that is not token ids of the vocabulary.
     """
     if not isinstance(model, Transformer):
         raise TypeError(f"model must be a Transformer, got {type(model).__name__}")
@@ -471,12 +480,15 @@ def generate(model: Transformer, ids, n_new: int, *, temperature: float = 0.0,
     temperature = check_temperature(temperature)
     if temperature > 0 and not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator when temperature > 0, got {type(rng).__name__}")
+    stop = as_stop_ids("stop", () if stop is None else stop, c.vocab_size)     # (k,)
     tokens = np.concatenate([ids, np.empty(n_new, np.int64)])                 # (n + n_new,)
     capacity = min(c.n_ctx, tokens.size - 1)
     caches = new_caches(model, capacity)
     logits = forward(model, ids, caches=caches).logits[-1]                    # (vocab,) after the whole prompt
     for t in range(ids.size, tokens.size):
         tokens[t] = sample_next(logits, temperature, rng)
+        if tokens[t] in stop:
+            return tokens[ids.size:t + 1]                                      # (m,) ending with the stop id
         if t + 1 == tokens.size:
             break
         if caches[0].length == capacity:                                      # full: re-read the recent half

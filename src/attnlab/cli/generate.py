@@ -23,6 +23,9 @@ def register(sub) -> None:
     g.add_argument("--tokens", type=int, default=100, help="tokens to generate (default 100)")
     g.add_argument("--temperature", type=float, default=1.0, help="divides the logits; 0 = greedy (default 1)")
     g.add_argument("--seed", type=seed_arg, default=0, help="seed of the sampler (default 0)")
+    g.add_argument("--no-stop", action="store_true",
+                   help="run all --tokens even past the folder's end-of-text token (config.json's eos_token_id), "
+                        "where generation otherwise stops, that token included")
     add_json_flag(g)
     g.set_defaults(func=cmd_generate)
 
@@ -33,13 +36,17 @@ def cmd_generate(args) -> int:
 
     model, tokenizer = load_decoder(args.dir)
     prompt = encode_prompt(tokenizer, args.prompt)
+    stop = () if args.no_stop else model.config.eos_ids
     with one_blas_thread():
         ids = generate(model, prompt, args.tokens, temperature=args.temperature,
-                       rng=np.random.default_rng(args.seed))
+                       rng=np.random.default_rng(args.seed), stop=stop)
     text, joined = continuation(tokenizer, args.prompt, prompt, ids)
     note = greedy_note(tokenizer, ids) if args.temperature == 0 else None
     if args.json:
-        print_json({"prompt": args.prompt, "generated": text, "ids": ids, "text": joined, "note": note})
+        out = {"prompt": args.prompt, "generated": text, "ids": ids, "text": joined, "note": note}
+        if model.config.eos_ids:                 # a folder without an end-of-text token keeps its output as it was
+            out["stopped"] = bool(len(stop) and ids[-1] in stop)     # ended at the end-of-text token
+        print_json(out)
     else:
         print(joined)
         if note:

@@ -185,6 +185,20 @@ def config_int(config: dict, key: str, source: str, default=None) -> int:
     return v
 
 
+def config_eos_ids(config: dict, source: str, vocab_size: int) -> tuple[int, ...]:
+    """config.json's ``eos_token_id`` (an id, a list of ids, or null) as a tuple, or an error naming the field.
+
+    An id outside the vocabulary (a small test config keeping GPT-2's 50256) is left out: the model can never
+    produce it, so it could never stop a text.
+    """
+    v = config.get("eos_token_id")
+    ids = [] if v is None else v if isinstance(v, list) else [v]
+    if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
+        raise ValueError(f"{source}: config.json field 'eos_token_id' must be a token id, a list of them or null, "
+                         f"got {v!r}")
+    return tuple(i for i in ids if i < vocab_size)
+
+
 def config_float(config: dict, key: str, source: str, default: float) -> float:
     """A positive number field of config.json (layer-norm epsilons), or an error naming the field."""
     v = config.get(key, default)

@@ -16,7 +16,7 @@ from ..multihead import MultiHeadAttention
 from ..positions import Learned
 from ..stack import Block, ModelConfig, Transformer
 from ..tokens import bpe_folder_tokenizer
-from .checkpoint import Tensors, config_float, config_int
+from .checkpoint import Tensors, config_eos_ids, config_float, config_int
 from .families import Family, checkpoint_loader, register
 
 
@@ -34,7 +34,8 @@ def gpt2_config(config: dict, source: str) -> ModelConfig:
                        d_mlp=n("n_inner") if config.get("n_inner") else 4 * d_model,
                        activation=activation_name(config, "activation_function", source), norm=LayerNorm,
                        norm_eps=config_float(config, "layer_norm_epsilon", source, 1e-5), pre_norm=True,
-                       is_causal=True, tied_embeddings=True, family="gpt2")
+                       is_causal=True, tied_embeddings=True, family="gpt2",
+                       eos_ids=config_eos_ids(config, source, n("vocab_size")))
 
 
 def gpt2_from_tensors(tensors: Tensors, cfg: ModelConfig) -> Transformer:

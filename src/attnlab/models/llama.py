@@ -36,7 +36,7 @@ from ..multihead import MultiHeadAttention
 from ..positions import ROPE_BASE, RoPE
 from ..stack import Block, ModelConfig, Transformer
 from ..tokens import json_folder_tokenizer
-from .checkpoint import Tensors, config_float, config_int, read_checkpoint
+from .checkpoint import Tensors, config_eos_ids, config_float, config_int, read_checkpoint
 from .families import Family, register
 
 MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -107,7 +107,8 @@ def llama_config(config: dict, source: str) -> ModelConfig:
                        d_mlp=n("intermediate_size"), activation=activation_name(config, "hidden_act", source),
                        mlp="gated", norm=RMSNorm, norm_eps=config_float(config, "rms_norm_eps", source, 1e-6),
                        pre_norm=True, is_causal=True, tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-                       family=config.get("model_type", "llama"))
+                       family=config.get("model_type", "llama"),
+                       eos_ids=config_eos_ids(config, source, n("vocab_size")))
 
 
 def attention_biases(config: dict) -> tuple[bool, bool]:
