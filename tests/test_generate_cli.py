@@ -1,7 +1,7 @@
 """attnlab generate on every decoder family load_model reads: a tiny random GPT-2 folder (byte-level BPE) and a
 tiny random Llama folder (a SentencePiece-style tokenizer.json), greedy output against the library's
 ``generate`` and, where installed, transformers' ``model.generate(do_sample=False)`` on the same files; seeded
-sampling; an encoder, a prompt past the positions and other bad input as one line with exit code 2.
+sampling; stopping at the folder's eos_token_id as transformers does; an encoder, a prompt past the positions and other bad input as one line with exit code 2.
 attnlab's own folders are covered by tests/test_train_cli.py and tests/test_learner_points.py."""
 
 import importlib.util

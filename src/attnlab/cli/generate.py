@@ -3,6 +3,9 @@ Qwen2, or one written by ``attnlab train --out``), through the KV cache.
 
 The prompt is encoded and the continuation decoded with the folder's own tokenizer: the character- or word-level
 vocabulary of an ``attnlab train`` folder, the ``vocab.json``/``merges.txt`` or ``tokenizer.json`` of the others.
+Generation ends after the folder's end-of-text token (config.json's ``eos_token_id``, ``ModelConfig.eos_ids``),
+that token included, as transformers' ``generate`` does; ``--no-stop`` runs every token. attnlab's own folders
+have none.
 """
 
 from __future__ import annotations
