@@ -56,9 +56,14 @@ BACKWARD_BLOCKS = (128, 2048)
 # A row's exp(s - shift) stays below e^30 ≈ 1e13: l and acc stay far from float32's 3e38 for any
 # realistic n · |v|, and terms that underflow weigh below e^-57 of the largest.
 SHIFT_SLACK = 30.0
-# A causal block's diagonal tile runs in strips of 64 rows (see Plan.tiles): against none, 8-20% faster
-# at n = 1024 … 4096 (single-threaded); 128 and 32 rows were 1-4% slower than 64.
-DIAGONAL_ROWS = 64
+# A causal block's diagonal tile runs in strips of 128 rows (see Plan.tiles). A strip costs a fixed
+# overhead (two GEMM calls, the tile step, Python) and wastes about rows²/2 · d_head of hidden scores, so
+# the best height grows as the overhead weighs more: against 64 rows with the fused kernel, 2 workers,
+# 12 heads, d_head 64 (benchmarks/tile_sizes.py, median of per-round ratios), 128 rows took float32
+# 0.87 / 0.90 / 0.97 / 0.96 / 0.96 / 0.98 of the time at n = 256 / 512 / 1024 / 2048 / 4096 / 8192 and
+# float64 0.95 / 0.96 / 0.99 / 1.00 / 0.98 / 1.01; d_head 32: 0.87-0.93, d_head 128: 0.90-0.99 (n = 256 …
+# 2048). (Earlier, single-threaded with the numpy kernel, 64 was 1-4% faster than 128 at n = 1024 … 4096.)
+DIAGONAL_ROWS = 128
 # The numpy forward works in the base of whichever of numpy's exp and exp2 is faster on the machine it runs
 # on (attnlab._kernels.numpy_exp, measured once per process: exp2 is vectorised only with AVX-512); for
 # exp2, log₂e is folded into the scale of q, so no pass over the tile pays for it. The fused kernel
