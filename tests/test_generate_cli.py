@@ -87,8 +87,9 @@ def one_line_error(capsys, argv, match):
     return err
 
 
-def transformers_greedy(folder, prompt: np.ndarray, n_new: int) -> np.ndarray:
-    """transformers' greedy continuation of ``prompt`` (n,) from the same folder, float32, eager attention."""
+def transformers_greedy(folder, prompt: np.ndarray, n_new: int, *, stop_at_eos: bool = False) -> np.ndarray:
+    """transformers' greedy continuation of ``prompt`` (n,) from the same folder, float32, eager attention;
+    ``stop_at_eos``: stop at the eos_token_id its config.json names (transformers' default), else run n_new."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
@@ -96,7 +97,7 @@ def transformers_greedy(folder, prompt: np.ndarray, n_new: int) -> np.ndarray:
     with torch.no_grad():
         p = torch.from_numpy(prompt)[None]
         out = hf.generate(p, attention_mask=torch.ones_like(p), max_new_tokens=n_new, do_sample=False,
-                          pad_token_id=0, eos_token_id=None)
+                          pad_token_id=0, **({} if stop_at_eos else {"eos_token_id": None}))
     return out[0, prompt.size:].numpy()
 
 
@@ -186,19 +187,6 @@ def with_eos(folder, tmp_path, eos) -> object:
     return copy
 
 
-def transformers_greedy_to_eos(folder, prompt: np.ndarray, n_new: int) -> np.ndarray:
-    """transformers' greedy continuation, stopping at the eos_token_id its config.json names (its default)."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
-                                                           attn_implementation="eager").eval()
-    with torch.no_grad():
-        p = torch.from_numpy(prompt)[None]
-        out = hf.generate(p, attention_mask=torch.ones_like(p), max_new_tokens=n_new, do_sample=False,
-                          pad_token_id=0)
-    return out[0, prompt.size:].numpy()
-
-
 def test_the_folders_eos_token_stops_generation_as_in_transformers(capsys, case, tmp_path):
     """The eos id (GPT-2: an int; Llama: a list, the other id never produced) is the 6th distinct new token:
     the CLI stops there, that token included, as transformers' generate does; --no-stop runs every token."""
@@ -214,7 +202,7 @@ def test_the_folders_eos_token_stops_generation_as_in_transformers(capsys, case,
     assert d["ids"] == cut and len(cut) < n_new and d["stopped"] is True
     assert d["text"] == prompt + d["generated"]
     prompt_ids = load_model(eos_folder)[1].encode(prompt)
-    assert d["ids"] == transformers_greedy_to_eos(eos_folder, prompt_ids, n_new).tolist()
+    assert d["ids"] == transformers_greedy(eos_folder, prompt_ids, n_new, stop_at_eos=True).tolist()
     everything = run_json(capsys, eos_folder, "--prompt", prompt, "--tokens", n_new, "--temperature", 0, "--no-stop")
     assert everything["ids"] == full["ids"] and everything["stopped"] is False
 
