@@ -174,12 +174,17 @@ def cmd_ablate(args) -> int:
         return 0
     print(f"{args.model}: next-token loss {r.loss:.4f} nats on {len(ids)} tokens; with one head removed "
           f"({args.mode}), the change:")
-    print("layer " + " ".join(f"{'H' + str(h):>8}" for h in range(r.delta.shape[1])))
-    for i, row in enumerate(r.delta):
-        print(f"{i:>5} " + " ".join(f"{v:+8.4f}" for v in row))
+    print_grid(r.delta, [f"H{h}" for h in range(r.delta.shape[1])], width=8, digits=4)
     i, j = np.unravel_index(np.argmax(r.delta), r.delta.shape)
     print(f"the head it misses most: layer {i}, head {j} (+{r.delta[i, j]:.4f} nats)")
     return 0
+
+
+def print_grid(grid: np.ndarray, columns: list[str], *, width: int, digits: int) -> None:
+    """A (n_layers, n_columns) grid of signed numbers, a row per layer under the column labels."""
+    print("layer " + " ".join(f"{c:>{width}}" for c in columns))
+    for i, row in enumerate(grid):
+        print(f"{i:>5} " + " ".join(f"{v:+{width}.{digits}f}" for v in row))
 
 
 def one_token(tokenizer, text: str, what: str) -> int:
@@ -213,14 +218,10 @@ def cmd_patch(args) -> int:
         return 0
     print(f"logit difference {args.answer!r} − {args.wrong!r}: clean {r.clean:+.3f}, corrupted {r.corrupt:+.3f}")
     print("share restored by patching one head's clean output (0 = none, 1 = all):")
-    print("layer " + " ".join(f"{'H' + str(h):>6}" for h in range(r.heads.shape[1])))
-    for i, row in enumerate(r.heads):
-        print(f"{i:>5} " + " ".join(f"{v:+6.2f}" for v in row))
+    print_grid(r.heads, [f"H{h}" for h in range(r.heads.shape[1])], width=6, digits=2)
     print("share restored by patching one layer's clean residual stream at one position:")
     from .attend import label
-    print("layer " + " ".join(f"{label(t):>8}" for t in tokens))
-    for i, row in enumerate(r.resid):
-        print(f"{i:>5} " + " ".join(f"{v:+8.2f}" for v in row))
+    print_grid(r.resid, [label(t) for t in tokens], width=8, digits=2)
     if args.png:
         print(f"wrote {args.png} and {resid_png}")
     return 0
