@@ -99,6 +99,30 @@ def write_gpt2_folder(folder, *, rng=None, n_layer=2, n_head=4, n_embd=16, n_pos
     return folder
 
 
+def llama_tensors(config: dict, rng, *, std: float) -> dict[str, np.ndarray]:
+    """Random float32 weights N(0, std²) under a Llama checkpoint's names (norm weights 1 + N(0, std²))."""
+    d, h, h_kv = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
+    d_head, d_mlp, v = d // h, config["intermediate_size"], config["vocab_size"]
+    w = lambda *shape: rng.normal(0, std, shape).astype(np.float32)   # noqa: E731
+    t = {"model.embed_tokens.weight": w(v, d), "model.norm.weight": 1 + w(d)}
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        t.update({p + "self_attn.q_proj.weight": w(h * d_head, d), p + "self_attn.k_proj.weight": w(h_kv * d_head, d),
+                  p + "self_attn.v_proj.weight": w(h_kv * d_head, d), p + "self_attn.o_proj.weight": w(d, h * d_head),
+                  p + "mlp.gate_proj.weight": w(d_mlp, d), p + "mlp.up_proj.weight": w(d_mlp, d),
+                  p + "mlp.down_proj.weight": w(d, d_mlp), p + "input_layernorm.weight": 1 + w(d),
+                  p + "post_attention_layernorm.weight": 1 + w(d)})
+    if not config.get("tie_word_embeddings"):
+        t["lm_head.weight"] = w(v, d)
+    return t
+
+
+@pytest.fixture(scope="session")
+def random_llama_tensors():
+    """:func:`llama_tensors`, for tests that write Llama folders."""
+    return llama_tensors
+
+
 @pytest.fixture
 def write_gpt2(tmp_path):
     """``write_gpt2(name="gpt2", **options)`` -> a fresh GPT-2 folder (see write_gpt2_folder)."""

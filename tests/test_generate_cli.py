@@ -28,22 +28,6 @@ LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_si
          "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": None, "pad_token_id": None}
 
 
-def llama_tensors(config: dict, rng) -> dict[str, np.ndarray]:
-    """Random float32 weights under a Llama checkpoint's names."""
-    d, h, h_kv = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
-    d_head, d_mlp, v = d // h, config["intermediate_size"], config["vocab_size"]
-    w = lambda *shape: rng.normal(0, 0.3, shape).astype(np.float32)   # noqa: E731
-    t = {"model.embed_tokens.weight": w(v, d), "model.norm.weight": 1 + w(d), "lm_head.weight": w(v, d)}
-    for i in range(config["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        t.update({p + "self_attn.q_proj.weight": w(h * d_head, d), p + "self_attn.k_proj.weight": w(h_kv * d_head, d),
-                  p + "self_attn.v_proj.weight": w(h_kv * d_head, d), p + "self_attn.o_proj.weight": w(d, h * d_head),
-                  p + "mlp.gate_proj.weight": w(d_mlp, d), p + "mlp.up_proj.weight": w(d_mlp, d),
-                  p + "mlp.down_proj.weight": w(d, d_mlp), p + "input_layernorm.weight": 1 + w(d),
-                  p + "post_attention_layernorm.weight": 1 + w(d)})
-    return t
-
-
 def write_sentencepiece_style_tokenizer(folder, vocab_size: int) -> None:
     """A BPE tokenizer.json in Llama 2's and Mistral's manner: '▁' marks a word's start, <s> comes first."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -58,12 +42,12 @@ def write_sentencepiece_style_tokenizer(folder, vocab_size: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def llama_folder(tmp_path_factory):
+def llama_folder(tmp_path_factory, random_llama_tensors):
     from safetensors.numpy import save_file
 
     folder = tmp_path_factory.mktemp("llama")
     (folder / "config.json").write_text(json.dumps(LLAMA))
-    save_file(llama_tensors(LLAMA, np.random.default_rng(1)), str(folder / "model.safetensors"),
+    save_file(random_llama_tensors(LLAMA, np.random.default_rng(1), std=0.3), str(folder / "model.safetensors"),
               metadata={"format": "pt"})
     write_sentencepiece_style_tokenizer(folder, LLAMA["vocab_size"])
     return folder

@@ -22,24 +22,6 @@ CONFIG = {"model_type": "llama", "vocab_size": 50, "hidden_size": 32, "intermedi
           "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False}
 
 
-def hf_tensors(config: dict, rng) -> dict[str, np.ndarray]:
-    """Random float32 tensors under the names a Llama checkpoint uses."""
-    d, h, h_kv = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
-    d_head, d_mlp, v = d // h, config["intermediate_size"], config["vocab_size"]
-    w = lambda *shape: rng.normal(0, 0.2, shape).astype(np.float32)   # noqa: E731
-    t = {"model.embed_tokens.weight": w(v, d), "model.norm.weight": 1 + w(d)}
-    for i in range(config["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        t.update({p + "self_attn.q_proj.weight": w(h * d_head, d), p + "self_attn.k_proj.weight": w(h_kv * d_head, d),
-                  p + "self_attn.v_proj.weight": w(h_kv * d_head, d), p + "self_attn.o_proj.weight": w(d, h * d_head),
-                  p + "mlp.gate_proj.weight": w(d_mlp, d), p + "mlp.up_proj.weight": w(d_mlp, d),
-                  p + "mlp.down_proj.weight": w(d, d_mlp), p + "input_layernorm.weight": 1 + w(d),
-                  p + "post_attention_layernorm.weight": 1 + w(d)})
-    if not config.get("tie_word_embeddings"):
-        t["lm_head.weight"] = w(v, d)
-    return t
-
-
 def to_bits(x: np.ndarray, dtype: str) -> bytes:
     """float32 values as the bytes of a safetensors F32, F16 or BF16 tensor (BF16: the upper 16 bits)."""
     if dtype == "BF16":
@@ -77,8 +59,8 @@ def write_folder(folder, tensors: dict, config: dict = CONFIG, *, dtype: str = "
 
 
 @pytest.fixture
-def tensors(rng):
-    return hf_tensors(CONFIG, rng)
+def tensors(rng, random_llama_tensors):
+    return random_llama_tensors(CONFIG, rng, std=0.2)
 
 
 def _mapped(arr) -> bool:
@@ -124,9 +106,9 @@ def test_float16_bfloat16_and_shards_load_as_the_same_model(tmp_path, tensors, d
     np.testing.assert_array_equal(forward(ours, ids).logits, forward(ref, ids).logits)
 
 
-def test_tied_embeddings_use_W_E_for_the_logits(tmp_path, rng):
+def test_tied_embeddings_use_W_E_for_the_logits(tmp_path, rng, random_llama_tensors):
     config = dict(CONFIG, tie_word_embeddings=True)
-    model = load_network(write_folder(tmp_path, hf_tensors(config, rng), config))
+    model = load_network(write_folder(tmp_path, random_llama_tensors(config, rng, std=0.2), config))
     assert model.config.tied_embeddings and model.W_U is None
     out = forward(model, np.arange(5))
     np.testing.assert_allclose(out.logits, out.hidden_states[-1] @ model.W_E.T, rtol=1e-6)
@@ -262,14 +244,14 @@ def test_both_config_spellings_give_the_same_rope(tmp_path, tensors):
     assert v4.config.attention.positions == v5.config.attention.positions == RoPE(5e5, scaling=scaling)
 
 
-def test_attend_cli_names_the_kv_head_each_query_head_reads(tmp_path, rng, capsys):
+def test_attend_cli_names_the_kv_head_each_query_head_reads(tmp_path, tensors, capsys):
     from attnlab.cli import main
 
     pytest.importorskip("tokenizers")
     pytest.importorskip("matplotlib")
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    folder = write_folder(tmp_path / "m", hf_tensors(CONFIG, rng))
+    folder = write_folder(tmp_path / "m", tensors)
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate("the cat sat on mat".split())}, unk_token="the"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(folder / "tokenizer.json"))
