@@ -447,6 +447,18 @@ def new_caches(model: Transformer, capacity: int, *, batch_shape: tuple = ()) ->
     return [b.attn.new_cache(capacity, batch_shape=batch_shape) for b in model.blocks]
 
 
+def check_decoder(model: Transformer, what: str) -> None:
+    """``what`` needs next-token logits: a causal model with an unembedding; an error naming the model and why."""
+    if not isinstance(model, Transformer):
+        raise TypeError(f"model must be a Transformer, got {type(model).__name__}")
+    c = model.config
+    why = [w for w, bad in (("is_causal False: every token sees both sides, bidirectional", not c.is_causal),
+                            ("no logits: no language-model head to predict a next token", not c.has_logits)) if bad]
+    if why:
+        raise ValueError(f"{what} needs a decoder (GPT-2, Llama, Mistral, Qwen2 or attnlab's own LM); "
+                         f"{model.name or 'this model'} is a {c.family or 'model'} encoder ({'; '.join(why)})")
+
+
 def generate(model: Transformer, ids, n_new: int, *, temperature: float = 0.0,
              rng: np.random.Generator | None = None, stop=None) -> np.ndarray:
     """``n_new`` token ids (n_new,) after the prompt ``ids`` (n,): greedy (``temperature=0``) or sampled from
@@ -466,11 +478,8 @@ def generate(model: Transformer, ids, n_new: int, *, temperature: float = 0.0,
         An encoder, a prompt that is not 1-D or does not fit n_ctx, ``n_new`` not a positive int, a bad
         temperature, no ``rng`` when sampling, a ``stop`` that is not token ids of the vocabulary.
     """
-    if not isinstance(model, Transformer):
-        raise TypeError(f"model must be a Transformer, got {type(model).__name__}")
+    check_decoder(model, "generate")
     c = model.config
-    if not c.is_causal or not c.has_logits:
-        raise ValueError("generate needs a decoder with logits; this model is an encoder")
     ids = as_token_ids("ids", ids, c.vocab_size)
     if ids.ndim != 1 or ids.size == 0:
         raise ValueError(f"ids must be a 1-D prompt of at least one token, got shape {ids.shape}")

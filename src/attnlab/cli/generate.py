@@ -60,17 +60,12 @@ def cmd_generate(args) -> int:
 def load_decoder(folder: str):
     """``(model, tokenizer)`` of a folder ``load_model`` reads; an encoder is refused, naming it and why."""
     from ..models import MINILM, load_model
+    from ..stack import check_decoder
 
     if folder != MINILM and not (Path(folder) / "config.json").is_file():
         raise FileNotFoundError(2, "no checkpoint here (config.json is missing)", folder)
     model, tokenizer = load_model(folder)
-    c = model.config
-    if not c.is_causal or not c.has_logits:
-        why = "; ".join(w for w, bad in (("is_causal False: every token sees both sides", not c.is_causal),
-                                         ("no logits: no language-model head to predict a next token",
-                                          not c.has_logits)) if bad)
-        raise ValueError(f"{folder} is a {c.family} encoder ({why}); generate needs a decoder: a GPT-2, Llama, "
-                         "Mistral or Qwen2 folder, or one written by 'attnlab train --out'")
+    check_decoder(model, "generate")
     return model, tokenizer
 
 

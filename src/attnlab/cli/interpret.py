@@ -73,7 +73,7 @@ def load(name):
 
 def load_decoder(name, what: str):
     """(model, tokenizer) of a causal LM; a bidirectional model is refused, naming ``what`` needs next tokens."""
-    from ..interpret.interventions import check_decoder
+    from ..stack import check_decoder
     model, tokenizer = load(name)
     check_decoder(model, what)
     return model, tokenizer

@@ -24,19 +24,9 @@ import numpy as np
 from .._checks import as_choice, as_float_array, as_positive_int, as_token_ids
 from ..hooks import run_with_cache, run_with_hooks
 from ..softmax import softmax
-from ..stack import Transformer, check_ids
+from ..stack import Transformer, check_decoder, check_ids
 
 MODES = ("zero", "mean")
-
-
-def check_decoder(model: Transformer, what: str) -> None:
-    """``what`` needs next-token logits: a causal model with an unembedding."""
-    if not isinstance(model, Transformer):
-        raise TypeError(f"model must be a Transformer, got {type(model).__name__}")
-    if not model.config.is_causal or not model.config.has_logits:
-        raise ValueError(f"{what} is for causal language models (GPT-2, Llama-family, attnlab's own); "
-                         f"{model.name or 'this model'} is bidirectional ({model.config.family or 'an encoder'}): "
-                         "it predicts no next token")
 
 
 def per_token_loss(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
