@@ -7,7 +7,7 @@ Same as ``attnlab bench --scale``. Run: PYTHONPATH=src python benchmarks/bench_s
 import json
 import sys
 
-from attnlab.bench import SCALE_N, blas_info, run_scale
+from attnlab.cli.bench_harness import SCALE_N, blas_info, run_scale
 
 if __name__ == "__main__":
     n = int(sys.argv[1]) if len(sys.argv) > 1 else SCALE_N

@@ -31,9 +31,9 @@ import time
 import numpy as np
 
 from attnlab import KVCache, attention, tiled_attention
-from attnlab.bench import blas_kernel, load_average, machine_info, paired
+from attnlab.cli.bench_harness import blas_kernel, load_average, machine_info, paired
 from attnlab.distributed import ShardedKVCache, local_cluster, sequence_parallel_attention, worker_stats
-from attnlab.tiled import BLOCK_K, BLOCK_Q
+from attnlab.kernels.tiled import BLOCK_K, BLOCK_Q
 
 D_HEAD = 64
 OVERHEAD_GOAL, DECODE_GOAL = 1.15, 1.3

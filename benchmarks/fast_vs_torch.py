@@ -3,7 +3,7 @@
     PYTHONPATH=src python benchmarks/fast_vs_torch.py [--quick] [--sizes N ...] [--cores N]
                                                       [--kernels fused numpy] [--json FILE]
 
-Runs ``attnlab bench`` (:func:`attnlab.bench.run_bench`) once per tile kernel asked for: "fused" (numba) and
+Runs ``attnlab bench`` (:func:`attnlab.cli.bench_harness.run_bench`) once per tile kernel asked for: "fused" (numba) and
 "numpy" (the same process with ATTNLAB_NO_NUMBA=1), then prints each table and the goals. Every ratio is
 the median of per-round ratios attnlab / torch, the pair alternating alone; min-max beside it.
 """
@@ -14,8 +14,8 @@ import argparse
 import json
 import os
 
-from attnlab import bench
-from attnlab._kernels import NO_NUMBA_ENV
+from attnlab.cli import bench_harness as bench
+from attnlab.kernels._kernels import NO_NUMBA_ENV
 from attnlab.cli.bench import print_goals, print_table
 
 

@@ -29,10 +29,10 @@ from pathlib import Path
 import numpy as np
 
 from attnlab import attention, attention_grad
-from attnlab._kernels import NO_NUMBA_ENV, numba_version
-from attnlab.attention import attention_path
-from attnlab.bench import blas_kernel, cpu_flags, cpu_model, simd_level
-from attnlab._threads import blas_info
+from attnlab.kernels._kernels import NO_NUMBA_ENV, numba_version
+from attnlab.kernels.attention import attention_path
+from attnlab.cli.bench_harness import blas_kernel, cpu_flags, cpu_model, simd_level
+from attnlab.kernels._threads import blas_info
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 

@@ -4,7 +4,7 @@ take the tiled one.
     PYTHONPATH=src python benchmarks/gpt2_logits_path.py [--layers 2] [--rounds 5]
 
 A random GPT-2 small-shaped network (12 heads, d_model 768, n_ctx 1024, float32; fewer layers, so it runs in
-seconds) is built in memory, and ``attnlab.stack.forward`` runs on n random tokens with ``return_weights=False`` and
+seconds) is built in memory, and ``attnlab.stack.transformer.forward`` runs on n random tokens with ``return_weights=False`` and
 ``=True`` alternately; medians of the rounds. The logits of the two must agree.
 """
 
@@ -19,7 +19,7 @@ from threadpoolctl import threadpool_info
 
 from attnlab.models.checkpoint import Tensors
 from attnlab.models.gpt2 import gpt2_config, gpt2_from_tensors
-from attnlab.stack import forward
+from attnlab.stack.transformer import forward
 
 
 def random_gpt2(n_layers: int, rng: np.random.Generator, *, d: int = 768, n_heads: int = 12, n_ctx: int = 1024,

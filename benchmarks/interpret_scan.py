@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.bench import blas_kernel, load_average, machine_info
+from attnlab.cli.bench_harness import blas_kernel, load_average, machine_info
 from attnlab.interpret.scan import STATS, scan_cluster, scan_corpus
 
 GUIDE = Path("/work/shared/guide/attention-guide.txt")

@@ -9,7 +9,7 @@ Run:  HF_HUB_OFFLINE=1 PYTHONPATH=src python benchmarks/llama_vs_transformers.py
    and once in bfloat16 in several shards; transformers' eager implementation loads the same files in
    float32. Largest |Δ| of attentions, hidden states and logits, and whether 40 greedy tokens agree.
 2. Generation speed: a random Llama of 4 layers, width 256, 8 query heads, 2 KV heads, float32; 200 new
-   tokens through attnlab's KV cache (:func:`attnlab.stack.generate`) and through transformers' ``generate``
+   tokens through attnlab's KV cache (:func:`attnlab.stack.transformer.generate`) and through transformers' ``generate``
    with its cache and its default attention (SDPA), alternating in the same process; the figure is the
    median of the per-round ratios attnlab / transformers (goal: ≤ 1.0).
 3. Loading memory: a float32 checkpoint is loaded in a fresh process; its peak RSS above the process's
@@ -38,7 +38,7 @@ import transformers  # noqa: E402
 from threadpoolctl import threadpool_info  # noqa: E402
 
 from attnlab.models import attend, load_network  # noqa: E402
-from attnlab.stack import forward, generate  # noqa: E402
+from attnlab.stack.transformer import forward, generate  # noqa: E402
 
 NO_SPECIAL = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
 SMALL = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -142,7 +142,7 @@ MEMORY_CHILD = """
 import json, sys
 import numpy as np
 from attnlab.models import load_network
-from attnlab.stack import forward
+from attnlab.stack.transformer import forward
 def status(key):                  # VmRSS: resident now; VmHWM: the peak (reset by exec, unlike ru_maxrss)
     for line in open("/proc/self/status"):
         if line.startswith(key + ":"):

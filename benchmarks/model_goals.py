@@ -3,7 +3,7 @@ transformers, and a training step of attnlab's attention LM against the same mod
 
     HF_HUB_OFFLINE=1 PYTHONPATH=src python benchmarks/model_goals.py [--rounds 15] [--cores N] [--json]
 
-Timed as `attnlab bench` times (:func:`attnlab.bench.paired`): the pair alone, alternating, one ratio
+Timed as `attnlab bench` times (:func:`attnlab.cli.bench_harness.paired`): the pair alone, alternating, one ratio
 attnlab / reference per round; the median and min-max of those ratios. Goals: MiniLM ``attend`` with the
 weights returned <= 1.0x transformers; the LM step <= 1.2x torch.
 
@@ -30,13 +30,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 
-from attnlab import bench  # noqa: E402
-from attnlab._threads import one_blas_thread  # noqa: E402
+from attnlab.cli import bench_harness as bench  # noqa: E402
+from attnlab.kernels._threads import one_blas_thread  # noqa: E402
 from attnlab.lm.model import lm_config, loss_and_grad  # noqa: E402
 from attnlab.lm.training import AdamConfig, AdamState, adam_step, sample_batch  # noqa: E402
 from attnlab.models import attend, load_model, minilm_path  # noqa: E402
-from attnlab.positions import POSITION_SCHEMES  # noqa: E402
-from attnlab.stack import Transformer, forward  # noqa: E402
+from attnlab.layer.positions import POSITION_SCHEMES  # noqa: E402
+from attnlab.stack.transformer import Transformer, forward  # noqa: E402
 
 MINILM_TOKENS = 494
 WORDS = "the cat sat on the mat while the dog watched from the door and the bird sang in the tree".split()

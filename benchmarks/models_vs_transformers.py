@@ -22,7 +22,7 @@ import transformers  # noqa: E402
 from threadpoolctl import threadpool_info  # noqa: E402
 
 from attnlab.models import attend, load_model, load_network, minilm_path  # noqa: E402
-from attnlab.stack import forward, generate  # noqa: E402
+from attnlab.stack.transformer import forward, generate  # noqa: E402
 
 TEXTS = {
     "running example": "The cat sat on the mat",

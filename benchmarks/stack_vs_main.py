@@ -27,12 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab._threads import blas_info, one_blas_thread
+from attnlab.kernels._threads import blas_info, one_blas_thread
 from attnlab.lm.model import lm_config, loss_and_grad
 from attnlab.lm.training import AdamConfig, AdamState, adam_step, sample_batch
-from attnlab.positions import POSITION_SCHEMES
-from attnlab.stack import Transformer
-from attnlab.tiled import tiled_attention, tiled_attention_grad
+from attnlab.layer.positions import POSITION_SCHEMES
+from attnlab.stack.transformer import Transformer
+from attnlab.kernels.tiled import tiled_attention, tiled_attention_grad
 
 
 def import_old(tree: Path):
@@ -149,7 +149,7 @@ def gpt2_folder(folder: Path, *, n_layers: int = 4, d: int = 768, n_heads: int =
 def model_cases(old_models, *, rounds: int) -> list[dict]:
     """The stack's forward against the old per-family forwards (MiniLM, GPT-2), and GPT-2 generation."""
     from attnlab.models import load_network
-    from attnlab.stack import forward, generate
+    from attnlab.stack.transformer import forward, generate
 
     out = []
     rng = np.random.default_rng(2)

@@ -4,7 +4,7 @@
         [--rows 64 128] [--blocks 512x512 1024x1024] [--rounds 15] [--workers 2] [--full]
 
 12 heads of d_head 64 (GPT-2 small), causal (and not causal with --full). Each candidate — a height of
-the causal diagonal's row strips (``attnlab.tiled.DIAGONAL_ROWS``, --rows) or a tile shape
+the causal diagonal's row strips (``attnlab.kernels.tiled.DIAGONAL_ROWS``, --rows) or a tile shape
 (block_q × block_k, --blocks) — is run once per round in turn; the figure is the median over rounds of
 its time over the first candidate's in the same round (below 1: faster). Prints CPU, SIMD, BLAS first.
 """
@@ -20,8 +20,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from attnlab import bench, tiled  # noqa: E402
-from attnlab.tiled import tiled_attention  # noqa: E402
+from attnlab.cli import bench_harness as bench
+from attnlab.kernels import tiled  # noqa: E402
+from attnlab.kernels.tiled import tiled_attention  # noqa: E402
 
 N_HEADS, D_HEAD = 12, 64
 

@@ -25,7 +25,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))
 
-from attnlab.bench import cpu_model  # noqa: E402
+from attnlab.cli.bench_harness import cpu_model  # noqa: E402
 
 BOUND_S = 30.0
 

@@ -28,14 +28,14 @@ import numpy as np
 
 from attnlab.lm.addalpha import add_alpha_loss
 from attnlab.lm.compare import ALPHA, loss_beside_counts
-from attnlab._threads import one_blas_thread
+from attnlab.kernels._threads import one_blas_thread
 from attnlab.lm.model import lm_config, loss_and_grad
 from attnlab.lm.training import (AdamConfig, AdamState, adam_step, cosine_decay, evaluate, sample_batch,
                                  split_heldout, training_steps)
-from attnlab.ngrams import read_utf8
-from attnlab.positions import POSITION_SCHEMES
-from attnlab.stack import Transformer
-from attnlab.tokens import Vocab
+from attnlab.text.ngrams import read_utf8
+from attnlab.layer.positions import POSITION_SCHEMES
+from attnlab.stack.transformer import Transformer
+from attnlab.text.tokens import Vocab
 
 GUIDE = Path("/work/shared/guide/attention-guide.txt")
 ALPHAS = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0)

@@ -5,7 +5,7 @@ A test helper: it lives beside the tests, not in the package.
 Written independently of attnlab's numpy code where it matters: RoPE through complex multiplication, as
 Meta's LLaMA reference code does it (pairs (2i, 2i+1) as one complex number), ALiBi's distances and the
 causal mask built in torch, attention by ``torch.nn.functional.scaled_dot_product_attention``. Only ALiBi's
-slopes come from :func:`attnlab.positions.alibi_slopes` (tested on their own against the paper).
+slopes come from :func:`attnlab.layer.positions.alibi_slopes` (tested on their own against the paper).
 torch is imported inside the functions: attnlab never needs it.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnlab.positions import alibi_slopes
-from attnlab.stack import Transformer
+from attnlab.layer.positions import alibi_slopes
+from attnlab.stack.transformer import Transformer
 
 
 def torch_params(model: Transformer, *, requires_grad: bool = True) -> dict:

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from attnlab._kernels import NO_NUMBA_ENV
+from attnlab.kernels._kernels import NO_NUMBA_ENV
 
 
 @pytest.fixture(params=["numpy", "fused"])

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from attnlab.lm.addalpha import add_alpha_loss, context_keys
-from attnlab.ngrams import floors
+from attnlab.text.ngrams import floors
 from attnlab.guide.toy import TOY_TEXT
-from attnlab.tokens import Vocab
+from attnlab.text.tokens import Vocab
 
 
 def test_alpha_to_zero_on_the_same_text_is_the_floor():

@@ -261,7 +261,7 @@ def test_is_causal_must_be_a_bool(rng, flag):
 
 
 def test_finite_check_accepts_large_values_whose_sum_overflows():
-    from attnlab._checks import check_finite
+    from attnlab.kernels._checks import check_finite
     check_finite("value", np.full((4, 2), 3e38, np.float32))       # the sum overflows, the values are finite
     big = np.full((4, 2), 3e38, np.float32)
     big[2, 1] = np.nan

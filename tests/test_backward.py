@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 
 from attnlab import AttentionConfig, MultiHeadAttention, attention, attention_grad, multihead_attention_grad
-from attnlab._checks import check_attention_args
-from attnlab.attention import attention_backward, attention_forward
-from attnlab.naive import NaiveSaved, naive_attention, naive_attention_grad
-from attnlab.tiled import TiledSaved
-from attnlab.multihead import multihead_attention_backward, multihead_attention_forward
-from attnlab.positions import RoPE
+from attnlab.kernels._checks import check_attention_args
+from attnlab.kernels.attention import attention_backward, attention_forward
+from attnlab.kernels.naive import NaiveSaved, naive_attention, naive_attention_grad
+from attnlab.kernels.tiled import TiledSaved
+from attnlab.layer.multihead import multihead_attention_backward, multihead_attention_forward
+from attnlab.layer.positions import RoPE
 
 
 @pytest.mark.parametrize("case", ["plain", "causal", "mask", "bias", "cross_causal", "broadcast"])
@@ -123,9 +123,9 @@ def test_attention_backward_matches_finite_differences(rng, numeric_grad):
 def test_attention_forward_takes_the_tiled_path_above_the_crossover(rng, monkeypatch):
     import importlib
 
-    from attnlab import tiled
+    from attnlab.kernels import tiled
 
-    attention_module = importlib.import_module("attnlab.attention")  # attnlab.attention is the function
+    attention_module = importlib.import_module("attnlab.kernels.attention")  # attnlab.kernels.attention is the function
 
     monkeypatch.setattr(attention_module, "TILED_MIN_QUERIES", 4)
     monkeypatch.setattr(attention_module, "TILED_MIN_SCORES", 16)
@@ -162,7 +162,7 @@ def test_a_mask_with_more_batch_axes_than_the_scores(rng):
 
 @pytest.mark.parametrize("positions", ["learned", "rope", "alibi"])
 def test_multihead_forward_and_backward_give_what_the_public_pair_gives(rng, positions):
-    from attnlab.positions import POSITION_SCHEMES
+    from attnlab.layer.positions import POSITION_SCHEMES
 
     layer = MultiHeadAttention.init(AttentionConfig(d_model=8, n_heads=2, positions=POSITION_SCHEMES[positions]()),
                                     rng=rng, std=0.5, dtype=np.float64)   # d_head 4: rope rotates pairs

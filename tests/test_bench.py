@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from attnlab import bench
-from attnlab._kernels import NO_NUMBA_ENV
+from attnlab.cli import bench_harness as bench
+from attnlab.kernels._kernels import NO_NUMBA_ENV
 from attnlab.cli import main
 
 

@@ -70,8 +70,8 @@ def test_step_by_step_decode_equals_full_pass_on_the_tiled_path(rng, monkeypatch
     """The same check with the prompt and the full pass going through the tiled kernel (small tiles)."""
     import importlib
 
-    from attnlab import tiled
-    attention_module = importlib.import_module("attnlab.attention")
+    from attnlab.kernels import tiled
+    attention_module = importlib.import_module("attnlab.kernels.attention")
     monkeypatch.setattr(attention_module, "TILED_MIN_QUERIES", 4)
     monkeypatch.setattr(attention_module, "TILED_MIN_SCORES", 16)
     monkeypatch.setattr(tiled, "BLOCK_Q", 3)
@@ -115,9 +115,9 @@ def test_layer_decode_still_refuses_non_finite_input(rng):
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_decode_kernel_matches_the_naive_reference(rng, n_k, is_causal):
     """One query per head against every key (a decode step): float64 to 1e-12, float32 to 1e-6."""
-    from attnlab._checks import check_attention_args
-    from attnlab.decode import decode_attention
-    from attnlab.naive import naive_attention
+    from attnlab.kernels._checks import check_attention_args
+    from attnlab.kernels.decode import decode_attention
+    from attnlab.kernels.naive import naive_attention
     q = rng.normal(size=(2, 3, 1, 8)) * 3                        # (B, h, 1, d) large scores: the max matters
     k = rng.normal(size=(2, 3, n_k, 8))
     v = rng.normal(size=(1, 3, n_k, 5))                          # broadcast over the batch
@@ -137,9 +137,9 @@ def test_decode_kernel_matches_the_naive_reference(rng, n_k, is_causal):
 
 
 def test_decode_path_is_taken_only_when_it_computes_what_was_asked(rng, monkeypatch):
-    from attnlab import decode
-    from attnlab._checks import check_attention_args
-    from attnlab.naive import naive_attention
+    from attnlab.kernels import decode
+    from attnlab.kernels._checks import check_attention_args
+    from attnlab.kernels.naive import naive_attention
     calls = []
     monkeypatch.setattr(decode, "decode_attention", lambda c, _f=decode.decode_attention: calls.append(1) or _f(c))
     q, k, v = rng.normal(size=(2, 1, 4)), rng.normal(size=(2, 6, 4)), rng.normal(size=(2, 6, 3))

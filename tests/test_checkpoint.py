@@ -10,9 +10,9 @@ pytest.importorskip("safetensors")
 
 from attnlab.lm.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from attnlab.lm.model import lm_config  # noqa: E402
-from attnlab.positions import ALiBi, Learned, RoPE  # noqa: E402
-from attnlab.stack import Transformer, forward  # noqa: E402
-from attnlab.tokens import Vocab  # noqa: E402
+from attnlab.layer.positions import ALiBi, Learned, RoPE  # noqa: E402
+from attnlab.stack.transformer import Transformer, forward  # noqa: E402
+from attnlab.text.tokens import Vocab  # noqa: E402
 
 VOCAB = Vocab(tuple("abcde"))
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from attnlab.cli import main
-from attnlab.context import compare_in_context, cosine, find_word
+from attnlab.guide.context import compare_in_context, cosine, find_word
 
 pytest.importorskip("safetensors")
 pytest.importorskip("tokenizers")

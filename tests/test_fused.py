@@ -11,12 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnlab import _kernels, attention, tiled
-from attnlab._checks import check_attention_args
-from attnlab._kernels import NO_NUMBA_ENV
-from attnlab.attention import attention_path
-from attnlab.naive import naive_attention
-from attnlab.tiled import tiled_attention
+from attnlab import attention
+from attnlab.kernels import _kernels
+from attnlab.kernels import tiled
+from attnlab.kernels._checks import check_attention_args
+from attnlab.kernels._kernels import NO_NUMBA_ENV
+from attnlab.kernels.attention import attention_path
+from attnlab.kernels.naive import naive_attention
+from attnlab.kernels.tiled import tiled_attention
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -120,7 +122,7 @@ def test_extreme_scores_on_both_kernels(rng, monkeypatch, spread, is_causal):
 
 
 def test_pow2_float32_polynomial_accuracy():
-    fused = pytest.importorskip("attnlab._fused")
+    fused = pytest.importorskip("attnlab.kernels._fused")
     x = np.linspace(-126, 127.9, 2_000_003).astype(np.float32)   # (n,)
     out = np.empty_like(x)
     fused.pow2_array(x, out)
@@ -138,7 +140,7 @@ def test_pow2_float32_polynomial_accuracy():
 def test_tile_softmax_against_numpy_steps(rng):
     """One tile, by hand in numpy: row bounds (causal diagonal and window) zero the rest; the running max,
     shift, rescale of l and acc, and the row sums."""
-    fused = pytest.importorskip("attnlab._fused")
+    fused = pytest.importorskip("attnlab.kernels._fused")
     br, bk, d_v = 6, 11, 3
     s0 = rng.normal(size=(br, bk)).astype(np.float32) * 30            # base-2 scores beyond the slack
     for first in (True, False):
@@ -169,7 +171,7 @@ def test_tile_softmax_against_numpy_steps(rng):
 
 
 def test_compiled_functions_release_the_gil_and_are_cached():
-    fused = pytest.importorskip("attnlab._fused")
+    fused = pytest.importorskip("attnlab.kernels._fused")
     for f in (fused.tile_softmax, fused.exp_row, fused.row_max, fused.pow2_array):
         assert f.targetoptions["nogil"] and type(f._cache).__name__ == "FunctionCache"   # not NullCache
 
@@ -177,7 +179,7 @@ def test_compiled_functions_release_the_gil_and_are_cached():
 def test_a_second_process_compiles_nothing(tmp_path):
     """numba's cache on disk: after one process has compiled the kernel, the next loads it."""
     pytest.importorskip("numba")
-    code = ("import numpy as np; from attnlab import tiled_attention, _fused\n"
+    code = ("import numpy as np; from attnlab import tiled_attention; from attnlab.kernels import _fused\n"
             "x = np.ones((1, 200, 8), np.float32)\n"
             "tiled_attention(x, x, x, is_causal=True)\n"
             "s = _fused.tile_softmax.stats\n"
@@ -202,11 +204,11 @@ def test_no_numba_env_forces_the_numpy_path(rng, monkeypatch):
 
 def test_the_debug_log_names_the_path(rng, caplog, tile_kernel):
     q = rng.normal(size=(200, 8))
-    with caplog.at_level(logging.DEBUG, logger="attnlab.attention"):
+    with caplog.at_level(logging.DEBUG, logger="attnlab.kernels.attention"):
         attention(q, q, q, is_causal=True)
         attention(q[:1], q, q)
         attention(q[:5], q[:5], q[:5])
-    messages = [r.getMessage() for r in caplog.records if r.name == "attnlab.attention"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "attnlab.kernels.attention"]
     assert len(messages) == 3
     assert messages[0].startswith(f"attention path: tiled, {tile_kernel}")
     assert messages[1].startswith("attention path: decode") and messages[2].startswith("attention path: naive")
@@ -278,7 +280,7 @@ def test_the_naive_path_fused_softmax_extreme_and_empty_rows(rng, tile_kernel):
 
 
 def test_a_big_batch_on_the_naive_path_splits_over_threads_and_matches(rng, monkeypatch, tile_kernel):
-    from attnlab import naive
+    from attnlab.kernels import naive
     monkeypatch.setattr(naive, "SPLIT_MIN_SCORES", 64)
     q, k, v = (rng.normal(size=(5, 3, 8, 4)) for _ in range(3))
     keep = rng.random((5, 1, 8, 8)) < 0.7
@@ -299,8 +301,8 @@ def test_a_big_batch_on_the_naive_path_splits_over_threads_and_matches(rng, monk
 @pytest.mark.parametrize("kind", MASK_KINDS)
 def test_the_tiled_backward_matches_the_float64_reference_on_both_kernels(rng, kind, tile_kernel):
     """The backward rebuilds each tile's weights as exp(s - lse): numpy's exp, or one fused pass."""
-    from attnlab.naive import naive_attention_grad
-    from attnlab.tiled import tiled_attention_grad
+    from attnlab.kernels.naive import naive_attention_grad
+    from attnlab.kernels.tiled import tiled_attention_grad
     n_q, n_k = 17, 23
     q, k, v = (rng.normal(size=(2, 3, n, 8)) * 2 for n in (n_q, n_k, n_k))
     do = rng.normal(size=(2, 3, n_q, 8))

@@ -16,7 +16,7 @@ pytest.importorskip("tokenizers")
 
 from attnlab.cli import main  # noqa: E402
 from attnlab.models import load_model  # noqa: E402
-from attnlab.stack import generate  # noqa: E402
+from attnlab.stack.transformer import generate  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 GPT2_PROMPT = "The cat sat on the"                    # 8 tokens with conftest's merges

@@ -4,8 +4,8 @@ a random model checked against its own run without stop cut at the first stop id
 import numpy as np
 import pytest
 
-from attnlab.config import AttentionConfig
-from attnlab.stack import ModelConfig, Transformer, generate
+from attnlab.layer.config import AttentionConfig
+from attnlab.stack.transformer import ModelConfig, Transformer, generate
 
 V = 5
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from attnlab import KVCache, attention, attention_grad, attention_weights, attention_weights_rows, causal_mask
-from attnlab.attention import attention_backward, attention_forward
-from attnlab.tiled import TiledSaved, tiled_attention, tiled_attention_grad
+from attnlab.kernels.attention import attention_backward, attention_forward
+from attnlab.kernels.tiled import TiledSaved, tiled_attention, tiled_attention_grad
 
-attention_module = importlib.import_module("attnlab.attention")   # the module, not the function
+attention_module = importlib.import_module("attnlab.kernels.attention")   # the module, not the function
 
 
 def repeat_kv(x, groups):

@@ -23,7 +23,7 @@ def run_text(capsys, *argv):
 
 def skip_without_gpt2():
     pytest.importorskip("tokenizers")
-    from attnlab.tokens import gpt2_files
+    from attnlab.text.tokens import gpt2_files
     try:
         if all(p.is_file() for p in gpt2_files()):
             return

@@ -397,7 +397,7 @@ def test_cost_beyond_the_guide():
 
 @pytest.mark.parametrize("n", [1, 5, 128, 200, 1024, 4096, 65_536])
 def test_tiled_grid_bytes_are_the_tiled_kernels_score_buffers(n):
-    from attnlab.tiled import BLOCK_K, BLOCK_Q, Plan, Scratch
+    from attnlab.kernels.tiled import BLOCK_K, BLOCK_Q, Plan, Scratch
     plan = Plan(n_q=n, n_k=n, block_q=BLOCK_Q, block_k=BLOCK_K, is_causal=True)
     scratch = Scratch(plan, 64, 64, np.float32)            # what one worker of the kernel allocates
     m_and_l = 2 * 12 * n * 4                               # a running max and sum per query of 12 heads

@@ -4,12 +4,12 @@ run_with_hooks, nothing recorded when not asked, and the names checked."""
 import numpy as np
 import pytest
 
-from attnlab.config import AttentionConfig
-from attnlab.hooks import hook_names, run_with_cache, run_with_hooks
-from attnlab.layers import LayerNorm
+from attnlab.layer.config import AttentionConfig
+from attnlab.stack.hooks import hook_names, run_with_cache, run_with_hooks
+from attnlab.stack.layers import LayerNorm
 from attnlab.lm.model import lm_config
-from attnlab.positions import ALiBi, Learned, RoPE, alibi_bias, alibi_slopes, rope
-from attnlab.stack import ModelConfig, Transformer, forward, new_caches
+from attnlab.layer.positions import ALiBi, Learned, RoPE, alibi_bias, alibi_slopes, rope
+from attnlab.stack.transformer import ModelConfig, Transformer, forward, new_caches
 
 
 def own_lm(rng, positions, n_kv_heads=None, n_ctx=8):
@@ -122,12 +122,12 @@ def test_hooks_replace_activations(rng):
 def test_nothing_is_recorded_or_gridded_when_not_asked(rng, monkeypatch):
     """Without hooks the pass takes attention's own path (the grid path is never entered); a hook on q alone
     does not build the grid either."""
-    import attnlab.multihead
+    import attnlab.layer.multihead
 
     model = own_lm(rng, Learned())
     calls = []
-    real = attnlab.multihead._attention_on_the_grid
-    monkeypatch.setattr(attnlab.multihead, "_attention_on_the_grid", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = attnlab.layer.multihead._attention_on_the_grid
+    monkeypatch.setattr(attnlab.layer.multihead, "_attention_on_the_grid", lambda *a, **k: calls.append(1) or real(*a, **k))
     forward(model, [1, 2, 3])
     run_with_cache(model, [1, 2, 3], names=["blocks.0.attn.hook_q", "blocks.1.hook_resid_post"])
     assert calls == []

@@ -6,7 +6,7 @@ import pytest
 from attnlab.interpret import (KINDS, detect_heads, duplicate_token_pattern, induction_pattern, pattern_scores,
                                previous_token_pattern, repeated_random_tokens, score_patterns, top_heads)
 from attnlab.lm.model import lm_config
-from attnlab.stack import Transformer
+from attnlab.stack.transformer import Transformer
 
 
 def test_patterns_by_hand():
@@ -79,7 +79,7 @@ def test_bad_input_is_named():
         top_heads(np.zeros(3))
     with pytest.raises(TypeError, match="k must be an integer >= 0, got str"):
         top_heads(np.zeros((2, 2)), "2")
-    with pytest.raises(TypeError, match="model must be an attnlab.stack.Transformer, got NoneType"):
+    with pytest.raises(TypeError, match="model must be an attnlab.stack.transformer.Transformer, got NoneType"):
         detect_heads(None, [1, 2])
     with pytest.raises(TypeError, match="vocab_size must be a positive integer, got str"):
         repeated_random_tokens(3, vocab_size="5", rng=np.random.default_rng(0))
@@ -93,7 +93,7 @@ def test_repeated_random_tokens_avoids_special_ids():
 
 
 def test_detect_heads_on_a_model_equals_scoring_its_returned_weights(rng):
-    from attnlab.stack import forward
+    from attnlab.stack.transformer import forward
     model = Transformer.init(lm_config(11, d_model=16, n_heads=2, n_layers=2, n_ctx=12), rng=rng, std=0.5)
     ids = repeated_random_tokens(5, vocab_size=11, rng=rng)
     s = detect_heads(model, ids)

@@ -78,8 +78,8 @@ def test_text_training_resumes_exactly(tmp_path):
     from attnlab.lm.model import lm_config
     from attnlab.lm.resume import load_training_state, save_training_state
     from attnlab.lm.training import AdamState, cosine_decay, training_steps
-    from attnlab.stack import Transformer
-    from attnlab.tokens import Vocab
+    from attnlab.stack.transformer import Transformer
+    from attnlab.text.tokens import Vocab
     text = "the cat sat on the mat and the cat ate the rat " * 3
     vocab = Vocab.from_text(text)
     ids = vocab.encode(text)
@@ -109,7 +109,7 @@ def test_the_training_state_must_fit_the_model(tmp_path, rng):
     from attnlab.lm.model import lm_config
     from attnlab.lm.resume import load_training_state, save_training_state
     from attnlab.lm.training import AdamState
-    from attnlab.stack import Transformer
+    from attnlab.stack.transformer import Transformer
     model = Transformer.init(lm_config(5, d_model=8, n_heads=2, n_layers=1, n_ctx=4), rng=rng)
     with pytest.raises(FileNotFoundError, match="no training state"):
         load_training_state(tmp_path, model.params())

@@ -6,8 +6,8 @@ import pytest
 
 from attnlab.interpret import ablate, logit_lens, next_token_loss, patch, unembed
 from attnlab.lm.model import lm_config
-from attnlab.multihead import merge_heads, split_heads
-from attnlab.stack import Transformer, forward
+from attnlab.layer.multihead import merge_heads, split_heads
+from attnlab.stack.transformer import Transformer, forward
 
 
 @pytest.fixture
@@ -101,9 +101,9 @@ def test_the_lens_last_stage_is_the_model_and_the_first_the_embedding(lm, rng):
 
 
 def test_encoders_are_refused(rng):
-    from attnlab.config import AttentionConfig
-    from attnlab.layers import LayerNorm
-    from attnlab.stack import ModelConfig
+    from attnlab.layer.config import AttentionConfig
+    from attnlab.stack.layers import LayerNorm
+    from attnlab.stack.transformer import ModelConfig
     cfg = ModelConfig(vocab_size=7, n_layers=1, attention=AttentionConfig(d_model=8, n_heads=2, n_ctx=8),
                       d_mlp=16, norm=LayerNorm, pre_norm=False, is_causal=False, has_logits=False, family="bert")
     enc = Transformer.init(cfg, rng=rng)

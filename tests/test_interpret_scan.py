@@ -43,8 +43,8 @@ def test_sums_merge_and_average():
 def own_folder(tmp_path_factory):
     from attnlab.lm.checkpoint import save_checkpoint
     from attnlab.lm.model import lm_config
-    from attnlab.stack import Transformer
-    from attnlab.tokens import Vocab
+    from attnlab.stack.transformer import Transformer
+    from attnlab.text.tokens import Vocab
     vocab = Vocab.from_text("abcdefgh ,.")
     model = Transformer.init(lm_config(vocab.size, d_model=8, n_heads=2, n_layers=2, n_ctx=12),
                              rng=np.random.default_rng(0), std=0.5)

@@ -1,5 +1,6 @@
 """The package's layering, read from the source: no import circle anywhere (imports inside functions count
-too), and the library never imports the teaching package (guide/) or the command line (cli/)."""
+too), no import from a folder up to a folder on a higher floor, and the library never imports the teaching
+package (guide/) or the command line (cli/)."""
 
 import ast
 from pathlib import Path
@@ -73,7 +74,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_circle_anywhere_in_the_package():
     graph = import_graph()
-    assert len(graph) > 40 and "attnlab.stack" in graph["attnlab.hooks"]   # the graph was read at all
+    assert len(graph) > 40 and "attnlab.stack.transformer" in graph["attnlab.stack.hooks"]   # the graph was read at all
     assert circles(graph) == []
 
 
@@ -89,3 +90,48 @@ def test_the_library_never_imports_the_guide_or_the_cli():
             continue
         bad = sorted(e for e in edges if e.startswith(upper))
         assert not bad, f"{name} imports {bad}"
+
+
+# The folders' floors, lowest first: a module may import its own folder and any folder on a lower floor.
+FLOORS = (
+    ("kernels", "_io"),                  # naive, tiled, decode, fused, softmax, masks, the checks; file writing
+    ("text", "layer"),                   # tokenizers and n-gram floors; one attention layer
+    ("stack",),                          # norms, MLPs, the one Transformer, hooks, sampling
+    ("lm", "viz", "distributed"),        # attnlab's own LM and its training; pictures; Dask
+    ("models",),                         # every family's loader
+    ("interpret", "guide"),              # what trained heads do; the guide's teaching code
+    ("cli",),                            # the command line
+)
+
+
+def folder(module: str) -> str:
+    """attnlab.kernels.tiled -> kernels; attnlab._io -> _io; attnlab (the curated API) -> ''."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def upward_imports(graph: dict[str, set[str]], floors=FLOORS) -> list[str]:
+    floor = {name: i for i, names in enumerate(floors) for name in names}
+    bad = []
+    for name, edges in sorted(graph.items()):
+        if folder(name) in ("", "__main__"):
+            continue
+        assert folder(name) in floor, f"{name} sits in a folder with no floor: add it to FLOORS"
+        bad += [f"{name} -> {e}" for e in sorted(edges)
+                if folder(e) and floor[folder(e)] > floor[folder(name)]]
+    return bad
+
+
+def test_no_import_runs_up_the_folder_floors():
+    assert upward_imports(import_graph()) == []
+
+
+def test_the_floor_check_finds_an_upward_import():
+    graph = {"attnlab.kernels.naive": {"attnlab.stack.hooks"}, "attnlab.stack.hooks": {"attnlab.kernels.naive"},
+             "attnlab.models.gpt2": {"attnlab.layer.config"}}
+    assert upward_imports(graph) == ["attnlab.kernels.naive -> attnlab.stack.hooks"]
+
+
+def test_no_module_sits_flat_beside_the_folders():
+    flat = sorted(p.name for p in ROOT.glob("*.py") if p.name not in ("__init__.py", "__main__.py", "_io.py"))
+    assert flat == []

@@ -304,7 +304,7 @@ def test_12_generate_lists_the_vocabulary_and_explains_greedy(capsys, tmp_path):
     d = run_json(capsys, "generate", str(out), "--prompt", "the cat", "--temperature", "0", "--tokens", "60")
     assert d["note"].startswith("(temperature 0 is greedy")
     from attnlab.cli.generate import greedy_note
-    from attnlab.tokens import Vocab
+    from attnlab.text.tokens import Vocab
     v = Vocab.from_text("ab t")
     assert "loop repeating 't '" in greedy_note(v, v.encode("abt t t t "))
     assert "loop" not in greedy_note(v, v.encode("abt ba"))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from attnlab.models import attend, load_model, load_network
-from attnlab.stack import forward, generate
+from attnlab.stack.transformer import forward, generate
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
@@ -132,9 +132,9 @@ def test_long_input_through_the_tiled_path_matches_transformers(folders, kind, m
     folder = folders(kind, "float32")
     ids = np.random.default_rng(0).integers(0, 300, 256)
     model = load_network(folder)
-    import attnlab.tiled
-    calls, real = [], attnlab.tiled.tiled_forward
-    monkeypatch.setattr(attnlab.tiled, "tiled_forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    import attnlab.kernels.tiled
+    calls, real = [], attnlab.kernels.tiled.tiled_forward
+    monkeypatch.setattr(attnlab.kernels.tiled, "tiled_forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     logits = forward(model, ids).logits
     assert len(calls) == 2                                  # each layer went through the tiled kernel
     np.testing.assert_allclose(logits, forward(model, ids, return_weights=True).logits, rtol=0, atol=1e-5)

@@ -9,13 +9,13 @@ import sys
 import numpy as np
 import pytest
 
-from attnlab.config import AttentionConfig
-from attnlab.layers import GatedMLP, RMSNorm, rms_norm, silu
+from attnlab.layer.config import AttentionConfig
+from attnlab.stack.layers import GatedMLP, RMSNorm, rms_norm, silu
 from attnlab.models import attend, load_model, load_network, read_safetensors
 from attnlab.models.checkpoint import bfloat16_to_float32
 from attnlab.models.llama import half_to_pairs
-from attnlab.positions import RoPE, rope
-from attnlab.stack import ModelConfig, Transformer, forward
+from attnlab.layer.positions import RoPE, rope
+from attnlab.stack.transformer import ModelConfig, Transformer, forward
 
 CONFIG = {"model_type": "llama", "vocab_size": 50, "hidden_size": 32, "intermediate_size": 48,
           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,

@@ -3,16 +3,16 @@
 import numpy as np
 import pytest
 
-from attnlab._checks import as_token_ids
-from attnlab.config import AttentionConfig
+from attnlab.kernels._checks import as_token_ids
+from attnlab.layer.config import AttentionConfig
 from attnlab.guide.toy import TOY_TEXT
 from attnlab.lm.model import cross_entropy, lm_config, loss, loss_and_grad
 from attnlab.lm.training import (AdamConfig, AdamState, adam_step, evaluate, sample_batch, split_heldout, train,
                                  training_steps)
-from attnlab.ngrams import floors
-from attnlab.positions import ALiBi, Learned, RoPE, Sinusoidal
-from attnlab.stack import ModelConfig, Transformer, forward, generate, param_names
-from attnlab.tokens import Vocab
+from attnlab.text.ngrams import floors
+from attnlab.layer.positions import ALiBi, Learned, RoPE, Sinusoidal
+from attnlab.stack.transformer import ModelConfig, Transformer, forward, generate, param_names
+from attnlab.text.tokens import Vocab
 
 SCHEMES = [Learned(), Sinusoidal(), RoPE(), ALiBi()]
 

@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab import AttentionMap, summarize_heads
-from attnlab.layers import erfc, gelu
+from attnlab.stack.layers import erfc, gelu
 from attnlab.models import attend, load_model, load_network
 from attnlab.models.checkpoint import read_safetensors
-from attnlab.stack import embed, forward, generate, new_caches
-from attnlab.sampling import sample_next
+from attnlab.stack.transformer import embed, forward, generate, new_caches
+from attnlab.stack.sampling import sample_next
 
 pytest.importorskip("safetensors")
 pytest.importorskip("tokenizers")
@@ -95,14 +95,14 @@ def test_gpt2_float32_checkpoint_matches_float64_reference(write_gpt2):
 
 
 def test_gpt2_logits_without_weights_take_the_tiled_path_and_match_the_reference(write_gpt2, monkeypatch):
-    import attnlab.tiled
+    import attnlab.kernels.tiled
 
     folder = write_gpt2(n_positions=320, dtype=np.float32)
     model = load_network(folder)
     ids = np.random.default_rng(1).integers(0, 264, 320)   # 320 × 320 scores per head: past the crossover
     calls = []
-    real = attnlab.tiled.tiled_forward
-    monkeypatch.setattr(attnlab.tiled, "tiled_forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = attnlab.kernels.tiled.tiled_forward
+    monkeypatch.setattr(attnlab.kernels.tiled, "tiled_forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     out = forward(model, ids)                              # logits only: no weights asked for
     assert out.attentions is None
     assert len(calls) == 2                                 # each layer went through the tiled kernel

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from attnlab.models import attend, load_model, load_network, minilm_path
-from attnlab.hooks import run_with_cache
-from attnlab.stack import forward, generate, new_caches
+from attnlab.stack.hooks import run_with_cache
+from attnlab.stack.transformer import forward, generate, new_caches
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
@@ -165,7 +165,7 @@ def test_gpt2_run_with_cache_matches_transformers(gpt2_pair):
 def _own_lm(positions, n_kv_heads, d_head):
     """attnlab's own LM (attention-only blocks, no norms) in float64, with nonzero biases."""
     from attnlab.lm.model import lm_config
-    from attnlab.stack import Transformer
+    from attnlab.stack.transformer import Transformer
 
     rng = np.random.default_rng(5)
     model = Transformer.init(lm_config(7, d_model=12, n_heads=4, n_kv_heads=n_kv_heads, d_head=d_head, n_layers=2,
@@ -210,7 +210,7 @@ def _check_own_lm_against(modules, model, ids, cache, out, *, perm=None, rotary=
 def test_own_lm_run_with_cache_matches_transformers_gpt2_attention():
     """attnlab's own LM, learned positions: each block's attention is transformers' GPT2Attention (eager) with
     c_attn = W_Q | W_K | W_V and c_proj = W_O (Conv1D stores [in, out], attnlab's layout)."""
-    from attnlab.positions import Learned
+    from attnlab.layer.positions import Learned
 
     model = _own_lm(Learned(), None, 3)                                       # GPT-2: d_head = d_model / n_heads
     ids = np.array([3, 0, 6, 6, 1, 2])
@@ -236,7 +236,7 @@ def test_own_lm_with_gqa_and_rope_theta_matches_transformers_llama_attention():
     transformers' LlamaAttention (eager, biases on). Llama rotates the halves (i, i + d_head/2) where attnlab
     rotates the pairs (2i, 2i+1): W_Q's and W_K's columns are reordered within each head to match, so its q
     and k are attnlab's with the features of a head in the order ``perm``; the scores are unchanged."""
-    from attnlab.positions import RoPE
+    from attnlab.layer.positions import RoPE
 
     model = _own_lm(RoPE(theta=500.0), 2, 4)                                 # d_head 4 on d_model 12
     ids = np.array([3, 0, 6, 6, 1, 2, 5])

@@ -159,7 +159,7 @@ def test_one_return_type_per_function(rng):
     Both give the same y: the plain call may take the tiled kernel (n = 160 here is above the crossover),
     the weighted one holds the grid; float64 keeps them equal to rounding. With a KV cache the weights of a
     step are its rows of the full grid."""
-    from attnlab.multihead import multihead_attention, multihead_attention_with_weights
+    from attnlab.layer.multihead import multihead_attention, multihead_attention_with_weights
 
     layer = MultiHeadAttention.init(AttentionConfig(d_model=16, n_heads=4, n_kv_heads=2), rng=rng,
                                     dtype=np.float64, std=0.5)

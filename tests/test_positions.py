@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from attnlab import AttentionConfig, MultiHeadAttention
 from attnlab.lm.model import lm_config
-from attnlab.multihead import multihead_attention_grad
-from attnlab.stack import Transformer, forward, new_caches
-from attnlab.positions import (POSITION_SCHEMES, ALiBi, Learned, RoPE, Sinusoidal, rope_frequencies, scheme_from_json,
+from attnlab.layer.multihead import multihead_attention_grad
+from attnlab.stack.transformer import Transformer, forward, new_caches
+from attnlab.layer.positions import (POSITION_SCHEMES, ALiBi, Learned, RoPE, Sinusoidal, rope_frequencies, scheme_from_json,
                                alibi_bias, alibi_slopes, learned_positions, position_ids, rope,
                                sinusoidal_positions)
 

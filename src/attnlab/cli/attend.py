@@ -29,7 +29,7 @@ def register(sub) -> None:
 
 def cmd_attend(args) -> int:
     from ..models import attend
-    from ..summary import summarize_heads
+    from ..viz.summary import summarize_heads
 
     result = attend(args.text, args.model)
     amap = result.attentions

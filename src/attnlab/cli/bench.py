@@ -1,5 +1,5 @@
 """attnlab bench: speed and memory of attnlab's attention paths beside PyTorch, in one process, each pair
-timed alone (see :mod:`attnlab.bench`)."""
+timed alone (see :mod:`attnlab.cli.bench_harness`)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def register(sub) -> None:
 
 
 def cmd_bench(args) -> int:
-    from .. import bench
+    from . import bench_harness as bench
     bench.check_cores(args.cores)                      # bad input: one line before the progress bar starts
     if args.scale:
         with progress_bar(1) as step, bench.on_cores(args.cores):
@@ -78,7 +78,7 @@ def ratio_text(row: dict) -> str:
 
 
 def blas_kernel(blas: list[dict]) -> str:
-    from ..bench import blas_kernel
+    from .bench_harness import blas_kernel
     return blas_kernel(blas)
 
 

@@ -24,7 +24,7 @@ def register(sub) -> None:
 
 
 def cmd_context(args) -> int:
-    from ..context import compare_in_context
+    from ..guide.context import compare_in_context
 
     r = compare_in_context(args.word, args.sentence_a, args.sentence_b, args.model)
     if args.png:

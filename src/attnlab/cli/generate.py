@@ -34,8 +34,8 @@ def register(sub) -> None:
 
 
 def cmd_generate(args) -> int:
-    from .._threads import one_blas_thread
-    from ..stack import generate
+    from ..kernels._threads import one_blas_thread
+    from ..stack.transformer import generate
 
     model, tokenizer = load_decoder(args.dir)
     prompt = encode_prompt(tokenizer, args.prompt)
@@ -60,7 +60,7 @@ def cmd_generate(args) -> int:
 def load_decoder(folder: str):
     """``(model, tokenizer)`` of a folder ``load_model`` reads; an encoder is refused, naming it and why."""
     from ..models import MINILM, load_model
-    from ..stack import check_decoder
+    from ..stack.transformer import check_decoder
 
     if folder != MINILM and not (Path(folder) / "config.json").is_file():
         raise FileNotFoundError(2, "no checkpoint here (config.json is missing)", folder)
@@ -71,7 +71,7 @@ def load_decoder(folder: str):
 
 def encode_prompt(tokenizer, prompt: str) -> np.ndarray:
     """The prompt's ids (n,); an error naming --prompt (and, for an own vocabulary, listing it)."""
-    from ..tokens import Vocab
+    from ..text.tokens import Vocab
 
     try:
         ids = tokenizer.encode(prompt)                                   # (n,)
@@ -98,7 +98,7 @@ def continuation(tokenizer, prompt: str, prompt_ids: np.ndarray, ids: np.ndarray
     as one sequence, since a token's leading space may show only in context (SentencePiece's "▁cat"); the
     generated text is what that adds to the prompt's own decoding.
     """
-    from ..tokens import Vocab
+    from ..text.tokens import Vocab
 
     if isinstance(tokenizer, Vocab):
         generated = tokenizer.decode(ids)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .. import guide as g
-from ..ngrams import LEVELS
+from ..text.ngrams import LEVELS
 from ._app import add_json_flag, print_json, seed_arg, stderr_progress
 
 
@@ -414,7 +414,7 @@ GRID_MOST = 12           # tokens and heads beyond which the per-head grids are 
 
 
 def report_heads(n: int = 5, seed: int = g.heads.SEED, *, n_heads: int = 12, d_model: int = 768) -> Report:
-    from ..config import AttentionConfig
+    from ..layer.config import AttentionConfig
 
     config = AttentionConfig(d_model=d_model, n_heads=n_heads)
     run = g.run_heads(n, config, rng=np.random.default_rng(seed))
@@ -564,7 +564,7 @@ def cmd_cost(args) -> int:
 def gpt2_tokenize(text: str) -> tuple[list[int], list[str]]:
     """GPT-2 token ids and the text of each token; a missing tokenizer is an OSError (one line, exit 2)."""
     try:
-        from ..tokens import gpt2_tokenizer
+        from ..text.tokens import gpt2_tokenizer
         enc = gpt2_tokenizer().encode(text)
     except ImportError as e:
         raise FileNotFoundError(f"GPT-2's tokenizer needs the package tokenizers ({e}); "

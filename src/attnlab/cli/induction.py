@@ -26,7 +26,7 @@ def induction_config(args):
 
 
 def cmd_train_induction(args) -> int:
-    from .._threads import one_blas_thread
+    from ..kernels._threads import one_blas_thread
     from ..interpret.induction import load_run, save_run, start_run, train_steps
     config = induction_config(args)
     if args.resume and not args.out:
@@ -81,7 +81,7 @@ def induction_result(run) -> dict:
 def induction_figures(run, out) -> list[str]:
     from ..interpret.figures import save_induction_curves, save_two_heads
     from ..interpret.induction import best_heads, induction_batch
-    from ..stack import forward
+    from ..stack.transformer import forward
     curves, heads = Path(out) / "induction_curves.png", Path(out) / "induction_heads.png"
     save_induction_curves(curves, run)
     ids = induction_batch(run.config.task, 1, np.random.default_rng(7))[0][0]     # (n_ctx,) one sequence

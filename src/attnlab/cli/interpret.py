@@ -73,7 +73,7 @@ def load(name):
 
 def load_decoder(name, what: str):
     """(model, tokenizer) of a causal LM; a bidirectional model is refused, naming ``what`` needs next tokens."""
-    from ..stack import check_decoder
+    from ..stack.transformer import check_decoder
     model, tokenizer = load(name)
     check_decoder(model, what)
     return model, tokenizer
@@ -82,7 +82,7 @@ def load_decoder(name, what: str):
 def special_ids(tokenizer) -> tuple[list[int], list[int]]:
     """The ids a tokenizer puts before and after a text ([CLS] … [SEP] for BERT, <|endoftext|> before for
     GPT-2, the induction task's BOS "|" for its checkpoints), to wrap a random sequence the same way."""
-    from ..tokens import HFTokenizer, Vocab
+    from ..text.tokens import HFTokenizer, Vocab
     if isinstance(tokenizer, HFTokenizer):
         if tokenizer.byte_level:
             eot = tokenizer.tokenizer.token_to_id("<|endoftext|>")

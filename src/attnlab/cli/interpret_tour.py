@@ -13,9 +13,9 @@ def what_heads_do(ctx, Section, Figure):
     from ..interpret.figures import save_head_grids, save_two_heads
     from ..interpret.induction import FIRST, REPEAT, eval_batch, induction_batch, offset_baseline, per_token_loss
     from ..interpret.trained import INDUCTION_COMMAND, INDUCTION_CONFIG, load_induction_model
-    from ..stack import forward
+    from ..stack.transformer import forward
     from ..viz import terminal_text
-    from ..attnmap import AttentionMap
+    from ..viz.attnmap import AttentionMap
 
     lines, data, figures = [], {}, []
     try:

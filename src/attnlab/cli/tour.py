@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import guide as g
 from .._io import atomic_path
-from ..masks import causal_mask
+from ..kernels.masks import causal_mask
 from . import guide as cg
 from ._app import add_json_flag, jsonable, print_json
 
@@ -245,7 +245,7 @@ def section_explain(ctx: TourContext) -> Section:
 
 
 def section_heads(ctx: TourContext) -> Section:
-    from ..attnmap import AttentionMap
+    from ..viz.attnmap import AttentionMap
     from ..viz import save_layer
     r = cg.report_heads()
     amap = AttentionMap(r.data["tokens"], np.array(r.data["weights"])[None], keep=causal_mask(len(r.data["tokens"])),
@@ -350,7 +350,7 @@ def trained_head_report(text: str, model) -> cg.Report:
     """``text`` through all-MiniLM-L6-v2 (``model``, loaded): its most focused head (lowest entropy) beside an
     untrained head of the same shape on the same input."""
     from ..models import attend, random_heads
-    from ..summary import summarize_heads
+    from ..viz.summary import summarize_heads
     from ..viz import terminal_text
     from .attend import label
 
@@ -396,7 +396,7 @@ CAT_DOG = ("cat", "the cat saw the dog", "the dog saw the cat")
 
 
 def section_context(ctx: TourContext) -> Section:
-    from ..context import compare_in_context
+    from ..guide.context import compare_in_context
     from ..viz.charts import save_context
     from .context import context_data, context_text
     try:

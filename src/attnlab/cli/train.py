@@ -12,14 +12,14 @@ import numpy as np
 from ._app import add_json_flag, print_json, seed_arg, stderr_progress
 
 if TYPE_CHECKING:
-    from ..tokens import Vocab
+    from ..text.tokens import Vocab
 
 FLOOR_MAX_K = 3          # floors shown for k = 0 … 3
 BASELINE_KS = (1, 2)     # the add-α predictors the model is set beside
 
 
 def register(sub) -> None:
-    from ..positions import POSITION_SCHEMES
+    from ..layer.positions import POSITION_SCHEMES
 
     p = sub.add_parser("train", help="train a small attention language model on a text and compare it with "
                        "the n-gram floors")
@@ -67,8 +67,8 @@ class Data:
 def load_data(file, level: str, heldout: float) -> Data:
     from ..guide.toy import TOY_TEXT
     from ..lm.training import split_heldout
-    from ..ngrams import read_utf8
-    from ..tokens import Vocab
+    from ..text.ngrams import read_utf8
+    from ..text.tokens import Vocab
 
     text = TOY_TEXT if file is None else read_utf8(file)
     vocab = Vocab.from_text(text, level)
@@ -90,9 +90,9 @@ def cmd_train(args) -> int:
     from ..lm.resume import load_training_state, save_training_state
     from ..lm.compare import ALPHA, loss_beside_counts
     from ..lm.model import lm_config
-    from ..positions import POSITION_SCHEMES
-    from ..stack import Transformer
-    from .._threads import one_blas_thread
+    from ..layer.positions import POSITION_SCHEMES
+    from ..stack.transformer import Transformer
+    from ..kernels._threads import one_blas_thread
     from ..lm.training import AdamConfig, AdamState, check_text_length, cosine_decay, training_steps
 
     if args.save_every < 1:

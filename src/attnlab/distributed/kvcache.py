@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .._checks import as_float_array, as_positive_float, as_positive_int, check_flag
+from ..kernels._checks import as_float_array, as_positive_float, as_positive_int, check_flag
 from .cluster import get_client, worker_addresses
 from .partials import attend_part, decode_part, merge_tree
 

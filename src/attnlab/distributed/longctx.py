@@ -13,8 +13,8 @@ import time
 
 import numpy as np
 
-from .._checks import as_positive_float, as_positive_int, check_flag, check_rng
-from ..tiled import attention_weights_rows, tiled_attention
+from ..kernels._checks import as_positive_float, as_positive_int, check_flag, check_rng
+from ..kernels.tiled import attention_weights_rows, tiled_attention
 from .cluster import require_distributed, worker_addresses, worker_stats
 from .sequence import sequence_parallel_attention
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import fold, unfold
-from ..tiled import Plan, tiled_attention
+from ..kernels._checks import fold, unfold
+from ..kernels.tiled import Plan, tiled_attention
 
 
 def merge_partials(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]):

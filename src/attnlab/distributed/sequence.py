@@ -17,7 +17,7 @@ import uuid
 
 import numpy as np
 
-from .._checks import as_positive_float, as_positive_int, check_attention_args
+from ..kernels._checks import as_positive_float, as_positive_int, check_attention_args
 from .cluster import get_client, require_distributed, worker_addresses
 from .partials import attend_part, merge_partials, merge_tree, pair_cost, split_even
 

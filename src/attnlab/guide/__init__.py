@@ -15,7 +15,7 @@ from .cost import (COST_CONFIGS, GPT2_SMALL_COST, LLAMA_3_2_1B_COST, Cost, CostC
                    kv_bytes_per_token, params, tile_shape, tiled_grid_numbers, without_gqa)
 from .explain import SYMBOLS, MaskTable, Step, explain, mask_table, shape_sizes, shapes
 from .heads import HeadsRun, run_heads
-from ..ngrams import Floor, encode, floors, iter_floors, read_utf8   # the library's: section 1, n-gram floors
+from ..text.ngrams import Floor, encode, floors, iter_floors, read_utf8   # the library's: section 1, n-gram floors
 from .lookup import Lookup, hard_lookup, soft_lookup
 from .order import OrderChecks, order_checks
 from .scaling import Spread, TopWeight, dot_product_spread, saturation, top_weight

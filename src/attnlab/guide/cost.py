@@ -9,10 +9,10 @@ The guide counts parameters and scores; the rest follows from the same shapes.
 - FLOPs per layer (a multiply-add is 2 FLOPs): the four projections, 2 · n · d_model · (2h + 2h_kv) · d_head,
   grow with n; QKᵀ and AV, 4 · h · n² · d_head, grow with n². Softmax and masking are left out (O(h · n²) too).
 - Score-grid bytes: naive attention holds one layer's h × n × n scores at once. Tiled attention (online
-  softmax, as in FlashAttention; attnlab's kernel in :mod:`attnlab.tiled`) holds, in each worker, one
+  softmax, as in FlashAttention; attnlab's kernel in :mod:`attnlab.kernels.tiled`) holds, in each worker, one
   tile of min(n, block_q) × min(n, block_k) scores (its reusable scratch buffer), and per query a running
   max and sum: workers · min(n, block_q) · min(n, block_k) + 2 · h · n numbers, which grows with n, not n².
-  Assumed: the kernel's own tile (attnlab.tiled.BLOCK_Q × BLOCK_K, 512 × 512 today) and 2 workers, one
+  Assumed: the kernel's own tile (attnlab.kernels.tiled.BLOCK_Q × BLOCK_K, 512 × 512 today) and 2 workers, one
   per core of the machines attnlab is measured on (fewer when there are fewer (head, query block) work
   items than workers); the max and sum are counted for all h · n queries, an upper bound on the query
   blocks in flight.
@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .._checks import as_positive_int
-from ..config import GPT2_SMALL, AttentionConfig
-from ..positions import RoPE
-from ..tiled import BLOCK_K, BLOCK_Q
+from ..kernels._checks import as_positive_int
+from ..layer.config import GPT2_SMALL, AttentionConfig
+from ..layer.positions import RoPE
+from ..kernels.tiled import BLOCK_K, BLOCK_Q
 
 GROWTH_MAX = 1_048_576       # the growth table runs n = 1, 2, 4, … up to 2^20
 

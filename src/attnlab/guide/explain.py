@@ -11,10 +11,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .._checks import as_positive_int
-from ..attention import attention, attention_weights
-from ..config import GPT2_SMALL, AttentionConfig
-from ..masks import additive_mask, causal_mask
+from ..kernels._checks import as_positive_int
+from ..kernels.attention import attention, attention_weights
+from ..layer.config import GPT2_SMALL, AttentionConfig
+from ..kernels.masks import additive_mask, causal_mask
 from .toy import GuideToy
 
 
@@ -79,7 +79,7 @@ def shapes(n: int = 5, config: AttentionConfig = GPT2_SMALL) -> list[Step]:
 def explain(toy: GuideToy, sentence: str, *, is_causal: bool = True) -> list[Step]:
     """Every symbol of the equation computed on the toy embeddings of ``sentence``.
 
-    The weights come from :func:`attnlab.attention`; S, M and S + M are shown as the guide writes them.
+    The weights come from :func:`attnlab.kernels.attention`; S, M and S + M are shown as the guide writes them.
     Without the causal mask, M is all zeros and the meanings of M and S + M say so. Each step carries the
     words of ``sentence`` as labels of its token axes (rows of X, Q, K, V, AV; both axes of S, M, A).
     """

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import as_positive_int, check_rng
-from ..config import GPT2_SMALL, AttentionConfig
-from ..multihead import MultiHeadAttention, merge_heads, split_heads
+from ..kernels._checks import as_positive_int, check_rng
+from ..layer.config import GPT2_SMALL, AttentionConfig
+from ..layer.multihead import MultiHeadAttention, merge_heads, split_heads
 
 SEED = 0                     # the guide's seed for X and the four matrices
 STD = 0.02                   # GPT-2's initial scale

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import as_finite_float, as_float_array
-from ..attention import attention, attention_weights
-from ..softmax import softmax
+from ..kernels._checks import as_finite_float, as_float_array
+from ..kernels.attention import attention, attention_weights
+from ..kernels.softmax import softmax
 
 TOKENS = ("the", "cat", "sat")
 QUERY = np.array([1., 0.])                                # (2,) query of sat

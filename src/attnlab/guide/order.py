@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import check_rng
+from ..kernels._checks import check_rng
 from .toy import GuideToy
 
 SENTENCE = "the cat saw the dog"

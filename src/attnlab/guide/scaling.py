@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import as_finite_float, as_float_array, as_positive_int, check_rng
-from ..softmax import softmax
+from ..kernels._checks import as_finite_float, as_float_array, as_positive_int, check_rng
+from ..kernels.softmax import softmax
 
 SEED = 0                       # both experiments start from default_rng(0), as in the guide
 TRIAL_NUMBERS = 1 << 20        # normals drawn at once by top_weight (8 MiB): fast, and bounded for any --trials

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import as_float_array, as_positive_float, as_positive_int, check_rng
-from ..attention import attention, attention_weights
-from ..softmax import softmax
+from ..kernels._checks import as_float_array, as_positive_float, as_positive_int, check_rng
+from ..kernels.attention import attention, attention_weights
+from ..kernels.softmax import softmax
 
 TOY_TEXT = ("the cat sat on the mat and the dog sat on the log and the "
             "cat saw the dog then the dog ran to the cat and the cat ran on the mat")

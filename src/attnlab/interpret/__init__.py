@@ -1,8 +1,8 @@
 """What trained heads do: detectors, ablation, activation patching, the logit lens, a corpus scan, and an
 induction head grown from scratch.
 
-Everything here runs on the one stack (:mod:`attnlab.stack`) through its named activations
-(:mod:`attnlab.hooks`): no second forward pass.
+Everything here runs on the one stack (:mod:`attnlab.stack.transformer`) through its named activations
+(:mod:`attnlab.stack.hooks`): no second forward pass.
 """
 
 from .detect import (KINDS, detect_heads, duplicate_token_pattern, induction_pattern, pattern_scores,

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_nonnegative_int, as_positive_int, check_flag, check_rng
-from ..hooks import run_with_cache
-from ..stack import Transformer, check_ids
+from ..kernels._checks import as_nonnegative_int, as_positive_int, check_flag, check_rng
+from ..stack.hooks import run_with_cache
+from ..stack.transformer import Transformer, check_ids
 
 KINDS = ("previous_token", "duplicate_token", "induction")
 

@@ -35,12 +35,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._checks import as_positive_int, check_rng
+from ..kernels._checks import as_positive_int, check_rng
 from ..lm.model import lm_config
 from ..lm.training import AdamConfig, AdamState, cosine_decay, steps_on
-from ..positions import POSITION_SCHEMES
-from ..stack import Transformer, forward
-from ..tokens import Vocab
+from ..layer.positions import POSITION_SCHEMES
+from ..stack.transformer import Transformer, forward
+from ..text.tokens import Vocab
 from .detect import detect_heads
 from .interventions import per_token_loss
 

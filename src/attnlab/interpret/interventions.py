@@ -1,6 +1,6 @@
 """Ablation, activation patching and the logit lens, all through the stack's named activations.
 
-None of these writes a forward pass of its own: each runs :func:`attnlab.hooks.run_with_hooks` or
+None of these writes a forward pass of its own: each runs :func:`attnlab.stack.hooks.run_with_hooks` or
 ``run_with_cache`` with a function that replaces one activation.
 
 - Ablation removes one head: its output before W_O (``blocks.{l}.attn.hook_z``, (n_heads, n, d_head)) is
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import as_choice, as_float_array, as_positive_int, as_token_ids
-from ..hooks import run_with_cache, run_with_hooks
-from ..softmax import softmax
-from ..stack import Transformer, check_decoder, check_ids
+from ..kernels._checks import as_choice, as_float_array, as_positive_int, as_token_ids
+from ..stack.hooks import run_with_cache, run_with_hooks
+from ..kernels.softmax import softmax
+from ..stack.transformer import Transformer, check_decoder, check_ids
 
 MODES = ("zero", "mean")
 

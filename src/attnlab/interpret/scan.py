@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..attnmap import AttentionMap
-from ..summary import summarize_heads
+from ..viz.attnmap import AttentionMap
+from ..viz.summary import summarize_heads
 from .detect import KINDS, model_patterns, score_patterns
 
 STATS = ("entropy", "distance", "cls", "sep", "punctuation", *KINDS)
@@ -37,7 +37,7 @@ PUNCTUATION = set(string.punctuation) | set("“”‘’—–…")
 def read_corpus(path) -> list[str]:
     """The non-blank lines of a UTF-8 file, stripped; an empty corpus is a ValueError, an unreadable file an
     OSError."""
-    from ..ngrams import read_utf8
+    from ..text.ngrams import read_utf8
     lines = [line.strip() for line in read_utf8(path).splitlines()]
     lines = [line for line in lines if line]
     if not lines:
@@ -117,7 +117,7 @@ def _loaded(model_name: str):
 
 def scan_chunk(model_name: str, lines: list[str]) -> ScanSums:
     """One chunk, where it runs (a Dask worker or here)."""
-    from .._threads import one_blas_thread
+    from ..kernels._threads import one_blas_thread
     model, tokenizer = _loaded(model_name)
     with one_blas_thread():
         return scan_lines(model, tokenizer, lines)

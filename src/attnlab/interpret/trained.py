@@ -32,7 +32,7 @@ def induction_checkpoint() -> Path:
 
 
 def load_induction_model():
-    """The shipped induction model, a :class:`attnlab.stack.Transformer`."""
+    """The shipped induction model, a :class:`attnlab.stack.transformer.Transformer`."""
     from ..lm.checkpoint import load_checkpoint
     return load_checkpoint(induction_checkpoint(), config=INDUCTION_CONFIG.model_config(),
                            vocab=INDUCTION_CONFIG.task.vocab())[0]

@@ -1,7 +1,7 @@
 """attnlab's own small attention language model, trained with attnlab's own backward pass and Adam.
 
 Token embedding + positions (learned, sinusoidal, RoPE or ALiBi) -> layers of causal multi-head attention
-with W_O and a residual -> unembedding: a :class:`attnlab.stack.Transformer` of the shape
+with W_O and a residual -> unembedding: a :class:`attnlab.stack.transformer.Transformer` of the shape
 :func:`lm_config` states, run by the stack like every other model. ``attnlab train`` and ``attnlab
 generate`` drive it; its losses are set beside the n-gram floors of the guide's first section and add-α
 count predictors.

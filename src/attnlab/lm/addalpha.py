@@ -1,6 +1,6 @@
 """Count-based next-token predictors with add-α smoothing: the baseline the model must beat off its training text.
 
-A floor (:mod:`attnlab.ngrams`) knows the counts of the very text it is scored on. A predictor has
+A floor (:mod:`attnlab.text.ngrams`) knows the counts of the very text it is scored on. A predictor has
 to be fitted on one text and scored on another; unseen (context, next) pairs must not get probability 0.
 Add-α smoothing (Lidstone's law) adds α to every count:
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_nonnegative_int, as_positive_float, as_positive_int
+from ..kernels._checks import as_nonnegative_int, as_positive_float, as_positive_int
 
 
 def context_keys(ids: np.ndarray, k: int, base: int) -> np.ndarray:

@@ -3,7 +3,7 @@ JSON beside them.
 
 A checkpoint directory holds
 
-    model.safetensors   every array of :meth:`attnlab.stack.Transformer.params`, by name; its metadata
+    model.safetensors   every array of :meth:`attnlab.stack.transformer.Transformer.params`, by name; its metadata
                         repeats config.json
     config.json         {"model_type": "attnlab", "model": ModelConfig.to_json(), "vocab": {"level", "symbols"}}
 
@@ -20,9 +20,9 @@ import json
 from pathlib import Path
 
 from .._io import atomic_path
-from ..positions import scheme_from_json
-from ..stack import ModelConfig, Transformer
-from ..tokens import Vocab
+from ..layer.positions import scheme_from_json
+from ..stack.transformer import ModelConfig, Transformer
+from ..text.tokens import Vocab
 from .model import FAMILY, lm_config
 
 WEIGHTS = "model.safetensors"

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ngrams import floors
-from ..stack import Transformer
-from ..tokens import Vocab
+from ..text.ngrams import floors
+from ..stack.transformer import Transformer
+from ..text.tokens import Vocab
 from .addalpha import add_alpha_loss
 from .training import evaluate
 

@@ -1,4 +1,4 @@
-"""attnlab's own language model: the guide's pieces stacked on :mod:`attnlab.stack`, and trained.
+"""attnlab's own language model: the guide's pieces stacked on :mod:`attnlab.stack.transformer`, and trained.
 
     x = W_E[ids] + positions                      (B, n, d_model)   the guide's X, with W_P or sinusoids
     x = x + MultiHeadAttention(x, causal)          × n_layers        attention with W_O, and a residual
@@ -7,10 +7,10 @@
 
 RoPE and ALiBi add nothing to x: they act inside attention (rotated q and k; a bias on the scores).
 There is no MLP and no layer norm: the guide's attention and nothing else, so what the model learns
-beyond the bigram floor it learns by looking back. The model is a :class:`attnlab.stack.Transformer`
+beyond the bigram floor it learns by looking back. The model is a :class:`attnlab.stack.transformer.Transformer`
 (:func:`lm_config` states its shape); it runs through the stack's ``forward`` and ``generate`` like
 GPT-2 does. The backward pass is written by hand, each line naming the forward line it undoes; each
-layer's backward reuses what its forward kept (:func:`attnlab.multihead.multihead_attention_forward`
+layer's backward reuses what its forward kept (:func:`attnlab.layer.multihead.multihead_attention_forward`
 and ``multihead_attention_backward``).
 """
 
@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_token_ids
-from ..config import AttentionConfig
-from ..multihead import multihead_attention_backward, multihead_attention_forward
-from ..positions import Learned, PositionScheme
-from ..stack import ATTENTION_PARAMS, ModelConfig, Transformer, embed, forward
+from ..kernels._checks import as_token_ids
+from ..layer.config import AttentionConfig
+from ..layer.multihead import multihead_attention_backward, multihead_attention_forward
+from ..layer.positions import Learned, PositionScheme
+from ..stack.transformer import ATTENTION_PARAMS, ModelConfig, Transformer, embed, forward
 
 FAMILY = "attnlab"
 
@@ -32,7 +32,7 @@ def lm_config(vocab_size: int, *, d_model: int = 64, n_heads: int = 4, n_layers:
               n_kv_heads: int | None = None) -> ModelConfig:
     """The shape of attnlab's own LM: attention-only causal blocks, no norms, an untied unembedding with a
     bias. Defaults are small enough to train in numpy in a minute; d_head defaults to d_model / n_heads,
-    positions to :class:`~attnlab.positions.Learned`."""
+    positions to :class:`~attnlab.layer.positions.Learned`."""
     attention = AttentionConfig(d_model=d_model, n_heads=n_heads, d_head=d_head, n_kv_heads=n_kv_heads,
                                 n_ctx=n_ctx, positions=Learned() if positions is None else positions)
     return ModelConfig(vocab_size=vocab_size, n_layers=n_layers, attention=attention, family=FAMILY)
@@ -80,7 +80,7 @@ def check_targets(targets, shape: tuple, vocab_size: int) -> np.ndarray:
 def loss_and_grad(model: Transformer, ids, targets) -> tuple[float, dict[str, np.ndarray]]:
     """The cross-entropy loss of ``targets`` given ``ids``, and its gradient with respect to every parameter.
 
-    One forward pass keeps each layer's saved forward (:func:`attnlab.multihead.multihead_attention_forward`); the
+    One forward pass keeps each layer's saved forward (:func:`attnlab.layer.multihead.multihead_attention_forward`); the
     backward then walks the layers in reverse, the residual passing dx straight through.
 
     Parameters

@@ -9,8 +9,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .._checks import as_finite_float, as_positive_float, as_positive_int, as_token_ids, check_rng
-from ..stack import Transformer
+from ..kernels._checks import as_finite_float, as_positive_float, as_positive_int, as_token_ids, check_rng
+from ..stack.transformer import Transformer
 from .model import check_trainable, loss, loss_and_grad
 
 

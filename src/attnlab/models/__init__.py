@@ -1,4 +1,4 @@
-"""Trained models in numpy, all on the one stack (:mod:`attnlab.stack`): BERT-family encoders, GPT-2,
+"""Trained models in numpy, all on the one stack (:mod:`attnlab.stack.transformer`): BERT-family encoders, GPT-2,
 Llama, Mistral and Qwen2, and the folders ``attnlab train`` writes, read from safetensors checkpoints.
 
 Each family is one module that registers a :class:`~attnlab.models.families.Family`; ``load_model``

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..attnmap import AttentionMap
-from ..config import AttentionConfig
-from ..masks import causal_mask
-from ..multihead import MultiHeadAttention
-from ..stack import Transformer, embed, forward
+from ..viz.attnmap import AttentionMap
+from ..layer.config import AttentionConfig
+from ..kernels.masks import causal_mask
+from ..layer.multihead import MultiHeadAttention
+from ..stack.transformer import Transformer, embed, forward
 from .families import MINILM, load_model
 
 

@@ -1,6 +1,6 @@
 """The BERT family of encoders (Devlin et al., 2019), from a Hugging Face safetensors checkpoint.
 
-BERT on the stack (:mod:`attnlab.stack`): learned positions and token types, a norm on the embeddings,
+BERT on the stack (:mod:`attnlab.stack.transformer`): learned positions and token types, a norm on the embeddings,
 post-norm blocks with a GELU (exact erf form) MLP, no causal mask (``is_causal=False``: every token sees
 both sides) and no language-model head. Linear weights are stored as [out, in] and transposed once at
 load time. Both key layouts load: MiniLM's (``embeddings.…``, ``encoder.layer.0.…``) and the
@@ -12,12 +12,12 @@ from __future__ import annotations
 import functools
 import numpy as np
 
-from ..config import AttentionConfig
-from ..layers import MLP, LayerNorm, activation_name
-from ..multihead import MultiHeadAttention
-from ..positions import Learned
-from ..stack import Block, ModelConfig, Transformer
-from ..tokens import json_folder_tokenizer
+from ..layer.config import AttentionConfig
+from ..stack.layers import MLP, LayerNorm, activation_name
+from ..layer.multihead import MultiHeadAttention
+from ..layer.positions import Learned
+from ..stack.transformer import Block, ModelConfig, Transformer
+from ..text.tokens import json_folder_tokenizer
 from .checkpoint import Tensors, config_float, config_int
 from .families import Family, checkpoint_loader, register
 

@@ -1,4 +1,4 @@
-"""Model families: how a checkpoint folder of one kind of model becomes a :class:`attnlab.stack.Transformer`.
+"""Model families: how a checkpoint folder of one kind of model becomes a :class:`attnlab.stack.transformer.Transformer`.
 
 A :class:`Family` is a small object: a name, a test on the folder's config.json, a loader that maps the
 checkpoint's tensor names onto the stack, and the folder's tokenizer. Each family lives in its own module
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..stack import ModelConfig, Transformer
+from ..stack.transformer import ModelConfig, Transformer
 from .checkpoint import Tensors, read_checkpoint, read_config
 
 MINILM = "minilm"

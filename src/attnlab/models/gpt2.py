@@ -1,6 +1,6 @@
 """The GPT-2 family (Radford et al., 2019), any size, from a Hugging Face safetensors checkpoint.
 
-GPT-2 on the stack (:mod:`attnlab.stack`): learned positions, pre-norm blocks with a GELU (tanh form)
+GPT-2 on the stack (:mod:`attnlab.stack.transformer`): learned positions, pre-norm blocks with a GELU (tanh form)
 MLP, a final norm ``ln_f``, logits ``x W_Eᵀ`` (``lm_head`` is tied to ``wte``). Conv1D weights are stored
 as [in, out], which is attnlab's own layout: no transposes. Keys load with or without ``transformer.``.
 Tokenizer: the folder's ``vocab.json`` and ``merges.txt`` (byte-level BPE).
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import AttentionConfig
-from ..layers import MLP, LayerNorm, activation_name
-from ..multihead import MultiHeadAttention
-from ..positions import Learned
-from ..stack import Block, ModelConfig, Transformer
-from ..tokens import bpe_folder_tokenizer
+from ..layer.config import AttentionConfig
+from ..stack.layers import MLP, LayerNorm, activation_name
+from ..layer.multihead import MultiHeadAttention
+from ..layer.positions import Learned
+from ..stack.transformer import Block, ModelConfig, Transformer
+from ..text.tokens import bpe_folder_tokenizer
 from .checkpoint import Tensors, config_eos_ids, config_float, config_int
 from .families import Family, checkpoint_loader, register
 

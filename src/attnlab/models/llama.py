@@ -2,7 +2,7 @@
 al., 2023) and Qwen2 (Yang et al., 2024), from Hugging Face safetensors checkpoints (one file or shards;
 float32, float16 or bfloat16).
 
-On the stack (:mod:`attnlab.stack`) all three are the same model: token embeddings and no position table,
+On the stack (:mod:`attnlab.stack.transformer`) all three are the same model: token embeddings and no position table,
 pre-norm blocks with RMSNorm, grouped-query attention (``num_key_value_heads`` key/value heads) with RoPE
 (``rope_theta``, and Llama 3's frequency scaling), a gated SiLU MLP (SwiGLU), a final RMSNorm, and logits
 ``x W_U`` (or ``x W_Eᵀ`` with ``tie_word_embeddings``). What differs, in config.json:
@@ -11,7 +11,7 @@ pre-norm blocks with RMSNorm, grouped-query attention (``num_key_value_heads`` k
 - Qwen2: biases on q, k and v (never on o);
 - Llama: ``attention_bias`` puts biases on q, k, v and o.
 
-RoPE's pairs. attnlab's :func:`attnlab.positions.rope` turns features (2i, 2i+1) of each head as one pair,
+RoPE's pairs. attnlab's :func:`attnlab.layer.positions.rope` turns features (2i, 2i+1) of each head as one pair,
 as Su et al. (2021) write it. Hugging Face's code turns features (i, i + d_head/2) ("rotate_half"), and its
 Llama weights are stored for that layout. Both turn pair i by the same angle ``pos · θ_i``, so reordering
 each head's columns of W_Q and W_K (and b_Q, b_K) from (0, 1, …, d_head−1) to (0, d/2, 1, d/2+1, …)
@@ -30,12 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import AttentionConfig
-from ..layers import GatedMLP, RMSNorm, activation_name
-from ..multihead import MultiHeadAttention
-from ..positions import ROPE_BASE, RoPE
-from ..stack import Block, ModelConfig, Transformer
-from ..tokens import json_folder_tokenizer
+from ..layer.config import AttentionConfig
+from ..stack.layers import GatedMLP, RMSNorm, activation_name
+from ..layer.multihead import MultiHeadAttention
+from ..layer.positions import ROPE_BASE, RoPE
+from ..stack.transformer import Block, ModelConfig, Transformer
+from ..text.tokens import json_folder_tokenizer
 from .checkpoint import Tensors, config_eos_ids, config_float, config_int, read_checkpoint
 from .families import Family, register
 

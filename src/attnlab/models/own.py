@@ -2,7 +2,7 @@
 
 Its config.json says ``"model_type": "attnlab"`` (older ones hold a "model" and a "vocab" and no
 model_type); the tensors already carry the stack's names, and the tokenizer is the checkpoint's own
-character- or word-level :class:`attnlab.tokens.Vocab`.
+character- or word-level :class:`attnlab.text.tokens.Vocab`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 from ..lm.checkpoint import load_checkpoint
 from ..lm.model import FAMILY
-from ..stack import Transformer
-from ..tokens import Vocab
+from ..stack.transformer import Transformer
+from ..text.tokens import Vocab
 from .families import Family, register
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_float_array, as_positive_int
+from ..kernels._checks import as_float_array, as_positive_int
 from .png import _figure, _save
 
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
@@ -83,7 +83,7 @@ def save_growth(path, n, series, *, ylabel: str, title: str | None = None, marks
 
 
 def save_context(path, result, *, title: str | None = None) -> None:
-    """Both cosines of :func:`attnlab.context.compare_in_context` against the hidden state: the token rows
+    """Both cosines of :func:`attnlab.guide.context.compare_in_context` against the hidden state: the token rows
     alone first, then the embeddings, then after each layer."""
     labels = ["W_E rows", "embeddings"] + [name.removeprefix("layer ") for name in result.layers[1:]]
     x = np.arange(len(labels))                                                          # (L + 2,)
@@ -138,7 +138,7 @@ def save_lookup(path, query, keys, values, tokens, *, title: str | None = None) 
     ----------
     query : (2,)   keys : (m, 2)   values : (m, d_v)   tokens : m names for the keys
     """
-    from ..softmax import softmax
+    from ..kernels.softmax import softmax
     q = as_float_array("query", np.asarray(query, dtype=float), finite=True)        # (2,)
     k = as_float_array("keys", np.asarray(keys, dtype=float), finite=True)          # (m, 2)
     v = as_float_array("values", np.asarray(values, dtype=float), finite=True)      # (m, d_v)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_positive_float, as_positive_int, check_rng
-from ..attnmap import AttentionMap
-from ..config import AttentionConfig
-from ..masks import causal_mask
-from ..layers import layer_norm
-from ..multihead import MultiHeadAttention
+from ..kernels._checks import as_positive_float, as_positive_int, check_rng
+from .attnmap import AttentionMap
+from ..layer.config import AttentionConfig
+from ..kernels.masks import causal_mask
+from ..stack.layers import layer_norm
+from ..layer.multihead import MultiHeadAttention
 
 DEMO_CONFIG = AttentionConfig(d_model=32, n_heads=4, n_ctx=1024)   # small: fast in tests, enough heads to see
 

@@ -25,9 +25,9 @@ from importlib import resources
 import numpy as np
 
 from .._io import atomic_path
-from ..attnmap import AttentionMap
+from .attnmap import AttentionMap
 from ._style import BLUES, DARK_ABOVE, MASKED_COLOUR
-from ..summary import SUMMARY_FIELDS, summarize_heads
+from .summary import SUMMARY_FIELDS, summarize_heads
 
 MAX_HTML_CELLS = 64 * 1024 * 1024   # 128 MB of 16-bit weights before compression: past that a browser struggles
 _JSON_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",

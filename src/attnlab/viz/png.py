@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import as_bool_array, as_float_array, as_positive_int
+from ..kernels._checks import as_bool_array, as_float_array, as_positive_int
 from .._io import atomic_path
-from ..attnmap import AttentionMap
+from .attnmap import AttentionMap
 from ._style import DARK_ABOVE, MASKED_COLOUR, display_token
 
 DPI = 100
@@ -286,7 +286,7 @@ def save_mask(path, tokens, *, k_tokens=None, title: str | None = "causal mask M
 
 def mask_figure(tokens, *, k_tokens=None, title: str | None = "causal mask M"):
     """The matplotlib Figure that ``save_mask`` writes."""
-    from ..masks import causal_mask
+    from ..kernels.masks import causal_mask
     k_tokens = tokens if k_tokens is None else k_tokens
     keep = causal_mask(len(tokens), len(k_tokens))                 # (n_q, n_k)
     fit = fit_grid(len(tokens), len(k_tokens))

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import as_positive_int
-from ..attnmap import AttentionMap
+from ..kernels._checks import as_positive_int
+from .attnmap import AttentionMap
 from ._style import DARK_ABOVE, MASKED_COLOUR, display_token, shade
 
 CELL = 4                 # columns per cell: a space and ".42"

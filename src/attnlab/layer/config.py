@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ._checks import as_positive_int
+from ..kernels._checks import as_positive_int
 from .positions import Learned, PositionScheme, check_scheme, scheme_from_json
 
 

@@ -15,7 +15,7 @@ Any reference point works in place of m' (it cancels in acc / l) as long as exp 
 each row keeps its reference fixed while m stays within ±SHIFT_SLACK of it: then a tile needs neither
 the subtraction pass nor the rescaling; when ‖q_i‖ ‖k_j‖ · scale bounds every score of a block, m is not
 even tracked (see :func:`forward_rows`). The numpy kernel uses numpy's exp or exp2, whichever this machine
-runs faster (:mod:`attnlab._kernels`); the fused kernel (:mod:`attnlab._fused`, numba) does the shift, the
+runs faster (:mod:`attnlab.kernels._kernels`); the fused kernel (:mod:`attnlab.kernels._fused`, numba) does the shift, the
 exponential, the causal diagonal and the row sum in one pass per row. The plan cuts a causal block's
 diagonal tile into row strips that skip most of the hidden triangle.
 
@@ -27,7 +27,7 @@ are never repeated); a worker transposes each key head once for all the query he
 backward sums dk, dv over the group in place.
 
 Each worker holds O(block_q · block_k + n · d) scratch. Work is split over threads by (batch, head)
-and query block (:func:`attnlab._threads.run_items`: numpy releases the GIL inside matmul and ufuncs, so
+and query block (:func:`attnlab.kernels._threads.run_items`: numpy releases the GIL inside matmul and ufuncs, so
 with BLAS pinned to one thread per worker two cores run two tiles at once).
 """
 
@@ -65,9 +65,9 @@ SHIFT_SLACK = 30.0
 # 2048). (Earlier, single-threaded with the numpy kernel, 64 was 1-4% faster than 128 at n = 1024 … 4096.)
 DIAGONAL_ROWS = 128
 # The numpy forward works in the base of whichever of numpy's exp and exp2 is faster on the machine it runs
-# on (attnlab._kernels.numpy_exp, measured once per process: exp2 is vectorised only with AVX-512); for
+# on (attnlab.kernels._kernels.numpy_exp, measured once per process: exp2 is vectorised only with AVX-512); for
 # exp2, log₂e is folded into the scale of q, so no pass over the tile pays for it. The fused kernel
-# (attnlab._fused) always works in base 2.
+# (attnlab.kernels._fused) always works in base 2.
 
 
 @dataclass(frozen=True)
@@ -216,12 +216,12 @@ def max_row_norm(x: np.ndarray) -> float:
 def tiled_attention(query, key, value, *, mask=None, is_causal=False, window=None, q_offset=None, scale=None,
                     block_q=None, block_k=None, return_lse=False, check_finite=True, workers=None):
     """Scaled dot-product attention computed tile by tile with the online softmax; same result as
-    :func:`attnlab.attention` without ever allocating the (n_q, n_k) grid.
+    :func:`attnlab.kernels.attention` without ever allocating the (n_q, n_k) grid.
 
     Parameters
     ----------
     query, key, value, mask, is_causal, scale, check_finite
-        As in :func:`attnlab.attention`: leading axes broadcast, ``mask`` is bool with True = may attend
+        As in :func:`attnlab.kernels.attention`: leading axes broadcast, ``mask`` is bool with True = may attend
         (a key-padding mask (..., 1, n_k) stays a broadcast view; a dense one is sliced per tile),
         causal alignment is bottom-right.
     window : int, optional
@@ -247,7 +247,7 @@ def tiled_attention(query, key, value, *, mask=None, is_causal=False, window=Non
     Raises
     ------
     ValueError, TypeError
-        As :func:`attnlab.attention` does; also for a block size or ``workers`` that is not a positive
+        As :func:`attnlab.kernels.attention` does; also for a block size or ``workers`` that is not a positive
         int, and a ``window`` without ``is_causal``.
 
     Examples
@@ -278,7 +278,7 @@ def make_plan(c: Checked, *, block_q=None, block_k=None, default=None) -> Plan:
 def tiled_forward(c: Checked, plan: Plan, *, workers=None, kernel=None) -> tuple[np.ndarray, np.ndarray]:
     """The online softmax over every (batch, head) and query block; returns (out, lse) in the compute dtype,
     (..., h, n_q, d_v) and (..., h, n_q). ``kernel``: "fused" (numba) or "numpy"; None asks
-    :func:`attnlab._kernels.tile_kernel` (what :func:`attnlab.attention.choose_path` passes down)."""
+    :func:`attnlab.kernels._kernels.tile_kernel` (what :func:`attnlab.kernels.attention.choose_path` passes down)."""
     g = group_view(c)
     d_k, d_v = g.q.shape[-1], g.v.shape[-1]
     tile = tile_step(_kernels.tile_kernel() if kernel is None else kernel)
@@ -328,7 +328,7 @@ class NumpyTile:
 
 
 class FusedTile:
-    """The numba tile step (:func:`attnlab._fused.tile_softmax`): shift, exponential, the causal diagonal
+    """The numba tile step (:func:`attnlab.kernels._fused.tile_softmax`): shift, exponential, the causal diagonal
     and window, and row sum in one pass per row; base 2. A dense mask is still applied by numpy first."""
     fused = True
     unit, exp, log = LOG2E, np.exp2, np.log2
@@ -348,7 +348,7 @@ class FusedTile:
         return s
 
     def exp_rows(self, s, shift):
-        """The backward's weights in place, exp(s - shift), in one pass (:func:`attnlab._fused.exp_minus_rows`)."""
+        """The backward's weights in place, exp(s - shift), in one pass (:func:`attnlab.kernels._fused.exp_minus_rows`)."""
         self.exp_minus_rows(s, shift, s.dtype.type(LOG2E))
         return s
 

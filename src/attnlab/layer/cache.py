@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_float_array, as_positive_int
+from ..kernels._checks import as_float_array, as_positive_int
 
 
 @dataclass(eq=False)

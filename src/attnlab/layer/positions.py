@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_choice, as_float_array, as_positive_float, as_positive_int
+from ..kernels._checks import as_choice, as_float_array, as_positive_float, as_positive_int
 
 ROPE_BASE = 10000.0        # θ's base in Su et al. (2021), the same 10,000 as the sinusoids'
 

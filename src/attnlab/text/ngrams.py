@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._checks import as_choice, as_nonnegative_int
+from ..kernels._checks import as_choice, as_nonnegative_int
 
 LEVELS = ("char", "word")
 UNICODE_SIZE = 0x110000      # code points run from 0 to 0x10FFFF

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_bool_array, as_float_array
+from ..kernels._checks import as_bool_array, as_float_array
 
 
 @dataclass(frozen=True, eq=False)

@@ -3,7 +3,7 @@ and its gated (SwiGLU) form.
 
 Each is a pure function; the small dataclasses only hold parameters, as MultiHeadAttention does.
 :data:`NORMS` maps a norm's name to its class and :data:`MLPS` an MLP's name to its class (what
-:class:`attnlab.stack.ModelConfig` names). Each class lists its parameter names in ``PARAMS``.
+:class:`attnlab.stack.transformer.ModelConfig` names). Each class lists its parameter names in ``PARAMS``.
 """
 
 from __future__ import annotations

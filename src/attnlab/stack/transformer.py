@@ -12,7 +12,7 @@ A forward pass, top to bottom::
 attnlab's own LM is the plainest case: no norms, no MLP, its positions learned, sinusoidal, RoPE or ALiBi.
 What differs between models is stated in :class:`ModelConfig`; a family (:mod:`attnlab.models.families`)
 only maps its checkpoint's names onto :class:`Transformer`. :func:`forward`, :func:`new_caches` and
-:func:`generate` serve all of them; :func:`attnlab.hooks.run_with_cache` and ``run_with_hooks`` run the
+:func:`generate` serve all of them; :func:`attnlab.stack.hooks.run_with_cache` and ``run_with_hooks`` run the
 same pass with named activations.
 """
 
@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._checks import as_float_array, as_positive_int, as_stop_ids, as_token_ids, check_flag, check_rng
-from .cache import KVCache
-from .config import AttentionConfig
+from ..kernels._checks import as_float_array, as_positive_int, as_stop_ids, as_token_ids, check_flag, check_rng
+from ..layer.cache import KVCache
+from ..layer.config import AttentionConfig
 from .layers import ACTIVATIONS, MLPS, NORMS, LayerNorm, RMSNorm
-from .multihead import MultiHeadAttention, multihead_attention, multihead_attention_with_weights
+from ..layer.multihead import MultiHeadAttention, multihead_attention, multihead_attention_with_weights
 from .sampling import check_temperature, sample_next
 
 
@@ -41,9 +41,9 @@ class ModelConfig:
     n_layers: int                   # blocks
     attention: AttentionConfig      # d_model, n_heads, n_kv_heads, d_head, n_ctx, positions, window
     d_mlp: int | None = None        # width of the MLP's hidden layer; None = attention-only blocks
-    activation: str = "gelu_new"    # the MLP's nonlinearity, a key of attnlab.layers.ACTIVATIONS
-    mlp: str = "mlp"                # the MLP's kind, a key of attnlab.layers.MLPS ("gated": Llama's SwiGLU)
-    norm: type | None = None        # a norm class of attnlab.layers.NORMS (LayerNorm, RMSNorm); None = no norms
+    activation: str = "gelu_new"    # the MLP's nonlinearity, a key of attnlab.stack.layers.ACTIVATIONS
+    mlp: str = "mlp"                # the MLP's kind, a key of attnlab.stack.layers.MLPS ("gated": Llama's SwiGLU)
+    norm: type | None = None        # a norm class of attnlab.stack.layers.NORMS (LayerNorm, RMSNorm); None = no norms
     norm_eps: float = 1e-5
     pre_norm: bool = True           # norm before each sublayer (GPT-2) or after the residual (BERT)
     is_causal: bool = True          # a decoder; False = an encoder, every token sees both sides (BERT)
@@ -298,7 +298,7 @@ def check_ids(model: Transformer, ids, *, start: int = 0, name: str = "ids") -> 
     """``ids`` as int64 token ids (..., n) of the vocabulary, at least one token, fitting the position table
     after the ``start`` tokens already processed (a KV cache)."""
     if not isinstance(model, Transformer):
-        raise TypeError(f"model must be an attnlab.stack.Transformer, got {type(model).__name__}")
+        raise TypeError(f"model must be an attnlab.stack.transformer.Transformer, got {type(model).__name__}")
     arr = as_token_ids(name, ids, model.config.vocab_size)
     if arr.ndim == 0 or arr.shape[-1] == 0:
         raise ValueError(f"{name} must hold at least one token id (..., n), got shape {arr.shape}")
@@ -334,7 +334,7 @@ def block_forward(block: Block, x: np.ndarray, config: ModelConfig, *, cache: KV
                   return_weights: bool = False, hook=None):
     """One block on x (..., n, d_model): ``(x, weights)``, the weights (..., h, n, n_k) only when asked.
 
-    ``hook`` (scoped to ``blocks.{i}.``, see :mod:`attnlab.hooks`) sees ``hook_resid_pre``,
+    ``hook`` (scoped to ``blocks.{i}.``, see :mod:`attnlab.stack.hooks`) sees ``hook_resid_pre``,
     ``attn.hook_*``, ``hook_attn_out``, ``hook_mlp_out`` and ``hook_resid_post`` and may replace them.
     """
     pre = config.pre_norm
@@ -389,7 +389,7 @@ def forward(model: Transformer, ids, *, caches: list[KVCache] | None = None, ret
 
 
 def run(model: Transformer, ids, *, caches=None, return_weights=False, token_types=None, hooks=None) -> ModelOutput:
-    """:func:`forward`, with optional named activations ``hooks`` (an :class:`attnlab.hooks.Hooks`)."""
+    """:func:`forward`, with optional named activations ``hooks`` (an :class:`attnlab.stack.hooks.Hooks`)."""
     if not isinstance(model, Transformer):
         raise TypeError(f"model must be a Transformer (from attnlab.models.load_model or Transformer.init), "
                         f"got {type(model).__name__}")

@@ -77,8 +77,8 @@ def compare_in_context(word: str, sentence_a: str, sentence_b: str, model=MINILM
     FileNotFoundError
         The model is not installed.
     """
-    from .models.attend import _loaded
-    from .stack import forward
+    from ..models.attend import _loaded
+    from ..stack.transformer import forward
 
     for name, value in (("word", word), ("sentence_a", sentence_a), ("sentence_b", sentence_b)):
         if not isinstance(value, str):

@@ -2,8 +2,8 @@
 
     Attention(Q, K, V) = softmax(Q Kᵀ / √d_k + M) V
 
-Forward and backward side by side; the faster paths (:mod:`attnlab.tiled`, :mod:`attnlab.decode`) are tested
-against this one. Grouped-query attention runs folded (:func:`attnlab._checks.fold`): the query heads of a
+Forward and backward side by side; the faster paths (:mod:`attnlab.kernels.tiled`, :mod:`attnlab.kernels.decode`) are tested
+against this one. Grouped-query attention runs folded (:func:`attnlab.kernels._checks.fold`): the query heads of a
 group are stacked as rows, so a group is one matmul against its key/value head and K, V are never repeated.
 """
 
@@ -42,7 +42,7 @@ def visible(c: Checked) -> np.ndarray | None:
 def naive_weights(c: Checked, kernel: str = "numpy") -> np.ndarray:
     """The grid of weights A = softmax(S + M), (..., h, n_q, n_k), in the compute dtype. ``kernel="fused"``
     (numba, no bias): the scale, shift, exponential, sum and division in one pass per row
-    (:func:`attnlab._fused.softmax_rows`), where numpy takes six passes and two temporaries."""
+    (:func:`attnlab.kernels._fused.softmax_rows`), where numpy takes six passes and two temporaries."""
     fused = kernel == "fused" and c.bias is None
     s = naive_scores(c, scaled=not fused)                # (..., h, n_q, n_k) S + M, unscaled when fused
     if not fused:

@@ -2,10 +2,10 @@
 
     Attention(Q, K, V) = softmax(Q Kᵀ / √d_k + M) V
 
-This module is the one place that picks the path: the naive reference (:mod:`attnlab.naive`, the whole
-grid of scores), the tiled kernel (:mod:`attnlab.tiled`, FlashAttention's online softmax, never the grid),
-or the decode step (:mod:`attnlab.decode`, one query against a KV cache). Every path takes the same
-checked inputs (:mod:`attnlab._checks`) and gives the same result.
+This module is the one place that picks the path: the naive reference (:mod:`attnlab.kernels.naive`, the whole
+grid of scores), the tiled kernel (:mod:`attnlab.kernels.tiled`, FlashAttention's online softmax, never the grid),
+or the decode step (:mod:`attnlab.kernels.decode`, one query against a KV cache). Every path takes the same
+checked inputs (:mod:`attnlab.kernels._checks`) and gives the same result.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Path:
     """Which path a call takes: ``name`` "naive", "tiled" or "decode", and for the tiled and naive paths their
-    ``kernel``, "fused" (numba) or "numpy" (:func:`attnlab._kernels.tile_kernel`; the naive path's softmax
+    ``kernel``, "fused" (numba) or "numpy" (:func:`attnlab.kernels._kernels.tile_kernel`; the naive path's softmax
     is fused only without a bias)."""
     name: str
     kernel: str = "numpy"
@@ -131,8 +131,8 @@ def attention(query, key, value, *, mask=None, bias=None, is_causal=False, windo
     from :func:`attention_weights`.
 
     From ``TILED_MIN_QUERIES`` queries and ``TILED_MIN_SCORES`` scores per head (without ``bias``) the work
-    goes to :func:`attnlab.tiled.tiled_attention`, which gives the same result without building the grid;
-    one query per head with every key visible goes to the decode step (:mod:`attnlab.decode`).
+    goes to :func:`attnlab.kernels.tiled.tiled_attention`, which gives the same result without building the grid;
+    one query per head with every key visible goes to the decode step (:mod:`attnlab.kernels.decode`).
 
     Examples
     --------
@@ -173,7 +173,7 @@ def attention_weights(query, key, *, mask=None, bias=None, is_causal=False, wind
     TypeError, ValueError
         As :func:`attention` does.
 
-    For a few rows of a grid too big to hold, see :func:`attnlab.tiled.attention_weights_rows`.
+    For a few rows of a grid too big to hold, see :func:`attnlab.kernels.tiled.attention_weights_rows`.
 
     Examples
     --------
@@ -198,8 +198,8 @@ def attention_forward(query, key, value, *, mask=None, bias=None, is_causal=Fals
     """:func:`attention`, and what its backward needs (for training).
 
     The same crossover as :func:`attention` picks the path: below it the naive grid, whose weights are
-    kept (:class:`attnlab.naive.NaiveSaved`); above it the tiled kernel, which keeps one log-sum-exp per
-    query (:class:`attnlab.tiled.TiledSaved`; FlashAttention-2, Dao 2023).
+    kept (:class:`attnlab.kernels.naive.NaiveSaved`); above it the tiled kernel, which keeps one log-sum-exp per
+    query (:class:`attnlab.kernels.tiled.TiledSaved`; FlashAttention-2, Dao 2023).
 
     Parameters
     ----------
@@ -269,7 +269,7 @@ def attention_grad(query, key, value, dout, *, mask=None, bias=None, is_causal=F
     """Backward of :func:`attention`: the gradients ``(dq, dk, dv)`` of a loss L.
 
     The forward is run once (:func:`attention_forward`), then its backward (:func:`attention_backward`).
-    Above the crossover size that is FlashAttention-2's tiled backward (:mod:`attnlab.tiled`; Dao, 2023);
+    Above the crossover size that is FlashAttention-2's tiled backward (:mod:`attnlab.kernels.tiled`; Dao, 2023);
     below it, the naive reference that holds the (n_q, n_k) grid of weights.
 
     Parameters

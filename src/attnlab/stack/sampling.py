@@ -1,6 +1,6 @@
 """Choosing the next token from a model's logits: the most likely one, or a draw at a temperature.
 
-The one :func:`attnlab.stack.generate` uses it for every decoder (GPT-2, attnlab's own LM).
+The one :func:`attnlab.stack.transformer.generate` uses it for every decoder (GPT-2, attnlab's own LM).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numbers
 
 import numpy as np
 
-from .softmax import softmax
+from ..kernels.softmax import softmax
 
 
 def check_temperature(temperature) -> float:

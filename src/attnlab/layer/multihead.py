@@ -3,7 +3,7 @@
 Shapes: the four projections are stored for all heads at once, as GPT-2 does:
 W_Q is (d_model, n_heads·d_head) with head i in columns i·d_head … (i+1)·d_head − 1, W_K and W_V are
 (d_model, n_kv_heads·d_head) (fewer heads with grouped-query attention), and W_O is (n_heads·d_head, d_model).
-Every size comes from the layer's :class:`~attnlab.config.AttentionConfig`.
+Every size comes from the layer's :class:`~attnlab.layer.config.AttentionConfig`.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_float_array, as_positive_int, check_attention_args, check_finite, check_rng, fold, unfold
-from .attention import Saved, attention, attention_backward, attention_forward
+from ..kernels._checks import as_float_array, as_positive_int, check_attention_args, check_finite, check_rng, fold, unfold
+from ..kernels.attention import Saved, attention, attention_backward, attention_forward
 from .cache import KVCache
 from .config import AttentionConfig
-from .naive import naive_scores
-from .softmax import softmax
+from ..kernels.naive import naive_scores
+from ..kernels.softmax import softmax
 
 
 def split_heads(x: np.ndarray, n_heads: int) -> np.ndarray:
@@ -146,7 +146,7 @@ def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_ca
         and values are appended, and the n queries attend to all n_k cached tokens (bottom-right causal
         alignment: the queries are the last n positions). A step that raises leaves the cache as it was.
     hook : callable, optional
-        Named activations (see :mod:`attnlab.hooks`): ``hook(name, array)`` returns the array to go on
+        Named activations (see :mod:`attnlab.stack.hooks`): ``hook(name, array)`` returns the array to go on
         with, for the names ``hook_q``, ``hook_k``, ``hook_v`` (after the position rotation),
         ``hook_scores``, ``hook_pattern`` and ``hook_z``; ``hook.wants(name)`` says which it takes. Asking
         for the scores or the pattern takes the path that holds the (n, n_k) grid.
@@ -159,7 +159,7 @@ def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_ca
     Raises
     ------
     ValueError, TypeError
-        When ``x`` is not (..., n, d_model), and as :func:`attnlab.attention` or :meth:`KVCache.append` do.
+        When ``x`` is not (..., n, d_model), and as :func:`attnlab.kernels.attention` or :meth:`KVCache.append` do.
     """
     return _multihead(p, x, mask=mask, bias=bias, is_causal=is_causal, cache=cache, hook=hook, weights=False)[0]
 

@@ -24,13 +24,13 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from . import _kernels
-from ._checks import as_positive_int, check_attention_args, check_dout
-from ._threads import blas_info, blas_limiter, usable_cores
-from .attention import attention, attention_grad, attention_path
-from .cache import KVCache
-from .naive import naive_attention, naive_attention_grad
-from .tiled import tiled_attention
+from ..kernels import _kernels
+from ..kernels._checks import as_positive_int, check_attention_args, check_dout
+from ..kernels._threads import blas_info, blas_limiter, usable_cores
+from ..kernels.attention import attention, attention_grad, attention_path
+from ..layer.cache import KVCache
+from ..kernels.naive import naive_attention, naive_attention_grad
+from ..kernels.tiled import tiled_attention
 
 N_HEADS, D_HEAD = 12, 64
 SIZES = (256, 512, 1024, 2048, 4096, 8192)
@@ -320,7 +320,7 @@ def sdpa(torch, q, k, v, **kw):
 
 
 def forward_row(n: int, is_causal: bool, gemm: float, *, repeat: int, torch=None) -> ForwardRow:
-    """attnlab.attention (the front door) against torch SDPA at one size, alone; then naive in its own loop."""
+    """attnlab.kernels.attention (the front door) against torch SDPA at one size, alone; then naive in its own loop."""
     q, k, v = qkv(n, n, np.random.default_rng(n))
     ours = lambda: attention(q, k, v, is_causal=is_causal)                        # noqa: E731
     rounds = repeat if n <= 2048 else max(3, repeat // 2)

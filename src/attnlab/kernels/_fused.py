@@ -31,7 +31,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
-# A row's exponentials stay below 2^(SHIFT_SLACK₂) (e^30 ≈ 1e13), as the numpy path's (attnlab.tiled).
+# A row's exponentials stay below 2^(SHIFT_SLACK₂) (e^30 ≈ 1e13), as the numpy path's (attnlab.kernels.tiled).
 SHIFT_SLACK2 = 30.0 / math.log(2)
 # 2^f on [0, 1), lowest degree first: least squares on 2,000 Chebyshev nodes (numpy.polynomial).
 P0, P1, P2, P3 = 1.0000000025868898, 0.6931469286929531, 0.24023050204587595, 0.055480426322116146

@@ -1,6 +1,6 @@
 """Named activations: record any intermediate of a forward pass, or replace it.
 
-Every intermediate of :func:`attnlab.stack.forward` has a stable name (TransformerLens's names). Per layer i::
+Every intermediate of :func:`attnlab.stack.transformer.forward` has a stable name (TransformerLens's names). Per layer i::
 
     blocks.{i}.hook_resid_pre        (n, d_model)         the residual stream into the block
     blocks.{i}.attn.hook_q           (n_heads, n, d_head)  queries, as attention sees them (RoPE applied)
@@ -28,7 +28,7 @@ import difflib
 
 import numpy as np
 
-from .stack import ModelOutput, Transformer, run
+from .transformer import ModelOutput, Transformer, run
 
 LAYER_HOOKS = ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_scores",
                "attn.hook_pattern", "attn.hook_z", "hook_attn_out", "hook_mlp_out", "hook_resid_post")
@@ -102,7 +102,7 @@ class _Scoped:
 
 def run_with_hooks(model: Transformer, ids, hooks: dict, *, caches=None, return_weights: bool = False,
                    token_types=None) -> ModelOutput:
-    """:func:`attnlab.stack.forward` with ``hooks`` {name: fn}: each ``fn(array, name)`` sees that activation
+    """:func:`attnlab.stack.transformer.forward` with ``hooks`` {name: fn}: each ``fn(array, name)`` sees that activation
     and returns a replacement of the same shape (the pass goes on with it), or None to keep it.
 
     >>> # zero head 3's output in layer 0 (an ablation):
@@ -115,7 +115,7 @@ def run_with_hooks(model: Transformer, ids, hooks: dict, *, caches=None, return_
 
 def run_with_cache(model: Transformer, ids, names=None, *, caches=None, return_weights: bool = False,
                    token_types=None) -> tuple[ModelOutput, dict[str, np.ndarray]]:
-    """:func:`attnlab.stack.forward`, and the activations ``names`` (default: every one of
+    """:func:`attnlab.stack.transformer.forward`, and the activations ``names`` (default: every one of
     :func:`hook_names`) as a dict name -> array, in the order the pass reached them.
 
     The arrays are the pass's own (no copies are made); none of them is written to afterwards.

@@ -5,7 +5,7 @@ half the speed of ``exp`` (measured on an AVX2-only EPYC: 2.53 against 1.26 ns p
 can be the faster one. No constant measured on one machine decides it: :func:`numpy_exp` times both on a
 tile-sized array once per process, on the machine it runs on, and the tiled kernel uses the winner.
 
-The fused kernel (:mod:`attnlab._fused`, the optional extra ``attnlab[fast]``) needs numba; setting the
+The fused kernel (:mod:`attnlab.kernels._fused`, the optional extra ``attnlab[fast]``) needs numba; setting the
 environment variable ``ATTNLAB_NO_NUMBA=1`` makes every call take the numpy path as if numba were missing.
 """
 
@@ -70,7 +70,7 @@ def numba_disabled() -> bool:
 
 @functools.cache
 def fused_module():
-    """:mod:`attnlab._fused` (imports numba, ~0.3 s the first time), or None when numba cannot be imported."""
+    """:mod:`attnlab.kernels._fused` (imports numba, ~0.3 s the first time), or None when numba cannot be imported."""
     try:
         from . import _fused
     except ImportError:

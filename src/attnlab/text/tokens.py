@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._checks import as_choice
+from ..kernels._checks import as_choice
 from .ngrams import LEVELS, encode as split_tokens
 
 
@@ -31,7 +31,7 @@ def check_text(text) -> str:
 @dataclass(frozen=True)
 class Vocab:
     """The distinct tokens of a text, sorted; a token's id is its index. Splitting text into tokens is
-    :func:`attnlab.ngrams.encode`'s, so the model and the n-gram floors count the same tokens.
+    :func:`attnlab.text.ngrams.encode`'s, so the model and the n-gram floors count the same tokens.
 
     >>> v = Vocab.from_text("the cat")
     >>> v.symbols, v.encode("cat").tolist(), v.decode([4, 3, 2])

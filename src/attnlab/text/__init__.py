@@ -1,0 +1,1 @@
+"""Text into tokens: every tokenizer attnlab reads, and the n-gram floors."""
