@@ -69,10 +69,15 @@ def test_ablate_patch_lens_json_match_the_library(capsys, gpt2, tmp_path):
     from attnlab.interpret import ablate, logit_lens, patch
     from attnlab.models import load_model
     model, tok = load_model(gpt2)
-    code, out, _ = run(capsys, "ablate", "the cat sat", "--model", gpt2, "--mode", "mean", "--json",
+    code, out, _ = run(capsys, "ablate", "the cat sat", "--model", gpt2, "--mode", "prefix-mean", "--json",
                        "--png", str(tmp_path / "a.png"))
     assert code == 0
-    np.testing.assert_allclose(json.loads(out)["delta"], ablate(model, tok.encode("the cat sat"), mode="mean").delta)
+    np.testing.assert_allclose(json.loads(out)["delta"],
+                               ablate(model, tok.encode("the cat sat"), mode="prefix-mean").delta)
+    code, out, _ = run(capsys, "ablate", "the cat sat", "the sat cat", "--model", gpt2, "--mode", "mean", "--json")
+    assert code == 0
+    batch = np.stack([tok.encode("the cat sat"), tok.encode("the sat cat")])
+    np.testing.assert_allclose(json.loads(out)["delta"], ablate(model, batch, mode="mean").delta)
     code, out, _ = run(capsys, "patch", "--model", gpt2, "--clean", "the cat sat", "--corrupt", "the sat cat",
                        "--answer", " cat", "--wrong", " the", "--json", "--png", str(tmp_path / "p.png"))
     assert code == 0
@@ -92,6 +97,8 @@ def test_ablate_patch_lens_json_match_the_library(capsys, gpt2, tmp_path):
 
 def test_interventions_bad_input(capsys, gpt2):
     bad(capsys, "ablate", "the cat sat", "--model", "minilm", match="bidirectional")
+    bad(capsys, "ablate", "the cat sat", "--model", gpt2, "--mode", "mean", match="use --mode prefix-mean")
+    bad(capsys, "ablate", "the cat sat", "the cat", "--model", gpt2, "--mode", "mean", match="same number of tokens")
     bad(capsys, "patch", "--model", gpt2, "--clean", "the cat sat", "--corrupt", "the sat", "--answer", " cat",
         "--wrong", " the", match="same number")
     bad(capsys, "patch", "--model", gpt2, "--clean", "the cat", "--corrupt", "the sat", "--answer", " cat hat",

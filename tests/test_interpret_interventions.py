@@ -4,9 +4,10 @@ ablated loss, one patched logit difference and one lens row against transformers
 import numpy as np
 import pytest
 
-from attnlab.interpret import ablate, logit_lens, next_token_loss, patch, unembed
+from attnlab.interpret import ablate, ablation_hooks, logit_lens, next_token_loss, patch, unembed
 from attnlab.lm.model import lm_config
 from attnlab.layer.multihead import merge_heads, split_heads
+from attnlab.stack.hooks import run_with_cache, run_with_hooks
 from attnlab.stack.transformer import Transformer, forward
 
 
@@ -42,7 +43,7 @@ def test_next_token_loss_by_hand():
     assert next_token_loss(logits, np.array([0, 1, 2])) == pytest.approx((-np.log(0.25) - np.log(0.1)) / 2)
 
 
-@pytest.mark.parametrize("mode", ["zero", "mean"])
+@pytest.mark.parametrize("mode", ["zero", "prefix-mean"])
 def test_ablation_equals_a_hand_computation(lm, rng, mode):
     ids = rng.integers(0, 13, 9)
     r = ablate(lm, ids, mode=mode)
@@ -51,10 +52,92 @@ def test_ablation_equals_a_hand_computation(lm, rng, mode):
         def edit(i, z):
             if i == layer:
                 z = z.copy()
-                z[head] = 0.0 if mode == "zero" else z[head].mean(0)
+                z[head] = 0.0 if mode == "zero" else np.cumsum(z[head], 0) / np.arange(1, 10)[:, None]
             return z
         assert r.ablated[layer, head] == pytest.approx(next_token_loss(by_hand(lm, ids, z_edit=edit), ids), abs=1e-12)
     assert r.ablated.shape == (2, 4) and np.all(r.delta == r.ablated - r.loss)
+
+
+@pytest.mark.parametrize("mode", ["mean", "resample"])
+def test_batch_ablation_takes_the_other_prompts_by_hand(lm, rng, mode):
+    """mean: each prompt's head output at t is the mean of the other prompts' at t; resample: prompt b − 1's."""
+    ids = rng.integers(0, 13, (3, 7))
+    r = ablate(lm, ids, mode=mode)
+    layer, head = 1, 2
+    z_of = [{} for _ in ids]
+    for b, row in enumerate(ids):
+        by_hand(lm, row, z_edit=lambda i, z, b=b: z_of[b].setdefault(i, z))
+    others = [np.mean([z_of[c][layer][head] for c in range(3) if c != b], 0) if mode == "mean"
+              else z_of[(b - 1) % 3][layer][head] for b in range(3)]                  # (n, d_head) each
+
+    def edit(b):
+        def f(i, z):
+            if i == layer:
+                z = z.copy()
+                z[head] = others[b]
+            return z
+        return f
+    want = np.mean([next_token_loss(by_hand(lm, row, z_edit=edit(b)), row) for b, row in enumerate(ids)])
+    assert r.ablated[layer, head] == pytest.approx(want, abs=1e-12)
+    assert r.loss == pytest.approx(np.mean([next_token_loss(by_hand(lm, row), row) for row in ids]), abs=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["mean", "prefix-mean", "resample"])
+def test_mean_ablation_is_causal(lm, rng, mode):
+    """Changing the last token of a prompt never moves an earlier position's logits, in any prompt; the old
+    mean over all positions of the text did (the bug this replaces)."""
+    ids = rng.integers(0, 13, (3, 8))
+    later = ids.copy()
+    later[0, -1], later[2, -1] = (ids[0, -1] + 4) % 13, (ids[2, -1] + 7) % 13
+    hooks = ablation_hooks(lm, [(0, 1), (1, 2), (1, 3)], mode=mode)
+    a, b = (run_with_hooks(lm, x, hooks).logits for x in (ids, later))                  # (3, 8, vocab)
+    np.testing.assert_allclose(a[:, :-1], b[:, :-1], rtol=0, atol=1e-12)
+    assert np.abs(a[:, -1] - b[:, -1]).max() > 1e-3
+    reference = rng.integers(0, 13, (4, 8))
+    if mode != "prefix-mean":
+        ref_hooks = ablation_hooks(lm, [(0, 1), (1, 2)], mode=mode, reference=reference)
+        a, b = (run_with_hooks(lm, x, ref_hooks).logits for x in (ids, later))
+        np.testing.assert_allclose(a[:, :-1], b[:, :-1], rtol=0, atol=1e-12)
+
+    def old_mean(z, name):                          # the mean over every position, later ones included
+        z = z.copy()
+        z[..., 1, :, :] = z[..., 1, :, :].mean(-2, keepdims=True)
+        return z
+    a, b = (run_with_hooks(lm, x, {"blocks.0.attn.hook_z": old_mean}).logits for x in (ids, later))
+    assert np.abs(a[:, :-1] - b[:, :-1]).max() > 1e-3
+
+
+def test_mean_ablation_over_a_reference_by_hand(lm, rng):
+    ids, reference = rng.integers(0, 13, 6), rng.integers(0, 13, (5, 9))
+    _, cache = run_with_cache(lm, reference, ["blocks.0.attn.hook_z"])
+    mean = cache["blocks.0.attn.hook_z"][:, 3, :6].mean(0)                             # (n, d_head)
+    out = run_with_hooks(lm, ids, ablation_hooks(lm, [(0, 3)], mode="mean", reference=reference)).logits
+
+    def edit(i, z):
+        if i == 0:
+            z = z.copy()
+            z[3] = mean
+        return z
+    np.testing.assert_allclose(out, by_hand(lm, ids, z_edit=edit), rtol=0, atol=1e-12)
+    r = ablate(lm, ids, mode="mean", reference=reference)
+    assert r.ablated[0, 3] == pytest.approx(next_token_loss(by_hand(lm, ids, z_edit=edit), ids), abs=1e-12)
+
+
+def test_ablation_hooks_bad_input(lm, rng):
+    with pytest.raises(ValueError, match="mode must be one of"):
+        ablation_hooks(lm, [(0, 1)], mode="average")
+    with pytest.raises(ValueError, match=r"heads has \(2, 0\); the model has layers 0 … 1"):
+        ablation_hooks(lm, [(2, 0)], mode="zero")
+    with pytest.raises(TypeError, match=r"for one head write \[\(0, 1\)\]"):
+        ablation_hooks(lm, (0, 1), mode="zero")
+    with pytest.raises(ValueError, match="reference is for mode 'mean' or 'resample'"):
+        ablation_hooks(lm, [(0, 1)], mode="zero", reference=[1, 2, 3])
+    with pytest.raises(ValueError, match="at least 2 prompts"):
+        run_with_hooks(lm, [1, 2, 3], ablation_hooks(lm, [(0, 1)], mode="mean"))
+    with pytest.raises(ValueError, match="reference has 2 tokens, the text 3"):
+        run_with_hooks(lm, [1, 2, 3], ablation_hooks(lm, [(0, 1)], mode="mean", reference=[[1, 2], [2, 3]]))
+    with pytest.raises(ValueError, match="use mode 'prefix-mean'"):
+        ablate(lm, [1, 2, 3], mode="mean")
 
 
 def test_patching_equals_a_hand_computation_and_has_its_limits(lm, rng):
@@ -166,12 +249,13 @@ def _hf_loss(hf, module, pre_hook, ids):
 
 
 def test_ablation_matches_transformers_hooks(gpt2_pair):
+    import torch
     ours, hf = gpt2_pair
     ids = np.random.default_rng(3).integers(0, 300, 20)
-    r = ablate(ours, ids, mode="mean")
+    r = ablate(ours, ids, mode="prefix-mean")
 
-    def mean_head(z):
-        z[0, :, 2] = z[0, :, 2].mean(0)
+    def mean_head(z):                               # (1, n, h, d_head): the running mean over positions
+        z[0, :, 2] = z[0, :, 2].cumsum(0) / torch.arange(1, z.shape[1] + 1)[:, None]
     loss = _hf_loss(hf, hf.transformer.h[1].attn.c_proj, _z_hook(mean_head), ids)
     assert abs(r.ablated[1, 2] - loss) < 1e-4
 
@@ -258,9 +342,9 @@ def test_llama_gqa_ablation_and_detectors_match_transformers(tmp_path):
     s = detect_heads(ours, ids)
     for k, v in score_patterns(weights, ids).items():
         np.testing.assert_allclose(s[k], v, rtol=0, atol=1e-5)
-    r = ablate(ours, ids, mode="mean")
+    r = ablate(ours, ids, mode="prefix-mean")
 
     def mean_head(z):
-        z[0, :, 3] = z[0, :, 3].mean(0)
+        z[0, :, 3] = z[0, :, 3].cumsum(0) / torch.arange(1, z.shape[1] + 1)[:, None]
     loss = _hf_loss(hf, hf.model.layers[0].self_attn.o_proj, _z_hook(mean_head), ids)
     assert abs(r.ablated[0, 3] - loss) < 1e-4

@@ -34,10 +34,13 @@ def add_commands(sub) -> None:
     p.set_defaults(func=cmd_detect)
 
     p = sub.add_parser("ablate", help="the change in next-token loss when each head is removed (causal LMs)")
-    p.add_argument("text")
+    p.add_argument("text", nargs="+", help="one text, or several of the same number of tokens (a batch: the "
+                   "loss is their mean, and modes mean and resample take the other texts)")
     p.add_argument("--model", required=True, help=MODEL_HELP)
-    p.add_argument("--mode", default="zero", choices=("zero", "mean"), help="zero the head's output, or "
-                   "replace it by its mean over positions (default zero)")
+    p.add_argument("--mode", default="zero", choices=("zero", "mean", "prefix-mean", "resample"),
+                   help="zero the head's output; mean: its mean at each position over the other texts; "
+                   "prefix-mean: its running mean over the text's positions so far; resample: its output in "
+                   "another text (default zero). Each keeps a causal model causal")
     p.add_argument("--png", metavar="FILE", help="a layer × head heatmap of the change")
     add_json_flag(p)
     p.set_defaults(func=cmd_ablate)
@@ -162,17 +165,25 @@ def cmd_detect(args) -> int:
 def cmd_ablate(args) -> int:
     from ..interpret import ablate
     model, tokenizer = load_decoder(args.model, "ablation")
-    ids = tokenizer.encode(args.text)
+    rows = [tokenizer.encode(t) for t in args.text]
+    if len({r.size for r in rows}) != 1:
+        raise ValueError(f"the texts must have the same number of tokens, got {[r.size for r in rows]}")
+    if args.mode in ("mean", "resample") and len(rows) < 2:
+        raise ValueError(f"--mode {args.mode} takes each position's output from the other texts: give at least "
+                         "2 texts of the same number of tokens, or use --mode prefix-mean")
+    ids = rows[0] if len(rows) == 1 else np.stack(rows)                 # (n,) or (B, n)
     r = ablate(model, ids, mode=args.mode)
     if args.png:
         from ..interpret.figures import save_head_grids
         save_head_grids(args.png, {f"loss change, {args.mode} ablation (nats)": r.delta}, diverging=True,
                         title=f"{args.model}: intact loss {r.loss:.3f}")
     if args.json:
-        print_json({"model": args.model, "tokens": list(tokenizer.labels(ids)), "mode": r.mode, "loss": r.loss,
+        print_json({"model": args.model, "tokens": [list(tokenizer.labels(t)) for t in rows], "mode": r.mode,
+                    "loss": r.loss,
                     "ablated": r.ablated, "delta": r.delta})
         return 0
-    print(f"{args.model}: next-token loss {r.loss:.4f} nats on {len(ids)} tokens; with one head removed "
+    print(f"{args.model}: next-token loss {r.loss:.4f} nats on {len(rows)} × {rows[0].size} tokens; with one head "
+          f"removed "
           f"({args.mode}), the change:")
     print_grid(r.delta, [f"H{h}" for h in range(r.delta.shape[1])], width=8, digits=4)
     i, j = np.unravel_index(np.argmax(r.delta), r.delta.shape)

@@ -7,7 +7,8 @@ Everything here runs on the one stack (:mod:`attnlab.stack.transformer`) through
 
 from .detect import (KINDS, detect_heads, duplicate_token_pattern, induction_pattern, pattern_scores,
                      previous_token_pattern, repeated_random_tokens, score_patterns, top_heads)
-from .interventions import Ablation, Lens, Patching, ablate, logit_lens, next_token_loss, patch, unembed
+from .interventions import (Ablation, Lens, Patching, ablate, ablation_hooks, logit_lens, next_token_loss, patch,
+                            unembed)
 
 __all__ = [
     "KINDS",
@@ -15,6 +16,7 @@ __all__ = [
     "Lens",
     "Patching",
     "ablate",
+    "ablation_hooks",
     "detect_heads",
     "duplicate_token_pattern",
     "induction_pattern",

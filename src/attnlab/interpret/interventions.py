@@ -4,7 +4,8 @@ None of these writes a forward pass of its own: each runs :func:`attnlab.stack.h
 ``run_with_cache`` with a function that replaces one activation.
 
 - Ablation removes one head: its output before W_O (``blocks.{l}.attn.hook_z``, (n_heads, n, d_head)) is
-  zeroed, or replaced by its mean over positions, and the change in next-token loss is measured.
+  zeroed, or replaced by a causal mean (per position over other prompts, or the running mean over earlier
+  positions), or resampled from another prompt; the change in next-token loss is measured.
 - Activation patching (Meng et al., 2022; Wang et al., 2022) runs a corrupted text and puts back one piece
   of the clean run: one head's z, or one layer's residual stream (``hook_resid_pre``) at one position.
   What it restores of the clean logit difference (answer − wrong, at the last position) is
@@ -26,7 +27,7 @@ from ..stack.hooks import run_with_cache, run_with_hooks
 from ..kernels.softmax import softmax
 from ..stack.transformer import Transformer, check_decoder, check_ids
 
-MODES = ("zero", "mean")
+MODES = ("zero", "mean", "prefix-mean", "resample")
 
 
 def per_token_loss(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -48,20 +49,112 @@ def next_token_loss(logits: np.ndarray, ids: np.ndarray) -> float:
     return float(per_token_loss(logits[:-1], ids[1:]).mean())
 
 
-def head_ablation(head: int, mode: str):
-    """A hook on ``hook_z`` (..., n_heads, n, d_head) that removes ``head``: zeros, or its mean over positions."""
+def batch_loss(logits: np.ndarray, ids: np.ndarray) -> float:
+    """:func:`next_token_loss` of each prompt, averaged: logits (..., n, vocab), ids (..., n)."""
+    return float(per_token_loss(logits[..., :-1, :], ids[..., 1:]).mean())
+
+
+def ablation_hooks(model: Transformer, heads, *, mode: str, reference=None) -> dict:
+    """Hooks ``{name: fn}`` for :func:`attnlab.run_with_hooks` that remove each (layer, head) of ``heads``.
+
+    Each replaces the head's output before W_O (``blocks.{l}.attn.hook_z``, (B, n_heads, n, d_head)) at
+    every position t by:
+
+    - ``"zero"``: 0;
+    - ``"mean"``: its mean at position t over a reference batch: ``reference`` (B_r, n_r) ids, n_r >= n, run
+      once here; without one, over the batch's *other* prompts (B >= 2). Position t sees only tokens <= t of
+      any prompt, so a causal model stays causal;
+    - ``"prefix-mean"``: its running mean over positions 0 … t of the same prompt (causal too);
+    - ``"resample"``: its value at t in another prompt: row b % B_r of ``reference``, or without one row
+      b − 1 of the batch itself (cyclically).
+
+    The hooks compose with any other hook (merge the dicts; names must not collide). The means over the
+    batch itself are taken from the pass the hook sees, so heads ablated in earlier layers are already gone.
+
+    Raises
+    ------
+    ValueError, TypeError
+        An unknown mode, a (layer, head) outside the model, a reference with a mode that takes none, a
+        reference shorter than the text (when the hook runs), ``"mean"``/``"resample"`` without a reference
+        on a single prompt.
+    """
+    return _ablation_hooks(model, heads, as_choice("mode", mode, MODES), _reference_z(model, heads, mode, reference))
+
+
+def _check_heads(model: Transformer, heads) -> list[tuple[int, int]]:
+    c = model.config
+    if isinstance(heads, tuple) and len(heads) == 2 and all(isinstance(h, (int, np.integer)) for h in heads):
+        raise TypeError(f"heads must be a list of (layer, head) pairs; for one head write [{heads}]")
+    try:
+        pairs = [(int(layer), int(head)) for layer, head in heads]
+    except (TypeError, ValueError):
+        raise TypeError(f"heads must be a list of (layer, head) pairs, got {heads!r}") from None
+    for layer, head in pairs:
+        if not (0 <= layer < c.n_layers and 0 <= head < c.attention.n_heads):
+            raise ValueError(f"heads has ({layer}, {head}); the model has layers 0 … {c.n_layers - 1} and heads "
+                             f"0 … {c.attention.n_heads - 1}")
+    return pairs
+
+
+def _reference_z(model: Transformer, heads, mode: str, reference) -> dict | None:
+    """The reference batch's hook_z (B_r, n_heads, n_r, d_head) of every layer ``heads`` touches, or None."""
+    if not isinstance(model, Transformer):
+        raise TypeError(f"model must be a Transformer, got {type(model).__name__}")
+    layers = sorted({layer for layer, _ in _check_heads(model, heads)})
+    if reference is None:
+        return None
+    if mode not in ("mean", "resample"):
+        raise ValueError(f"reference is for mode 'mean' or 'resample'; mode {mode!r} takes none")
+    ref = check_ids(model, reference, name="reference")
+    ref = ref.reshape(-1, ref.shape[-1])                                # (B_r, n_r)
+    _, cache = run_with_cache(model, ref, [f"blocks.{i}.attn.hook_z" for i in layers])
+    return {i: cache[f"blocks.{i}.attn.hook_z"] for i in layers}        # (B_r, h, n_r, d_head) each
+
+
+def _ablation_hooks(model: Transformer, heads, mode: str, ref_z: dict | None) -> dict:
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in _check_heads(model, heads):
+        by_layer.setdefault(layer, []).append(head)
+    return {f"blocks.{layer}.attn.hook_z": _head_ablation(hs, mode, None if ref_z is None else ref_z[layer])
+            for layer, hs in by_layer.items()}
+
+
+def _head_ablation(heads: list[int], mode: str, ref: np.ndarray | None):
+    """A hook on hook_z (..., n_heads, n, d_head) that replaces ``heads`` as :func:`ablation_hooks` says."""
     def hook(z, name):
-        z = z.copy()
-        z[..., head, :, :] = 0.0 if mode == "zero" else z[..., head, :, :].mean(-2, keepdims=True)
-        return z
+        n = z.shape[-2]
+        batch = z.reshape(-1, *z.shape[-3:])                            # (B, h, n, d_head)
+        B = batch.shape[0]
+        if ref is not None and ref.shape[-2] < n:
+            raise ValueError(f"the reference has {ref.shape[-2]} tokens, the text {n}: the means need a "
+                             "reference at least as long")
+        if ref is None and mode in ("mean", "resample") and B < 2:
+            raise ValueError(f"mode {mode!r} without a reference takes other prompts of the batch: give a batch "
+                             "of at least 2 prompts (B, n), a reference, or use mode 'prefix-mean'")
+        new = batch.copy()
+        for head in heads:
+            x = batch[:, head]                                          # (B, n, d_head)
+            if mode == "zero":
+                new[:, head] = 0.0
+            elif mode == "prefix-mean":
+                new[:, head] = np.cumsum(x, axis=-2) / np.arange(1, n + 1)[:, None]   # (B, n, d_head)
+            elif mode == "mean" and ref is None:
+                new[:, head] = (x.sum(0) - x) / (B - 1)                 # (B, n, d_head) the others' mean
+            elif mode == "mean":
+                new[:, head] = ref[:, head, :n].mean(0)                 # (n, d_head)
+            elif ref is None:
+                new[:, head] = np.roll(x, 1, axis=0)                    # (B, n, d_head) row b − 1's
+            else:
+                new[:, head] = ref[np.arange(B) % ref.shape[0], head, :n]   # (B, n, d_head)
+        return new.reshape(z.shape)
     return hook
 
 
 @dataclass(frozen=True, eq=False)
 class Ablation:
-    """Next-token loss on a text with each head removed in turn."""
+    """Next-token loss on a text (or a batch of texts) with each head removed in turn."""
     mode: str
-    loss: float                 # the intact model's loss, nats per token
+    loss: float                 # the intact model's loss, nats per token (averaged over the prompts)
     ablated: np.ndarray         # (n_layers, n_heads) the loss with that head removed
 
     @property
@@ -70,31 +163,39 @@ class Ablation:
         return self.ablated - self.loss
 
 
-def ablate(model: Transformer, ids, *, mode: str = "zero") -> Ablation:
-    """The change in next-token loss on ``ids`` (n,) when each (layer, head) is removed, one at a time.
+def ablate(model: Transformer, ids, *, mode: str = "zero", reference=None) -> Ablation:
+    """The change in next-token loss on ``ids`` (n,) or a batch (B, n) when each (layer, head) is removed,
+    one at a time, by :func:`ablation_hooks` with ``mode`` and ``reference``.
 
     Raises
     ------
     ValueError, TypeError
-        A bidirectional model, an unknown mode, fewer than two tokens, ids the model cannot run.
+        A bidirectional model, an unknown mode, fewer than two tokens, ids the model cannot run, mode
+        ``"mean"`` or ``"resample"`` on one prompt without a reference.
     """
     check_decoder(model, "ablation")
     mode = as_choice("mode", mode, MODES)
-    ids = _text_ids(model, ids)                                         # (n,)
+    ids = _text_ids(model, ids)                                         # (n,) or (B, n)
     c = model.config
-    base = next_token_loss(run_with_hooks(model, ids, {}).logits, ids)
+    all_heads = [(i, h) for i in range(c.n_layers) for h in range(c.attention.n_heads)]
+    ref_z = _reference_z(model, all_heads, mode, reference)
+    if ref_z is None and mode in ("mean", "resample") and ids.ndim == 1:
+        raise ValueError(f"mode {mode!r} takes each position's mean over other prompts: give a batch of at "
+                         "least 2 texts (B, n) or a reference, or use mode 'prefix-mean' (the causal running "
+                         "mean over the text's own positions)")
+    base = batch_loss(run_with_hooks(model, ids, {}).logits, ids)
     out = np.empty((c.n_layers, c.attention.n_heads))                   # (n_layers, n_heads)
-    for layer in range(c.n_layers):
-        for head in range(c.attention.n_heads):
-            hooks = {f"blocks.{layer}.attn.hook_z": head_ablation(head, mode)}
-            out[layer, head] = next_token_loss(run_with_hooks(model, ids, hooks).logits, ids)
+    for layer, head in all_heads:
+        hooks = _ablation_hooks(model, [(layer, head)], mode, ref_z)
+        out[layer, head] = batch_loss(run_with_hooks(model, ids, hooks).logits, ids)
     return Ablation(mode=mode, loss=base, ablated=out)
 
 
 def _text_ids(model: Transformer, ids) -> np.ndarray:
     ids = check_ids(model, ids)
-    if ids.ndim != 1 or ids.size < 2:
-        raise ValueError(f"ids must be 1-D with at least 2 tokens (one to predict), got shape {ids.shape}")
+    if ids.ndim not in (1, 2) or ids.shape[-1] < 2:
+        raise ValueError(f"ids must be (n,) or a batch (B, n) with at least 2 tokens (one to predict), got shape "
+                         f"{ids.shape}")
     return ids
 
 
