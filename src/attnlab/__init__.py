@@ -20,6 +20,7 @@ from .kernels.attention import attention, attention_backward, attention_forward,
 from .viz.attnmap import AttentionMap
 from .layer.cache import KVCache
 from .layer.config import GPT2_SMALL, AttentionConfig
+from .stack.activation_cache import ActivationCache
 from .stack.hooks import hook_names, run_with_cache, run_with_hooks
 from .kernels.masks import additive_mask, causal_mask
 from .layer.multihead import (MultiHeadAttention, merge_heads, multihead_attention, multihead_attention_grad,
@@ -35,6 +36,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ALiBi",
+    "ActivationCache",
     "AttentionConfig",
     "AttentionMap",
     "Block",

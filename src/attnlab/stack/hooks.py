@@ -28,6 +28,7 @@ import difflib
 
 import numpy as np
 
+from .activation_cache import ActivationCache
 from .transformer import ModelOutput, Transformer, run
 
 LAYER_HOOKS = ("hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_scores",
@@ -114,9 +115,11 @@ def run_with_hooks(model: Transformer, ids, hooks: dict, *, caches=None, return_
 
 
 def run_with_cache(model: Transformer, ids, names=None, *, caches=None, return_weights: bool = False,
-                   token_types=None) -> tuple[ModelOutput, dict[str, np.ndarray]]:
+                   token_types=None) -> tuple[ModelOutput, ActivationCache]:
     """:func:`attnlab.stack.transformer.forward`, and the activations ``names`` (default: every one of
-    :func:`hook_names`) as a dict name -> array, in the order the pass reached them.
+    :func:`hook_names`) as an :class:`~attnlab.stack.activation_cache.ActivationCache`: a mapping
+    name -> array, in the order the pass reached them, with the decompositions of the residual stream, direct
+    logit attribution and TransformerLens's layout (``cache.to_tl()``).
 
     The arrays are the pass's own (no copies are made); none of them is written to afterwards.
     """
@@ -130,4 +133,4 @@ def run_with_cache(model: Transformer, ids, names=None, *, caches=None, return_w
 
     out = run_with_hooks(model, ids, {name: record for name in names}, caches=caches,
                          return_weights=return_weights, token_types=token_types)
-    return out, store
+    return out, ActivationCache(store, model, batched=np.ndim(ids) > 1)
