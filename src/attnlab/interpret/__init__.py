@@ -5,26 +5,35 @@ Everything here runs on the one stack (:mod:`attnlab.stack.transformer`) through
 (:mod:`attnlab.stack.hooks`): no second forward pass.
 """
 
+from .circuits import (CircuitTokens, CompositionScores, FactoredMatrix, composition_scores, ov_circuit,
+                       qk_circuit, read_circuit)
 from .detect import (KINDS, detect_heads, duplicate_token_pattern, induction_pattern, pattern_scores,
                      previous_token_pattern, repeated_random_tokens, score_patterns, top_heads)
 from .interventions import (Ablation, Lens, Patching, ablate, ablation_hooks, logit_lens, next_token_loss, patch,
                             unembed)
 
 __all__ = [
+    "CircuitTokens",
+    "CompositionScores",
+    "FactoredMatrix",
     "KINDS",
     "Ablation",
     "Lens",
     "Patching",
     "ablate",
     "ablation_hooks",
+    "composition_scores",
     "detect_heads",
     "duplicate_token_pattern",
     "induction_pattern",
     "logit_lens",
     "next_token_loss",
+    "ov_circuit",
     "patch",
     "pattern_scores",
     "previous_token_pattern",
+    "qk_circuit",
+    "read_circuit",
     "repeated_random_tokens",
     "score_patterns",
     "top_heads",
