@@ -245,3 +245,22 @@ def test_grouped_query_heads_name_their_kv_head(browser, tmp_path, rng):
     assert options == [f"head {h} (KV head {h // 3})" for h in range(6)]
     assert page.eval_on_selector("#summary", "t => t.tBodies[0].rows[4].cells[0].textContent") == "head 4 (KV head 1)"
     assert p.errors == [] and p.requests == []
+
+
+def test_neuron_view_shows_the_scores_of_the_query(tmp_path, view, rng):
+    """Hovering a query draws its q, k and q ∘ k rows, and the readout's best score is scale · q·k's max."""
+    q, k = rng.normal(size=(1, 2, 6, 8)), rng.normal(size=(1, 2, 6, 8))          # (L, h, n, d_head)
+    keep = np.tril(np.ones((6, 6), bool))
+    s = np.where(keep, q @ np.swapaxes(k, -1, -2) / np.sqrt(8), -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    amap = AttentionMap(tuple("abcdef"), w / w.sum(-1, keepdims=True), keep=keep, queries=q, keys=k)
+    save_html(tmp_path / "view.html", amap)
+    page = view.open(tmp_path / "view.html")
+    blank = view.pixels("neuron")
+    view.hover_query(4)
+    text = page.inner_text("#neuron-readout")
+    assert "query #4" in text and view.pixels("neuron")[1] > blank[1] + 200
+    scores = [float(x) for x in re.findall(r"score (-?\d+\.\d{4})", text)]
+    want = np.sort(s[0, 0, 4, :5])[::-1]
+    np.testing.assert_allclose(scores, want, atol=1e-4)
+    assert view.errors == []

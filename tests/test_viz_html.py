@@ -122,3 +122,41 @@ def test_script_json_escapes_what_could_close_the_block():
 def test_causal_demo_has_zero_above_the_diagonal(amap):
     assert np.all(amap.weights[..., ~causal_mask(len(amap.tokens))] == 0)
     np.testing.assert_allclose(amap.weights.sum(-1), 1.0)
+
+
+def _qk_map(rng):
+    """An AttentionMap with the q and k its weights came from: softmax(q kᵀ / √d_head), causal."""
+    q, k = rng.normal(size=(2, 3, 5, 4)), rng.normal(size=(2, 3, 5, 4))             # (L, h, n, d_head)
+    s = np.where(causal_mask(5), q @ np.swapaxes(k, -1, -2) / 2.0, -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    return AttentionMap(tuple("abcde"), w / w.sum(-1, keepdims=True), keep=causal_mask(5), queries=q, keys=k)
+
+
+def test_neuron_view_carries_q_and_k(rng):
+    amap = _qk_map(rng)
+    data = _data(render_html(amap))["neuron"]
+    np.testing.assert_array_equal(_unpack(data["q"], "<f4").reshape(2, 3, 5, 4), amap.queries.astype(np.float32))
+    np.testing.assert_array_equal(_unpack(data["k"], "<f4").reshape(2, 3, 5, 4), amap.keys.astype(np.float32))
+    assert data["d_head"] == 4 and data["scale"] == 0.5
+    assert _data(render_html(demo_map(["a", "b"], rng=rng)))["neuron"] is None
+    with pytest.raises(ValueError, match="queries and keys go together"):
+        AttentionMap(tuple("abcde"), amap.weights, queries=amap.queries)
+    with pytest.raises(ValueError, match="queries and keys must be"):
+        AttentionMap(tuple("abcde"), amap.weights, queries=amap.queries, keys=amap.keys[:, :, :4])
+
+
+def test_attend_gives_the_q_and_k_of_its_weights(tmp_path, rng):
+    """A model's AttentionMap carries hook_q and hook_k; the weights are their softmax (GQA keys repeated)."""
+    from attnlab.models.attend import attend
+    from attnlab.layer.config import AttentionConfig
+    from attnlab.layer.positions import RoPE
+    from attnlab.stack.transformer import ModelConfig, Transformer
+    from attnlab.text.tokens import Vocab
+    att = AttentionConfig(d_model=16, n_heads=4, n_kv_heads=2, n_ctx=16, positions=RoPE())
+    model = Transformer.init(ModelConfig(vocab_size=6, n_layers=2, attention=att), rng=rng, std=0.5)
+    tok = Vocab(tuple("abcdef"))
+    r = attend("abcab", (model, tok))
+    a = r.attentions
+    s = np.where(causal_mask(5), a.queries @ np.swapaxes(a.keys, -1, -2) * a.scale, -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(w / w.sum(-1, keepdims=True), a.weights, atol=1e-5)

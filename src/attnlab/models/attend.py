@@ -17,7 +17,8 @@ from ..viz.attnmap import AttentionMap
 from ..layer.config import AttentionConfig
 from ..kernels.masks import causal_mask
 from ..layer.multihead import MultiHeadAttention
-from ..stack.transformer import Transformer, embed, forward
+from ..stack.hooks import run_with_cache
+from ..stack.transformer import Transformer, embed
 from .families import MINILM, load_model
 
 
@@ -64,10 +65,14 @@ def attend(text: str, model: str | Path | tuple = MINILM) -> Attended:
         raise ValueError(f"text has {ids.size} tokens, more than the model's {c.n_ctx} positions (n_ctx); "
                          "shorten it")
     labels = tokenizer.labels(ids)
-    out = forward(network, ids, return_weights=True)
+    names = [f"blocks.{i}.attn.hook_{x}" for i in range(c.n_layers) for x in "qk"]
+    out, cache = run_with_cache(network, ids, names, return_weights=True)
     keep = causal_mask(len(ids), window=c.attention.window) if c.is_causal else None   # (n, n)
+    group = c.attention.n_heads // c.attention.n_kv_heads
+    q = np.stack([cache["q", i] for i in range(c.n_layers)])                   # (L, h, n, d_head)
+    k = np.stack([np.repeat(cache["k", i], group, axis=0) for i in range(c.n_layers)])   # (L, h, n, d_head)
     amap = AttentionMap(labels, np.stack(out.attentions), keep=keep, source=f"{name} ({c.family})",
-                        n_kv_heads=c.attention.n_kv_heads)
+                        n_kv_heads=c.attention.n_kv_heads, queries=q, keys=k)
     return Attended(tokens=labels, ids=ids, attentions=amap, hidden_states=np.stack(out.hidden_states),
                     logits=out.logits)
 

@@ -21,12 +21,20 @@ class AttentionMap:
     diagonal); None means every cell was visible. ``source`` says where the weights came from.
     ``n_kv_heads`` (grouped-query attention) says how many key/value heads the query heads read: head i
     reads KV head ``i // (n_heads / n_kv_heads)``; None means one KV head per query head.
+
+    ``queries`` (n_layers, n_heads, n_q, d_head) and ``keys`` (n_layers, n_heads, n_k, d_head), one key
+    array per *query* head (a GQA group's shared keys repeated), are the q and k the weights came from, as
+    attention saw them (after RoPE); the HTML page draws them in its neuron view (bertviz's): for one query,
+    q, k and q ∘ k per dimension against each key, and the score ``scale · q·k``. None: no neuron view.
     """
     tokens: tuple[str, ...]
     weights: np.ndarray                 # (n_layers, n_heads, n_q, n_k)
     keep: np.ndarray | None = None      # (n_q, n_k) bool
     source: str = ""
     n_kv_heads: int | None = None       # grouped-query attention: the key/value heads the query heads share
+    queries: np.ndarray | None = None   # (n_layers, n_heads, n_q, d_head), for the neuron view
+    keys: np.ndarray | None = None      # (n_layers, n_heads, n_k, d_head), per query head
+    scale: float | None = None          # the score's factor, 1/√d_head unless the model says otherwise
 
     def __post_init__(self):
         if isinstance(self.tokens, str) or not all(isinstance(t, str) for t in self.tokens):
@@ -52,6 +60,24 @@ class AttentionMap:
             if isinstance(kv, bool) or not isinstance(kv, (int, np.integer)) or kv < 1 or w.shape[1] % kv:
                 raise ValueError(f"n_kv_heads must be a positive integer dividing the {w.shape[1]} heads, got {kv!r}")
             object.__setattr__(self, "n_kv_heads", int(kv))
+        self._check_qk(w.shape)
+
+    def _check_qk(self, shape: tuple) -> None:
+        if (self.queries is None) != (self.keys is None):
+            raise ValueError("queries and keys go together: give both or neither")
+        if self.queries is None:
+            return
+        q, k = as_float_array("queries", self.queries), as_float_array("keys", self.keys)
+        L, h, n_q, n_k = shape
+        if q.ndim != 4 or q.shape[:3] != (L, h, n_q) or k.shape != (L, h, n_k, q.shape[-1]):
+            raise ValueError(f"queries and keys must be {(L, h, n_q, 'd_head')} and {(L, h, n_k, 'd_head')} like the "
+                             f"weights {shape}, got {q.shape} and {k.shape}")
+        object.__setattr__(self, "queries", q)
+        object.__setattr__(self, "keys", k)
+        scale = 1.0 / np.sqrt(q.shape[-1]) if self.scale is None else self.scale
+        if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not np.isfinite(scale):
+            raise ValueError(f"scale must be a finite number, got {self.scale!r}")
+        object.__setattr__(self, "scale", float(scale))
 
     @property
     def n_layers(self) -> int:

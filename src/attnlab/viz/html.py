@@ -5,7 +5,9 @@ The page holds its own CSS, JavaScript and data. It shows:
 - a head view: queries on the left, keys on the right; hovering over (or clicking) a query draws
   its row of weights as lines and shades the keys;
 - the head's grid as a heatmap, linked to the head view;
-- a model view of thumbnails (layers × heads; click one to pick it) and a per-head summary table.
+- a model view of thumbnails (layers × heads; click one to pick it) and a per-head summary table;
+- with the map's queries and keys, bertviz's neuron view: for one query, q, k and q ∘ k per dimension
+  against each key, with the scores and weights.
 
 Everything is drawn on canvases, so 512 tokens (262,144 cells a head) stay responsive. The weights
 travel as 16-bit fractions of 1 (error under 1e-5), zlib-deflated and base64-encoded inside a JSON
@@ -30,6 +32,7 @@ from ._style import BLUES, DARK_ABOVE, MASKED_COLOUR
 from .summary import SUMMARY_FIELDS, summarize_heads
 
 MAX_HTML_CELLS = 64 * 1024 * 1024   # 128 MB of 16-bit weights before compression: past that a browser struggles
+MAX_NEURON_NUMBERS = 4 * 1024 * 1024   # q and k of every head as float32 (16 MB): past that, no neuron view
 _JSON_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
                                "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
@@ -71,7 +74,20 @@ def view_data(amap: AttentionMap, layer: int = 0, head: int = 0) -> dict:
         "summary_fields": list(SUMMARY_FIELDS),
         "summary": {k: np.round(v, 4).tolist() for k, v in summary.items()},     # (L, h) each
         "ramp": list(BLUES), "masked": MASKED_COLOUR, "dark_above": DARK_ABOVE,
+        "neuron": neuron_data(amap),
     }
+
+
+def neuron_data(amap: AttentionMap) -> dict | None:
+    """q (L, h, n_q, d_head) and k (L, h, n_k, d_head) as packed float32 for the neuron view, with the
+    score's scale; None without them, or with more than MAX_NEURON_NUMBERS numbers (the page says so)."""
+    if amap.queries is None:
+        return None
+    total = amap.queries.size + amap.keys.size
+    if total > MAX_NEURON_NUMBERS:
+        return {"omitted": f"q and k hold {total:,} numbers, more than the page carries ({MAX_NEURON_NUMBERS:,})"}
+    return {"d_head": int(amap.queries.shape[-1]), "scale": amap.scale,
+            "q": _packed(amap.queries.astype("<f4")), "k": _packed(amap.keys.astype("<f4"))}
 
 
 def _asset(name: str) -> str:
@@ -128,6 +144,12 @@ def render_html(amap: AttentionMap, *, layer: int = 0, head: int = 0) -> str:
 <h2 id="summary-title" style="margin-top:12px">Per-head summary</h2>
 <table id="summary"><thead><tr><th>head</th>{headers}</tr></thead><tbody></tbody></table>
 <dl id="summary-legend" class="hint">{legend}</dl>
+</section>
+<section id="neuron-section">
+<h2>Neuron view</h2>
+<p class="hint">For the active query (hover or click one): its q, then for each key k, q ∘ k (each dimension's share of the score, red positive, blue negative), the score scale · q·k (before any position bias such as ALiBi's) and the weight. q and k are as attention saw them, after RoPE.</p>
+<div class="scroll"><canvas id="neuron" aria-label="neuron view"></canvas></div>
+<p id="neuron-readout"></p>
 </section>
 </main>
 <script type="application/json" id="attnlab-data">{script_json(data)}</script>

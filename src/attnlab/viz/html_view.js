@@ -237,17 +237,71 @@
     $("summary-title").textContent = `Per-head summary, layer ${state.layer}`;
   }
 
+  // ---- neuron view (bertviz's): for the active query, q; per key, k and q ∘ k per dimension, then the score
+  //      scale · q·k and the weight. Red is positive, blue negative, each block scaled by its largest |value| ----
+  const N = D.neuron;
+  let QV = null, KV = null;                        // Float32Array (L·H·NQ·DH), (L·H·NK·DH)
+  const diverging = (v) => v >= 0 ? `rgba(203,24,29,${Math.min(1, v)})` : `rgba(33,113,181,${Math.min(1, -v)})`;
+  function neuronRows(q) {                         // [{j, k, qk, score, w}] for every key the query sees
+    const DH = N.d_head, qo = ((state.layer * H + state.head) * NQ + q) * DH, rows = [];
+    for (let j = 0; j < NK; j++) {
+      if (!kept(q, j)) continue;
+      const ko = ((state.layer * H + state.head) * NK + j) * DH, k = KV.subarray(ko, ko + DH);
+      const qk = Float32Array.from(k, (x, d) => x * QV[qo + d]);
+      rows.push({ j, k, qk, score: N.scale * qk.reduce((a, b) => a + b, 0), w: weight(state.layer, state.head, q, j) });
+    }
+    return rows;
+  }
+  function drawNeuron() {
+    if (!QV) return;
+    const q = active(), DH = N.d_head, cw = Math.max(3, Math.min(10, Math.floor(320 / DH))), rh = 14;
+    const X = { label: 110, k: 116, qk: 116 + DH * cw + 14, score: 116 + 2 * DH * cw + 28 };
+    X.w = X.score + 70;
+    const rows = q === null ? [] : neuronRows(q);
+    const ctx = sizeCanvas($("neuron"), X.w + 110, (rows.length + 2) * rh + 8);
+    ctx.font = "11px system-ui, sans-serif"; ctx.textBaseline = "middle"; ctx.fillStyle = "#1b1b1b";
+    if (q === null) { $("neuron-readout").textContent = "Hover over or click a query token to see its q and k."; return; }
+    const qo = ((state.layer * H + state.head) * NQ + q) * DH, qv = QV.subarray(qo, qo + DH);
+    let mk = Math.max(...Array.from(qv, Math.abs)), mqk = 1e-30;
+    for (const r of rows) for (let d = 0; d < DH; d++) { mk = Math.max(mk, Math.abs(r.k[d])); mqk = Math.max(mqk, Math.abs(r.qk[d])); }
+    mk = Math.max(mk, 1e-30);
+    const y = (i) => 4 + i * rh;
+    ctx.textAlign = "center";
+    ctx.fillText("k (q on top)", X.k + DH * cw / 2, y(0) + rh / 2);
+    ctx.fillText("q \u2218 k", X.qk + DH * cw / 2, y(0) + rh / 2);
+    ctx.fillText("scale\u00b7q\u00b7k", X.score + 30, y(0) + rh / 2);
+    ctx.fillText("weight", X.w + 30, y(0) + rh / 2);
+    ctx.textAlign = "right"; ctx.fillText(`q: ${label(qToken(q), 14)}`, X.label, y(1) + rh / 2, X.label - 4);
+    for (let d = 0; d < DH; d++) { ctx.fillStyle = diverging(qv[d] / mk); ctx.fillRect(X.k + d * cw, y(1) + 1, cw, rh - 2); }
+    rows.forEach((r, i) => {
+      const yy = y(i + 2);
+      ctx.fillStyle = "#1b1b1b"; ctx.textAlign = "right";
+      ctx.fillText(`#${r.j} ${label(tokens[r.j], 12)}`, X.label, yy + rh / 2, X.label - 4);
+      for (let d = 0; d < DH; d++) {
+        ctx.fillStyle = diverging(r.k[d] / mk); ctx.fillRect(X.k + d * cw, yy + 1, cw, rh - 2);
+        ctx.fillStyle = diverging(r.qk[d] / mqk); ctx.fillRect(X.qk + d * cw, yy + 1, cw, rh - 2);
+      }
+      ctx.fillStyle = "#1b1b1b"; ctx.textAlign = "right"; ctx.fillText(r.score.toFixed(3), X.score + 60, yy + rh / 2);
+      ctx.fillStyle = css(shade(r.w)); ctx.fillRect(X.w, yy + 1, 60 * Math.min(1, r.w) + 1, rh - 2);
+      ctx.fillStyle = "#1b1b1b"; ctx.textAlign = "left"; ctx.fillText(fmt(r.w), X.w + 64, yy + rh / 2);
+    });
+    const top = rows.slice().sort((a, b) => b.score - a.score).slice(0, 5)
+      .map((r) => `score ${r.score.toFixed(4)}  weight ${fmt(r.w)}  #${r.j} ${label(tokens[r.j], 30)}`);
+    $("neuron-readout").textContent = `layer ${state.layer}, head ${state.head}, query #${q + OFF} ${qToken(q)}: ` +
+      `the keys it scores highest\n` + top.join("\n");
+  }
+
   // ---- wiring ----
   let queued = false;
   function redrawQuery() {                         // cheap redraw after the active query changes
     if (queued) return;
     queued = true;
-    requestAnimationFrame(() => { queued = false; drawHeadView(); drawGrid(); showRow(); });
+    requestAnimationFrame(() => { queued = false; drawHeadView(); drawGrid(); showRow(); drawNeuron(); });
   }
   function select(l, h) {
     state.layer = l; state.head = h;
     $("layer").value = String(l); $("head").value = String(h);
-    renderGridImage(); drawHeadView(); drawGrid(); showRow(); drawModelView(); drawSummary();
+    renderGridImage(); drawHeadView(); drawGrid(); showRow(); drawModelView(); drawSummary(); drawNeuron();
   }
   function setHover(i, k = null) {
     if (i !== state.hover || k !== state.key) { state.hover = i; state.key = k; redrawQuery(); }
@@ -293,6 +347,16 @@
       W = new Uint16Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 2);
       if (W.length !== L * H * NQ * NK) throw new Error(`weights hold ${W.length} numbers, expected ${L * H * NQ * NK}`);
       KEEP = D.keep === null ? null : await unpack(D.keep);
+      if (N && !N.omitted) {
+        const qb = await unpack(N.q), kb = await unpack(N.k);
+        QV = new Float32Array(qb.buffer, qb.byteOffset, qb.byteLength / 4);
+        KV = new Float32Array(kb.buffer, kb.byteOffset, kb.byteLength / 4);
+        if (QV.length !== L * H * NQ * N.d_head || KV.length !== L * H * NK * N.d_head)
+          throw new Error(`the neuron view's q and k hold ${QV.length} and ${KV.length} numbers`);
+      } else {
+        $("neuron-section").hidden = !N;
+        if (N) $("neuron-readout").textContent = `No neuron view: ${N.omitted}.`;
+      }
       wire();
       renderThumbs();
       select(D.start ? D.start[0] : 0, D.start ? D.start[1] : 0);   // the layer and head the caller asked for
