@@ -8,6 +8,7 @@ import pytest
 from attnlab.layer.config import AttentionConfig
 from attnlab.layer.positions import Learned, RoPE
 from attnlab.stack.activation_cache import ActivationCache
+from attnlab.stack.blocks import PostNormBlock
 from attnlab.stack.hooks import run_with_cache
 from attnlab.stack.layers import LayerNorm, RMSNorm
 from attnlab.stack.transformer import ModelConfig, Transformer
@@ -49,7 +50,8 @@ def test_the_parts_sum_to_the_residual(model, rng):
     out, cache = run_with_cache(model, ids)
     L = model.config.n_layers
     parts, labels = cache.decompose_resid(return_labels=True)                      # (parts, B, n, d_model)
-    assert labels[0] == "embed" and labels[1:3] == ["0_attn_out", "0_mlp_out"] and len(labels) == 1 + 2 * L
+    embeds = ["embed", "pos_embed"] if model.W_P is not None else ["embed"]            # RoPE adds no rows
+    assert labels[:len(embeds) + 2] == embeds + ["0_attn_out", "0_mlp_out"] and len(labels) == len(embeds) + 2 * L
     resid = cache[f"blocks.{L - 1}.hook_resid_post"]
     err = np.abs(parts.sum(0) - resid).max()
     assert err < 1e-12, err
@@ -79,6 +81,11 @@ def test_the_heads_plus_b_O_are_the_attention_output(model, rng):
     want = cache["z", 2][1] @ model.blocks[2].attn.W_O[d:2 * d]
     np.testing.assert_allclose(heads[2 * h + 1], want, rtol=0, atol=1e-13)
     np.testing.assert_array_equal(cache.stack_head_results(1, pos_slice=[0, 3]), heads[:h, [0, 3]])
+    # from hook_result when recorded (the default), else from hook_z and W_O: the same numbers
+    assert "blocks.0.attn.hook_result" in cache
+    _, z_only = run_with_cache(model, ids, [f"blocks.{i}.attn.hook_z" for i in range(3)])
+    np.testing.assert_allclose(z_only.stack_head_results(), heads, rtol=0, atol=1e-13)
+    np.testing.assert_allclose(z_only.stack_head_results(pos_slice=-1), heads[:, -1], rtol=0, atol=1e-13)
 
 
 def test_attributions_sum_to_the_logit_difference(model, rng):
@@ -154,7 +161,7 @@ def test_cache_errors_name_what_is_missing(rng):
     with pytest.raises(TypeError, match="pos_slice must be"):
         cache.accumulated_resid(0, pos_slice="last")
     bert = Transformer.init(ModelConfig(vocab_size=7, n_layers=1, attention=AttentionConfig(d_model=8, n_heads=2,
-                            n_ctx=8), d_mlp=16, norm=LayerNorm, pre_norm=False, is_causal=False, has_logits=False),
+                            n_ctx=8), d_mlp=16, norm=LayerNorm, block=PostNormBlock, is_causal=False, has_logits=False),
                             rng=rng)
     _, cache = run_with_cache(bert, [1, 2, 3])
     with pytest.raises(ValueError, match="post-norm"):

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..stack.blocks import PostNormBlock
 from ..stack.transformer import Transformer
 
 
@@ -98,6 +99,11 @@ def _check_head(model: Transformer, layer, head) -> tuple[int, int]:
     return int(layer), int(head)
 
 
+def _norm_before_attention(model: Transformer) -> bool:
+    """ln_1 normalises the attention's input (pre-norm, parallel, sandwich), not the stream after it."""
+    return not issubclass(model.config.block, PostNormBlock)
+
+
 def _head_weights(model: Transformer, layer: int, fold_ln: bool) -> dict[str, np.ndarray]:
     """W_Q (h, d_model, d_head), W_K, W_V (h, d_model, d_head) per query head (GQA's K/V repeated), W_O
     (h, d_head, d_model), in float64, ln_1's weight folded into the first three when asked."""
@@ -108,7 +114,7 @@ def _head_weights(model: Transformer, layer: int, fold_ln: bool) -> dict[str, np
          "K": b.attn.W_K.reshape(d, kv, dh).transpose(1, 0, 2)[group],
          "V": b.attn.W_V.reshape(d, kv, dh).transpose(1, 0, 2)[group]}
     W = {k: v.astype(np.float64) for k, v in W.items()}
-    if fold_ln and model.config.pre_norm and b.ln_1 is not None:
+    if fold_ln and _norm_before_attention(model) and b.ln_1 is not None:
         w = b.ln_1.weight.astype(np.float64)[:, None]                   # (d_model, 1)
         W = {k: w * v for k, v in W.items()}
     W["O"] = b.attn.W_O.reshape(h, dh, d).astype(np.float64)            # (h, d_head, d_model)
@@ -147,7 +153,7 @@ def embedding_inputs(model: Transformer, layer: int) -> np.ndarray:
     pre-norm model (normalised, without the weight when the circuits fold it in). Positions left out."""
     W_E = model.W_E.astype(np.float64)                                  # (vocab, d_model)
     ln = model.blocks[layer].ln_1
-    if not (model.config.pre_norm and ln is not None):
+    if not (_norm_before_attention(model) and ln is not None):
         return W_E
     x = W_E - W_E.mean(-1, keepdims=True) if hasattr(ln, "bias") else W_E
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + ln.eps)       # (vocab, d_model)

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from .blocks import PostNormBlock
 from .layers import LayerNorm, RMSNorm
 
 #: TransformerLens's short names: cache["pattern", 1] is cache["blocks.1.attn.hook_pattern"].
@@ -96,7 +97,7 @@ class ActivationCache(Mapping):
                           return_labels: bool = False):
         """The residual stream into blocks 0 … ``layer`` (TL's convention: that layer's resid_pre included;
         None or n_layers: every block's and the stream after the last): (stages, ..., n, d_model). ``incl_mid`` adds each block's residual between attention and MLP
-        (pre-norm models). ``apply_ln`` passes each stage through the final norm, its scale recomputed from
+        (not in a post-norm or parallel block). ``apply_ln`` passes each stage through the final norm, its scale recomputed from
         that stage (the logit lens); a model without a final norm is left as it is."""
         end = self._layer(layer)
         L, labels, parts = self.model.config.n_layers, [], []
@@ -124,18 +125,21 @@ class ActivationCache(Mapping):
 
     def _check_pre_norm(self, what: str) -> None:
         c = self.model.config
-        if not c.pre_norm and c.norm is not None:
+        if issubclass(c.block, PostNormBlock) and c.norm is not None:
             raise ValueError(f"{what} is a sum of parts only in a pre-norm model; {self.model.name or 'this model'} "
                              "normalises after each residual (post-norm, BERT)")
 
     def _embeds(self) -> tuple[list[str], list[np.ndarray]]:
-        """The embedding's parts: hook_embed and hook_pos_embed where recorded, else the whole of
-        blocks.0.hook_resid_pre (token, position and type rows together)."""
-        if "hook_embed" in self._store and "hook_pos_embed" in self._store:
-            return ["embed", "pos_embed"], [self._store["hook_embed"], self._store["hook_pos_embed"]]
-        if "hook_embed" in self._store and "blocks.0.hook_resid_pre" in self._store and \
-                self.model.W_P is None and self.model.W_T is None:
-            return ["embed"], [self._store["hook_embed"]]
+        """The embedding's parts: hook_embed and hook_pos_embed (the position rows broadcast over the batch)
+        where the cache has them and they make up the whole of it, else blocks.0.hook_resid_pre whole."""
+        s, m = self._store, self.model
+        only_tokens = m.W_T is None and m.ln_embed is None
+        if "hook_embed" in s and only_tokens:
+            if "hook_pos_embed" in s:
+                shape = s["hook_embed"].shape
+                return ["embed", "pos_embed"], [s["hook_embed"], np.broadcast_to(s["hook_pos_embed"], shape)]
+            if m.config.attention.positions.name not in ("learned", "sinusoidal"):   # no position rows (RoPE)
+                return ["embed"], [s["hook_embed"]]
         return ["embed"], [self._resid(0)]
 
     def decompose_resid(self, layer=None, *, mode: str = "all", apply_ln: bool = False, pos_slice=None,
@@ -144,7 +148,7 @@ class ActivationCache(Mapping):
         (parts, ..., n, d_model), the parts "embed" (and "pos_embed" where the cache has them), then
         "{i}_attn_out" and "{i}_mlp_out" of each earlier block (``mode`` "attn" or "mlp" keeps one kind).
 
-        The parts sum to the residual (pre-norm models only). With ``apply_ln`` they go through the final
+        The parts sum to the residual (every block kind but post-norm, whose norms sit on the stream). With ``apply_ln`` they go through the final
         norm frozen at that residual's scale (:meth:`apply_ln_to_stack`), and a LayerNorm's bias is one
         more part, "ln_final.b", so that they sum to ``ln_final(residual)`` exactly.
         """
