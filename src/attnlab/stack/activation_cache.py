@@ -52,8 +52,9 @@ def positions(x: np.ndarray, pos_slice, *, axis: int = -2) -> np.ndarray:
 class ActivationCache(Mapping):
     """Activations by hook name, from one pass of ``model`` (see :mod:`attnlab.stack.hooks` for the names)."""
 
-    def __init__(self, store: dict, model, *, batched: bool = True):
+    def __init__(self, store: dict, model, *, batched: bool = True, batch=None):
         self._store, self.model, self.batched = store, model, batched   # batched: the ids had a batch axis
+        self.batch = batch              # the padding (attnlab.stack.batch.Batch) of a list of prompts, or None
 
     def __getitem__(self, key):
         if isinstance(key, tuple) and len(key) == 2 and key[0] in SHORT_NAMES:

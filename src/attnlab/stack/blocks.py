@@ -140,9 +140,11 @@ class Block:
         """What the attention of this block reads, given the block's input x (..., n, d_model)."""
         return _norm(self.ln_1, "ln_1", x, NO_HOOKS)
 
-    def attend(self, x: np.ndarray, hook, *, is_causal: bool, cache) -> np.ndarray:
-        """The attention sublayer on x (..., n, d_model), its hooks under ``attn.``."""
-        return multihead_attention(self.attn, x, is_causal=is_causal, cache=cache, hook=hook.scoped("attn."))
+    def attend(self, x: np.ndarray, hook, *, is_causal: bool, cache, mask=None) -> np.ndarray:
+        """The attention sublayer on x (..., n, d_model), its hooks under ``attn.``; ``mask`` (B, 1, 1, n_k)
+        True = a real key (a padded batch's keys), ANDed with the causal mask."""
+        return multihead_attention(self.attn, x, mask=mask, is_causal=is_causal, cache=cache,
+                                   hook=hook.scoped("attn."))
 
 
 @dataclass(frozen=True, eq=False)
@@ -162,9 +164,10 @@ class PreNormBlock(Block):
         return {"attn": attention_slot(a), "ln_1": norm_slot(c), "mlp": mlp_slot(c),
                 "ln_2": norm_slot(c) if c.d_mlp is not None else None}
 
-    def forward(self, x: np.ndarray, h, *, is_causal: bool, cache=None) -> np.ndarray:
+    def forward(self, x: np.ndarray, h, *, is_causal: bool, cache=None, mask=None) -> np.ndarray:
         x = h("hook_resid_pre", x)                                                         # (..., n, d_model)
-        x = x + h("hook_attn_out", self.attend(_norm(self.ln_1, "ln_1", x, h), h, is_causal=is_causal, cache=cache))
+        y = self.attend(_norm(self.ln_1, "ln_1", x, h), h, is_causal=is_causal, cache=cache, mask=mask)
+        x = x + h("hook_attn_out", y)
         if self.mlp is not None:
             x = h("hook_resid_mid", x)
             x = x + h("hook_mlp_out", self.mlp(_norm(self.ln_2, "ln_2", x, h), h.scoped("mlp.")))
@@ -185,9 +188,10 @@ class PostNormBlock(Block):
               ("hook_mlp_out", "mlp"), "ln_2", "hook_resid_post")
     slots = PreNormBlock.slots
 
-    def forward(self, x: np.ndarray, h, *, is_causal: bool, cache=None) -> np.ndarray:
+    def forward(self, x: np.ndarray, h, *, is_causal: bool, cache=None, mask=None) -> np.ndarray:
         x = h("hook_resid_pre", x)                                                         # (..., n, d_model)
-        x = _norm(self.ln_1, "ln_1", x + h("hook_attn_out", self.attend(x, h, is_causal=is_causal, cache=cache)), h)
+        y = self.attend(x, h, is_causal=is_causal, cache=cache, mask=mask)
+        x = _norm(self.ln_1, "ln_1", x + h("hook_attn_out", y), h)
         if self.mlp is not None:
             x = h("hook_resid_mid", x)
             x = _norm(self.ln_2, "ln_2", x + h("hook_mlp_out", self.mlp(x, h.scoped("mlp."))), h)
@@ -210,9 +214,10 @@ class ParallelBlock(Block):
               "hook_resid_post")
     slots = PreNormBlock.slots
 
-    def forward(self, x: np.ndarray, h, *, is_causal: bool, cache=None) -> np.ndarray:
+    def forward(self, x: np.ndarray, h, *, is_causal: bool, cache=None, mask=None) -> np.ndarray:
         x = h("hook_resid_pre", x)                                                         # (..., n, d_model)
-        y = h("hook_attn_out", self.attend(_norm(self.ln_1, "ln_1", x, h), h, is_causal=is_causal, cache=cache))
+        y = h("hook_attn_out", self.attend(_norm(self.ln_1, "ln_1", x, h), h, is_causal=is_causal, cache=cache,
+                                           mask=mask))
         if self.mlp is not None:
             y = y + h("hook_mlp_out", self.mlp(_norm(self.ln_2, "ln_2", x, h), h.scoped("mlp.")))
         return h("hook_resid_post", x + y)                                                 # (..., n, d_model)
@@ -238,9 +243,9 @@ class SandwichBlock(Block):
         return {"attn": attention_slot(a), "ln_1": norm_slot(c), "ln_1_post": norm_slot(c), "mlp": mlp_slot(c),
                 "ln_2": norm_slot(c) if with_mlp else None, "ln_2_post": norm_slot(c) if with_mlp else None}
 
-    def forward(self, x: np.ndarray, h, *, is_causal: bool, cache=None) -> np.ndarray:
+    def forward(self, x: np.ndarray, h, *, is_causal: bool, cache=None, mask=None) -> np.ndarray:
         x = h("hook_resid_pre", x)                                                         # (..., n, d_model)
-        y = self.attend(_norm(self.ln_1, "ln_1", x, h), h, is_causal=is_causal, cache=cache)
+        y = self.attend(_norm(self.ln_1, "ln_1", x, h), h, is_causal=is_causal, cache=cache, mask=mask)
         x = x + h("hook_attn_out", _norm(self.ln_1_post, "ln_1_post", y, h))
         if self.mlp is not None:
             x = h("hook_resid_mid", x)

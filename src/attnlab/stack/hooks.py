@@ -38,9 +38,12 @@ when asked.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ..layer.hookpoints import Hooks
+from .batch import is_ragged, pad_prompts
 from .activation_cache import ActivationCache
 from .transformer import ModelOutput, Transformer, forward, hook_names
 
@@ -48,9 +51,13 @@ __all__ = ["ActivationCache", "Hooks", "hook_names", "run_with_cache", "run_with
 
 
 def run_with_hooks(model: Transformer, ids, hooks: dict, *, caches=None, return_weights: bool = False,
-                   token_types=None) -> ModelOutput:
+                   token_types=None, attention_mask=None) -> ModelOutput:
     """:func:`attnlab.stack.transformer.forward` with ``hooks`` {name: fn}: each ``fn(array, name)`` sees that activation
     and returns a replacement of the same shape (the pass goes on with it), or None to keep it.
+
+    ``ids`` may be a list of prompts of different lengths (or a :class:`~attnlab.stack.batch.Batch`): they
+    are padded (:func:`~attnlab.stack.batch.pad_prompts`, left for a decoder, right for an encoder) and run
+    as one batch with their attention mask; the output's ``batch`` says where each prompt sits.
 
     >>> # zero head 3's output in layer 0 (an ablation):
     >>> # run_with_hooks(model, ids, {"blocks.0.attn.hook_z": lambda z, name: np.where(
@@ -58,17 +65,29 @@ def run_with_hooks(model: Transformer, ids, hooks: dict, *, caches=None, return_
     """
     if not isinstance(hooks, dict):
         raise TypeError(f"hooks must be a dict of name -> function, got {type(hooks).__name__}")
-    return forward(model, ids, caches=caches, return_weights=return_weights, token_types=token_types, hooks=hooks)
+    batch = None
+    if is_ragged(ids):
+        if attention_mask is not None:
+            raise ValueError("give a list of prompts or ids with an attention_mask, not both")
+        if not isinstance(model, Transformer):
+            raise TypeError(f"model must be a Transformer, got {type(model).__name__}")
+        batch = pad_prompts(ids, vocab_size=model.config.vocab_size, is_causal=model.config.is_causal)
+        ids, attention_mask = batch.ids, batch.mask
+    out = forward(model, ids, caches=caches, return_weights=return_weights, token_types=token_types, hooks=hooks,
+                  attention_mask=attention_mask)
+    return out if batch is None else dataclasses.replace(out, batch=batch)
 
 
 def run_with_cache(model: Transformer, ids, names=None, *, caches=None, return_weights: bool = False,
-                   token_types=None) -> tuple[ModelOutput, ActivationCache]:
+                   token_types=None, attention_mask=None) -> tuple[ModelOutput, ActivationCache]:
     """:func:`attnlab.stack.transformer.forward`, and the activations ``names`` (default: every one of
     :func:`hook_names`) as an :class:`~attnlab.stack.activation_cache.ActivationCache`: a mapping
     name -> array, in the order the pass reached them, with the decompositions of the residual stream, direct
     logit attribution and TransformerLens's layout (``cache.to_tl()``).
 
-    The arrays are the pass's own (no copies are made); none of them is written to afterwards.
+    The arrays are the pass's own (no copies are made); none of them is written to afterwards. ``ids`` may be
+    a list of prompts of different lengths, as for :func:`run_with_hooks`; ``cache.batch`` then holds the
+    padding.
     """
     names = hook_names(model) if names is None else names
     if isinstance(names, str) or not all(isinstance(n, str) for n in names):
@@ -79,5 +98,6 @@ def run_with_cache(model: Transformer, ids, names=None, *, caches=None, return_w
         store[name] = x
 
     out = run_with_hooks(model, ids, {name: record for name in names}, caches=caches,
-                         return_weights=return_weights, token_types=token_types)
-    return out, ActivationCache(store, model, batched=np.ndim(ids) > 1)
+                         return_weights=return_weights, token_types=token_types, attention_mask=attention_mask)
+    batched = out.batch is not None or np.ndim(ids) > 1
+    return out, ActivationCache(store, model, batched=batched, batch=out.batch)

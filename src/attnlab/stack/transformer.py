@@ -278,6 +278,7 @@ class ModelOutput:
     logits: np.ndarray | None
     hidden_states: list
     attentions: list | None = None
+    batch: object | None = None     # the padding (attnlab.stack.batch.Batch) when a list of prompts ran
 
 
 def check_ids(model: Transformer, ids, *, start: int = 0, name: str = "ids") -> np.ndarray:
@@ -296,13 +297,16 @@ def check_ids(model: Transformer, ids, *, start: int = 0, name: str = "ids") -> 
     return arr
 
 
-def embed(model: Transformer, ids: np.ndarray, *, start: int = 0, token_types=None, hook=NO_HOOKS) -> np.ndarray:
+def embed(model: Transformer, ids: np.ndarray, *, start: int = 0, token_types=None, hook=NO_HOOKS,
+          position_ids=None) -> np.ndarray:
     """The first block's input (..., n, d_model): token rows (``hook_embed``), plus position rows (learned or
-    sinusoidal, ``hook_pos_embed``) at start, start + 1, …, plus token-type rows, normalised where the model
-    says so."""
+    sinusoidal, ``hook_pos_embed``) at start, start + 1, … (or at ``position_ids`` (..., n), a padded
+    batch's), plus token-type rows, normalised where the model says so."""
     c, n = model.config, ids.shape[-1]
     x = hook("hook_embed", model.W_E[ids])                              # (..., n, d_model)
     pos = c.attention.positions.embed(model.W_P, n, start=start, d_model=c.d_model, dtype=model.dtype)
+    if pos is not None and position_ids is not None:
+        pos = pos[position_ids]                                         # (..., n, d_model) each row its own
     if pos is not None:
         x = x + hook("hook_pos_embed", pos)                             # (..., n, d_model)
     if model.W_T is not None:
@@ -331,7 +335,7 @@ def hook_names(model: Transformer) -> list[str]:
 
 
 def forward(model: Transformer, ids, *, caches: list[KVCache] | None = None, token_types=None, hooks=None,
-            return_weights: bool = False) -> ModelOutput:
+            return_weights: bool = False, attention_mask=None) -> ModelOutput:
     """Token ids (..., n) through the whole model: a :class:`ModelOutput`.
 
     Parameters
@@ -351,6 +355,11 @@ def forward(model: Transformer, ids, *, caches: list[KVCache] | None = None, tok
         Also return every layer's attention weights (..., n_heads, n, n_k), read at each layer's
         ``attn.hook_pattern`` (after any hook there). Without them (and without hooks on the scores or the
         pattern) a long input takes attention's tiled path, which never builds the (n, n_k) grids.
+    attention_mask : bool array (..., n), optional
+        A padded batch (:func:`attnlab.stack.batch.pad_prompts`): True at a prompt's own tokens. Padded keys
+        get weight 0 in every head; each row's positions count from its first real token (learned and
+        sinusoidal rows; RoPE and ALiBi see only offsets, so a left-padded row's scores are its own).
+        A query with no real key before it (left padding) outputs 0. Not with caches.
 
     Raises
     ------
@@ -370,10 +379,11 @@ def forward(model: Transformer, ids, *, caches: list[KVCache] | None = None, tok
     h = NO_HOOKS if isinstance(fns, dict) and not fns else Hooks(hook_names(model), fns)   # Hooks checks fns
     start = check_caches(model, caches)
     ids = check_ids(model, ids, start=start)                            # (..., n)
-    x = embed(model, ids, start=start, token_types=token_types, hook=h)   # (..., n, d_model)
-    hidden = [x]
+    keys, position_ids = padding(attention_mask, ids, caches)           # (..., 1, 1, n), (..., n) or None
+    x = embed(model, ids, start=start, token_types=token_types, hook=h, position_ids=position_ids)
+    hidden = [x]                                                        # (..., n, d_model)
     for i, (block, cache) in enumerate(zip(model.blocks, caches or itertools.repeat(None))):
-        x = block.forward(x, h.scoped(f"blocks.{i}."), is_causal=c.is_causal, cache=cache)   # (..., n, d_model)
+        x = block.forward(x, h.scoped(f"blocks.{i}."), is_causal=c.is_causal, cache=cache, mask=keys)
         hidden.append(x)
     if model.ln_final is not None:
         x = model.ln_final(x, h.scoped("ln_final."))                    # (..., n, d_model)
@@ -383,6 +393,22 @@ def forward(model: Transformer, ids, *, caches: list[KVCache] | None = None, tok
         logits = x @ model.W_E.T if c.tied_embeddings else x @ model.W_U + model.b_U   # (..., n, vocab)
     attentions = [a.astype(x.dtype, copy=False) for a in weights] if return_weights else None
     return ModelOutput(logits=logits, hidden_states=hidden, attentions=attentions)
+
+
+def padding(attention_mask, ids: np.ndarray, caches) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """A padded batch's key mask (..., 1, 1, n) for every head and query, and each row's position ids (..., n)
+    (0 at its first real token; pads before it 0 too); (None, None) without a mask."""
+    if attention_mask is None:
+        return None, None
+    m = np.asarray(attention_mask)
+    if m.dtype != np.bool_ or m.shape != ids.shape:
+        raise ValueError(f"attention_mask must be a bool array shaped like ids {ids.shape} (True = a real token), "
+                         f"got {m.dtype} {m.shape}")
+    if caches is not None:
+        raise ValueError("attention_mask is for one pass over a padded batch, not with caches")
+    if not m.any(-1).all():
+        raise ValueError("attention_mask has a row with no real token")
+    return m[..., None, None, :], np.maximum(np.cumsum(m, -1) - 1, 0)
 
 
 def _keeping(fn, weights: list, i: int):
