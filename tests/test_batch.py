@@ -75,3 +75,54 @@ def test_padding_bad_input(rng):
         forward(model, np.zeros((2, 3), np.int64), attention_mask=np.array([[True] * 3, [False] * 3]))
     with pytest.raises(ValueError, match=r"prompts\[1\] must hold at least one token id"):
         pad_prompts([[1, 2], []], vocab_size=30, is_causal=True)
+
+
+def test_detect_on_a_list_is_the_mean_of_each_prompt_alone(rng):
+    from attnlab.interpret import detect_heads
+    model = model_of(rng, RoPE())
+    prompts = [p for p in PROMPTS if len(p) > 1]
+    got = detect_heads(model, prompts)
+    for k, v in got.items():
+        want = np.mean([detect_heads(model, np.array(p))[k] for p in prompts], axis=0)
+        np.testing.assert_allclose(v, want, rtol=0, atol=1e-12, err_msg=k)
+
+
+@pytest.mark.parametrize("mode", ["zero", "prefix-mean"])
+def test_ablate_on_a_list_is_the_mean_of_each_prompt_alone(rng, mode):
+    from attnlab.interpret import ablate
+    model = model_of(rng, Learned())
+    prompts = [p for p in PROMPTS if len(p) > 1]
+    got = ablate(model, prompts, mode=mode)
+    alone = [ablate(model, np.array(p), mode=mode) for p in prompts]
+    assert got.loss == pytest.approx(np.mean([a.loss for a in alone]), abs=1e-12)
+    np.testing.assert_allclose(got.ablated, np.mean([a.ablated for a in alone], 0), rtol=0, atol=1e-12)
+
+
+def test_mean_ablation_of_a_padded_batch_leaves_pads_out_and_stays_causal(rng):
+    from attnlab.interpret import ablate, ablation_hooks
+    model = model_of(rng, Learned())
+    same = [[3, 7, 1, 9], [4, 4, 8, 2], [12, 1, 2, 3]]
+    np.testing.assert_allclose(ablate(model, same, mode="mean").ablated,
+                               ablate(model, np.array(same), mode="mean").ablated, rtol=0, atol=1e-12)
+    b = pad_prompts(PROMPTS, vocab_size=30, is_causal=True)
+    later = b.ids.copy()
+    later[:, -1] = (later[:, -1] + 5) % 30
+    for mode in ("mean", "prefix-mean", "resample"):
+        hooks = ablation_hooks(model, [(0, 1), (1, 2)], mode=mode, attention_mask=b.mask)
+        x, y = (run_with_hooks(model, ids, hooks, attention_mask=b.mask).logits for ids in (b.ids, later))
+        np.testing.assert_allclose(x[:, :-1], y[:, :-1], rtol=0, atol=1e-12, err_msg=mode)
+    # a pad changes nothing: the batch's means are over real tokens only
+    repadded = b.ids.copy()
+    repadded[~b.mask] = 17
+    hooks = ablation_hooks(model, [(0, 1)], mode="mean", attention_mask=b.mask)
+    x, y = (run_with_hooks(model, ids, hooks, attention_mask=b.mask).logits for ids in (b.ids, repadded))
+    np.testing.assert_allclose(x[b.mask], y[b.mask], rtol=0, atol=1e-12)
+
+
+def test_lens_on_a_list_is_each_prompts_lens(rng):
+    from attnlab.interpret import logit_lens
+    model = model_of(rng, Sinusoidal())
+    for got, p in zip(logit_lens(model, PROMPTS, top=3), PROMPTS):
+        want = logit_lens(model, np.array(p), top=3)
+        np.testing.assert_allclose(got.logits, want.logits, rtol=0, atol=1e-9)
+        np.testing.assert_array_equal(got.top_ids, want.top_ids)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels._checks import as_nonnegative_int, as_positive_int, check_flag, check_rng
+from ..stack.batch import is_ragged
 from ..stack.hooks import run_with_cache
 from ..stack.transformer import Transformer, check_ids
 
@@ -151,8 +152,9 @@ def detect_heads(model: Transformer, ids, kinds="all", *, exclude_bos: bool = Fa
     ----------
     model : Transformer
         Any model attnlab runs: MiniLM and other BERTs (scored on the full grid), GPT-2, attnlab's own LMs.
-    ids : int array (n,) or (B, n)
-        With a batch, the scores are the mean of each row's scores (as TransformerLens averages a batch).
+    ids : int array (n,) or (B, n), or a list of prompts of different lengths
+        With a batch, the scores are the mean of each row's scores (as TransformerLens averages a batch); a
+        list runs as one padded pass, each prompt scored on its own tokens only.
     kinds : "all", a kind of :data:`KINDS`, or a list of them
 
     Returns
@@ -169,12 +171,28 @@ def detect_heads(model: Transformer, ids, kinds="all", *, exclude_bos: bool = Fa
     ``detect_heads(model, tokenizer.encode("The cat sat on the mat"), "previous_token")``
     """
     kinds = check_kinds(kinds)
-    ids = check_ids(model, ids)
-    rows = ids.reshape(-1, ids.shape[-1])                               # (B, n)
-    weights = model_patterns(model, rows)                               # (n_layers, B, n_heads, n, n), one pass
-    scores = [score_patterns(weights[:, b], row, kinds, exclude_bos=exclude_bos,
-                             exclude_current_token=exclude_current_token) for b, row in enumerate(rows)]
+    if is_ragged(ids):
+        rows, weights = padded_patterns(model, ids)                     # one pass over the padded batch
+    else:
+        ids = check_ids(model, ids)
+        rows = ids.reshape(-1, ids.shape[-1])                           # (B, n)
+        grids = model_patterns(model, rows)                             # (n_layers, B, n_heads, n, n), one pass
+        weights = [grids[:, b] for b in range(len(rows))]
+    scores = [score_patterns(w, row, kinds, exclude_bos=exclude_bos, exclude_current_token=exclude_current_token)
+              for w, row in zip(weights, rows)]
     return {k: np.mean([s[k] for s in scores], axis=0) for k in kinds}
+
+
+def padded_patterns(model: Transformer, prompts) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Prompts of different lengths in one padded pass: each prompt's ids (n_b,) and its own weights
+    (n_layers, n_heads, n_b, n_b), the padded queries and keys cut away."""
+    names = [f"blocks.{i}.attn.hook_pattern" for i in range(model.config.n_layers)]
+    out, cache = run_with_cache(model, prompts, names)
+    b = out.batch
+    rows = [b.own(b.ids[i], i, axis=-1) for i in range(len(b.lengths))]
+    weights = [np.stack([b.own(b.own(cache[n][i], i, axis=-1), i, axis=-2) for n in names])
+               for i in range(len(b.lengths))]                          # (n_layers, n_heads, n_b, n_b) each
+    return rows, weights
 
 
 def repeated_random_tokens(n: int, *, vocab_size: int, rng: np.random.Generator, avoid=()) -> np.ndarray:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..kernels._checks import as_choice, as_float_array, as_positive_int, as_token_ids
+from ..stack.batch import is_ragged, pad_prompts
 from ..stack.hooks import run_with_cache, run_with_hooks
 from ..kernels.softmax import softmax
 from ..stack.transformer import Transformer, check_decoder, check_ids
@@ -49,12 +50,19 @@ def next_token_loss(logits: np.ndarray, ids: np.ndarray) -> float:
     return float(per_token_loss(logits[:-1], ids[1:]).mean())
 
 
-def batch_loss(logits: np.ndarray, ids: np.ndarray) -> float:
-    """:func:`next_token_loss` of each prompt, averaged: logits (..., n, vocab), ids (..., n)."""
-    return float(per_token_loss(logits[..., :-1, :], ids[..., 1:]).mean())
+def batch_loss(logits: np.ndarray, ids: np.ndarray, mask: np.ndarray | None = None) -> float:
+    """:func:`next_token_loss` of each prompt, averaged over the prompts: logits (..., n, vocab), ids (..., n);
+    with a padded batch's ``mask`` (B, n), only predictions from a real token of a real token count."""
+    loss = per_token_loss(logits[..., :-1, :], ids[..., 1:])           # (..., n − 1)
+    if mask is None:
+        return float(loss.mean())
+    valid = mask[:, :-1] & mask[:, 1:]                                  # (B, n − 1)
+    if not valid.any(-1).all():
+        raise ValueError("every prompt needs at least 2 tokens (one to predict)")
+    return float(((loss * valid).sum(-1) / valid.sum(-1)).mean())
 
 
-def ablation_hooks(model: Transformer, heads, *, mode: str, reference=None) -> dict:
+def ablation_hooks(model: Transformer, heads, *, mode: str, reference=None, attention_mask=None) -> dict:
     """Hooks ``{name: fn}`` for :func:`attnlab.run_with_hooks` that remove each (layer, head) of ``heads``.
 
     Each replaces the head's output before W_O (``blocks.{l}.attn.hook_z``, (B, n_heads, n, d_head)) at
@@ -68,6 +76,11 @@ def ablation_hooks(model: Transformer, heads, *, mode: str, reference=None) -> d
     - ``"resample"``: its value at t in another prompt: row b % B_r of ``reference``, or without one row
       b − 1 of the batch itself (cyclically).
 
+    ``attention_mask`` (B, n) is a padded batch's (:func:`attnlab.stack.batch.pad_prompts`, left padding):
+    padded positions are left out of every mean; a reference is read from each prompt's first token; the
+    batch's own means are taken column by column over the other prompts with a real token there (left
+    padding lines up the prompts' ends; a column no other prompt reaches gets 0), which is causal too.
+
     The hooks compose with any other hook (merge the dicts; names must not collide). The means over the
     batch itself are taken from the pass the hook sees, so heads ablated in earlier layers are already gone.
 
@@ -78,7 +91,8 @@ def ablation_hooks(model: Transformer, heads, *, mode: str, reference=None) -> d
         reference shorter than the text (when the hook runs), ``"mean"``/``"resample"`` without a reference
         on a single prompt.
     """
-    return _ablation_hooks(model, heads, as_choice("mode", mode, MODES), _reference_z(model, heads, mode, reference))
+    mode = as_choice("mode", mode, MODES)
+    return _ablation_hooks(model, heads, mode, _reference_z(model, heads, mode, reference), attention_mask)
 
 
 def _check_heads(model: Transformer, heads) -> list[tuple[int, int]]:
@@ -111,41 +125,50 @@ def _reference_z(model: Transformer, heads, mode: str, reference) -> dict | None
     return {i: cache[f"blocks.{i}.attn.hook_z"] for i in layers}        # (B_r, h, n_r, d_head) each
 
 
-def _ablation_hooks(model: Transformer, heads, mode: str, ref_z: dict | None) -> dict:
+def _ablation_hooks(model: Transformer, heads, mode: str, ref_z: dict | None, mask=None) -> dict:
     by_layer: dict[int, list[int]] = {}
     for layer, head in _check_heads(model, heads):
         by_layer.setdefault(layer, []).append(head)
-    return {f"blocks.{layer}.attn.hook_z": _head_ablation(hs, mode, None if ref_z is None else ref_z[layer])
+    mask = None if mask is None else np.asarray(mask, bool)
+    return {f"blocks.{layer}.attn.hook_z": _head_ablation(hs, mode, None if ref_z is None else ref_z[layer], mask)
             for layer, hs in by_layer.items()}
 
 
-def _head_ablation(heads: list[int], mode: str, ref: np.ndarray | None):
+def _head_ablation(heads: list[int], mode: str, ref: np.ndarray | None, mask: np.ndarray | None):
     """A hook on hook_z (..., n_heads, n, d_head) that replaces ``heads`` as :func:`ablation_hooks` says."""
     def hook(z, name):
         n = z.shape[-2]
         batch = z.reshape(-1, *z.shape[-3:])                            # (B, h, n, d_head)
         B = batch.shape[0]
-        if ref is not None and ref.shape[-2] < n:
-            raise ValueError(f"the reference has {ref.shape[-2]} tokens, the text {n}: the means need a "
-                             "reference at least as long")
+        m = np.ones((B, n), bool) if mask is None else mask.reshape(B, n)   # (B, n) real tokens
+        w = m[..., None].astype(batch.dtype)                            # (B, n, 1)
+        first = n - m.sum(-1)                                           # (B,) padded columns (left padding)
+        if ref is not None and ref.shape[-2] < m.sum(-1).max():
+            raise ValueError(f"the reference has {ref.shape[-2]} tokens, the text {int(m.sum(-1).max())}: the means "
+                             "need a reference at least as long")
         if ref is None and mode in ("mean", "resample") and B < 2:
             raise ValueError(f"mode {mode!r} without a reference takes other prompts of the batch: give a batch "
                              "of at least 2 prompts (B, n), a reference, or use mode 'prefix-mean'")
+        # each column's position in its own prompt (0 at the first real token), to read a reference there
+        at = np.clip(np.arange(n)[None, :] - first[:, None], 0, None)  # (B, n)
         new = batch.copy()
         for head in heads:
-            x = batch[:, head]                                          # (B, n, d_head)
+            x = batch[:, head] * w                                      # (B, n, d_head) pads zeroed
             if mode == "zero":
                 new[:, head] = 0.0
             elif mode == "prefix-mean":
-                new[:, head] = np.cumsum(x, axis=-2) / np.arange(1, n + 1)[:, None]   # (B, n, d_head)
+                count = np.maximum(np.cumsum(m, -1), 1)[..., None]      # (B, n, 1)
+                new[:, head] = np.cumsum(x, axis=-2) / count            # (B, n, d_head)
             elif mode == "mean" and ref is None:
-                new[:, head] = (x.sum(0) - x) / (B - 1)                 # (B, n, d_head) the others' mean
+                others = np.maximum(m.sum(0)[None, :, None] - w, 1)     # (B, n, 1) other real prompts there
+                new[:, head] = (x.sum(0) - x) / others                  # (B, n, d_head) the others' mean
             elif mode == "mean":
-                new[:, head] = ref[:, head, :n].mean(0)                 # (n, d_head)
+                new[:, head] = ref[:, head].mean(0)[at]                 # (B, n, d_head)
             elif ref is None:
                 new[:, head] = np.roll(x, 1, axis=0)                    # (B, n, d_head) row b − 1's
             else:
-                new[:, head] = ref[np.arange(B) % ref.shape[0], head, :n]   # (B, n, d_head)
+                rows = (np.arange(B) % ref.shape[0])[:, None]           # (B, 1)
+                new[:, head] = ref[rows, head, at]                      # (B, n, d_head)
         return new.reshape(z.shape)
     return hook
 
@@ -164,8 +187,10 @@ class Ablation:
 
 
 def ablate(model: Transformer, ids, *, mode: str = "zero", reference=None) -> Ablation:
-    """The change in next-token loss on ``ids`` (n,) or a batch (B, n) when each (layer, head) is removed,
-    one at a time, by :func:`ablation_hooks` with ``mode`` and ``reference``.
+    """The change in next-token loss on ``ids`` (n,), a batch (B, n) or a list of prompts of different
+    lengths (padded on the left, their pads left out of the loss and the means) when each (layer, head) is
+    removed, one at a time, by :func:`ablation_hooks` with ``mode`` and ``reference``. The loss is each
+    prompt's mean, averaged over the prompts.
 
     Raises
     ------
@@ -175,7 +200,7 @@ def ablate(model: Transformer, ids, *, mode: str = "zero", reference=None) -> Ab
     """
     check_decoder(model, "ablation")
     mode = as_choice("mode", mode, MODES)
-    ids = _text_ids(model, ids)                                         # (n,) or (B, n)
+    ids, mask = _text_ids(model, ids)                                   # (n,) or (B, n); (B, n) or None
     c = model.config
     all_heads = [(i, h) for i in range(c.n_layers) for h in range(c.attention.n_heads)]
     ref_z = _reference_z(model, all_heads, mode, reference)
@@ -183,20 +208,26 @@ def ablate(model: Transformer, ids, *, mode: str = "zero", reference=None) -> Ab
         raise ValueError(f"mode {mode!r} takes each position's mean over other prompts: give a batch of at "
                          "least 2 texts (B, n) or a reference, or use mode 'prefix-mean' (the causal running "
                          "mean over the text's own positions)")
-    base = batch_loss(run_with_hooks(model, ids, {}).logits, ids)
+    run = lambda hooks: batch_loss(run_with_hooks(model, ids, hooks, attention_mask=mask).logits, ids, mask)   # noqa: E731
+    base = run({})
     out = np.empty((c.n_layers, c.attention.n_heads))                   # (n_layers, n_heads)
     for layer, head in all_heads:
-        hooks = _ablation_hooks(model, [(layer, head)], mode, ref_z)
-        out[layer, head] = batch_loss(run_with_hooks(model, ids, hooks).logits, ids)
+        out[layer, head] = run(_ablation_hooks(model, [(layer, head)], mode, ref_z, mask))
     return Ablation(mode=mode, loss=base, ablated=out)
 
 
-def _text_ids(model: Transformer, ids) -> np.ndarray:
+def _text_ids(model: Transformer, ids) -> tuple[np.ndarray, np.ndarray | None]:
+    """(ids (n,) or (B, n), the padded batch's mask (B, n) or None): a list of prompts is padded on the left."""
+    if is_ragged(ids):
+        b = pad_prompts(ids, vocab_size=model.config.vocab_size, is_causal=True)
+        if b.lengths.min() < 2:
+            raise ValueError(f"every prompt needs at least 2 tokens (one to predict), got lengths {b.lengths.tolist()}")
+        return check_ids(model, b.ids), b.mask
     ids = check_ids(model, ids)
     if ids.ndim not in (1, 2) or ids.shape[-1] < 2:
         raise ValueError(f"ids must be (n,) or a batch (B, n) with at least 2 tokens (one to predict), got shape "
                          f"{ids.shape}")
-    return ids
+    return ids, None
 
 
 @dataclass(frozen=True, eq=False)
@@ -294,21 +325,35 @@ class Lens:
     top_probs: np.ndarray       # (n_stages, n, k)
 
 
-def logit_lens(model: Transformer, ids, *, top: int = 5) -> Lens:
+def logit_lens(model: Transformer, ids, *, top: int = 5):
     """The final norm and unembedding applied to the residual stream before each block and after the last:
     the top-``top`` next tokens of every position at every stage. The last stage is the model's own output.
+
+    ``ids`` (n,) gives one :class:`Lens`; a list of prompts (lengths may differ) runs as one padded pass and
+    gives a list of them, one per prompt, on its own positions.
     """
     check_decoder(model, "the logit lens")
     top = as_positive_int("top", top)
-    ids = check_ids(model, ids)
-    if ids.ndim != 1:
-        raise ValueError(f"ids must be 1-D (one text), got shape {ids.shape}")
     L = model.config.n_layers
     names = [f"blocks.{i}.hook_resid_pre" for i in range(L)] + [f"blocks.{L - 1}.hook_resid_post"]
+    if is_ragged(ids):
+        out, cache = run_with_cache(model, ids, names)
+        b = out.batch
+        stages = np.stack([cache[n] for n in names])                    # (L + 1, B, n, d_model)
+        return [_lens(model, b.own(stages[:, i], i), top) for i in range(len(b.lengths))]
+    ids = check_ids(model, ids)
+    if ids.ndim != 1:
+        raise ValueError(f"ids must be 1-D (one text) or a list of texts, got shape {ids.shape}")
     _, cache = run_with_cache(model, ids, names)
-    logits = unembed(model, np.stack([cache[n] for n in names]))        # (L + 1, n, vocab)
+    return _lens(model, np.stack([cache[n] for n in names]), top)
+
+
+def _lens(model: Transformer, stages: np.ndarray, top: int) -> Lens:
+    """A Lens of the residual stream at each stage, (L + 1, n, d_model)."""
+    logits = unembed(model, stages)                                     # (L + 1, n, vocab)
     k = min(top, logits.shape[-1])
     p = softmax(logits.astype(np.float64))                              # (L + 1, n, vocab)
     order = np.argsort(-p, axis=-1, kind="stable")[..., :k]             # (L + 1, n, k)
+    L = model.config.n_layers
     return Lens(stages=("embed", *(f"block {i}" for i in range(L))), logits=logits, top_ids=order,
                 top_probs=np.take_along_axis(p, order, -1))
