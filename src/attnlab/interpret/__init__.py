@@ -9,8 +9,8 @@ from .circuits import (CircuitTokens, CompositionScores, FactoredMatrix, composi
                        qk_circuit, read_circuit)
 from .detect import (KINDS, detect_heads, duplicate_token_pattern, induction_pattern, pattern_scores,
                      previous_token_pattern, repeated_random_tokens, score_patterns, top_heads)
-from .interventions import (Ablation, Lens, Patching, ablate, ablation_hooks, logit_lens, next_token_loss, patch,
-                            unembed)
+from .interventions import Ablation, Lens, ablate, ablation_hooks, logit_lens, next_token_loss, unembed
+from .patching import PatchGrid, Patching, PathPatching, logit_diff_metric, patch, path_patch
 
 __all__ = [
     "CircuitTokens",
@@ -19,17 +19,21 @@ __all__ = [
     "KINDS",
     "Ablation",
     "Lens",
+    "PatchGrid",
     "Patching",
+    "PathPatching",
     "ablate",
     "ablation_hooks",
     "composition_scores",
     "detect_heads",
     "duplicate_token_pattern",
     "induction_pattern",
+    "logit_diff_metric",
     "logit_lens",
     "next_token_loss",
     "ov_circuit",
     "patch",
+    "path_patch",
     "pattern_scores",
     "previous_token_pattern",
     "qk_circuit",

@@ -6,12 +6,7 @@ None of these writes a forward pass of its own: each runs :func:`attnlab.stack.h
 - Ablation removes one head: its output before W_O (``blocks.{l}.attn.hook_z``, (n_heads, n, d_head)) is
   zeroed, or replaced by a causal mean (per position over other prompts, or the running mean over earlier
   positions), or resampled from another prompt; the change in next-token loss is measured.
-- Activation patching (Meng et al., 2022; Wang et al., 2022) runs a corrupted text and puts back one piece
-  of the clean run: one head's z, or one layer's residual stream (``hook_resid_pre``) at one position.
-  What it restores of the clean logit difference (answer − wrong, at the last position) is
-
-      restored = (patched − corrupt) / (clean − corrupt)        0 = nothing, 1 = all of it.
-
+- Activation patching lives in :mod:`attnlab.interpret.patching`.
 - The logit lens (nostalgebraist, 2020) applies the final norm and the unembedding to each layer's residual
   stream, as if the model stopped there.
 """
@@ -228,78 +223,6 @@ def _text_ids(model: Transformer, ids) -> tuple[np.ndarray, np.ndarray | None]:
         raise ValueError(f"ids must be (n,) or a batch (B, n) with at least 2 tokens (one to predict), got shape "
                          f"{ids.shape}")
     return ids, None
-
-
-@dataclass(frozen=True, eq=False)
-class Patching:
-    """What patching each piece of the clean run into the corrupted run restores."""
-    clean: float                # logit difference answer − wrong at the last position, clean run
-    corrupt: float              # the same, corrupted run
-    heads: np.ndarray           # (n_layers, n_heads) restored fraction, one head's z patched
-    resid: np.ndarray           # (n_layers, n) restored fraction, hook_resid_pre of a layer at one position
-    head_diff: np.ndarray       # (n_layers, n_heads) the patched logit differences themselves
-    resid_diff: np.ndarray      # (n_layers, n)
-
-
-def logit_diff(logits: np.ndarray, answer: int, wrong: int) -> float:
-    """logits[-1, answer] − logits[-1, wrong], in float64."""
-    return float(np.float64(logits[-1, answer]) - np.float64(logits[-1, wrong]))
-
-
-def put_back(clean: np.ndarray, index: int):
-    """A hook that puts back ``clean[index]`` along the first axis: one head's z from ``hook_z``
-    (n_heads, n, d_head), or one position's residual from ``hook_resid_pre`` (n, d_model)."""
-    def hook(x, name):
-        x = x.copy()
-        x[index] = clean[index]
-        return x
-    return hook
-
-
-def patch(model: Transformer, clean_ids, corrupt_ids, *, answer: int, wrong: int) -> Patching:
-    """Activation patching of every head and of every layer's residual stream at every position.
-
-    Parameters
-    ----------
-    clean_ids, corrupt_ids : int arrays (n,)
-        Two texts of the same number of tokens.
-    answer, wrong : int
-        Token ids; the metric is logits[-1, answer] − logits[-1, wrong].
-
-    Raises
-    ------
-    ValueError, TypeError
-        A bidirectional model, texts of different lengths, token ids outside the vocabulary, clean and
-        corrupted runs with the same logit difference (nothing to restore).
-    """
-    check_decoder(model, "patching")
-    clean_ids, corrupt_ids = check_ids(model, clean_ids, name="clean_ids"), check_ids(model, corrupt_ids,
-                                                                                      name="corrupt_ids")
-    if clean_ids.ndim != 1 or clean_ids.shape != corrupt_ids.shape:
-        raise ValueError(f"the clean and corrupted texts must be 1-D with the same number of tokens, got "
-                         f"{clean_ids.shape[-1]} and {corrupt_ids.shape[-1]} tokens")
-    V = model.config.vocab_size
-    for name, t in (("answer", answer), ("wrong", wrong)):
-        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < V:
-            raise ValueError(f"{name} must be a token id in [0, {V}), got {t!r}")
-    c, n = model.config, clean_ids.size
-    names = [f"blocks.{i}.{h}" for i in range(c.n_layers) for h in ("attn.hook_z", "hook_resid_pre")]
-    clean_out, cache = run_with_cache(model, clean_ids, names)
-    clean = logit_diff(clean_out.logits, answer, wrong)
-    corrupt = logit_diff(run_with_hooks(model, corrupt_ids, {}).logits, answer, wrong)
-    if clean == corrupt:
-        raise ValueError("the clean and corrupted texts give the same logit difference: nothing to restore")
-
-    def run(name: str, index: int) -> float:          # the corrupted run with clean[name][index] put back
-        return logit_diff(run_with_hooks(model, corrupt_ids, {name: put_back(cache[name], index)}).logits,
-                          answer, wrong)
-    head_diff = np.array([[run(f"blocks.{i}.attn.hook_z", h) for h in range(c.attention.n_heads)]
-                          for i in range(c.n_layers)])                                  # (n_layers, n_heads)
-    resid_diff = np.array([[run(f"blocks.{i}.hook_resid_pre", p) for p in range(n)]
-                           for i in range(c.n_layers)])                                 # (n_layers, n)
-    frac = lambda d: (d - corrupt) / (clean - corrupt)                                       # noqa: E731
-    return Patching(clean=clean, corrupt=corrupt, heads=frac(head_diff), resid=frac(resid_diff),
-                    head_diff=head_diff, resid_diff=resid_diff)
 
 
 def unembed(model: Transformer, x: np.ndarray) -> np.ndarray:

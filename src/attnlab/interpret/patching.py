@@ -1,0 +1,309 @@
+"""Activation patching and path patching, through the stack's named activations.
+
+Activation patching (Meng et al., 2022; Wang et al., 2022) runs the corrupted prompts and puts back one piece
+of the clean run: one head's output (at every position, or one), its q, k, v or pattern, one layer's
+attention or MLP output or residual stream at one position, any hook. What that restores of a metric is
+
+    restored = (patched − corrupt) / (clean − corrupt)        0 = nothing, 1 = all of it,
+
+the metric averaged over a batch of clean/corrupt pairs. The default metric is the logit difference
+answer − wrong at each prompt's last token; any ``metric(logits)`` of the last tokens' logits (B, vocab)
+-> (B,) will do. Each patched run is one forward pass with one hook: no second model, no second pass.
+
+Path patching (Wang et al., 2022, the IOI circuit) asks what a set of sender heads does *through* given
+receivers only: the corrupted run with the senders' clean outputs and every other head frozen at its
+corrupted output (MLPs recomputed) gives the receivers' inputs; a second corrupted run with just those
+receiver activations put back gives the metric.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..stack.batch import is_ragged, pad_prompts
+from ..stack.hooks import run_with_cache, run_with_hooks
+from ..stack.transformer import Transformer, check_decoder, check_ids, hook_names
+
+#: what=…: the hook patched in each block, and how it is cut: by head (axis −3), by head and position, or by
+#: position (axis −2).
+WHAT = {"heads": ("attn.hook_z", "head"), "heads_by_pos": ("attn.hook_z", "head_pos"),
+        "q": ("attn.hook_q", "head"), "k": ("attn.hook_k", "head"), "v": ("attn.hook_v", "head"),
+        "pattern": ("attn.hook_pattern", "head"), "attn_out": ("hook_attn_out", "pos"),
+        "mlp_out": ("hook_mlp_out", "pos"), "resid_pre": ("hook_resid_pre", "pos"),
+        "resid_mid": ("hook_resid_mid", "pos"), "resid_post": ("hook_resid_post", "pos")}
+_HEAD_HOOKS = ("attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_z", "attn.hook_result",
+               "attn.hook_scores", "attn.hook_pattern")
+
+
+@dataclass(frozen=True, eq=False)
+class Pairs:
+    """Clean and corrupted prompts as two (B, n) batches with one padding, and the metric's inputs."""
+    clean: np.ndarray           # (B, n)
+    corrupt: np.ndarray         # (B, n)
+    mask: np.ndarray | None     # (B, n) a padded batch's real tokens, or None
+    last: np.ndarray            # (B,) each prompt's last column
+
+
+def pairs(model: Transformer, clean, corrupt) -> Pairs:
+    """``clean`` and ``corrupt``: two texts (n,), two batches (B, n), or two lists of prompts whose pairs have
+    the same length (lengths may differ between pairs; both lists are padded on the left alike)."""
+    if is_ragged(clean) or is_ragged(corrupt):
+        if not (is_ragged(clean) and is_ragged(corrupt)) or len(clean) != len(corrupt):
+            raise ValueError("clean and corrupt must both be lists of prompts, of the same number")
+        V = model.config.vocab_size
+        a, b = pad_prompts(clean, vocab_size=V, is_causal=True), pad_prompts(corrupt, vocab_size=V, is_causal=True)
+        if not np.array_equal(a.lengths, b.lengths):
+            bad = int(np.argmax(a.lengths != b.lengths))
+            raise ValueError(f"pair {bad} has {a.lengths[bad]} clean and {b.lengths[bad]} corrupted tokens; each "
+                             "pair must have the same number")
+        return Pairs(a.ids, b.ids, a.mask, a.last)
+    c, k = check_ids(model, clean, name="clean_ids"), check_ids(model, corrupt, name="corrupt_ids")
+    if c.ndim > 2 or c.shape != k.shape:
+        raise ValueError(f"the clean and corrupted texts must have the same number of tokens (n,) or (B, n), got "
+                         f"{c.shape[-1]} and {k.shape[-1]} tokens (shapes {c.shape} and {k.shape})")
+    c, k = c.reshape(-1, c.shape[-1]), k.reshape(-1, k.shape[-1])       # (B, n)
+    return Pairs(c, k, None, np.full(c.shape[0], c.shape[1] - 1))
+
+
+def logit_diff_metric(model: Transformer, answer, wrong):
+    """metric(logits (B, vocab)) -> (B,): logits[b, answer_b] − logits[b, wrong_b] in float64; ``answer`` and
+    ``wrong`` are token ids, one for every pair or one each (B,)."""
+    V = model.config.vocab_size
+    for name, t in (("answer", answer), ("wrong", wrong)):
+        arr = np.asarray(t)
+        if arr.dtype == np.bool_ or arr.dtype.kind not in "iu" or arr.ndim > 1 or arr.size == 0 or \
+                arr.min() < 0 or arr.max() >= V:
+            raise ValueError(f"{name} must be a token id in [0, {V}) (or one per pair), got {t!r}")
+    a, w = np.asarray(answer), np.asarray(wrong)
+
+    def metric(logits):
+        rows = np.arange(logits.shape[0])
+        z = logits.astype(np.float64)
+        return z[rows, np.broadcast_to(a, rows.shape)] - z[rows, np.broadcast_to(w, rows.shape)]
+    return metric
+
+
+def _metric(model, answer, wrong, metric):
+    if metric is not None:
+        if answer is not None or wrong is not None:
+            raise ValueError("give either metric or answer and wrong, not both")
+        if not callable(metric):
+            raise TypeError(f"metric must be a function of the last tokens' logits (B, vocab), got "
+                            f"{type(metric).__name__}")
+        return metric
+    if answer is None or wrong is None:
+        raise ValueError("give answer and wrong (token ids), or a metric function")
+    return logit_diff_metric(model, answer, wrong)
+
+
+def _score(metric, logits: np.ndarray, p: Pairs) -> float:
+    """The metric of the last tokens' logits, averaged over the pairs."""
+    values = np.asarray(metric(logits[np.arange(len(p.last)), p.last]), np.float64)   # (B,) or ()
+    return float(values.mean())
+
+
+def _gap(clean: float, corrupt: float, warn_below: float) -> None:
+    if clean == corrupt:
+        raise ValueError("the clean and corrupted texts give the same metric: nothing to restore")
+    scale = max(abs(clean), abs(corrupt))
+    if abs(clean - corrupt) < warn_below * scale:
+        warnings.warn(f"|clean − corrupt| = {abs(clean - corrupt):.3g} is below {warn_below:g} of the metric's "
+                      f"scale max(|clean|, |corrupt|) = {scale:.3g}: the restored fractions divide by a small "
+                      "difference and mean little", RuntimeWarning, stacklevel=3)
+
+
+@dataclass(frozen=True, eq=False)
+class PatchGrid:
+    """What patching each piece restores: ``values`` the patched metric, ``restored`` its share."""
+    what: str
+    axes: tuple[str, ...]       # ("layer", "head"), ("layer", "head", "position"), ("layer", "position"), …
+    clean: float                # the metric on the clean prompts (averaged over the pairs)
+    corrupt: float              # on the corrupted prompts
+    values: np.ndarray          # grid of patched metrics, one cell per piece
+    restored: np.ndarray        # (values − corrupt) / (clean − corrupt)
+
+
+def put_back(clean: np.ndarray, index: tuple):
+    """A hook that puts back ``clean[index]`` (``index`` over the trailing axes, the batch axis left whole)."""
+    def hook(x, name):
+        x = x.copy()
+        x[(Ellipsis, *index)] = clean[(Ellipsis, *index)]
+        return x
+    return hook
+
+
+def _cells(model: Transformer, what: str, n: int):
+    """(axes, [(grid index, hook name, index into the activation)]) for ``what``."""
+    c = model.config
+    L, H = c.n_layers, c.attention.n_heads
+    known = set(hook_names(model))
+    if what in WHAT:
+        point, cut = WHAT[what]
+        layers = [i for i in range(L) if f"blocks.{i}.{point}" in known]
+        if not layers:
+            raise ValueError(f"what={what!r}: this model has no {point} (e.g. no MLP, or a parallel block)")
+        heads = c.attention.n_kv_heads if point in ("attn.hook_k", "attn.hook_v") else H
+        if cut == "head":
+            return ("layer", "head"), [((i, h), f"blocks.{i}.{point}", (h, slice(None), slice(None)))
+                                       for i in layers for h in range(heads)], (L, heads)
+        if cut == "head_pos":
+            return ("layer", "head", "position"), [((i, h, t), f"blocks.{i}.{point}", (h, t, slice(None)))
+                                                   for i in layers for h in range(heads) for t in range(n)], (L, heads, n)
+        return ("layer", "position"), [((i, t), f"blocks.{i}.{point}", (t, slice(None)))
+                                       for i in layers for t in range(n)], (L, n)
+    if what not in known:
+        raise ValueError(f"what must be one of {sorted(WHAT)} or a hook name of the model, got {what!r}")
+    if what.endswith(_HEAD_HOOKS):
+        heads = c.attention.n_kv_heads if what.endswith(("hook_k", "hook_v")) else H
+        return ("head",), [((h,), what, (h, slice(None), slice(None))) for h in range(heads)], (heads,)
+    return ("position",), [((t,), what, (t, slice(None))) for t in range(n)], (n,)
+
+
+def patch(model: Transformer, clean_ids, corrupt_ids, *, answer=None, wrong=None, metric=None, what=None,
+          warn_below: float = 0.05):
+    """Activation patching of every piece ``what`` names, one at a time: the clean run's activation put
+    into the corrupted run.
+
+    Parameters
+    ----------
+    clean_ids, corrupt_ids
+        Two texts (n,), two batches (B, n), or two lists of prompts paired one to one (each pair of one
+        length; pairs may differ, padded on the left).
+    answer, wrong : int or ints (B,)
+        Token ids: the metric is the logit difference answer − wrong at each prompt's last token.
+    metric : function, optional
+        Instead of answer and wrong: ``metric(logits)`` of the last tokens' logits (B, vocab) -> (B,).
+    what : str, optional
+        ``"heads"`` (one head's z at every position, (layer, head)), ``"heads_by_pos"`` (layer, head,
+        position), ``"q"``, ``"k"``, ``"v"``, ``"pattern"`` (by head; k and v by KV head), ``"attn_out"``,
+        ``"mlp_out"``, ``"resid_pre"``, ``"resid_mid"``, ``"resid_post"`` (layer, position), or any hook name
+        (by head for an attention hook, else by position). None: ``"heads"`` and ``"resid_pre"`` together,
+        as a :class:`Patching`.
+    warn_below : float
+        A RuntimeWarning when |clean − corrupt| is below this fraction of max(|clean|, |corrupt|).
+
+    Returns
+    -------
+    PatchGrid (or Patching for ``what=None``). Positions are the padded batch's columns: with left padding
+    they line up the prompts' ends (position −1 is every prompt's last token).
+
+    Raises
+    ------
+    ValueError, TypeError
+        A bidirectional model, texts of different lengths, token ids outside the vocabulary, an unknown
+        ``what``, clean and corrupted runs with the same metric (nothing to restore).
+    """
+    check_decoder(model, "patching")
+    p = pairs(model, clean_ids, corrupt_ids)
+    metric = _metric(model, answer, wrong, metric)
+    if what is None:
+        heads, resid = (_patch(model, p, metric, w, warn_below) for w in ("heads", "resid_pre"))
+        return Patching(clean=heads.clean, corrupt=heads.corrupt, heads=heads.restored, resid=resid.restored,
+                        head_diff=heads.values, resid_diff=resid.values)
+    if not isinstance(what, str):
+        raise TypeError(f"what must be a string, got {type(what).__name__}")
+    return _patch(model, p, metric, what, warn_below)
+
+
+def _patch(model: Transformer, p: Pairs, metric, what: str, warn_below: float) -> PatchGrid:
+    axes, cells, shape = _cells(model, what, p.clean.shape[-1])
+    names = sorted({name for _, name, _ in cells})
+    clean_out, cache = run_with_cache(model, p.clean, names, attention_mask=p.mask)
+    clean = _score(metric, clean_out.logits, p)
+    corrupt = _score(metric, run_with_hooks(model, p.corrupt, {}, attention_mask=p.mask).logits, p)
+    _gap(clean, corrupt, warn_below)
+    values = np.full(shape, np.nan)
+    for at, name, index in cells:
+        out = run_with_hooks(model, p.corrupt, {name: put_back(cache[name], index)}, attention_mask=p.mask)
+        values[at] = _score(metric, out.logits, p)
+    return PatchGrid(what=what, axes=axes, clean=clean, corrupt=corrupt, values=values,
+                     restored=(values - corrupt) / (clean - corrupt))
+
+
+@dataclass(frozen=True, eq=False)
+class Patching:
+    """What patching each head's z, and each layer's residual stream at each position, restores."""
+    clean: float                # logit difference answer − wrong at the last position, clean run
+    corrupt: float              # the same, corrupted run
+    heads: np.ndarray           # (n_layers, n_heads) restored fraction, one head's z patched
+    resid: np.ndarray           # (n_layers, n) restored fraction, hook_resid_pre of a layer at one position
+    head_diff: np.ndarray       # (n_layers, n_heads) the patched logit differences themselves
+    resid_diff: np.ndarray      # (n_layers, n)
+
+
+@dataclass(frozen=True, eq=False)
+class PathPatching:
+    """What the senders' clean outputs restore through the receivers alone."""
+    clean: float
+    corrupt: float
+    patched: float              # the metric with the receivers' path-patched activations
+    restored: float             # (patched − corrupt) / (clean − corrupt)
+
+
+def _receivers(model: Transformer, receiver_hooks) -> list[tuple[str, list | None]]:
+    if isinstance(receiver_hooks, str):
+        receiver_hooks = [receiver_hooks]
+    known, out = set(hook_names(model)), []
+    for r in receiver_hooks:
+        name, heads = (r, None) if isinstance(r, str) else r
+        if name not in known:
+            raise ValueError(f"receiver_hooks has {name!r}, not a hook of the model (see hook_names(model))")
+        if name.endswith("attn.hook_z"):
+            raise ValueError(f"a receiver cannot be {name!r}: every head's z is frozen; take its q, k or v")
+        if heads is not None and not name.endswith(_HEAD_HOOKS):
+            raise ValueError(f"receiver {name!r} has no heads to choose; give the name alone")
+        out.append((name, None if heads is None else [int(h) for h in heads]))
+    if not out:
+        raise ValueError("receiver_hooks must name at least one hook")
+    return out
+
+
+def path_patch(model: Transformer, clean_ids, corrupt_ids, sender_heads, receiver_hooks, *, answer=None,
+               wrong=None, metric=None, warn_below: float = 0.05) -> PathPatching:
+    """Path patching (Wang et al., 2022): the share of the metric that the clean outputs of
+    ``sender_heads`` [(layer, head), …] restore through ``receiver_hooks`` alone.
+
+    1. The corrupted run, with the senders' z taken from the clean run and every other head's z frozen at
+       the corrupted run's (MLPs and norms recomputed): the receivers' activations are recorded.
+    2. The corrupted run with only those receiver activations put back; its metric is ``patched``.
+
+    ``receiver_hooks`` names hooks, each alone or as (name, heads) for some heads of an attention hook:
+    ``[("blocks.9.attn.hook_q", [6, 9])]`` (the senders' effect on those heads' queries), or
+    ``"blocks.{L-1}.hook_resid_post"`` (their direct effect on the logits, MLPs included). Inputs and metric
+    as :func:`patch`.
+    """
+    from .interventions import _check_heads
+    check_decoder(model, "path patching")
+    p = pairs(model, clean_ids, corrupt_ids)
+    metric = _metric(model, answer, wrong, metric)
+    senders = _check_heads(model, sender_heads)
+    receivers = _receivers(model, receiver_hooks)
+    L = model.config.n_layers
+    z_names = [f"blocks.{i}.attn.hook_z" for i in range(L)]
+    clean_out, clean_z = run_with_cache(model, p.clean, z_names, attention_mask=p.mask)
+    corrupt_out, corrupt_z = run_with_cache(model, p.corrupt, z_names, attention_mask=p.mask)
+    clean, corrupt = _score(metric, clean_out.logits, p), _score(metric, corrupt_out.logits, p)
+    _gap(clean, corrupt, warn_below)
+
+    def frozen(i):                                  # layer i's z: corrupted, but the senders' clean
+        z = corrupt_z[z_names[i]].copy()
+        for layer, head in senders:
+            if layer == i:
+                z[..., head, :, :] = clean_z[z_names[i]][..., head, :, :]
+        return lambda x, name: z
+    recorded: dict[str, np.ndarray] = {}
+    hooks = {z_names[i]: frozen(i) for i in range(L)}
+    for name, _ in receivers:
+        hooks[name] = lambda x, name: recorded.__setitem__(name, x)
+    run_with_hooks(model, p.corrupt, hooks, attention_mask=p.mask)
+    back = {}
+    for name, heads in receivers:
+        index = (slice(None),) if heads is None else (heads, slice(None), slice(None))
+        back[name] = put_back(recorded[name], index)
+    patched = _score(metric, run_with_hooks(model, p.corrupt, back, attention_mask=p.mask).logits, p)
+    return PathPatching(clean=clean, corrupt=corrupt, patched=patched, restored=(patched - corrupt) / (clean - corrupt))
+
+
