@@ -166,8 +166,8 @@ class PreNormBlock(Block):
 
     def forward(self, x: np.ndarray, h, *, is_causal: bool, cache=None, mask=None) -> np.ndarray:
         x = h("hook_resid_pre", x)                                                         # (..., n, d_model)
-        y = self.attend(_norm(self.ln_1, "ln_1", x, h), h, is_causal=is_causal, cache=cache, mask=mask)
-        x = x + h("hook_attn_out", y)
+        x = x + h("hook_attn_out", self.attend(_norm(self.ln_1, "ln_1", x, h), h, is_causal=is_causal, cache=cache,
+                                               mask=mask))
         if self.mlp is not None:
             x = h("hook_resid_mid", x)
             x = x + h("hook_mlp_out", self.mlp(_norm(self.ln_2, "ln_2", x, h), h.scoped("mlp.")))
@@ -190,8 +190,8 @@ class PostNormBlock(Block):
 
     def forward(self, x: np.ndarray, h, *, is_causal: bool, cache=None, mask=None) -> np.ndarray:
         x = h("hook_resid_pre", x)                                                         # (..., n, d_model)
-        y = self.attend(x, h, is_causal=is_causal, cache=cache, mask=mask)
-        x = _norm(self.ln_1, "ln_1", x + h("hook_attn_out", y), h)
+        x = _norm(self.ln_1, "ln_1", x + h("hook_attn_out", self.attend(x, h, is_causal=is_causal, cache=cache,
+                                                                        mask=mask)), h)
         if self.mlp is not None:
             x = h("hook_resid_mid", x)
             x = _norm(self.ln_2, "ln_2", x + h("hook_mlp_out", self.mlp(x, h.scoped("mlp."))), h)
