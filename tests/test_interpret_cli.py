@@ -95,6 +95,12 @@ def test_ablate_patch_lens_json_match_the_library(capsys, gpt2, tmp_path):
     assert code == 0 and "block 1" in out
 
 
+def test_ioi_bad_input(capsys, gpt2):
+    bad(capsys, "ioi", "--model", "minilm", match="bidirectional")
+    bad(capsys, "ioi", "--model", gpt2, match="fewer than 3 of the names")
+    bad(capsys, "ioi", "--model", gpt2, "--prompts", "0", match="--prompts must be a positive integer")
+
+
 def test_interventions_bad_input(capsys, gpt2):
     bad(capsys, "ablate", "the cat sat", "--model", "minilm", match="bidirectional")
     bad(capsys, "ablate", "the cat sat", "--model", gpt2, "--mode", "mean", match="use --mode prefix-mean")

@@ -64,6 +64,16 @@ def add_commands(sub) -> None:
     add_json_flag(p)
     p.set_defaults(func=cmd_lens)
 
+    p = sub.add_parser("ioi", help="indirect-object identification (Wang et al., 2022): logit differences, direct "
+                       "logit attribution, patching and path patching per head")
+    p.add_argument("--model", default="smollm2", help=MODEL_HELP + " (default smollm2)")
+    p.add_argument("--prompts", type=int, default=8, help="clean/corrupted pairs (default 8)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="seed of the names drawn (default 0)")
+    p.add_argument("--path-top", type=int, default=5, help="heads path-patched into the final residual (default 5)")
+    p.add_argument("--top", type=int, default=8, help="heads listed (default 8)")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_ioi)
+
     from .scan import add_scan
     add_scan(sub)
 
@@ -259,4 +269,43 @@ def cmd_lens(args) -> int:
             guesses = "  ".join(f"{label(tokenizer.labels([t])[0])} {p:.2f}"
                                 for t, p in zip(lens.top_ids[s, pos], lens.top_probs[s, pos]))
             print(f"  {stage:>9}: {guesses}")
+    return 0
+
+
+def cmd_ioi(args) -> int:
+    from ..interpret import top_heads
+    from ..interpret.ioi import ioi_analysis, ioi_prompts
+    for flag, v in (("--prompts", args.prompts), ("--path-top", args.path_top), ("--top", args.top)):
+        if v < 1:
+            raise ValueError(f"{flag} must be a positive integer, got {v}")
+    model, tokenizer = load_decoder(args.model, "the IOI recipe")
+    prompts = ioi_prompts(tokenizer, args.prompts, rng=np.random.default_rng(args.seed))
+    r = ioi_analysis(model, prompts, path_top=args.path_top)
+    movers = r.name_movers(k=args.top)
+    if args.json:
+        print_json({"model": args.model, "texts": list(prompts.texts), "clean_diff": r.clean_diff,
+                    "corrupt_diff": r.corrupt_diff, "dla": r.dla, "patched": r.patching.restored,
+                    "attn_io": r.attn_io, "attn_s": r.attn_s,
+                    "direct": [{"layer": i, "head": j, "restored": v} for (i, j), v in r.direct.items()],
+                    "name_movers": [list(h) for h in movers]})
+        return 0
+    print(f"{args.model}: {len(prompts.texts)} IOI prompts, logit difference IO − S at the last token")
+    for text, c, k in zip(prompts.texts, r.clean_diff, r.corrupt_diff):
+        print(f"  {c:+7.3f} (corrupted {k:+7.3f})  {text!r}")
+    print(f"mean {r.clean_diff.mean():+.3f}, corrupted {r.corrupt_diff.mean():+.3f}")
+
+    def row(i, j):
+        return (f"L{i}H{j}: DLA {r.dla[i, j]:+.3f}, patched {r.patching.restored[i, j]:+.3f}, attention from the "
+                f"last token to IO {r.attn_io[i, j]:.3f} / to S {r.attn_s[i, j]:.3f}")
+    print("heads of largest direct logit attribution:")
+    for i, j, _ in top_heads(r.dla, args.top):
+        print("  " + row(i, j))
+    print("heads whose patched output restores the most:")
+    for i, j, _ in top_heads(r.patching.restored, args.top):
+        print("  " + row(i, j))
+    print("path patching into the final residual alone (the head's direct effect, other heads frozen):")
+    for (i, j), v in r.direct.items():
+        print(f"  L{i}H{j}: {v:+.3f}")
+    print("name-mover-like heads (DLA > 0, attend to IO more than S, restore when patched): "
+          + (", ".join(f"L{i}H{j}" for i, j in movers) or "none"))
     return 0

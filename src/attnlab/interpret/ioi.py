@@ -33,9 +33,9 @@ from .patching import PatchGrid, pairs, patch, path_patch
 
 NAMES = (" Mary", " John", " Tom", " James", " Sarah", " Anna", " Bob", " Alice", " David", " Emma", " Michael",
          " Lisa", " Paul", " Kate", " Mark", " Laura")
-TEMPLATES = ("When {A} and {B} went to the store,{S} gave a drink to",
-             "When {A} and {B} went to the park,{S} gave a ball to",
-             "After {A} and {B} went to the office,{S} handed a book to",
+TEMPLATES = ("When{A} and{B} went to the store,{S} gave a drink to",      # each name brings its own space
+             "When{A} and{B} went to the park,{S} gave a ball to",
+             "After{A} and{B} went to the office,{S} handed a book to",
              "Then,{A} and{B} had a long argument, and afterwards{S} said to",
              "While{A} and{B} were working at the house,{S} gave a key to")
 
