@@ -1,4 +1,5 @@
-"""Writing files so that a failure leaves no half file behind."""
+"""Files, safely: writing so that a failure leaves no half file behind, and reading a model folder's files
+only from inside that folder."""
 
 from __future__ import annotations
 
@@ -43,3 +44,37 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def folder_file(folder: str | os.PathLike, name, *, listed_in: str | None = None) -> Path:
+    """``folder / name``, once it is sure to resolve (symlinks followed) to a path inside ``folder``; or inside
+    the hub cache's ``blobs/`` when ``folder`` is a Hugging Face snapshot (``…/snapshots/<rev>/``, whose files
+    are symlinks into ``../../blobs``). Nothing is opened: a caller checks every entry before reading any.
+
+    ``name`` is untrusted (an index's ``weight_map`` value, a fixed name that may be a symlink); ``listed_in``
+    names the file it came from, for the message. A missing file is returned as is: the caller says it is
+    missing. The message names the entry, never what it points at.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> folder_file(d, "model.safetensors") == d / "model.safetensors"
+    True
+    >>> try:
+    ...     folder_file(d, "../../etc/passwd")
+    ... except ValueError as e:
+    ...     print(str(e).split(": ", 1)[1][:58])
+    the entry '../../etc/passwd' resolves outside the model fo
+    """
+    where = f" listed in {listed_in}" if listed_in else ""
+    if not isinstance(name, str) or name.strip() in ("", "."):
+        raise ValueError(f"{folder}: the entry {name!r}{where} must name a file of the model folder")
+    root = os.path.realpath(folder)
+    path = Path(folder) / name
+    target = os.path.realpath(path)
+    allowed = [root]
+    if os.path.basename(os.path.dirname(root)) == "snapshots":     # a hub snapshot: <repo>/snapshots/<rev>
+        allowed.append(os.path.realpath(os.path.join(root, os.pardir, os.pardir, "blobs")))
+    if not any(os.path.commonpath([target, a]) == a and target != a for a in allowed):
+        raise ValueError(f"{folder}: the entry {name!r}{where} resolves outside the model folder; attnlab reads "
+                         "only files inside it (or, in a hub snapshot, the cache's blobs/)")
+    return path

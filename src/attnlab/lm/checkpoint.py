@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .._io import atomic_path
+from .._io import atomic_path, folder_file
 from ..layer.positions import scheme_from_json
 from ..stack.transformer import ModelConfig, Transformer
 from ..text.tokens import Vocab
@@ -70,7 +70,7 @@ def load_checkpoint(directory, *, config: ModelConfig | None = None,
 
     directory = Path(directory)
     for name in (CONFIG, WEIGHTS):
-        if not (directory / name).is_file():
+        if not folder_file(directory, name).is_file():
             raise FileNotFoundError(2, f"no checkpoint here ({name} is missing)", str(directory))
     text = (directory / CONFIG).read_text(encoding="utf-8")
     saved, saved_vocab = parse_checkpoint_json(text, directory / CONFIG)
