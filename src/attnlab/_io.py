@@ -88,18 +88,24 @@ def atomic_folder(path: str | os.PathLike, *, owned: tuple[str, ...]):
 
 def _exchange(new: Path, path: Path) -> None:
     """Swap two folders in one step (Linux renameat2); elsewhere, rename ``path`` aside, then ``new`` in."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        rename_exchange, at_fdcwd = 2, -100
-        if hasattr(libc, "renameat2") and libc.renameat2(at_fdcwd, os.fsencode(new), at_fdcwd,
-                                                         os.fsencode(path), rename_exchange) == 0:
-            return
+    if _renameat2_exchange(new, path):
+        return
     aside = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
     os.replace(path, aside)
     os.replace(new, path)
     os.replace(aside, new)                                # so that the caller removes the old set
+
+
+def _renameat2_exchange(a: Path, b: Path) -> bool:
+    """Exchange two paths atomically with Linux's renameat2(RENAME_EXCHANGE); False where it is missing."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    rename_exchange, at_fdcwd = 2, -100
+    return hasattr(libc, "renameat2") and libc.renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b),
+                                                         rename_exchange) == 0
 
 
 def _umask() -> int:
