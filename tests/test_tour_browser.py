@@ -154,6 +154,16 @@ def test_dragging_far_reaches_the_hard_lookup(page):
     assert float(width.rstrip("%")) == pytest.approx(100 * w[1])
 
 
+def test_lookup_verdict_names_the_token_and_a_tie(page):
+    drag_query_to(page, -1.0, -1.0)                                   # the's key (0, 0) scores highest, 0
+    w = softmax(K @ [-1., -1.])
+    verdict = page.inner_text("#lookup-verdict")
+    assert f"the largest weight, {w[0]:.3f}, is on “the”" in verdict and "the's" not in verdict
+    drag_query_to(page, 0.2, 0.2)                                     # cat and sat both score 0.4
+    w = softmax(K @ [0.2, 0.2])
+    assert f"“cat” and “sat” tie for the largest weight, {w[1]:.3f} each" in page.inner_text("#lookup-verdict")
+
+
 def test_lookup_scaled_by_sqrt_2(page):
     page.check("#lookup-scaled")
     np.testing.assert_allclose(values(page, "#lookup-table td.weight"), softmax(K @ [1., 0.] / np.sqrt(2)), rtol=1e-12)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -93,6 +95,34 @@ def seed_arg(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type for counts such as ``--tokens``: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+@contextlib.contextmanager
+def as_typed(**names: str):
+    """Name what the learner typed, not the library's parameter: inside, a ValueError or TypeError whose message
+    names a parameter (``swapped must …``) is raised again with the flag instead (``the second --sentence
+    must …``). Only the message's own words are renamed, never a quoted value after ", got"."""
+    try:
+        yield
+    except (ValueError, TypeError) as e:
+        text = str(e)
+        head, sep, tail = text.partition(", got ")
+        for name, typed in names.items():
+            head = re.sub(rf"(?<![\w'-]){re.escape(name)}(?![\w'-])", typed, head)
+        if head + sep + tail == text:
+            raise
+        raise type(e)(head + sep + tail) from None
 
 
 def add_json_flag(p: argparse.ArgumentParser) -> None:

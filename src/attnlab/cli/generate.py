@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._app import add_json_flag, print_json, seed_arg
+from ._app import add_json_flag, positive_int, print_json, seed_arg
 
 
 def register(sub) -> None:
@@ -23,7 +23,7 @@ def register(sub) -> None:
     g.add_argument("dir", metavar="DIR", help="a decoder folder: written by 'attnlab train --out', or a GPT-2, "
                                               "Llama, Mistral or Qwen2 folder (config.json, safetensors, tokenizer)")
     g.add_argument("--prompt", required=True, help="text to start from, encoded with the folder's tokenizer")
-    g.add_argument("--tokens", type=int, default=100, help="tokens to generate (default 100)")
+    g.add_argument("--tokens", type=positive_int, default=100, help="tokens to generate (default 100)")
     g.add_argument("--temperature", type=float, default=1.0, help="divides the logits; 0 = greedy (default 1)")
     g.add_argument("--seed", type=seed_arg, default=0, help="seed of the sampler (default 0)")
     g.add_argument("--no-stop", action="store_true",

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import argparse
 import re
+import textwrap
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 
 import numpy as np
 
 from .. import guide as g
 from ..text.ngrams import LEVELS
-from ._app import add_json_flag, print_json, seed_arg, stderr_progress
+from ._app import add_json_flag, as_typed, print_json, seed_arg, stderr_progress
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,7 @@ def report_lookup(query=g.lookup.QUERY, keys=g.lookup.KEYS, values=g.lookup.VALU
     if len(tokens) != len(r.keys):
         raise ValueError(f"tokens must name the {len(r.keys)} keys, got {len(tokens)}: {' '.join(tokens)}")
     top = int(np.argmax(r.scores))
+    tied = [t for t, s in zip(tokens, r.scores) if s == r.scores[top] and t != tokens[top]]
     hard_w, hard_out = g.hard_lookup(r, index=top, score=max(hard, float(r.scores[top])))
     scale_note = f" × 1/√{len(r.query)}" if scaled else ""
     lines = [f"query q {fmt(r.query)} {r.query.shape}, keys K {r.keys.shape}, values V {r.values.shape}",
@@ -133,6 +136,9 @@ def report_lookup(query=g.lookup.QUERY, keys=g.lookup.KEYS, values=g.lookup.VALU
               f"{fmt(r.scores)} {fmt(r.weights)} {fmt(r.output)}",
               hard_line(tokens[top], float(r.scores[top]), hard, float(hard_w[top]), _gap(r.scores, top, hard),
                         hard_out, r.values[top])]
+    if tied:
+        lines.append(f"({tokens[top]!r} ties with {', '.join(map(repr, tied))} for the top score; the first is "
+                     "pushed.)")
     return Report("\n".join(lines), {
         "tokens": list(tokens), "query": r.query, "keys": r.keys, "values": r.values, "scale": r.scale,
         "scores": r.scores, "weights": r.weights, "output": r.output,
@@ -152,12 +158,12 @@ HARD_WEIGHT = 0.999999       # the guide's "more than 0.999999 of the weight": a
 def hard_line(token: str, score: float, hard: float, weight: float, gap: float, out, value) -> str:
     """What pushing the top score to ``hard`` does, said without claiming a push that did not happen."""
     if score >= hard:
-        head = f"Hard lookup: {token}'s score is already {score:g} (at least --hard {hard:g}); it takes {weight:.8f}"
+        head = f"Hard lookup: the score of {token!r} is already {score:g} (at least --hard {hard:g}); it takes {weight:.8f}"
     else:
-        head = f"Hard lookup: push {token}'s score from {score:g} to {hard:g} and it takes {weight:.8f}"
+        head = f"Hard lookup: push the score of {token!r} from {score:g} to {hard:g} and it takes {weight:.8f}"
     if weight > HARD_WEIGHT:
-        return (f"{head} of the weight (more than {HARD_WEIGHT}); output {fmt(out)}, {token}'s value "
-                f"{fmt(value)} almost exactly.")
+        return (f"{head} of the weight (more than {HARD_WEIGHT}); output {fmt(out)}, the value of {token!r}, "
+                f"{fmt(value)}, almost exactly.")
     rest = 1 - weight
     return (f"{head} of the weight, so the output {fmt(out)} is still a blend ({rest:.6f} goes to the other keys, "
             f"the next score is only {gap:g} below). A dictionary-like lookup needs the top score far "
@@ -340,13 +346,43 @@ def cmd_scale(args) -> int:
 
 # --- 5. mask ------------------------------------------------------------------------------------
 
+GRID_WIDTH = 80          # columns a printed grid fits, as the terminal grids of attnlab.viz do
+
+
 def report_mask(tokens) -> Report:
     m = g.mask_table(tokens)
-    text = ("M, added to the scores (rows: queries, columns: keys):\n"
-            + labelled_grid(m.M, m.tokens, m.tokens, lambda x: "0" if x == 0 else "−∞")
-            + "\nThe same as a bool mask (True = may attend):\n"
-            + labelled_grid(m.keep, m.tokens, m.tokens, lambda x: "True" if x else "False"))
+    additive = labelled_grid(m.M, m.tokens, m.tokens, lambda x: "0" if x == 0 else "−∞")
+    boolean = labelled_grid(m.keep, m.tokens, m.tokens, lambda x: "True" if x else "False")
+    if max(map(len, (additive + "\n" + boolean).splitlines())) <= GRID_WIDTH:
+        text = ("M, added to the scores (rows: queries, columns: keys):\n" + additive
+                + "\nThe same as a bool mask (True = may attend):\n" + boolean)
+    else:
+        text = "\n".join(textwrap.wrap(
+            f"M, added to the scores (rows: queries, columns: keys in the same order), one character per cell "
+            f"to fit {GRID_WIDTH} columns: 0 where a query may attend (M = 0, True), - where it may not "
+            f"(M = −∞, False):", GRID_WIDTH)) + "\n" + compact_grid(m.keep, m.tokens)
     return Report(text, {"tokens": list(m.tokens), "M": m.M, "keep": m.keep})
+
+
+def compact_grid(keep: np.ndarray, tokens, width: int = GRID_WIDTH) -> str:
+    """A bool grid with one character per cell (0: may attend, -: may not), keys in the rows' order, the
+    middle keys elided (…) when they do not fit ``width``.
+
+    >>> print(compact_grid(np.tril(np.ones((3, 3), bool)), ["a", "b", "c"]))
+    a 0--
+    b 00-
+    c 000
+    """
+    labels = [str(t) for t in tokens]
+    w, n = max(map(len, labels)), len(labels)
+    room = width - w - 1                                          # one column per cell
+    cols = list(range(n)) if n <= room else [*range(room // 2), None, *range(n - (room - 1 - room // 2), n)]
+    lines = [f"{labels[i].ljust(w)} " + "".join("…" if j is None else "0-"[not row[j]] for j in cols)
+             for i, row in enumerate(keep)]
+    if n > room:
+        lines.append(f"(keys {room // 2}–{n - (room - 1 - room // 2) - 1}, counted from 0, elided as …; --json "
+                     "has the whole grid)")
+    return "\n".join(lines)
 
 
 MASK_MOST = 1024          # tokens in a printed mask: more is no table anyone reads (PNGs stop there too)
@@ -372,7 +408,10 @@ def cmd_mask(args) -> int:
     if args.png:
         from ..viz import save_mask
         save_mask(args.png, tokens)
-    return emit(args, report)
+    emit(args, report)
+    if args.png and not args.json:
+        print(f"wrote {args.png}")
+    return 0
 
 
 # --- 6. embed -----------------------------------------------------------------------------------
@@ -411,6 +450,8 @@ def cmd_embed(args) -> int:
 # --- 7. heads -----------------------------------------------------------------------------------
 
 GRID_MOST = 12           # tokens and heads beyond which the per-head grids are left to --json
+HEADS_FROM_ZERO = ("Heads are numbered from 0, as in code, in TransformerLens and in every figure and command "
+                   "of attnlab: the guide's head 1 (columns 0 to 63) is head 0 here.")
 
 
 def report_heads(n: int = 5, seed: int = g.heads.SEED, *, n_heads: int = 12, d_model: int = 768) -> Report:
@@ -428,9 +469,10 @@ def report_heads(n: int = 5, seed: int = g.heads.SEED, *, n_heads: int = 12, d_m
              f"biases (the layer counts {run.n_params:,})"]
     if n <= GRID_MOST and config.n_heads <= GRID_MOST:
         lines.append(f"Each head's causal weights A (rows: queries, columns: keys), X and W from seed {seed}; "
-                     f"the tokens are random stand-ins for {' '.join(tokens)!r}, and the weights are untrained:")
+                     f"the tokens are random stand-ins for {' '.join(tokens)!r}, and the weights are untrained.")
+        lines.append(HEADS_FROM_ZERO)
         for h, a in enumerate(run.weights):
-            lines += [f"head {h + 1}", indent(labelled_matrix(a, tokens, tokens))]
+            lines += [f"head {h}", indent(labelled_matrix(a, tokens, tokens))]
     else:
         lines.append(f"({config.n_heads} grids of {n} × {n} weights: too many to print; --json has them)")
     return Report("\n".join(lines), {"shapes": {k: list(v) for k, v in run.shapes.items()}, "params": c.per_layer,
@@ -482,7 +524,8 @@ def cmd_order(args) -> int:
         sentence, swapped = g.order.SENTENCE, g.order.SWAPPED
     else:
         sentence, swapped = sentences[0], (sentences[1] if len(sentences) == 2 else None)
-    return emit(args, report_order(g.guide_toy(), args.seed, sentence, swapped))
+    with as_typed(swapped="the second --sentence", sentence="the first --sentence"):
+        return emit(args, report_order(g.guide_toy(), args.seed, sentence, swapped))
 
 
 # --- 9. cost ------------------------------------------------------------------------------------
@@ -497,18 +540,28 @@ def report_cost(n: int = 5, config_name: str = "gpt2-small", *, block_q: int | N
     p, c = g.params(config), g.cost(n, config)
     n_ctx = config.attention.n_ctx
     at_ctx = g.cost(n_ctx, config)
-    lines = ["Parameters per layer (no bias, with bias), and W_P:",
-             f"{p.per_layer} {p.per_layer_with_bias} {p.position_table}",
+    a = config.attention
+    if config.attention_bias:
+        lines = ["Parameters per layer (no bias, with bias), and W_P:",
+                 f"{p.per_layer} {p.per_layer_with_bias} {p.position_table}"]
+    else:
+        lines = [f"Parameters per layer ({config_name} has no attention biases, so one count), and W_P"
+                 f"{'' if a.positions.has_table else ' (none: its positions are ' + type(a.positions).__name__ + ')'}:",
+                 f"{p.per_layer} {p.position_table}"]
+    workers = min(config.workers, a.n_heads)
+    lines += [
              f"Scores per head and per layer at n = {n}, then at n_ctx = {n_ctx}:",
              f"{c.scores_per_head} {c.scores_per_layer} {at_ctx.scores_per_head} {at_ctx.scores_per_layer}",
              f"At n = {n:,}: {c.flops_per_layer:,} FLOPs per layer ({c.flops_projections:,} in the projections, "
              f"{c.flops_scores:,} in QKᵀ and AV); {c.flops_per_model:,} for {config.n_layers} layers",
              f"Score grid of one layer: {_bytes(c.grid_bytes_naive)} naive (all {c.scores_per_layer:,} scores at "
-             f"once), {_bytes(c.grid_bytes_tiled)} tiled (Guide 10: a block of scores at a time, plus a running "
-             "max and sum per query)",
-             f"KV cache: {_bytes(g.kv_bytes_per_token(config))} per token, {_bytes(c.kv_cache_bytes)} at n = {n:,}, "
+             f"once), {_bytes(c.grid_bytes_tiled)} tiled (Guide 10: a block of at most {config.block_q} × "
+             f"{config.block_k} scores for each of {config.workers} cores computing at once, as on the machine "
+             "attnlab is measured on, plus a running max and sum per query; `cost --help` lists the tiled "
+             "column's options)",
+             f"KV cache of all {config.n_layers} layers (the score grid above is one layer's): "
+             f"{_bytes(g.kv_bytes_per_token(config))} per token, {_bytes(c.kv_cache_bytes)} at n = {n:,}, "
              f"{_bytes(at_ctx.kv_cache_bytes)} at n_ctx = {n_ctx} ({bytes_per_number} bytes per number)"]
-    a = config.attention
     if a.n_kv_heads < a.n_heads:
         lines.append(f"Grouped-query attention: {a.n_heads} query heads share {a.n_kv_heads} key/value heads, so the "
                      f"cache is {a.n_heads // a.n_kv_heads}x smaller than the same model without GQA: "
@@ -524,9 +577,14 @@ def report_cost(n: int = 5, config_name: str = "gpt2-small", *, block_q: int | N
     rows = g.growth(config) if growth_table else []
     if rows:
         b = config.block_q
+        share = Fraction(workers, a.n_heads)
         lines += [f"Growth. Up to n = {b:,} a block holds a head's whole n × n grid, so tiled memory grows as n² "
-                  f"there too; past {b:,} the block stops growing and only the max and sum per query grow, "
-                  "linearly: that is the kink in the memory plot." + _small_n_note(rows), table(["n", "scores/layer", "FLOPs/layer", "grid naive", "grid tiled", "KV cache"],
+                  f"there too, but only for the {workers} head{'s' * (workers > 1)} in flight (one per core) of "
+                  f"the {a.n_heads}: about {share} of naive's grid. Past {b:,} the block stops growing and only "
+                  "the max and sum per query grow, linearly: that is the kink in the memory plot."
+                  + _small_n_note(rows),
+                  table(["n", "scores/layer", "FLOPs/layer", "grid naive", "grid tiled",
+                         f"KV cache ({config.n_layers} layers)"],
                                    [[f"{r.n:,}", f"{r.scores_per_layer:,}", f"{r.flops_per_layer:.3g}",
                                      _bytes(r.grid_bytes_naive), _bytes(r.grid_bytes_tiled),
                                      _bytes(r.kv_cache_bytes)] for r in rows])]

@@ -191,7 +191,8 @@ def section_mask(ctx: TourContext) -> Section:
     embed = cg.report_embed(ctx.toy)
     words = g.RUNNING_EXAMPLE.split()
     steps = {st.symbol.name: st.value for st in g.explain(ctx.toy, g.RUNNING_EXAMPLE)}
-    ctx.widgets["mask"] = {"tokens": words, "S": steps["S"]}
+    toy_words = [w.lower() for w in words]        # the toy vocabulary's words, as the weight figures beside say
+    ctx.widgets["mask"] = {"tokens": toy_words, "S": steps["S"]}
     save_mask(ctx.out / "mask.png", words, title="causal mask M for the running example")
     figures = [Figure("mask.png", "the causal mask M: 0 where a token may look, −∞ (hatched) where not")]
     for i, grid in enumerate(embed.data["grids"]):
@@ -254,7 +255,9 @@ def section_heads(ctx: TourContext) -> Section:
     return Section("Several heads at once", r.text, r.data, (Figure("heads.png", "the 12 heads' weight grids "
                    "(random numbers, seed 0)"),), id="heads", prose=(
         "Twelve heads of width 64 run side by side on the same X, each with its own W^Q, W^K, W^V and so its "
-        "own grid of weights. Their outputs sit next to each other in one 768-wide row, and W^O mixes them.",
+        "own grid of weights. Their outputs sit next to each other in one 768-wide row, and W^O mixes them. "
+        "Heads and layers are numbered from 0 here, as in code: the guide's “head 1” (columns 0 to 63) is "
+        "head 0, and L0H2 in a figure is layer 0, head 2.",
         "With random weights of GPT-2's initial scale (0.02) the grids are close to even: no head has learned "
         "anything yet. The last section shows what training makes of them."),
         commands=("attnlab heads --n-heads 4 --d-model 64 --seed 5", "attnlab heads --n 8 --json"))

@@ -43,7 +43,7 @@ def register(sub) -> None:
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW's decoupled decay of the matrices "
                    "(default 0; 1.0 with --lr 0.01 suits a 27 KB text)")
     p.add_argument("--schedule", default="cosine", choices=("constant", "cosine"),
-                   help="learning rate: constant, or cosine decay to 0.1× (default)")
+                   help="learning rate: constant, or cosine (the default): a cosine decay to 0.1× over the steps")
     p.add_argument("--heldout", type=float, default=0.1, help="fraction of the text kept for evaluation "
                    "(default 0.1, its tail)")
     p.add_argument("--seed", type=seed_arg, default=0, help="seed of the one random generator (default 0)")
@@ -148,6 +148,7 @@ def cmd_train(args) -> int:
         print_json(result)
     else:
         print_table(figures, config)
+        print(batch_loss_line(losses, figures))
         if note:
             print(note)
         if args.out:
@@ -160,7 +161,7 @@ def run_with_progress(steps, total: int, *, save, save_every: int) -> list[float
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
     losses, tokens, t0 = [], 0, time.perf_counter()
-    columns = (TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
+    columns = (TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("minibatch loss {task.fields[loss]}"),
                TextColumn("{task.fields[rate]} tokens/s"), TimeRemainingColumn())
     with stderr_progress(*columns) as bar:
         task = bar.add_task("train", total=total, loss="-", rate="-")
@@ -172,6 +173,15 @@ def run_with_progress(steps, total: int, *, save, save_every: int) -> list[float
             if save is not None and (s.step % save_every == 0 or s.step == total):
                 save()
     return losses
+
+
+def batch_loss_line(losses: list[float], figures: dict) -> str:
+    """Why the progress bar's last loss and the table's differ: a minibatch against the whole training part."""
+    if not losses:
+        return "No step ran (--steps was already reached); the table scores the checkpoint as it is."
+    return (f"The progress bar's last loss, {losses[-1]:.3f}, is one minibatch's (--batch windows of the last "
+            f"step); the table's attention model row, {figures['train']['model']:.3f} on train, scores every "
+            "window of the training part after the last step.")
 
 
 def heldout_note(figures: dict, n_train: int) -> str | None:
