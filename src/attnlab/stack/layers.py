@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..layer.hookpoints import NO_HOOKS
+
 # erfc(z) for z >= 0 as t·exp(-z² + P(t)), t = 1/(1 + z/2): Numerical Recipes' Chebyshev fit (Press et al.,
 # 2007, §6.2), relative error below 1.2e-7 everywhere: about two float32 ulps. numpy has no erf.
 _ERFC_COEFFS = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806,
@@ -64,11 +66,14 @@ def silu(x: np.ndarray) -> np.ndarray:
 ACTIVATIONS = {"gelu": gelu, "gelu_new": gelu_tanh, "gelu_pytorch_tanh": gelu_tanh, "silu": silu}
 
 
-def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
-    """(..., d_model) -> (..., d_model): each row to mean 0 and variance 1, then scaled and shifted."""
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float, hook=NO_HOOKS) -> np.ndarray:
+    """(..., d_model) -> (..., d_model): each row to mean 0 and variance 1, then scaled and shifted.
+
+    ``hook`` sees ``hook_scale`` (..., 1), the divisor √(var + eps), and ``hook_normalized``, the output."""
     mu = x.mean(axis=-1, keepdims=True)                  # (..., 1)
     var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)   # (..., 1) biased, as torch's LayerNorm
-    return (x - mu) / np.sqrt(var + eps) * weight + bias  # (..., d_model)
+    scale = hook("hook_scale", np.sqrt(var + eps))       # (..., 1)
+    return hook("hook_normalized", (x - mu) / scale * weight + bias)   # (..., d_model)
 
 
 @dataclass(frozen=True, eq=False)
@@ -78,9 +83,10 @@ class LayerNorm:
     eps: float
     name = "layer"       # its key in NORMS
     PARAMS = ("weight", "bias")
+    HOOKS = ("hook_scale", "hook_normalized")
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return layer_norm(x, self.weight, self.bias, self.eps)
+    def __call__(self, x: np.ndarray, hook=NO_HOOKS) -> np.ndarray:
+        return layer_norm(x, self.weight, self.bias, self.eps, hook)
 
     @classmethod
     def init(cls, d_model: int, eps: float, dtype=np.float32) -> "LayerNorm":
@@ -98,16 +104,18 @@ class LayerNorm:
                    eps)
 
 
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, hook=NO_HOOKS) -> np.ndarray:
     """(..., d_model) -> (..., d_model): each row divided by its root mean square, then scaled; no centring,
     no bias (Zhang & Sennrich, 2019). The mean of squares is taken in at least float32, as Llama's code does.
+    ``hook`` sees ``hook_scale`` (..., 1), the divisor √(mean(x²) + eps), and ``hook_normalized``, the output.
 
     >>> rms_norm(np.array([[3.0, 4.0]]), np.ones(2), 0.0).round(4)     # rms of (3, 4) is √12.5
     array([[0.8485, 1.1314]])
     """
     x32 = x.astype(np.result_type(x, np.float32), copy=False)
     ms = (x32 * x32).mean(axis=-1, keepdims=True)            # (..., 1)
-    return (x32 / np.sqrt(ms + eps)).astype(x.dtype, copy=False) * weight   # (..., d_model)
+    scale = hook("hook_scale", np.sqrt(ms + eps))            # (..., 1)
+    return hook("hook_normalized", (x32 / scale).astype(x.dtype, copy=False) * weight)   # (..., d_model)
 
 
 @dataclass(frozen=True, eq=False)
@@ -117,9 +125,10 @@ class RMSNorm:
     eps: float
     name = "rms"         # its key in NORMS
     PARAMS = ("weight",)
+    HOOKS = ("hook_scale", "hook_normalized")
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return rms_norm(x, self.weight, self.eps)
+    def __call__(self, x: np.ndarray, hook=NO_HOOKS) -> np.ndarray:
+        return rms_norm(x, self.weight, self.eps, hook)
 
     @classmethod
     def init(cls, d_model: int, eps: float, dtype=np.float32) -> "RMSNorm":
@@ -145,10 +154,16 @@ class MLP:
     activation: str      # a key of ACTIVATIONS
     name = "mlp"         # its key in MLPS
     PARAMS = ("W_in", "b_in", "W_out", "b_out")
+    HOOKS = ("hook_pre", "hook_post")   # the hidden layer before and after the nonlinearity, (..., n, d_mlp)
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        hidden = ACTIVATIONS[self.activation](x @ self.W_in + self.b_in)   # (..., n, d_mlp)
+    def __call__(self, x: np.ndarray, hook=NO_HOOKS) -> np.ndarray:
+        pre = hook("hook_pre", x @ self.W_in + self.b_in)                   # (..., n, d_mlp)
+        hidden = hook("hook_post", ACTIVATIONS[self.activation](pre))       # (..., n, d_mlp)
         return hidden @ self.W_out + self.b_out                             # (..., n, d_model)
+
+    @staticmethod
+    def shapes(d_model: int, d_mlp: int) -> dict[str, tuple]:
+        return {"W_in": (d_model, d_mlp), "b_in": (d_mlp,), "W_out": (d_mlp, d_model), "b_out": (d_model,)}
 
     @classmethod
     def init(cls, d_model: int, d_mlp: int, activation: str, *, rng: np.random.Generator, std: float = 0.02,
@@ -173,10 +188,16 @@ class GatedMLP:
     activation: str      # a key of ACTIVATIONS
     name = "gated"       # its key in MLPS
     PARAMS = ("W_gate", "W_in", "W_out")
+    HOOKS = ("hook_pre", "hook_post")   # the gate before its nonlinearity; the hidden layer, gated, (..., n, d_mlp)
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        hidden = ACTIVATIONS[self.activation](x @ self.W_gate) * (x @ self.W_in)   # (..., n, d_mlp)
+    def __call__(self, x: np.ndarray, hook=NO_HOOKS) -> np.ndarray:
+        pre = hook("hook_pre", x @ self.W_gate)                                     # (..., n, d_mlp)
+        hidden = hook("hook_post", ACTIVATIONS[self.activation](pre) * (x @ self.W_in))   # (..., n, d_mlp)
         return hidden @ self.W_out                                                  # (..., n, d_model)
+
+    @staticmethod
+    def shapes(d_model: int, d_mlp: int) -> dict[str, tuple]:
+        return {"W_gate": (d_model, d_mlp), "W_in": (d_model, d_mlp), "W_out": (d_mlp, d_model)}
 
     @classmethod
     def init(cls, d_model: int, d_mlp: int, activation: str, *, rng: np.random.Generator, std: float = 0.02,
