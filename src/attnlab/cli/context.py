@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._app import add_json_flag, print_json
+from ._app import GUIDE_OPENING, add_command, add_json_flag, print_json
 
 
 def register(sub) -> None:
-    p = sub.add_parser("context", help="cosine of a word's vector in two sentences, and of the sentences, "
-                       "at every layer of a trained model",
-                       description="Run SENTENCE_A and SENTENCE_B through a trained model and print, at the "
-                                   "embedding layer and after every layer, the cosine between WORD's vector in "
-                                   "the two sentences and between the mean-pooled sentence vectors.")
+    p = add_command(sub, "context", help="cosine of a word's vector in two sentences, and of the sentences, "
+                    "at every layer of a trained model", section=GUIDE_OPENING,
+                    shows="Shows the two gaps of the guide's opening closed on a trained model: the cosine between "
+                          "WORD's vector in two sentences, and between the sentences, after every layer",
+                    more="The tour's section “The two gaps, closed on a real model”; see docs/trained.md.",
+                    examples=("attnlab context bank 'we sat on the river bank' 'the bank lent her the money'",
+                              "attnlab context the 'the cat saw the dog' 'the dog saw the cat' --index 1 0"))
     p.add_argument("word", metavar="WORD", help="a word that occurs in both sentences, e.g. bank")
     p.add_argument("sentence_a", metavar="SENTENCE_A", help="e.g. 'we sat on the river bank'")
     p.add_argument("sentence_b", metavar="SENTENCE_B", help="e.g. 'the bank lent her the money'")

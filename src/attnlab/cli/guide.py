@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import guide as g
 from ..text.ngrams import LEVELS
-from ._app import add_json_flag, as_typed, print_json, seed_arg, stderr_progress
+from ._app import add_command, add_json_flag, as_typed, print_json, seed_arg, stderr_progress
 
 
 @dataclass(frozen=True)
@@ -655,13 +655,23 @@ def _int(text: str) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("floors", help="lowest possible cross-entropy for each context length k")
+    p = add_command(sub, "floors", help="lowest possible cross-entropy for each context length k",
+                    section="Why context pays",
+                    shows="Shows the lowest cross-entropy any predictor can reach with k characters (or words) of "
+                          "context, counted on the guide's toy text or your own file",
+                    examples=("attnlab floors                 # the guide's 2.318 … 0.179",
+                              "attnlab floors --max-k 8 --json"))
     p.add_argument("file", nargs="?", help="a UTF-8 text file (default: the guide's toy text)")
     p.add_argument("--max-k", type=_int, default=5, help="longest context (default 5)")
     p.add_argument("--level", choices=LEVELS, default="char", help="count characters or words")
     _done(p, cmd_floors)
 
-    p = sub.add_parser("lookup", help="the soft lookup step by step, and its hard limit")
+    p = add_command(sub, "lookup", help="the soft lookup step by step, and its hard limit",
+                    section="The idea: a soft lookup",
+                    shows="Shows one query scored against every key, the softmax weights and the weighted sum of "
+                          "the values, step by step, and the hard lookup a huge score turns it into",
+                    examples=("attnlab lookup                 # the guide's [0.090 0.665 0.245]",
+                              "attnlab lookup --query '0.2 1' --scale"))
     p.add_argument("--query", help="the query, e.g. 1,0 (default: the guide's)")
     p.add_argument("--keys", help="one key per token, rows split by ';', e.g. '0,0;2,0;1,1'")
     p.add_argument("--values", help="one value per token, e.g. '1,0;0,1;1,1'")
@@ -670,7 +680,11 @@ def register(sub) -> None:
     p.add_argument("--hard", type=float, default=g.lookup.HARD_SCORE, help="push the top score to this (20)")
     _done(p, cmd_lookup)
 
-    p = sub.add_parser("explain", help="the equation symbol by symbol, or a model's shapes table")
+    p = add_command(sub, "explain", help="the equation symbol by symbol, or a model's shapes table",
+                    section="Where queries, keys and values come from",
+                    shows="Shows A = softmax(QKᵀ/√d_k + M) and AV symbol by symbol (X, W^Q … S, M, A) with shapes "
+                          "and values on the toy embeddings, or a real model's shapes table",
+                    examples=("attnlab explain 'the cat sat'", "attnlab explain --config gpt2-small"))
     p.add_argument("sentence", nargs="?", help="words of the toy vocabulary (default: 'the cat sat'); "
                    "with --config any text (default: 'The cat sat on the')")
     p.add_argument("--config", choices=sorted(g.COST_CONFIGS), help="print the shapes table for this model instead")
@@ -679,7 +693,12 @@ def register(sub) -> None:
     p.add_argument("--seed", type=seed_arg, help=f"seed of W^Q, W^K, W^V (default {g.toy.PROJECTION_SEED}, the guide's)")
     _done(p, cmd_explain)
 
-    p = sub.add_parser("scale", help="why the scores are divided by √d_k")
+    p = add_command(sub, "scale", help="why the scores are divided by √d_k",
+                    section="Keeping the softmax usable: the square root of d_k",
+                    shows="Shows why the scores are divided by √d_k: dot products spread as √d_k, the largest "
+                          "softmax weight saturates without the division, and a saturated weight barely moves",
+                    examples=("attnlab scale                  # the guide's 1.98, 8.01 and 0.843 0.247",
+                              "attnlab scale --d-k 4 16 256 --pairs 2000 --trials 500"))
     p.add_argument("--seed", type=seed_arg, default=g.scaling.SEED, help="the guide uses 0")
     p.add_argument("--pairs", type=_int, default=10_000, help="random pairs per width (10,000)")
     p.add_argument("--trials", type=_int, default=2000, help="random queries for the top weight (2,000)")
@@ -690,27 +709,44 @@ def register(sub) -> None:
                    help="scores to saturate, e.g. '10,0,0' (repeatable; default the guide's 10,0,0 and 1,0,0)")
     _done(p, cmd_scale)
 
-    p = sub.add_parser("mask", help="the causal mask M, with 0 and −∞, and as bools")
+    p = add_command(sub, "mask", help="the causal mask M, with 0 and −∞, and as bools",
+                    section="No peeking: the causal mask",
+                    shows="Shows the causal mask M added to the scores, 0 where a token may look and −∞ where it "
+                          "may not, and the same mask as bools",
+                    examples=("attnlab mask", "attnlab mask 8 --png mask.png"))
     p.add_argument("n", nargs="?", type=_int, metavar="N", help="number of tokens (default: the running example)")
     p.add_argument("--tokens", nargs="+", help="labels for the rows and columns")
     p.add_argument("--png", help="also draw the mask into this PNG file")
     _done(p, cmd_mask)
 
-    p = sub.add_parser("embed", help="retrain the toy embeddings; attention grids with random W_Q, W_K, W_V")
+    p = add_command(sub, "embed", help="retrain the toy embeddings; attention grids with random W_Q, W_K, W_V",
+                    section="No peeking: the causal mask",
+                    shows="Shows Guide 3's toy embeddings retrained (cos(cat, dog) 0.95) and the causal attention "
+                          "weights they give with random W^Q, W^K, W^V",
+                    examples=("attnlab embed", "attnlab embed --sentence 'the dog ran to the cat'"))
     p.add_argument("--sentence", action="append", help="a sentence of toy words (repeatable; default: the guide's two)")
     p.add_argument("--pair", nargs=2, default=("cat", "dog"), metavar=("A", "B"), help="words to compare (cat dog)")
     p.add_argument("--seed", type=seed_arg, default=g.toy.EMBED_SEED, help="seed of the embedding table (0)")
     p.add_argument("--proj-seed", type=seed_arg, default=g.toy.PROJECTION_SEED, help="seed of W_Q, W_K, W_V (1)")
     _done(p, cmd_embed)
 
-    p = sub.add_parser("heads", help="multi-head attention on GPT-2 small's shapes")
+    p = add_command(sub, "heads", help="multi-head attention on GPT-2 small's shapes",
+                    section="Several heads at once",
+                    shows="Shows multi-head attention on GPT-2 small's shapes (or yours): the shapes, the "
+                          "parameter counts and every head's grid, heads numbered from 0",
+                    examples=("attnlab heads", "attnlab heads --n-heads 4 --d-model 64 --seed 5"))
     p.add_argument("--n", type=_int, default=5, help="tokens (default 5)")
     p.add_argument("--seed", type=seed_arg, default=g.heads.SEED, help="seed of X and the four matrices (the guide uses 0)")
     p.add_argument("--n-heads", type=_int, default=12, help="heads h (default 12, GPT-2 small's)")
     p.add_argument("--d-model", type=_int, default=768, help="width d_model, a multiple of h (default 768)")
     _done(p, cmd_heads)
 
-    p = sub.add_parser("order", help="attention is blind to order until positions are added")
+    p = add_command(sub, "order", help="attention is blind to order until positions are added",
+                    section="Order: giving tokens a position",
+                    shows="Shows that attention without positions is blind to word order, and what position "
+                          "vectors and the causal mask change (True True, False 0.749, False 0.020)",
+                    examples=("attnlab order",
+                              "attnlab order --sentence 'the dog ran to the cat' --sentence 'the cat ran to the dog'"))
     p.add_argument("--seed", type=seed_arg, default=g.order.POSITION_SEED, help="seed of the position vectors (2)")
     p.add_argument("--sentence", action="append", metavar="TEXT",
                    help="a sentence of toy words; give it twice for the second sentence (default: the guide's "
@@ -718,7 +754,12 @@ def register(sub) -> None:
                         "words reversed)")
     _done(p, cmd_order)
 
-    p = sub.add_parser("cost", help="parameters, scores, FLOPs, score-grid and KV-cache memory")
+    p = add_command(sub, "cost", help="parameters, scores, FLOPs, score-grid and KV-cache memory",
+                    section="The price of looking at everything",
+                    shows="Shows what attention costs at n tokens: parameters, scores, FLOPs, score-grid memory "
+                          "naive and tiled, the KV cache, and how each grows with n",
+                    examples=("attnlab cost", "attnlab cost --n 4096 --no-growth",
+                              "attnlab cost --config llama-3.2-1b --no-growth"))
     p.add_argument("--n", type=_int, default=5, help="sequence length (default 5, the running example)")
     p.add_argument("--config", choices=sorted(g.COST_CONFIGS), default="gpt2-small",
                    help="the model whose sizes are counted (gpt2-small, the guide's)")
@@ -732,7 +773,11 @@ def register(sub) -> None:
     p.add_argument("--no-growth", action="store_true", help="leave out the growth table")
     _done(p, cmd_cost)
 
-    p = sub.add_parser("tokens", help="GPT-2 BPE token ids")
+    p = add_command(sub, "tokens", help="GPT-2 BPE token ids",
+                    section="No peeking: the causal mask",
+                    shows="Shows a text's GPT-2 BPE token ids, the running example's inputs and targets "
+                          "(464 3797 3332 319 262)",
+                    examples=("attnlab tokens", "attnlab tokens 'The dog sat'"))
     p.add_argument("text", nargs="?", default=g.RUNNING_EXAMPLE, help="default: 'The cat sat on the'")
     _done(p, cmd_tokens)
 

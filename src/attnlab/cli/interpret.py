@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._app import add_json_flag, print_json, seed_arg
+from ._app import add_command, add_json_flag, print_json, seed_arg
 
 MODEL_HELP = ("'minilm', 'induction' (the small induction model shipped with attnlab), a GPT-2, BERT or "
               "Llama-family checkpoint folder, or a folder written by 'attnlab train --out'")
@@ -16,14 +16,22 @@ DETECT_REPEAT = 6                          # without TEXT, a model with its own 
 
 def register(sub) -> None:
     add_commands(sub)
-    p = sub.add_parser("interpret", help="what trained heads do: detect, ablate, patch, lens, scan")
+    p = add_command(sub, "interpret", help="what trained heads do: detect, ablate, patch, lens, scan",
+                    beyond="docs/interpret.md",
+                    shows="Shows what trained heads do through five commands, each also a command of its own",
+                    examples=("attnlab interpret detect --model induction", "attnlab interpret lens '|abcab' "
+                              "--model induction --top 1"))
     add_commands(p.add_subparsers(title="commands", metavar="COMMAND"))
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("detect", help="score every head as a previous-token, duplicate-token or induction head",
-                       description="Score every head with TransformerLens's detectors (share of its attention "
-                                   "on the pattern's cells).")
+    p = add_command(sub, "detect", help="score every head as a previous-token, duplicate-token or induction head",
+                    beyond="docs/interpret.md",
+                    shows="Shows every head's score as a previous-token, duplicate-token and induction head: the "
+                          "share of its attention on the pattern's cells, as TransformerLens's detectors define it",
+                    more="The tour's section “What trained heads do”.",
+                    examples=("attnlab detect                 # MiniLM on 'The cat sat on the mat'",
+                              "attnlab detect --model induction --repeat-random 6 --exclude-bos"))
     p.add_argument("text", nargs="?", help=f"the text to run (default {DETECT_TEXT!r}, the tour's; for a model "
                    f"with its own vocabulary, such as --model induction, --repeat-random {DETECT_REPEAT})")
     p.add_argument("--model", default="minilm", help=MODEL_HELP + " (default minilm)")
@@ -38,8 +46,13 @@ def add_commands(sub) -> None:
     add_json_flag(p)
     p.set_defaults(func=cmd_detect)
 
-    p = sub.add_parser("ablate", help="the change in next-token loss when each head is removed (causal LMs)")
-    p.add_argument("text")
+    p = add_command(sub, "ablate", help="the change in next-token loss when each head is removed (causal LMs)",
+                    beyond="docs/interpret.md",
+                    shows="Shows how much a causal model's next-token loss on TEXT rises when each head's output "
+                          "is zeroed (or replaced by its mean)",
+                    examples=("attnlab ablate '|abcdefgabcdefg' --model induction",
+                              "attnlab ablate '|abcdefgabcdefg' --model induction --mode mean"))
+    p.add_argument("text", metavar="TEXT", help="at least 2 tokens")
     p.add_argument("--model", required=True, help=MODEL_HELP)
     p.add_argument("--mode", default="zero", choices=("zero", "mean"), help="zero the head's output, or "
                    "replace it by its mean over positions (default zero)")
@@ -47,8 +60,12 @@ def add_commands(sub) -> None:
     add_json_flag(p)
     p.set_defaults(func=cmd_ablate)
 
-    p = sub.add_parser("patch", help="activation patching: what each head and each layer's residual at each "
-                       "position restores of the clean logit difference")
+    p = add_command(sub, "patch", help="activation patching: what each head and each layer's residual at each "
+                    "position restores of the clean logit difference", beyond="docs/interpret.md",
+                    shows="Shows activation patching: the share of the clean run's logit difference that one "
+                          "head's clean output, or one layer's clean residual at one position, restores",
+                    examples=("attnlab patch --model induction --clean '|abcdefgabcde' --corrupt '|abcdzfgabcde' "
+                              "--answer f --wrong g",))
     p.add_argument("--model", required=True, help=MODEL_HELP)
     p.add_argument("--clean", required=True, metavar="TEXT")
     p.add_argument("--corrupt", required=True, metavar="TEXT", help="as many tokens as --clean")
@@ -59,8 +76,12 @@ def add_commands(sub) -> None:
     add_json_flag(p)
     p.set_defaults(func=cmd_patch)
 
-    p = sub.add_parser("lens", help="the logit lens: each layer's residual stream read as next-token guesses")
-    p.add_argument("text")
+    p = add_command(sub, "lens", help="the logit lens: each layer's residual stream read as next-token guesses",
+                    beyond="docs/interpret.md",
+                    shows="Shows the logit lens: at each position, each layer's residual stream read through the "
+                          "final norm and unembedding as next-token guesses",
+                    examples=("attnlab lens '|abcdefgabcde' --model induction --top 2",))
+    p.add_argument("text", metavar="TEXT")
     p.add_argument("--model", required=True, help=MODEL_HELP)
     p.add_argument("--top", type=int, default=3, help="tokens per position and layer (default 3)")
     add_json_flag(p)

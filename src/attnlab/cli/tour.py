@@ -18,7 +18,7 @@ from .. import guide as g
 from .._io import atomic_path
 from ..kernels.masks import causal_mask
 from . import guide as cg
-from ._app import add_json_flag, jsonable, print_json
+from ._app import GUIDE_SECTIONS, add_command, add_json_flag, jsonable, print_json
 
 DEFAULT_OUT = "attnlab-tour"
 
@@ -482,8 +482,13 @@ def render_page(sections: list[Section], ctx: TourContext) -> str:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("tour", help="run the guide's examples in order, with figures and a teaching HTML page "
-                       "(live widgets, exercises)")
+    p = add_command(sub, "tour", help="run the guide's examples in order, with figures and a teaching HTML page "
+                    "(live widgets, exercises)", section=GUIDE_SECTIONS[1],
+                    shows="Shows every section of the guide in order, from its first, with the numbers, figures "
+                          "and a teaching page (index.html: widgets, exercises) to open in a browser",
+                    more="Then a trained model's head, the two gaps closed on MiniLM, what trained heads do, and "
+                         "what attention is and isn't.",
+                    examples=("attnlab tour", "attnlab tour --out my-tour"))
     p.add_argument("--out", default=DEFAULT_OUT, help=f"folder for the figures and index.html (./{DEFAULT_OUT})")
     add_json_flag(p)
     p.set_defaults(func=cmd_tour)

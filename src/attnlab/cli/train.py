@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._app import add_json_flag, print_json, seed_arg, stderr_progress
+from ._app import add_command, add_json_flag, print_json, seed_arg, stderr_progress
 
 if TYPE_CHECKING:
     from ..text.tokens import Vocab
@@ -21,8 +21,14 @@ BASELINE_KS = (1, 2)     # the add-α predictors the model is set beside
 def register(sub) -> None:
     from ..layer.positions import POSITION_SCHEMES
 
-    p = sub.add_parser("train", help="train a small attention language model on a text and compare it with "
-                       "the n-gram floors")
+    p = add_command(sub, "train", help="train a small attention language model on a text and compare it with "
+                    "the n-gram floors", section="Why context pays",
+                    shows="Shows a small attention-only language model trained on a text (the guide's toy text, or "
+                          "MY_TEXT.txt), its loss beside the n-gram floors and counting",
+                    more="With --task induction it grows an induction head instead; see docs/lm.md and "
+                         "docs/interpret.md.",
+                    examples=("attnlab train --steps 100", "attnlab train --steps 100 --out lm   # then: attnlab "
+                              "generate lm --prompt 'the '"))
     p.add_argument("file", nargs="?", metavar="FILE", help="UTF-8 text (default: the guide's toy text)")
     p.add_argument("--task", default="text", choices=("text", "induction"), help="text: next tokens of FILE "
                    "(default); induction: repeated random tokens, to grow an induction head (Olsson et al.)")
