@@ -337,8 +337,8 @@ def section_trained(ctx: TourContext) -> Section:
         f"A trained head is not a blur. In all-MiniLM-L6-v2, layer {d['layer']}, head {d['head']}, almost every "
         f"token puts all its weight on {where}; an untrained head of the same shape spreads its weight evenly "
         f"(entropy {d['untrained_entropy']:.3f} nats against {d['trained_entropy']:.3f}).",
-        f"Below is every head of MiniLM on “{text}”. Hover over a query to see where it looks, click a thumbnail to "
-        "change head. Many heads park their weight on [CLS] or [SEP] when there is nothing to fetch: a no-op, "
+        f"Below is every head of MiniLM on “{text}”. Hover over a query to see where it looks; under the grid, the "
+        "model view has a thumbnail per layer and head: click one to change head. Many heads park their weight on [CLS] or [SEP] when there is nothing to fetch: a no-op, "
         "not a sign that those tokens carry meaning."),
         commands=(f"attnlab attend '{text}' --layer {d['layer']} --head {d['head']}",
                   f"attnlab attend '{text}' --summary", f"attnlab attend '{text}' --html view.html"),

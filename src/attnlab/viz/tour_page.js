@@ -182,8 +182,18 @@
     update();
   }
 
+  // ---- the embedded viewer: as tall as the view inside it (it posts its height), never a nested scroll ----
+  function viewer() {
+    const frame = $("viewer");
+    if (!frame) return;
+    window.addEventListener("message", (e) => {
+      const h = e.data && e.data.attnlabViewHeight;
+      if (e.source === frame.contentWindow && Number.isFinite(h) && h > 0) frame.style.height = `${Math.ceil(h) + 4}px`;
+    });
+  }
+
   try {
-    lookup(); sqrtDk(); mask();
+    viewer(); lookup(); sqrtDk(); mask();
     document.body.dataset.ready = "1";
   } catch (err) {
     document.body.dataset.ready = "error";
