@@ -172,7 +172,8 @@ def test_12_cost_states_cores_share_and_layers(capsys):
     assert at512["grid_bytes_tiled"] / at512["grid_bytes_naive"] == pytest.approx(share, rel=0.05)
     assert "about 1/6 of naive's grid" in text
     assert "KV cache of all 12 layers (the score grid above is one layer's)" in text
-    assert "KV cache (12 layers)" in text
+    assert "the grid columns are one layer's, the KV cache all 12 layers'" in text
+    assert max(len(line) for line in text.splitlines() if not line.startswith(("Growth", "Score", "KV", "At"))) <= 80
 
 
 def test_12_llama_has_no_bias_count(capsys):

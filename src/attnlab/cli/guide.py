@@ -583,8 +583,8 @@ def report_cost(n: int = 5, config_name: str = "gpt2-small", *, block_q: int | N
                   f"the {a.n_heads}: about {share} of naive's grid. Past {b:,} the block stops growing and only "
                   "the max and sum per query grow, linearly: that is the kink in the memory plot."
                   + _small_n_note(rows),
-                  table(["n", "scores/layer", "FLOPs/layer", "grid naive", "grid tiled",
-                         f"KV cache ({config.n_layers} layers)"],
+                  f"In the table the grid columns are one layer's, the KV cache all {config.n_layers} layers'.",
+                  table(["n", "scores/layer", "FLOPs/layer", "grid naive", "grid tiled", "KV cache"],
                                    [[f"{r.n:,}", f"{r.scores_per_layer:,}", f"{r.flops_per_layer:.3g}",
                                      _bytes(r.grid_bytes_naive), _bytes(r.grid_bytes_tiled),
                                      _bytes(r.kv_cache_bytes)] for r in rows])]
