@@ -8,9 +8,11 @@ Each is a pure function; the small dataclasses only hold parameters, as MultiHea
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from ..kernels.matmul import fuse_columns
 
 # erfc(z) for z >= 0 as t·exp(-z² + P(t)), t = 1/(1 + z/2): Numerical Recipes' Chebyshev fit (Press et al.,
 # 2007, §6.2), relative error below 1.2e-7 everywhere: about two float32 ulps. numpy has no erf.
@@ -106,8 +108,9 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     array([[0.8485, 1.1314]])
     """
     x32 = x.astype(np.result_type(x, np.float32), copy=False)
-    ms = (x32 * x32).mean(axis=-1, keepdims=True)            # (..., 1)
-    return (x32 / np.sqrt(ms + eps)).astype(x.dtype, copy=False) * weight   # (..., d_model)
+    ms = np.add.reduce(x32 * x32, axis=-1, keepdims=True) / x.shape[-1]   # (..., 1) mean of squares
+    return (x32 * (1 / np.sqrt(ms + eps))).astype(x.dtype, copy=False) * weight   # (..., d_model) x·rsqrt, as
+    #                                       torch's x * rsqrt(ms + eps); ndarray.mean's Python wrapper cost more
 
 
 @dataclass(frozen=True, eq=False)
@@ -171,11 +174,23 @@ class GatedMLP:
     W_in: np.ndarray     # (d_model, d_mlp)
     W_out: np.ndarray    # (d_mlp, d_model)
     activation: str      # a key of ACTIVATIONS
+    # quantized W_gate | W_in side by side (d_model, 2·d_mlp): one product for both (attnlab.kernels.matmul);
+    # None for float arrays
+    W_gate_in: object | None = field(init=False, repr=False, default=None)
     name = "gated"       # its key in MLPS
     PARAMS = ("W_gate", "W_in", "W_out")
 
+    def __post_init__(self):
+        object.__setattr__(self, "W_gate_in", fuse_columns(self.W_gate, self.W_in)[0])
+
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        hidden = ACTIVATIONS[self.activation](x @ self.W_gate) * (x @ self.W_in)   # (..., n, d_mlp)
+        act = ACTIVATIONS[self.activation]
+        if self.W_gate_in is None:
+            hidden = act(x @ self.W_gate) * (x @ self.W_in)                         # (..., n, d_mlp)
+        else:
+            d_mlp = self.W_out.shape[0]
+            both = x @ self.W_gate_in                                               # (..., n, 2·d_mlp)
+            hidden = act(both[..., :d_mlp]) * both[..., d_mlp:]                     # (..., n, d_mlp)
         return hidden @ self.W_out                                                  # (..., n, d_model)
 
     @classmethod
