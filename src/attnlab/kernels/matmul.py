@@ -13,6 +13,16 @@ separate float32 products ran at 18 GB/s, the same bytes in four products at 21 
 
 from __future__ import annotations
 
+from ._checks import as_float_array
+
+
+def as_weight(name: str, w):
+    """A weight as a float array, or a quantized weight (:mod:`attnlab.kernels.quantized`) as it is: anything
+    with ``__array_ufunc__ = None`` and a ``shape`` (numpy then hands ``x @ w`` to ``w.__rmatmul__``)."""
+    if getattr(type(w), "__array_ufunc__", False) is None and hasattr(w, "shape"):
+        return w
+    return as_float_array(name, w)
+
 
 def fuse_columns(*ws):
     """``(fused, ws)``: weights ``ws`` (each (d, w_i)) side by side as one weight (d, Σ w_i) by their type's

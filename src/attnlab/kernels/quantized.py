@@ -94,9 +94,9 @@ class QuantizedMatrix:
         return self.d_in * self.raw.shape[0]
 
     @property
-    def T(self):
-        """The float32 (d_out, d_in) matrix (a copy: for code that needs the weights as an array)."""
-        return self.dequantize().T
+    def T(self) -> "QuantizedRows":
+        """The transpose (d_out, d_in), the same blocks: a table of rows (a tied embedding's W_E)."""
+        return QuantizedRows(self)
 
     def __repr__(self) -> str:
         return f"QuantizedMatrix({self.qtype}, shape={self.shape})"
@@ -141,6 +141,86 @@ class QuantizedMatrix:
         if len({(w.qtype, w.d_in) for w in ws}) != 1:
             return None
         return cls(np.concatenate([w.raw for w in ws], axis=0), ws[0].qtype, ws[0].d_in)
+
+
+class QuantizedRows:
+    """A table (n_rows, d) kept in a GGUF block type, one row of blocks per row: a token embedding W_E.
+
+    ``W[ids]`` dequantizes the rows asked for (float32, (..., d)); ``W.T`` is the :class:`QuantizedMatrix`
+    (d, n_rows) of the same blocks, so ``x @ W_E.T`` (tied logits) multiplies without a float32 copy.
+    """
+    __array_ufunc__ = None
+
+    def __init__(self, matrix: QuantizedMatrix):
+        self.matrix = matrix
+
+    @classmethod
+    def from_raw(cls, raw: np.ndarray, qtype: str, d: int) -> "QuantizedRows":
+        return cls(QuantizedMatrix(raw, qtype, d))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.matrix.shape[::-1]
+
+    ndim = 2
+    dtype = np.dtype(np.float32)
+
+    @property
+    def nbytes(self) -> int:
+        return self.matrix.nbytes
+
+    @property
+    def size(self) -> int:
+        return self.matrix.size
+
+    @property
+    def qtype(self) -> str:
+        return self.matrix.qtype
+
+    @property
+    def T(self) -> QuantizedMatrix:
+        return self.matrix
+
+    def __repr__(self) -> str:
+        return f"QuantizedRows({self.qtype}, shape={self.shape})"
+
+    def __getitem__(self, ids) -> np.ndarray:
+        ids = np.asarray(ids)
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"a quantized table is indexed by integer ids, got dtype {ids.dtype}")
+        rows = dequantize_rows(self.matrix.raw[ids.ravel()], self.qtype)      # (n, d)
+        return rows.reshape(*ids.shape, self.shape[1])                       # (..., d)
+
+    def __array__(self, dtype=None, copy=None):
+        out = self.matrix.dequantize().T
+        return out if dtype is None else out.astype(dtype)
+
+
+def is_quantized(w) -> bool:
+    """Whether ``w`` is a quantized weight (:class:`QuantizedMatrix` or :class:`QuantizedRows`)."""
+    return isinstance(w, (QuantizedMatrix, QuantizedRows))
+
+
+_warned = []
+
+
+def weight_from_gguf(raw: np.ndarray, qtype: str, d_in: int, *, rows: bool = False):
+    """A GGUF tensor ``raw`` (d_out, bytes) of type ``qtype`` as the stack's weight, kept quantized:
+    a :class:`QuantizedMatrix` (d_in, d_out), or with ``rows`` a :class:`QuantizedRows` (d_out, d_in).
+
+    Without the fused kernel (numba missing or ``ATTNLAB_NO_NUMBA`` set), or for a type it does not
+    multiply, the float32 weight (by ``gguf.quants``) instead: a warning says so, once per process for the
+    missing kernel.
+    """
+    if qtype in KERNEL_TYPES and has_kernel():
+        m = QuantizedMatrix(raw, qtype, d_in)
+        return m.T if rows else m
+    if qtype in KERNEL_TYPES and not _warned:
+        _warned.append(True)
+        warnings.warn("quantized weights need numba (pip install 'attnlab[fast]'; ATTNLAB_NO_NUMBA unset): "
+                      "keeping them as float32 instead", RuntimeWarning, stacklevel=2)
+    w = dequantize_rows(raw, qtype)                                          # (d_out, d_in)
+    return w if rows else w.T
 
 
 @functools.cache

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..kernels._checks import as_float_array, as_positive_int, check_attention_args, check_finite, check_rng, fold, unfold
 from ..kernels.attention import Saved, attention, attention_backward, attention_forward
-from ..kernels.matmul import fuse_columns
+from ..kernels.matmul import as_weight, fuse_columns
 from .cache import KVCache
 from .config import AttentionConfig
 from .hookpoints import NO_HOOKS, KeepPattern
@@ -388,14 +388,6 @@ def _project(p: MultiHeadAttention, x: np.ndarray, *, start: int = 0):
     qkv = split_heads(x @ p.W_QKV + b_qkv, h + 2 * h_kv)   # (..., h + 2·h_kv, n, d_head) one product
     qk = c.positions.rotate(qkv[..., :h + h_kv, :, :], start=start)   # (..., h + h_kv, n, d_head) as attention
     return qk[..., :h, :, :], qk[..., h:, :, :], qkv[..., h + h_kv:, :, :]   # sees them; v (..., h_kv, n, d_head)
-
-
-def as_weight(name: str, w):
-    """A weight as a float array, or a quantized weight (:class:`attnlab.kernels.quantized.QuantizedMatrix`)
-    as it is: anything with ``__rmatmul__`` and ``__array_ufunc__ = None`` (so ``x @ w`` calls it)."""
-    if getattr(type(w), "__array_ufunc__", False) is None and hasattr(w, "__rmatmul__") and hasattr(w, "shape"):
-        return w
-    return as_float_array(name, w)
 
 
 def _bias(p: MultiHeadAttention, bias, n_q: int, n_k: int, dtype):
