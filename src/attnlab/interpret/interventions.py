@@ -1,4 +1,4 @@
-"""Ablation, activation patching and the logit lens, all through the stack's named activations.
+"""Ablation and the logit lens, all through the stack's named activations.
 
 None of these writes a forward pass of its own: each runs :func:`attnlab.stack.hooks.run_with_hooks` or
 ``run_with_cache`` with a function that replaces one activation.
@@ -6,7 +6,7 @@ None of these writes a forward pass of its own: each runs :func:`attnlab.stack.h
 - Ablation removes one head: its output before W_O (``blocks.{l}.attn.hook_z``, (n_heads, n, d_head)) is
   zeroed, or replaced by a causal mean (per position over other prompts, or the running mean over earlier
   positions), or resampled from another prompt; the change in next-token loss is measured.
-- Activation patching lives in :mod:`attnlab.interpret.patching`.
+- Activation patching and path patching live in :mod:`attnlab.interpret.patching`.
 - The logit lens (nostalgebraist, 2020) applies the final norm and the unembedding to each layer's residual
   stream, as if the model stopped there.
 """

@@ -26,6 +26,7 @@ import numpy as np
 from ..stack.batch import is_ragged, pad_prompts
 from ..stack.hooks import run_with_cache, run_with_hooks
 from ..stack.transformer import Transformer, check_decoder, check_ids, hook_names
+from .interventions import _check_heads
 
 #: what=…: the hook patched in each block, and how it is cut: by head (axis −3), by head and position, or by
 #: position (axis −2).
@@ -275,7 +276,6 @@ def path_patch(model: Transformer, clean_ids, corrupt_ids, sender_heads, receive
     ``"blocks.{L-1}.hook_resid_post"`` (their direct effect on the logits, MLPs included). Inputs and metric
     as :func:`patch`.
     """
-    from .interventions import _check_heads
     check_decoder(model, "path patching")
     p = pairs(model, clean_ids, corrupt_ids)
     metric = _metric(model, answer, wrong, metric)
