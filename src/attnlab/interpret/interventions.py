@@ -203,7 +203,9 @@ def ablate(model: Transformer, ids, *, mode: str = "zero", reference=None) -> Ab
         raise ValueError(f"mode {mode!r} takes each position's mean over other prompts: give a batch of at "
                          "least 2 texts (B, n) or a reference, or use mode 'prefix-mean' (the causal running "
                          "mean over the text's own positions)")
-    run = lambda hooks: batch_loss(run_with_hooks(model, ids, hooks, attention_mask=mask).logits, ids, mask)   # noqa: E731
+
+    def run(hooks: dict) -> float:                      # the loss of one pass with these hooks
+        return batch_loss(run_with_hooks(model, ids, hooks, attention_mask=mask).logits, ids, mask)
     base = run({})
     out = np.empty((c.n_layers, c.attention.n_heads))                   # (n_layers, n_heads)
     for layer, head in all_heads:

@@ -151,8 +151,9 @@ def _cells(model: Transformer, what: str, n: int):
             return ("layer", "head"), [((i, h), f"blocks.{i}.{point}", (h, slice(None), slice(None)))
                                        for i in layers for h in range(heads)], (L, heads)
         if cut == "head_pos":
-            return ("layer", "head", "position"), [((i, h, t), f"blocks.{i}.{point}", (h, t, slice(None)))
-                                                   for i in layers for h in range(heads) for t in range(n)], (L, heads, n)
+            cells = [((i, h, t), f"blocks.{i}.{point}", (h, t, slice(None)))
+                     for i in layers for h in range(heads) for t in range(n)]
+            return ("layer", "head", "position"), cells, (L, heads, n)
         return ("layer", "position"), [((i, t), f"blocks.{i}.{point}", (t, slice(None)))
                                        for i in layers for t in range(n)], (L, n)
     if what not in known:

@@ -97,9 +97,11 @@ class ActivationCache(Mapping):
     def accumulated_resid(self, layer=None, *, incl_mid: bool = False, apply_ln: bool = True, pos_slice=None,
                           return_labels: bool = False):
         """The residual stream into blocks 0 … ``layer`` (TL's convention: that layer's resid_pre included;
-        None or n_layers: every block's and the stream after the last): (stages, ..., n, d_model). ``incl_mid`` adds each block's residual between attention and MLP
-        (not in a post-norm or parallel block). ``apply_ln`` passes each stage through the final norm, its scale recomputed from
-        that stage (the logit lens); a model without a final norm is left as it is."""
+        None or n_layers: every block's and the stream after the last): (stages, ..., n, d_model).
+
+        ``incl_mid`` adds each block's residual between attention and MLP (not in a post-norm or parallel
+        block). ``apply_ln`` passes each stage through the final norm, its scale recomputed from that stage
+        (the logit lens); a model without a final norm is left as it is."""
         end = self._layer(layer)
         L, labels, parts = self.model.config.n_layers, [], []
         for i in range(end + 1):
@@ -149,8 +151,8 @@ class ActivationCache(Mapping):
         (parts, ..., n, d_model), the parts "embed" (and "pos_embed" where the cache has them), then
         "{i}_attn_out" and "{i}_mlp_out" of each earlier block (``mode`` "attn" or "mlp" keeps one kind).
 
-        The parts sum to the residual (every block kind but post-norm, whose norms sit on the stream). With ``apply_ln`` they go through the final
-        norm frozen at that residual's scale (:meth:`apply_ln_to_stack`), and a LayerNorm's bias is one
+        The parts sum to the residual (every block kind but post-norm, whose norms sit on the stream). With
+        ``apply_ln`` they go through the final norm frozen at that residual's scale (:meth:`apply_ln_to_stack`), and a LayerNorm's bias is one
         more part, "ln_final.b", so that they sum to ``ln_final(residual)`` exactly.
         """
         if mode not in ("all", "attn", "mlp"):
