@@ -61,9 +61,7 @@ def check_ranges(c: "Checked", q_max: float, k_max: float, v_max: float, bias_ma
     if v_max * max(n_k, 1) * VALUE_WEIGHT > limit:
         raise ValueError(f"value holds {v_max:.3g}: a weighted sum of its {n_k} rows could overflow {c.q.dtype} "
                          f"(max {limit:.3g}); scale value down, or pass float64 arrays")
-    with np.errstate(over="ignore"):
-        bound = d_k * q_max * k_max * max(c.scale, 1.0)
-    if bound * SCORE_ROOM + bias_max * SCORE_ROOM <= limit:
+    if surely_fits(c.q.dtype, d_k, n_k, c.scale, q_max, k_max, v_max, bias_max):
         return
     raw = largest_score(c)                                              # |q·k| at most, in float64
     largest = raw * c.scale + bias_max
@@ -71,6 +69,16 @@ def check_ranges(c: "Checked", q_max: float, k_max: float, v_max: float, bias_ma
         raise ValueError(f"the attention scores overflow {c.q.dtype}: scale {c.scale:.3g} times the largest "
                          f"query·key {raw:.3g} gives a largest score of {largest:.3g}, and {c.q.dtype} holds "
                          f"scores up to {limit / SCORE_ROOM:.3g} here; scale query or key down, or pass float64")
+
+
+def surely_fits(dtype, d_k: int, n_k: int, scale: float, q_max: float, k_max: float, v_max: float,
+                bias_max: float = 0.0) -> bool:
+    """Whether inputs of these largest magnitudes cannot overflow ``dtype`` on any path (the cheap test of
+    :func:`check_ranges`; False means "look closer", not "overflows")."""
+    limit = float(np.finfo(dtype).max)
+    with np.errstate(over="ignore"):
+        bound = d_k * q_max * k_max * max(scale, 1.0)
+    return (bound + bias_max) * SCORE_ROOM <= limit and v_max * max(n_k, 1) * VALUE_WEIGHT <= limit
 
 
 def largest_score(c: "Checked", rows: int = 256) -> float:

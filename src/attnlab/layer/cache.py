@@ -25,6 +25,8 @@ class KVCache:
     k: np.ndarray      # (..., h_kv, capacity, d_head)
     v: np.ndarray      # (..., h_kv, capacity, d_head)
     length: int = 0
+    k_max: float = 0.0  # the largest |key| and |value| appended since the last reset: a decode step bounds its
+    v_max: float = 0.0  # scores with them (attnlab.kernels._checks.surely_fits) instead of scanning the cache
 
     @classmethod
     def empty(cls, n_kv_heads: int, capacity: int, d_head: int, *, batch_shape: tuple = (),
@@ -93,8 +95,11 @@ class KVCache:
         self.k[..., self.length:self.length + t, :] = key      # (..., h_kv, t, d_head)
         self.v[..., self.length:self.length + t, :] = value    # (..., h_kv, t, d_head)
         self.length += t
+        if t:
+            self.k_max = max(self.k_max, float(np.abs(key).max()))
+            self.v_max = max(self.v_max, float(np.abs(value).max()))
         return self.keys, self.values
 
     def reset(self) -> None:
         """Forget every cached token (the buffers are kept)."""
-        self.length = 0
+        self.length, self.k_max, self.v_max = 0, 0.0, 0.0
