@@ -62,7 +62,7 @@ def test_detect_bad_input(capsys):
     bad(capsys, "detect", "abcabc", "--model", shipped(), "--kind", "copying", match="kind must be one of")
     bad(capsys, "detect", "a", "--model", shipped(), match="at least 2")
     bad(capsys, "detect", "--model", shipped(), "--repeat-random", "20", match="more than the model's 24 positions")
-    bad(capsys, "detect", "--model", shipped(), match="either TEXT or --repeat-random")
+    bad(capsys, "detect", "abc", "--model", shipped(), "--repeat-random", "4", match="either TEXT or --repeat-random")
 
 
 def test_ablate_patch_lens_json_match_the_library(capsys, gpt2, tmp_path):

@@ -5,12 +5,15 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ._app import add_json_flag, print_json, stderr_progress
+from ._app import add_command, add_json_flag, print_json, stderr_progress
 
 
 def add_scan(sub) -> None:
-    p = sub.add_parser("scan", help="average every head's entropy, distance, [CLS]/[SEP]/punctuation weight "
-                       "and detector scores over every line of a corpus")
+    p = add_command(sub, "scan", help="average every head's entropy, distance, [CLS]/[SEP]/punctuation weight "
+                    "and detector scores over every line of a corpus", beyond="docs/interpret.md",
+                    shows="Shows every head's average entropy, distance, weight on [CLS], [SEP] and punctuation "
+                          "and detector scores over every line of a text file (MY_TEXT.txt: any UTF-8 file)",
+                    examples=("attnlab scan MY_TEXT.txt --workers 0", "attnlab scan MY_TEXT.txt --out scan"))
     p.add_argument("file", metavar="FILE", help="UTF-8 text, one sentence or line per document")
     p.add_argument("--model", default="minilm", help="'minilm' (default), 'induction' (the small induction "
                    "model shipped with attnlab) or a checkpoint folder")

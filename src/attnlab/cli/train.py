@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._app import add_json_flag, print_json, seed_arg, stderr_progress
+from ._app import add_command, add_json_flag, print_json, seed_arg, stderr_progress
 
 if TYPE_CHECKING:
     from ..text.tokens import Vocab
@@ -21,8 +21,14 @@ BASELINE_KS = (1, 2)     # the add-α predictors the model is set beside
 def register(sub) -> None:
     from ..layer.positions import POSITION_SCHEMES
 
-    p = sub.add_parser("train", help="train a small attention language model on a text and compare it with "
-                       "the n-gram floors")
+    p = add_command(sub, "train", help="train a small attention language model on a text and compare it with "
+                    "the n-gram floors", section="Why context pays",
+                    shows="Shows a small attention-only language model trained on a text (the guide's toy text, or "
+                          "MY_TEXT.txt), its loss beside the n-gram floors and counting",
+                    more="With --task induction it grows an induction head instead; see docs/lm.md and "
+                         "docs/interpret.md.",
+                    examples=("attnlab train --steps 100", "attnlab train --steps 100 --out lm   # then: attnlab "
+                              "generate lm --prompt 'the '"))
     p.add_argument("file", nargs="?", metavar="FILE", help="UTF-8 text (default: the guide's toy text)")
     p.add_argument("--task", default="text", choices=("text", "induction"), help="text: next tokens of FILE "
                    "(default); induction: repeated random tokens, to grow an induction head (Olsson et al.)")
@@ -43,7 +49,7 @@ def register(sub) -> None:
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW's decoupled decay of the matrices "
                    "(default 0; 1.0 with --lr 0.01 suits a 27 KB text)")
     p.add_argument("--schedule", default="cosine", choices=("constant", "cosine"),
-                   help="learning rate: constant, or cosine decay to 0.1× (default)")
+                   help="learning rate: constant, or cosine (the default): a cosine decay to 0.1× over the steps")
     p.add_argument("--heldout", type=float, default=0.1, help="fraction of the text kept for evaluation "
                    "(default 0.1, its tail)")
     p.add_argument("--seed", type=seed_arg, default=0, help="seed of the one random generator (default 0)")
@@ -149,6 +155,7 @@ def cmd_train(args) -> int:
         print_json(result)
     else:
         print_table(figures, config)
+        print(batch_loss_line(losses, figures))
         if note:
             print(note)
         if args.out:
@@ -179,7 +186,7 @@ def run_with_progress(steps, start: int, last: int, *, save, save_every: int) ->
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
     losses, tokens, t0 = [], 0, time.perf_counter()
-    columns = (TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
+    columns = (TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("minibatch loss {task.fields[loss]}"),
                TextColumn("{task.fields[rate]} tokens/s"), TimeRemainingColumn())
     with stderr_progress(*columns) as bar:
         task = bar.add_task("train", total=last - start, loss="-", rate="-")
@@ -191,6 +198,15 @@ def run_with_progress(steps, start: int, last: int, *, save, save_every: int) ->
             if save is not None and (s.step % save_every == 0 or s.step == last):
                 save()
     return losses
+
+
+def batch_loss_line(losses: list[float], figures: dict) -> str:
+    """Why the progress bar's last loss and the table's differ: a minibatch against the whole training part."""
+    if not losses:
+        return "No step ran (--steps was already reached); the table scores the checkpoint as it is."
+    return (f"The progress bar's last loss, {losses[-1]:.3f}, is one minibatch's (--batch windows of the last "
+            f"step); the table's attention model row, {figures['train']['model']:.3f} on train, scores every "
+            "window of the training part after the last step.")
 
 
 def heldout_note(figures: dict, n_train: int) -> str | None:
