@@ -223,9 +223,9 @@ def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook):
             heads = attention(q, k, v, **opts)       # (..., h, n, d_head)
         else:
             q_max = check_finite("query", q)         # the cached keys and values were checked on append
-            scale = opts.get("scale") or (1 / np.sqrt(q.shape[-1]) if q.shape[-1] else 1.0)
-            fits = surely_fits(np.result_type(q.dtype, np.float32), q.shape[-1], k.shape[-2], scale,
-                               q_max, cache.k_max, cache.v_max)
+            d_k = q.shape[-1]
+            scale = opts["scale"] if opts.get("scale") is not None else d_k ** -0.5 if d_k else 1.0
+            fits = surely_fits(q.dtype, d_k, k.shape[-2], scale, q_max, cache.k_max, cache.v_max)
             heads = attention(q, k, v, check_finite=not fits, **opts)   # huge inputs: the full checks decide
     except Exception:
         if cache is not None:
