@@ -213,6 +213,7 @@ class Tensors:
     arrays: dict             # name -> np.ndarray
     source: str              # the file, for messages
     why: str = ""            # the config fields the expected shapes come from, for messages
+    header: str = "config.json"   # where the sizes were stated ("the GGUF metadata"), for messages
 
     def for_config(self, *, prefix: str, layers: str, n_layers: int, field: str, why: str) -> "Tensors":
         """The tensors with ``prefix`` removed where present, once their layer count (``layers``, a pattern
@@ -220,7 +221,7 @@ class Tensors:
         into every shape error."""
         t = self.strip_prefix(prefix)
         check_layer_count(t, layers, n_layers, field)
-        return Tensors(t.arrays, t.source, why)
+        return Tensors(t.arrays, t.source, why, self.header)
 
     def take(self, name: str, shape: tuple, why: str | None = None) -> np.ndarray:
         """The tensor ``name``, which must exist and have ``shape``; float32 or float64."""
@@ -233,7 +234,7 @@ class Tensors:
         if arr.shape != tuple(shape):
             because = f" ({why})" if why else ""
             raise ValueError(f"{self.source}: tensor {name!r} has shape {arr.shape}, expected {tuple(shape)}"
-                             f"{because}; config.json does not match the weights")
+                             f"{because}; {self.header} does not match the weights")
         if arr.dtype not in (np.float32, np.float64):
             arr = arr.astype(np.float32)   # float16/bfloat16 checkpoints compute in float32
         return arr
@@ -247,12 +248,13 @@ class Tensors:
         """The same tensors with ``prefix`` removed where present (``bert.``, ``transformer.``)."""
         if not any(k.startswith(prefix) for k in self.arrays):
             return self
-        return Tensors({k.removeprefix(prefix): v for k, v in self.arrays.items()}, self.source, self.why)
+        return Tensors({k.removeprefix(prefix): v for k, v in self.arrays.items()}, self.source, self.why,
+                       self.header)
 
 
 def check_layer_count(tensors: Tensors, pattern: str, n_layers: int, field: str) -> None:
     """The config's layer count must equal the number of layers the weights hold."""
     found = tensors.count_layers(pattern)
     if found != n_layers:
-        raise ValueError(f"{tensors.source}: config.json says {field}={n_layers} but the weights hold "
-                         f"{found} layers; config.json does not match the weights")
+        raise ValueError(f"{tensors.source}: {tensors.header} says {field}={n_layers} but the weights hold "
+                         f"{found} layers; {tensors.header} does not match the weights")
