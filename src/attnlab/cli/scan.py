@@ -12,8 +12,8 @@ def add_scan(sub) -> None:
     p = sub.add_parser("scan", help="average every head's entropy, distance, [CLS]/[SEP]/punctuation weight "
                        "and detector scores over every line of a corpus")
     p.add_argument("file", metavar="FILE", help="UTF-8 text, one sentence or line per document")
-    p.add_argument("--model", default="minilm", help="'minilm' (default), 'induction' (the small induction "
-                   "model shipped with attnlab) or a checkpoint folder")
+    p.add_argument("--model", default="minilm", help="'minilm' (default), 'smollm2' (SmolLM2-135M), 'induction' "
+                   "(the small induction model shipped with attnlab), a .gguf file or a checkpoint folder")
     p.add_argument("--scheduler", metavar="ADDR", help="a Dask scheduler (tcp://host:8786); default: a "
                    "LocalCluster of worker processes on this machine")
     p.add_argument("--workers", type=int, default=2, help="LocalCluster worker processes (default 2); "

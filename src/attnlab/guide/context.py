@@ -38,6 +38,7 @@ class InContext:
     rows_word_cosine: float                            # W_E rows alone: before positions and attention
     rows_sentence_cosine: float
     model: str
+    causal: bool = False                               # a decoder: each token sees only the tokens before it
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -104,7 +105,7 @@ def compare_in_context(word: str, sentence_a: str, sentence_b: str, model=MINILM
         word_cosine=word_cos, sentence_cosine=sentence_cos,
         rows_word_cosine=float(cosine(ra[list(pa)].mean(axis=0), rb[list(pb)].mean(axis=0))),
         rows_sentence_cosine=float(cosine(ra.mean(axis=0), rb.mean(axis=0))),
-        model=name)
+        model=name, causal=network.config.is_causal)
 
 
 def token_rows(network, ids) -> np.ndarray:
