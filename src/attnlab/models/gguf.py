@@ -74,14 +74,14 @@ def check_header(path: Path) -> None:
     if len(head) < 4 or head[:4] != MAGIC:
         raise ValueError(f"{path} is not a GGUF file: it does not begin with the magic {MAGIC!r}")
     if len(head) < 24:
-        raise ValueError(f"{path} is truncated: {size} bytes, too short for a GGUF header (24 bytes)")
+        raise ValueError(f"{path} is truncated or damaged: {size} bytes, too short for a GGUF header (24 bytes)")
     version, n_tensors, n_kv = struct.unpack("<IQQ", head[4:])
     if version not in (2, 3):
         raise ValueError(f"{path}: GGUF version {version}; the gguf package reads versions 2 and 3")
     for field, count, least in (("tensor_count", n_tensors, MIN_TENSOR_BYTES), ("kv_count", n_kv, MIN_KV_BYTES)):
         if count * least > size - 24:
-            raise ValueError(f"{path}: the header's {field} is {count}, more entries than a file of {size} bytes "
-                             "can hold; the file is damaged")
+            raise ValueError(f"{path} is truncated or damaged: the header's {field} is {count}, more entries "
+                             f"than a file of {size} bytes can hold")
 
 
 def open_reader(path: Path):
@@ -95,12 +95,13 @@ def open_reader(path: Path):
     try:
         reader = GGUFReader(path)
     except (ValueError, KeyError, IndexError, TypeError, OverflowError, UnicodeDecodeError, MemoryError) as e:
-        raise ValueError(f"{path} could not be read as GGUF (truncated or damaged?): {e}") from None
+        raise ValueError(f"{path} is truncated or damaged: the gguf reader stopped with {type(e).__name__}: {e}") \
+            from None
     size = path.stat().st_size
     for t in reader.tensors:
         if t.data_offset + t.n_bytes > size:
-            raise ValueError(f"{path} is truncated: tensor {t.name!r} ends at byte {t.data_offset + t.n_bytes}, "
-                             f"the file has {size}")
+            raise ValueError(f"{path} is truncated or damaged: tensor {t.name!r} ends at byte "
+                             f"{t.data_offset + t.n_bytes}, the file has {size}")
     return reader
 
 
