@@ -64,7 +64,8 @@ def write_gguf(path, *, qtype=Q.F32, d_model=64, n_heads=4, n_kv_heads=2, d_head
         w.add_token_merges(MERGES)
     w.add_bos_token_id(VOCAB - 2)
     w.add_eos_token_id(VOCAB - 1)
-    w.add_chat_template("{% for m in messages %}<|im_end|>{{ m.content }}{% endfor %}")
+    w.add_chat_template("{% for m in messages %}<|endoftext|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                        "{% if add_generation_prompt %}<|endoftext|>assistant\n{% endif %}")
     width, width_kv = n_heads * d_head, n_kv_heads * d_head
     tensors = {"token_embd.weight": (VOCAB, d_model), "output_norm.weight": (d_model,)}
     if not tied:
@@ -255,3 +256,33 @@ def test_the_model_is_dequantized_one_tensor_at_a_time(tmp_path, monkeypatch):
     assert np.shares_memory(model.blocks[1].mlp.W_in, got["blk.1.ffn_up.weight"])
     assert np.shares_memory(model.blocks[0].attn.W_Q, got["blk.0.attn_q.weight"])
     assert np.shares_memory(model.W_E, got["token_embd.weight"])
+
+
+def test_a_chat_keeps_one_cache_and_reads_each_token_once(tmp_path, monkeypatch):
+    """Two turns: the second feeds only its new tokens, yet its reply is what one greedy run over the whole
+    conversation gives; the template's text is rendered by jinja2 and the reply stops at <|im_end|>."""
+    pytest.importorskip("jinja2")
+    from attnlab.stack import chat as chat_module
+    from attnlab.stack.transformer import generate
+    model, tok = load_model(write_gguf(tmp_path / "c.gguf", qtype=Q.Q8_0))
+    fed, real = [], chat_module.generate
+    monkeypatch.setattr(chat_module, "generate", lambda m, ids, *a, **k: fed.append(ids.copy()) or real(m, ids, *a, **k))
+    chat = chat_module.Chat(model, tok)
+    first = chat.say("the cat", max_tokens=5)
+    second = chat.say("the", max_tokens=6)
+    assert fed[1][0] == first[-1]                               # the pending id, then only the new text's ids
+    every = np.concatenate([fed[0], first, fed[1][1:]])        # the whole conversation, each token once
+    assert chat.length == every.size + second.size - 1
+    assert second.tolist() == generate(model, every, 6, stop=chat.stop).tolist()
+    assert tok.tokenizer.decode(every.tolist(), skip_special_tokens=False) == chat_module.render_chat(
+        tok.chat_template, chat.messages[:3])
+    assert chat.messages[0] == {"role": "user", "content": "the cat"} and chat.messages[2]["role"] == "user"
+
+
+def test_a_conversation_longer_than_the_context_is_one_line(capsys, tmp_path):
+    path = write_gguf(tmp_path / "short.gguf", meta={"context_length": 16})
+    assert main(["chat", "--model", str(path), "--message", "the cat " * 20]) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "more than the context of 16 tokens" in err
+    assert main(["generate", "--model", str(path), "--prompt", "the cat " * 20]) == 2
+    assert "more than the model's context n_ctx 16" in capsys.readouterr().err
