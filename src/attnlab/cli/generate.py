@@ -16,17 +16,26 @@ from pathlib import Path
 
 import numpy as np
 
-from ._app import add_json_flag, print_json, seed_arg
+from ._app import add_command, add_json_flag, positive_int, print_json, seed_arg
 
 
 def register(sub) -> None:
-    g = sub.add_parser("generate", help="continue a text with a decoder (default SmolLM2-135M), streamed, "
-                                        "through the KV cache")
+    g = add_command(sub, "generate", help="continue a text with a decoder (default SmolLM2-135M), streamed, "
+                                          "through the KV cache",
+                    section="No peeking: the causal mask",
+                    shows="Shows a text continued one token at a time through the KV cache by a decoder (default "
+                          "'smollm2', SmolLM2-135M-Instruct; or 'induction', the small model shipped with attnlab, "
+                          "a .gguf file or a decoder folder), streamed as it comes",
+                    more="The causal mask stays on during generation, as the guide says; see docs/lm.md and "
+                         "docs/gguf.md.",
+                    examples=("attnlab generate --prompt 'The cat sat on the' --tokens 12 --temperature 0",
+                              "attnlab generate induction --prompt '|abcdeabc' --tokens 4 --temperature 0",
+                              "attnlab generate induction --prompt '|xyzxy' --tokens 8 --seed 1"))
     g.add_argument("dir", metavar="DIR", nargs="?", default=None,
                    help="the same as --model (kept for folders written by 'attnlab train --out')")
     add_model_flag(g)
     g.add_argument("--prompt", required=True, help="text to start from, encoded with the model's tokenizer")
-    g.add_argument("--tokens", type=int, default=100, help="tokens to generate (default 100)")
+    g.add_argument("--tokens", type=positive_int, default=100, help="tokens to generate (default 100)")
     add_sampling_flags(g, temperature=1.0)
     g.add_argument("--no-stop", action="store_true",
                    help="run all --tokens even past the model's end-of-text token (config.json's eos_token_id, "
@@ -94,10 +103,12 @@ def cmd_generate(args) -> int:
 
 def load_decoder(name: str, what: str = "generate"):
     """``(model, tokenizer)`` of a model ``load_model`` reads; an encoder is refused, naming it and why."""
+    from ..interpret.trained import resolve
     from ..models import MINILM, load_model
     from ..models.gguf import is_gguf_name
     from ..stack.transformer import check_decoder
 
+    name = str(resolve(name))                    # "induction": the small model shipped with attnlab
     if name != MINILM and not is_gguf_name(name) and not (Path(name) / "config.json").is_file():
         raise FileNotFoundError(2, "no checkpoint here (config.json is missing)", name)
     model, tokenizer = load_model(name)

@@ -8,14 +8,16 @@ Every size comes from the layer's :class:`~attnlab.layer.config.AttentionConfig`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..kernels._checks import as_float_array, as_positive_int, check_attention_args, check_finite, check_rng, fold, unfold
 from ..kernels.attention import Saved, attention, attention_backward, attention_forward
+from ..kernels.matmul import as_weight, fuse_columns
 from .cache import KVCache
 from .config import AttentionConfig
+from .hookpoints import NO_HOOKS, KeepPattern
 from ..kernels.naive import naive_scores
 from ..kernels.softmax import softmax
 
@@ -52,12 +54,15 @@ class MultiHeadAttention:
     b_V: np.ndarray   # (h_kv·d_head,)
     b_O: np.ndarray   # (d_model,)
     config: AttentionConfig
+    # quantized W_Q | W_K | W_V side by side (d_model, (h + 2·h_kv)·d_head): one product projects q, k and v
+    # (attnlab.kernels.matmul); None for float arrays, which are multiplied one by one
+    W_QKV: object | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self):
         if not isinstance(self.config, AttentionConfig):
             raise TypeError(f"config must be an AttentionConfig, got {type(self.config).__name__}")
         for name in PARAMS:
-            object.__setattr__(self, name, as_float_array(name, getattr(self, name)))
+            object.__setattr__(self, name, as_weight(name, getattr(self, name)))
         expected = param_shapes(self.config)
         for name, shape in expected.items():
             got = getattr(self, name).shape
@@ -65,6 +70,7 @@ class MultiHeadAttention:
                 c = self.config
                 raise ValueError(f"{name} has shape {got}, the config (d_model {c.d_model}, n_heads {c.n_heads}, "
                                  f"n_kv_heads {c.n_kv_heads}, d_head {c.d_head}) asks for {shape}")
+        object.__setattr__(self, "W_QKV", fuse_columns(self.W_Q, self.W_K, self.W_V)[0])
 
     @classmethod
     def init(cls, config: AttentionConfig, *, rng: np.random.Generator, std: float = 0.02,
@@ -97,6 +103,10 @@ class MultiHeadAttention:
         """Every number in the layer: four matrices and four biases."""
         return sum(getattr(self, n).size for n in PARAMS)
 
+    def params(self) -> dict[str, np.ndarray]:
+        """The eight arrays by name (the arrays themselves, not copies)."""
+        return {n: getattr(self, n) for n in PARAMS}
+
     def new_cache(self, capacity: int, *, batch_shape: tuple = ()) -> KVCache:
         """An empty KV cache for this layer, with room for ``capacity`` tokens of its n_kv_heads heads."""
         return KVCache.empty(self.config.n_kv_heads, capacity, self.config.d_head,
@@ -113,6 +123,8 @@ class MultiHeadAttention:
 
 
 PARAMS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
+HOOKS = ("hook_q", "hook_k", "hook_v", "hook_scores", "hook_pattern", "hook_z", "hook_result")   # in pass order
+MultiHeadAttention.HOOKS = HOOKS
 
 
 def param_shapes(c: AttentionConfig) -> dict[str, tuple]:
@@ -161,7 +173,8 @@ def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_ca
     ValueError, TypeError
         When ``x`` is not (..., n, d_model), and as :func:`attnlab.kernels.attention` or :meth:`KVCache.append` do.
     """
-    return _multihead(p, x, mask=mask, bias=bias, is_causal=is_causal, cache=cache, hook=hook, weights=False)[0]
+    return _multihead(p, x, mask=mask, bias=bias, is_causal=is_causal, cache=cache,
+                      hook=NO_HOOKS if hook is None else hook)
 
 
 def multihead_attention_with_weights(p: MultiHeadAttention, x, *, mask=None, bias=None, is_causal=False,
@@ -187,25 +200,24 @@ def multihead_attention_with_weights(p: MultiHeadAttention, x, *, mask=None, bia
     ValueError, TypeError
         As :func:`multihead_attention` does.
     """
-    return _multihead(p, x, mask=mask, bias=bias, is_causal=is_causal, cache=cache, hook=hook, weights=True)
+    keep = KeepPattern(NO_HOOKS if hook is None else hook)    # the weights come through the hook_pattern point
+    y = _multihead(p, x, mask=mask, bias=bias, is_causal=is_causal, cache=cache, hook=keep)
+    return y, keep.pattern.astype(y.dtype, copy=False)
 
 
-def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook, weights: bool):
-    """The forward of both: ``(y, weights)``, the weights (..., h, n, n_k) only when ``weights`` (else None)."""
+def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook):
+    """The forward: y (..., n, d_model), calling ``hook`` at each of its points."""
     x = _check_x(p, x)
     start = 0 if cache is None else cache.length
     q, k, v = _project(p, x, start=start)            # (..., h, n, d_head), (..., h_kv, n, d_head) × 2
-    if hook is not None:
-        q, k, v = hook("hook_q", q), hook("hook_k", k), hook("hook_v", v)
+    q, k, v = hook("hook_q", q), hook("hook_k", k), hook("hook_v", v)
     if cache is not None:
         k, v = cache.append(k, v)                    # (..., h_kv, n_k, d_head) each: every token so far
     try:
         opts = dict(mask=mask, bias=_bias(p, bias, q.shape[-2], k.shape[-2], q.dtype), is_causal=is_causal,
                     window=p.config.window)
-        a = None                                     # (..., h, n, n_k) once the grid is built
-        grid = weights or (hook is not None and (hook.wants("hook_scores") or hook.wants("hook_pattern")))
-        if grid:
-            heads, a = _attention_on_the_grid(q, k, v, opts, hook, finite=cache is None)   # (..., h, n, d_head)
+        if hook.wants("hook_scores") or hook.wants("hook_pattern"):
+            heads = _attention_on_the_grid(q, k, v, opts, hook, finite=cache is None)   # (..., h, n, d_head)
         elif cache is None:
             heads = attention(q, k, v, **opts)       # (..., h, n, d_head)
         else:
@@ -215,24 +227,33 @@ def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook, 
         if cache is not None:
             cache.length = start                     # a failed step leaves the cache as it was
         raise
-    if hook is not None:
-        heads = hook("hook_z", heads)                # (..., h, n, d_head) per-head outputs before W_O
-    _, y = _output(p, heads)                         # (..., n, d_model)
-    return y, (a if weights else None)
+    heads = hook("hook_z", heads)                    # (..., h, n, d_head) per-head outputs before W_O
+    if hook.wants("hook_result"):
+        return _output_by_head(p, heads, hook)       # (..., n, d_model)
+    return _output(p, heads)[1]                      # (..., n, d_model)
+
+
+def _output_by_head(p: MultiHeadAttention, heads: np.ndarray, hook) -> np.ndarray:
+    """The layer's output with each head's own result ``z_h W_O[h]`` (..., h, n, d_model) seen at
+    ``hook_result``: ``merged W_O + b_O`` when the hook only looked (so recording changes no bit), the sum of
+    the results it returned plus b_O when it replaced them."""
+    c = p.config
+    W_O = p.W_O.reshape(c.n_heads, c.d_head, c.d_model)   # (h, d_head, d_model) head h's rows of W_O
+    result = heads @ W_O                             # (..., h, n, d_model)
+    replaced = hook("hook_result", result)           # (..., h, n, d_model)
+    if replaced is result:
+        return _output(p, heads)[1]                  # (..., n, d_model)
+    return replaced.sum(axis=-3) + p.b_O             # (..., n, d_model)
 
 
 def _attention_on_the_grid(q, k, v, opts: dict, hook, *, finite: bool):
-    """Attention through its (n, n_k) grid, so the scores and the pattern can be seen or replaced:
-    ``(heads, pattern)``, (..., h, n, d_head) and (..., h, n, n_k)."""
+    """Attention through its (n, n_k) grid, so the scores and the pattern can be seen or replaced: the heads
+    (..., h, n, d_head); ``hook_pattern`` sees the weights (..., h, n, n_k) in the softmax's dtype."""
     c = check_attention_args(q, k, v, require_finite=finite, **opts)
-    s = naive_scores(c)                              # (..., h, n, n_k) scaled, biased, masked with -inf
-    if hook is not None:
-        s = hook("hook_scores", s)
-    a = softmax(s)                                   # (..., h, n, n_k) rows with no key are 0
-    if hook is not None:
-        a = hook("hook_pattern", a)
+    s = hook("hook_scores", naive_scores(c))         # (..., h, n, n_k) scaled, biased, masked with -inf
+    a = hook("hook_pattern", softmax(s))             # (..., h, n, n_k) rows with no key are 0
     heads = unfold(fold(a, c.groups) @ c.v, c.groups)   # (..., h, n, d_head) a group: one matmul
-    return heads.astype(c.out_dtype, copy=False), a.astype(c.out_dtype, copy=False)
+    return heads.astype(c.out_dtype, copy=False)
 
 
 def multihead_attention_grad(p: MultiHeadAttention, x, dy, *, mask=None, bias=None, is_causal=False):
@@ -357,11 +378,16 @@ def _project(p: MultiHeadAttention, x: np.ndarray, *, start: int = 0):
     """q (..., h, n, d_head), k and v (..., h_kv, n, d_head) of x, q and k as the position scheme places
     them at positions start, start + 1, … (RoPE rotates them; the other schemes leave them)."""
     c = p.config
-    q = split_heads(x @ p.W_Q + p.b_Q, c.n_heads)    # (..., h, n, d_head)
-    k = split_heads(x @ p.W_K + p.b_K, c.n_kv_heads)   # (..., h_kv, n, d_head)
-    v = split_heads(x @ p.W_V + p.b_V, c.n_kv_heads)   # (..., h_kv, n, d_head)
-    q, k = c.positions.rotate(q, start=start), c.positions.rotate(k, start=start)   # as attention sees them
-    return q, k, v
+    h, h_kv = c.n_heads, c.n_kv_heads
+    if p.W_QKV is None:
+        q = split_heads(x @ p.W_Q + p.b_Q, h)           # (..., h, n, d_head)
+        k = split_heads(x @ p.W_K + p.b_K, h_kv)        # (..., h_kv, n, d_head)
+        v = split_heads(x @ p.W_V + p.b_V, h_kv)        # (..., h_kv, n, d_head)
+        return c.positions.rotate(q, start=start), c.positions.rotate(k, start=start), v
+    b_qkv = np.concatenate([p.b_Q, p.b_K, p.b_V])   # ((h + 2·h_kv)·d_head,)
+    qkv = split_heads(x @ p.W_QKV + b_qkv, h + 2 * h_kv)   # (..., h + 2·h_kv, n, d_head) one product
+    qk = c.positions.rotate(qkv[..., :h + h_kv, :, :], start=start)   # (..., h + h_kv, n, d_head) as attention
+    return qk[..., :h, :, :], qk[..., h:, :, :], qkv[..., h + h_kv:, :, :]   # sees them; v (..., h_kv, n, d_head)
 
 
 def _bias(p: MultiHeadAttention, bias, n_q: int, n_k: int, dtype):

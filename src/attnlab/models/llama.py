@@ -35,7 +35,8 @@ from ..layer.config import AttentionConfig
 from ..stack.layers import GatedMLP, RMSNorm, activation_name
 from ..layer.multihead import MultiHeadAttention
 from ..layer.positions import ROPE_BASE, RoPE
-from ..stack.transformer import Block, ModelConfig, Transformer
+from ..stack.blocks import PreNormBlock
+from ..stack.transformer import ModelConfig, Transformer
 from ..text.tokens import json_folder_tokenizer
 from .checkpoint import Tensors, config_eos_ids, config_float, config_int, read_checkpoint
 from .families import Family, register
@@ -49,7 +50,10 @@ def rope_scheme(config: dict, source: str) -> RoPE:
     scaling type is refused, naming it."""
     params = config.get("rope_parameters")                       # transformers 5: one dict
     if params is None:                                           # transformers 4: two fields
-        params = dict(config.get("rope_scaling") or {}, rope_theta=config.get("rope_theta", ROPE_BASE))
+        scaling = config.get("rope_scaling")
+        if scaling is not None and not isinstance(scaling, dict):
+            raise ValueError(f"{source}: config.json field 'rope_scaling' must be an object or null, got {scaling!r}")
+        params = dict(scaling or {}, rope_theta=config.get("rope_theta", ROPE_BASE))
     if not isinstance(params, dict):
         raise ValueError(f"{source}: config.json field 'rope_parameters' must be an object, got {params!r}")
     theta = params.get("rope_theta", config.get("rope_theta", ROPE_BASE))
@@ -107,7 +111,7 @@ def llama_config(config: dict, source: str) -> ModelConfig:
     return ModelConfig(vocab_size=n("vocab_size"), n_layers=n("num_hidden_layers"), attention=attention,
                        d_mlp=n("intermediate_size"), activation=activation_name(config, "hidden_act", source),
                        mlp="gated", norm=RMSNorm, norm_eps=config_float(config, "rms_norm_eps", source, 1e-6),
-                       pre_norm=True, is_causal=True, tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+                       block=PreNormBlock, is_causal=True, tied_embeddings=bool(config.get("tie_word_embeddings", False)),
                        family=config.get("model_type", "llama"),
                        eos_ids=config_eos_ids(config, source, n("vocab_size")))
 
@@ -179,6 +183,7 @@ def llama_from_tensors(tensors: Tensors, cfg: ModelConfig, *, qkv_bias: bool = F
                   f"head_dim={a.d_head}, intermediate_size={d_mlp}")
     t = tensors.for_config(prefix=names.prefix, layers=names.layers, n_layers=cfg.n_layers,
                            field=names.n_layers_field, why=why)
+    t.take(names.q.format(i=0) + ".weight", (width, d))   # the shapes first: head_dim sizes the arrays below
     if names.rope_pairs:
         q_order = k_order = slice(None)
     else:
@@ -189,7 +194,7 @@ def llama_from_tensors(tensors: Tensors, cfg: ModelConfig, *, qkv_bias: bool = F
         b = t.take(f"{name}.bias", (d_out,)) if bias else np.zeros(d_out, w.dtype)   # (out,)
         return w, b
 
-    def block(i: int) -> Block:
+    def block(i: int) -> PreNormBlock:
         W_Q, b_Q = linear(names.q.format(i=i), d, width, qkv_bias)
         W_K, b_K = linear(names.k.format(i=i), d, width_kv, qkv_bias)
         W_V, b_V = linear(names.v.format(i=i), d, width_kv, qkv_bias)
@@ -201,7 +206,8 @@ def llama_from_tensors(tensors: Tensors, cfg: ModelConfig, *, qkv_bias: bool = F
         mlp = GatedMLP(linear(names.gate.format(i=i), d, d_mlp, False)[0],
                        linear(names.up.format(i=i), d, d_mlp, False)[0],
                        linear(names.down.format(i=i), d_mlp, d, False)[0], cfg.activation)
-        return Block(attn=attn, ln_1=norm(names.ln_1.format(i=i)), mlp=mlp, ln_2=norm(names.ln_2.format(i=i)))
+        return PreNormBlock(attn=attn, ln_1=norm(names.ln_1.format(i=i)), mlp=mlp,
+                            ln_2=norm(names.ln_2.format(i=i)))
 
     def norm(prefix: str) -> RMSNorm:
         return RMSNorm.load(t, prefix, d_model=d, eps=cfg.norm_eps)
@@ -246,7 +252,7 @@ def llama_gguf_config(file) -> tuple[ModelConfig, str]:
                                 n_ctx=n("context_length"), positions=gguf_rope(file, d_head))
     cfg = ModelConfig(vocab_size=vocab, n_layers=n("block_count"), attention=attention,
                       d_mlp=n("feed_forward_length"), activation="silu", mlp="gated", norm=RMSNorm,
-                      norm_eps=file.number("llama.attention.layer_norm_rms_epsilon", 1e-5), pre_norm=True,
+                      norm_eps=file.number("llama.attention.layer_norm_rms_epsilon", 1e-5), block=PreNormBlock,
                       is_causal=True, tied_embeddings=tied, family="llama",
                       eos_ids=(eos,) if 0 <= eos < vocab else ())
     why = (f"llama.embedding_length={d_model}, llama.attention.head_count={n_heads}, "

@@ -8,9 +8,12 @@ Each is a pure function; the small dataclasses only hold parameters, as MultiHea
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from ..kernels.matmul import fuse_columns
+from ..layer.hookpoints import NO_HOOKS
 
 # erfc(z) for z >= 0 as t·exp(-z² + P(t)), t = 1/(1 + z/2): Numerical Recipes' Chebyshev fit (Press et al.,
 # 2007, §6.2), relative error below 1.2e-7 everywhere: about two float32 ulps. numpy has no erf.
@@ -64,11 +67,14 @@ def silu(x: np.ndarray) -> np.ndarray:
 ACTIVATIONS = {"gelu": gelu, "gelu_new": gelu_tanh, "gelu_pytorch_tanh": gelu_tanh, "silu": silu}
 
 
-def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
-    """(..., d_model) -> (..., d_model): each row to mean 0 and variance 1, then scaled and shifted."""
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float, hook=NO_HOOKS) -> np.ndarray:
+    """(..., d_model) -> (..., d_model): each row to mean 0 and variance 1, then scaled and shifted.
+
+    ``hook`` sees ``hook_scale`` (..., 1), the divisor √(var + eps), and ``hook_normalized``, the output."""
     mu = x.mean(axis=-1, keepdims=True)                  # (..., 1)
     var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)   # (..., 1) biased, as torch's LayerNorm
-    return (x - mu) / np.sqrt(var + eps) * weight + bias  # (..., d_model)
+    scale = hook("hook_scale", np.sqrt(var + eps))       # (..., 1)
+    return hook("hook_normalized", (x - mu) / scale * weight + bias)   # (..., d_model)
 
 
 @dataclass(frozen=True, eq=False)
@@ -78,9 +84,10 @@ class LayerNorm:
     eps: float
     name = "layer"       # its key in NORMS
     PARAMS = ("weight", "bias")
+    HOOKS = ("hook_scale", "hook_normalized")
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return layer_norm(x, self.weight, self.bias, self.eps)
+    def __call__(self, x: np.ndarray, hook=NO_HOOKS) -> np.ndarray:
+        return layer_norm(x, self.weight, self.bias, self.eps, hook)
 
     @classmethod
     def init(cls, d_model: int, eps: float, dtype=np.float32) -> "LayerNorm":
@@ -98,16 +105,18 @@ class LayerNorm:
                    eps)
 
 
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, hook=NO_HOOKS) -> np.ndarray:
     """(..., d_model) -> (..., d_model): each row divided by its root mean square, then scaled; no centring,
     no bias (Zhang & Sennrich, 2019). The mean of squares is taken in at least float32, as Llama's code does.
+    ``hook`` sees ``hook_scale`` (..., 1), the divisor √(mean(x²) + eps), and ``hook_normalized``, the output.
 
     >>> rms_norm(np.array([[3.0, 4.0]]), np.ones(2), 0.0).round(4)     # rms of (3, 4) is √12.5
     array([[0.8485, 1.1314]])
     """
     x32 = x.astype(np.result_type(x, np.float32), copy=False)
-    ms = (x32 * x32).mean(axis=-1, keepdims=True)            # (..., 1)
-    return (x32 / np.sqrt(ms + eps)).astype(x.dtype, copy=False) * weight   # (..., d_model)
+    ms = np.add.reduce(x32 * x32, axis=-1, keepdims=True) / x.shape[-1]   # (..., 1) mean of squares (ndarray.mean's
+    scale = hook("hook_scale", np.sqrt(ms + eps))            # (..., 1)     Python wrapper cost a decode step more)
+    return hook("hook_normalized", (x32 / scale).astype(x.dtype, copy=False) * weight)   # (..., d_model)
 
 
 @dataclass(frozen=True, eq=False)
@@ -117,9 +126,10 @@ class RMSNorm:
     eps: float
     name = "rms"         # its key in NORMS
     PARAMS = ("weight",)
+    HOOKS = ("hook_scale", "hook_normalized")
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return rms_norm(x, self.weight, self.eps)
+    def __call__(self, x: np.ndarray, hook=NO_HOOKS) -> np.ndarray:
+        return rms_norm(x, self.weight, self.eps, hook)
 
     @classmethod
     def init(cls, d_model: int, eps: float, dtype=np.float32) -> "RMSNorm":
@@ -145,10 +155,16 @@ class MLP:
     activation: str      # a key of ACTIVATIONS
     name = "mlp"         # its key in MLPS
     PARAMS = ("W_in", "b_in", "W_out", "b_out")
+    HOOKS = ("hook_pre", "hook_post")   # the hidden layer before and after the nonlinearity, (..., n, d_mlp)
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        hidden = ACTIVATIONS[self.activation](x @ self.W_in + self.b_in)   # (..., n, d_mlp)
+    def __call__(self, x: np.ndarray, hook=NO_HOOKS) -> np.ndarray:
+        pre = hook("hook_pre", x @ self.W_in + self.b_in)                   # (..., n, d_mlp)
+        hidden = hook("hook_post", ACTIVATIONS[self.activation](pre))       # (..., n, d_mlp)
         return hidden @ self.W_out + self.b_out                             # (..., n, d_model)
+
+    @staticmethod
+    def shapes(d_model: int, d_mlp: int) -> dict[str, tuple]:
+        return {"W_in": (d_model, d_mlp), "b_in": (d_mlp,), "W_out": (d_mlp, d_model), "b_out": (d_model,)}
 
     @classmethod
     def init(cls, d_model: int, d_mlp: int, activation: str, *, rng: np.random.Generator, std: float = 0.02,
@@ -171,12 +187,30 @@ class GatedMLP:
     W_in: np.ndarray     # (d_model, d_mlp)
     W_out: np.ndarray    # (d_mlp, d_model)
     activation: str      # a key of ACTIVATIONS
+    # quantized W_gate | W_in side by side (d_model, 2·d_mlp): one product for both (attnlab.kernels.matmul);
+    # None for float arrays
+    W_gate_in: object | None = field(init=False, repr=False, default=None)
     name = "gated"       # its key in MLPS
     PARAMS = ("W_gate", "W_in", "W_out")
+    HOOKS = ("hook_pre", "hook_post")   # the gate before its nonlinearity; the hidden layer, gated, (..., n, d_mlp)
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        hidden = ACTIVATIONS[self.activation](x @ self.W_gate) * (x @ self.W_in)   # (..., n, d_mlp)
+    def __post_init__(self):
+        object.__setattr__(self, "W_gate_in", fuse_columns(self.W_gate, self.W_in)[0])
+
+    def __call__(self, x: np.ndarray, hook=NO_HOOKS) -> np.ndarray:
+        if self.W_gate_in is None:
+            gate, up = x @ self.W_gate, x @ self.W_in                               # (..., n, d_mlp) each
+        else:
+            d_mlp = self.W_out.shape[0]
+            both = x @ self.W_gate_in                                               # (..., n, 2·d_mlp) one product
+            gate, up = both[..., :d_mlp], both[..., d_mlp:]                         # (..., n, d_mlp) each
+        pre = hook("hook_pre", gate)                                                # (..., n, d_mlp)
+        hidden = hook("hook_post", ACTIVATIONS[self.activation](pre) * up)          # (..., n, d_mlp)
         return hidden @ self.W_out                                                  # (..., n, d_model)
+
+    @staticmethod
+    def shapes(d_model: int, d_mlp: int) -> dict[str, tuple]:
+        return {"W_gate": (d_model, d_mlp), "W_in": (d_model, d_mlp), "W_out": (d_mlp, d_model)}
 
     @classmethod
     def init(cls, d_model: int, d_mlp: int, activation: str, *, rng: np.random.Generator, std: float = 0.02,
