@@ -13,18 +13,23 @@ import time
 
 import numpy as np
 
-from ._app import add_json_flag, print_json
+from ._app import add_command, add_json_flag, positive_int, print_json
 from .generate import add_model_flag, add_sampling_flags, load_decoder, model_arg
 
 
 def register(sub) -> None:
-    p = sub.add_parser("chat", help="talk to a chat model (default SmolLM2-135M-Instruct), streamed, one KV "
-                                    "cache across the turns")
+    p = add_command(sub, "chat", help="talk to a chat model (default SmolLM2-135M-Instruct), streamed, one KV "
+                                      "cache across the turns",
+                    beyond="docs/gguf.md",
+                    shows="Shows an instruction-tuned model's replies, its own chat template rendered with Jinja2, "
+                          "each reply streamed as it comes and stopped at its end-of-turn token",
+                    more="Every turn feeds only its new tokens: one KV cache holds the whole conversation.",
+                    examples=("attnlab chat --message 'What is the capital of France?' --tokens 12",))
     add_model_flag(p)
     p.add_argument("--message", default=None, help="one message: print the reply and exit (default: a loop on "
                                                    "a terminal, or one message per line of stdin)")
     p.add_argument("--system", default=None, help="a system message (default: the template's own)")
-    p.add_argument("--tokens", type=int, default=256, help="the longest reply, in tokens (default 256)")
+    p.add_argument("--tokens", type=positive_int, default=256, help="the longest reply, in tokens (default 256)")
     add_sampling_flags(p, temperature=0.0)
     add_json_flag(p)
     p.set_defaults(func=cmd_chat)
