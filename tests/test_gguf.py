@@ -286,3 +286,19 @@ def test_a_conversation_longer_than_the_context_is_one_line(capsys, tmp_path):
     assert err.count("\n") == 1 and "more than the context of 16 tokens" in err
     assert main(["generate", "--model", str(path), "--prompt", "the cat " * 20]) == 2
     assert "more than the model's context n_ctx 16" in capsys.readouterr().err
+
+
+def test_chat_cli_streams_the_reply_and_reports_tokens_per_second(capsys, tmp_path, monkeypatch):
+    import io
+    path = write_gguf(tmp_path / "c.gguf", qtype=Q.F16)
+    assert main(["chat", "--model", str(path), "--message", "the cat", "--tokens", "5", "--json"]) == 0
+    d = __import__("json").loads(capsys.readouterr().out)
+    (turn,) = d["turns"]
+    assert len(turn["ids"]) <= 5 and turn["tokens_per_second"] > 0
+    assert main(["chat", "--model", str(path), "--message", "the cat", "--tokens", "5"]) == 0
+    out, err = capsys.readouterr()
+    assert out == turn["reply"] + "\n" and "tokens/s" in err and err.count("\n") == 1
+    monkeypatch.setattr("sys.stdin", io.StringIO("the cat\n\nthe\n"))        # a pipe: one message per line
+    assert main(["chat", "--model", str(path), "--tokens", "3", "--json"]) == 0
+    turns = __import__("json").loads(capsys.readouterr().out)["turns"]
+    assert [t["message"] for t in turns] == ["the cat", "the"] and turns[1]["context_tokens"] > turns[0]["context_tokens"]
