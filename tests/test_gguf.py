@@ -266,7 +266,8 @@ def test_a_chat_keeps_one_cache_and_reads_each_token_once(tmp_path, monkeypatch)
     from attnlab.stack.transformer import generate
     model, tok = load_model(write_gguf(tmp_path / "c.gguf", qtype=Q.Q8_0))
     fed, real = [], chat_module.generate
-    monkeypatch.setattr(chat_module, "generate", lambda m, ids, *a, **k: fed.append(ids.copy()) or real(m, ids, *a, **k))
+    monkeypatch.setattr(chat_module, "generate",
+                        lambda m, ids, *a, **k: fed.append(ids.copy()) or real(m, ids, *a, **k))
     chat = chat_module.Chat(model, tok)
     first = chat.say("the cat", max_tokens=5)
     second = chat.say("the", max_tokens=6)
@@ -301,4 +302,5 @@ def test_chat_cli_streams_the_reply_and_reports_tokens_per_second(capsys, tmp_pa
     monkeypatch.setattr("sys.stdin", io.StringIO("the cat\n\nthe\n"))        # a pipe: one message per line
     assert main(["chat", "--model", str(path), "--tokens", "3", "--json"]) == 0
     turns = __import__("json").loads(capsys.readouterr().out)["turns"]
-    assert [t["message"] for t in turns] == ["the cat", "the"] and turns[1]["context_tokens"] > turns[0]["context_tokens"]
+    assert [t["message"] for t in turns] == ["the cat", "the"]
+    assert turns[1]["context_tokens"] > turns[0]["context_tokens"]

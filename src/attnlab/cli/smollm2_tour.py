@@ -150,9 +150,9 @@ def real_language_model(ctx, Section, Figure):
         + f", and first {top_stage.replace('block', 'after block')}, at {p_stage[-1]:.0%}: the answer is "
         "assembled in the last layers.",
         f"Which numbers depend on a seed: the random tokens (seed {SEED}), hence every detector score and the "
-        f"ablation figures, and the random control heads (seed {CONTROL_SEED}); `attnlab detect --model smollm2 --repeat-random "
-        f"{N_RANDOM} --seed 5` draws other tokens. The next-token probabilities, the greedy text and the logit "
-        "lens have no randomness in them. `attnlab ablate` and `attnlab patch` run on SmolLM2 by default too "
+        f"ablation figures, and the random control heads (seed {CONTROL_SEED}); `attnlab detect --model smollm2 "
+        f"--repeat-random {N_RANDOM} --seed 5` draws other tokens. The next-token probabilities, the greedy "
+        "text and the logit lens have no randomness in them. `attnlab ablate` and `attnlab patch` run on SmolLM2 by default too "
         "(one forward pass per head: a minute or so); docs/gguf.md lists every command."),
         commands=("attnlab generate --prompt 'The cat sat on the' --tokens 20 --temperature 0",
                   "attnlab chat --message 'What is attention in a transformer?' --tokens 40",
