@@ -15,8 +15,8 @@ def add_scan(sub) -> None:
                           "and detector scores over every line of a text file (MY_TEXT.txt: any UTF-8 file)",
                     examples=("attnlab scan MY_TEXT.txt --workers 0", "attnlab scan MY_TEXT.txt --out scan"))
     p.add_argument("file", metavar="FILE", help="UTF-8 text, one sentence or line per document")
-    p.add_argument("--model", default="minilm", help="'minilm' (default), 'induction' (the small induction "
-                   "model shipped with attnlab) or a checkpoint folder")
+    p.add_argument("--model", default="minilm", help="'minilm' (default), 'smollm2' (SmolLM2-135M), 'induction' "
+                   "(the small induction model shipped with attnlab), a .gguf file or a checkpoint folder")
     p.add_argument("--scheduler", metavar="ADDR", help="a Dask scheduler (tcp://host:8786); default: a "
                    "LocalCluster of worker processes on this machine")
     p.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
