@@ -84,7 +84,9 @@ def model_cases(old: dict, *, rounds: int, n_layers: int) -> list[dict]:
         old_forward, old_generate = old["stack.transformer"].forward, old["stack.transformer"].generate
         for n in (16, 64, 384):
             ids = rng.integers(1000, 2000, n)
-            assert np.array_equal(forward(new_m, ids).logits, old_forward(old_m, ids).logits)
+            got, want = forward(new_m, ids).logits, old_forward(old_m, ids).logits
+            assert np.allclose(got, want, rtol=1e-5, atol=1e-5), np.abs(got - want).max()   # the copy's numba
+            #                 kernels compile apart and may round a last bit differently
             r = alternate(lambda: forward(new_m, ids), lambda: old_forward(old_m, ids), rounds)
             out.append({"case": f"GPT-2 {n_layers} layers forward n {n}", **r})
         prompt = rng.integers(1000, 2000, 16)

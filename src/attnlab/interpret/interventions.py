@@ -24,7 +24,7 @@ import numpy as np
 from ..kernels._checks import as_choice, as_float_array, as_positive_int, as_token_ids
 from ..stack.hooks import run_with_cache, run_with_hooks
 from ..kernels.softmax import softmax
-from ..stack.transformer import Transformer, check_decoder, check_ids
+from ..stack.transformer import Transformer, check_decoder, check_ids, logits_of
 
 MODES = ("zero", "mean")
 
@@ -179,9 +179,7 @@ def unembed(model: Transformer, x: np.ndarray) -> np.ndarray:
                          f"got shape {x.shape}")
     if model.ln_final is not None:
         x = model.ln_final(x)                                           # (..., d_model)
-    if model.config.tied_embeddings:
-        return x @ model.W_E.T                                          # (..., vocab)
-    return x @ model.W_U + model.b_U                                    # (..., vocab)
+    return logits_of(model, x)                                          # (..., vocab)
 
 
 @dataclass(frozen=True, eq=False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import Checked, fold, unfold
+from ._checks import Checked, cap_scores, fold, unfold
 
 
 def takes_decode_path(c: Checked) -> bool:
@@ -29,6 +29,7 @@ def decode_attention(c: Checked) -> np.ndarray:
     g = c.groups
     qs = fold(c.q * c.scale, g)                          # (..., h_kv, g, d_k) scaled once, not the scores
     s = qs @ np.swapaxes(c.k, -1, -2)                    # (..., h_kv, g, n_k) S = q Kᵀ/√d_k
+    s = cap_scores(s, c.softcap)                         # (..., h_kv, g, n_k) cap · tanh(S / cap), or S
     s -= s.max(axis=-1, keepdims=True)                   # (..., h_kv, g, n_k)
     p = np.exp(s, out=s)                                 # (..., h_kv, g, n_k) unnormalised weights
     out = p @ c.v                                        # (..., h_kv, g, d_v)

@@ -210,7 +210,7 @@ def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook):
         k, v = cache.append(k, v)                    # (..., h_kv, n_k, d_head) each: every token so far
     try:
         opts = dict(mask=mask, bias=_bias(p, bias, q.shape[-2], k.shape[-2], q.dtype), is_causal=is_causal,
-                    window=p.config.window)
+                    **p.config.options)             # window, scale, softcap
         if hook.wants("hook_scores") or hook.wants("hook_pattern"):
             heads = _attention_on_the_grid(q, k, v, opts, hook, finite=cache is None)   # (..., h, n, d_head)
         elif cache is None:
@@ -307,7 +307,7 @@ def multihead_attention_forward(p: MultiHeadAttention, x, *, mask=None, bias=Non
     q, k, v = _project(p, x)                               # (..., h, n, d_head), (..., h_kv, n, d_head) × 2
     n = q.shape[-2]
     heads, attn = attention_forward(q, k, v, mask=mask, bias=_bias(p, bias, n, n, q.dtype), is_causal=is_causal,
-                                    window=p.config.window)   # (..., h, n, d_head)
+                                    **p.config.options)   # (..., h, n, d_head)
     merged, y = _output(p, heads)                          # (..., n, h·d_head), (..., n, d_model)
     return y, SavedLayer(x=x, merged=merged, attn=attn)
 

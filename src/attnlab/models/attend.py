@@ -65,7 +65,9 @@ def attend(text: str, model: str | Path | tuple = MINILM) -> Attended:
                          "shorten it")
     labels = tokenizer.labels(ids)
     out = forward(network, ids, return_weights=True)
-    keep = causal_mask(len(ids), window=c.attention.window) if c.is_causal else None   # (n, n)
+    windows = {c.layer_attention(i).window for i in range(c.n_layers)}
+    window = windows.pop() if len(windows) == 1 else None          # windows that alternate: the widest, all
+    keep = causal_mask(len(ids), window=window) if c.is_causal else None   # (n, n)
     amap = AttentionMap(labels, np.stack(out.attentions), keep=keep, source=f"{name} ({c.family})",
                         n_kv_heads=c.attention.n_kv_heads)
     return Attended(tokens=labels, ids=ids, attentions=amap, hidden_states=np.stack(out.hidden_states),

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..kernels._checks import as_float_array, as_positive_int, as_stop_ids, as_token_ids, check_flag, check_rng
+from ..kernels._checks import (as_float_array, as_positive_float, as_positive_int, as_stop_ids, as_token_ids,
+                               cap_scores, check_flag, check_rng)
 from ..layer.cache import KVCache
 from ..layer.config import AttentionConfig
 from ..layer.hookpoints import NO_HOOKS, Hooks
@@ -54,6 +55,10 @@ class ModelConfig:
     has_logits: bool = True         # False for an encoder without a language-model head
     n_types: int = 0                # rows of the token-type (segment) table W_T (BERT: 2); 0 = none
     embed_norm: bool = False        # a norm on the embeddings (BERT)
+    embed_scale: float = 1.0        # the token rows are multiplied by it (Gemma: √d_model)
+    logit_softcap: float | None = None   # logits capped to cap · tanh(logits / cap) (Gemma-2); None = no cap
+    layers: tuple = ()              # one AttentionConfig per layer where they differ (Gemma-2's alternating
+    #                                 windows), each with attention's sizes; () = every layer has `attention`
     family: str = field(default="", compare=False)
     eos_ids: tuple[int, ...] = field(default=(), compare=False)   # config.json's eos_token_id: the ids that end
     #                                 a text, generate's stop; () = none (attnlab's own folders)
@@ -78,9 +83,26 @@ class ModelConfig:
             raise ValueError("embed_norm=True needs a norm")
         if isinstance(self.n_types, bool) or not isinstance(self.n_types, int) or self.n_types < 0:
             raise ValueError(f"n_types must be an int >= 0, got {self.n_types!r}")
+        as_positive_float("embed_scale", self.embed_scale)
+        if self.logit_softcap is not None:
+            as_positive_float("logit_softcap", self.logit_softcap)
+        self._check_layers()
         if not isinstance(self.eos_ids, tuple):
             raise TypeError(f"eos_ids must be a tuple of token ids, got {type(self.eos_ids).__name__}")
         as_stop_ids("eos_ids", self.eos_ids, self.vocab_size)
+
+    def _check_layers(self) -> None:
+        layers = self.layers
+        if not isinstance(layers, tuple) or not all(isinstance(a, AttentionConfig) for a in layers):
+            raise TypeError(f"layers must be a tuple of AttentionConfig (one per layer) or (), got {layers!r}")
+        if layers and len(layers) != self.n_layers:
+            raise ValueError(f"layers must hold one AttentionConfig per layer ({self.n_layers}), got {len(layers)}")
+        sizes = ("d_model", "n_heads", "n_kv_heads", "d_head", "n_ctx")
+        for i, a in enumerate(layers):
+            if any(getattr(a, k) != getattr(self.attention, k) for k in sizes) or a.positions != self.attention.positions:
+                raise ValueError(f"layers[{i}] must share attention's sizes and positions ({', '.join(sizes)}); "
+                                 f"only window, scale and softcap may differ by layer: got {a}, attention is "
+                                 f"{self.attention}")
 
     @property
     def d_model(self) -> int:
@@ -101,7 +123,7 @@ class ModelConfig:
 
     def layer_attention(self, i: int) -> AttentionConfig:
         """The attention config of layer i."""
-        return self.attention
+        return self.layers[i] if self.layers else self.attention
 
     def to_json(self) -> dict:
         return {"vocab_size": self.vocab_size, "n_layers": self.n_layers, "attention": self.attention.to_json(),
@@ -109,7 +131,8 @@ class ModelConfig:
                 "norm": None if self.norm is None else self.norm.name, "norm_eps": self.norm_eps,
                 "block": self.block.name, "is_causal": self.is_causal, "tied_embeddings": self.tied_embeddings,
                 "has_logits": self.has_logits, "n_types": self.n_types, "embed_norm": self.embed_norm,
-                "family": self.family}
+                "embed_scale": self.embed_scale, "logit_softcap": self.logit_softcap,
+                "layers": [a.to_json() for a in self.layers], "family": self.family}
 
     @classmethod
     def from_json(cls, data: dict) -> "ModelConfig":
@@ -117,6 +140,7 @@ class ModelConfig:
         try:
             data = dict(data)
             data["attention"] = AttentionConfig.from_json(data["attention"])
+            data["layers"] = tuple(AttentionConfig.from_json(a) for a in data.get("layers", ()))
             norm = data.get("norm")
             if norm is not None and norm not in NORMS:
                 raise ValueError(f"norm must be one of {sorted(NORMS)}, got {norm!r}")
@@ -302,6 +326,8 @@ def embed(model: Transformer, ids: np.ndarray, *, start: int = 0, token_types=No
     says so."""
     c, n = model.config, ids.shape[-1]
     x = hook("hook_embed", model.W_E[ids])                              # (..., n, d_model)
+    if c.embed_scale != 1.0:
+        x = x * x.dtype.type(c.embed_scale)                             # (..., n, d_model) Gemma's √d_model
     pos = c.attention.positions.embed(model.W_P, n, start=start, d_model=c.d_model, dtype=model.dtype)
     if pos is not None:
         x = x + hook("hook_pos_embed", pos)                             # (..., n, d_model)
@@ -378,11 +404,17 @@ def forward(model: Transformer, ids, *, caches: list[KVCache] | None = None, tok
     if model.ln_final is not None:
         x = model.ln_final(x, h.scoped("ln_final."))                    # (..., n, d_model)
         hidden[-1] = x                                                  # as transformers returns it
-    logits = None
-    if c.has_logits:
-        logits = x @ model.W_E.T if c.tied_embeddings else x @ model.W_U + model.b_U   # (..., n, vocab)
+    logits = logits_of(model, x) if c.has_logits else None              # (..., n, vocab)
     attentions = [a.astype(x.dtype, copy=False) for a in weights] if return_weights else None
     return ModelOutput(logits=logits, hidden_states=hidden, attentions=attentions)
+
+
+def logits_of(model: Transformer, x: np.ndarray) -> np.ndarray:
+    """The logits (..., vocab) of the last stream x (..., d_model), after the final norm: ``x W_Eᵀ`` (tied) or
+    ``x W_U + b_U``, soft-capped where the config says (Gemma-2's final_logit_softcapping)."""
+    c = model.config
+    logits = x @ model.W_E.T if c.tied_embeddings else x @ model.W_U + model.b_U   # (..., vocab)
+    return cap_scores(logits, c.logit_softcap)                          # (..., vocab) in place: a fresh array
 
 
 def _keeping(fn, weights: list, i: int):
