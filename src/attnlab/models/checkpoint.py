@@ -238,6 +238,13 @@ class Tensors:
             arr = arr.astype(np.float32)   # float16/bfloat16 checkpoints compute in float32
         return arr
 
+    def linear(self, name: str, d_in: int, d_out: int, *, bias: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """torch's ``nn.Linear`` ``{name}.weight`` (d_out, d_in) as attnlab's (d_in, d_out) (a view), and its
+        bias (d_out,), zeros where the layer has none."""
+        w = self.take(f"{name}.weight", (d_out, d_in)).T                # (d_in, d_out)
+        b = self.take(f"{name}.bias", (d_out,)) if bias else np.zeros(d_out, w.dtype)   # (d_out,)
+        return w, b
+
     def count_layers(self, pattern: str) -> int:
         """How many layers the weights hold: 1 + the largest index matched by ``pattern`` (one group)."""
         found = [int(m.group(1)) for k in self.arrays if (m := re.match(pattern, k))]
