@@ -50,7 +50,10 @@ def rope_scheme(config: dict, source: str, d_head: int | None = None) -> RoPE:
     GPT-NeoX) rotates only the first ``d_head · factor`` features of each head."""
     params = config.get("rope_parameters")                       # transformers 5: one dict
     if params is None:                                           # transformers 4: two fields
-        params = dict(config.get("rope_scaling") or {}, rope_theta=config.get("rope_theta", ROPE_BASE))
+        scaling = config.get("rope_scaling")
+        if scaling is not None and not isinstance(scaling, dict):
+            raise ValueError(f"{source}: config.json field 'rope_scaling' must be an object or null, got {scaling!r}")
+        params = dict(scaling or {}, rope_theta=config.get("rope_theta", ROPE_BASE))
     if not isinstance(params, dict):
         raise ValueError(f"{source}: config.json field 'rope_parameters' must be an object, got {params!r}")
     theta = params.get("rope_theta", config.get("rope_theta", ROPE_BASE))
@@ -168,6 +171,7 @@ def llama_from_tensors(tensors: Tensors, cfg: ModelConfig, *, qkv_bias: bool = F
                            field="num_hidden_layers",
                            why=f"hidden_size={d}, num_attention_heads={a.n_heads}, num_key_value_heads="
                                f"{a.n_kv_heads}, head_dim={a.d_head}, intermediate_size={d_mlp}")
+    t.take("layers.0.self_attn.q_proj.weight", (width, d))   # the shapes first: head_dim sizes the arrays below
 
     def block(i: int) -> PreNormBlock:
         p = f"layers.{i}"
