@@ -25,7 +25,7 @@ from ..stack.transformer import ModelConfig, Transformer
 from ..text.tokens import json_folder_tokenizer
 from .checkpoint import Tensors, config_eos_ids, config_float, config_int
 from .families import Family, checkpoint_loader, register
-from .llama import gated_mlp, rope_attention, rope_scheme, unembedding
+from .llama import gated_mlp, llama_layout, llama_layout_model, rope_attention, rope_scheme
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
@@ -75,10 +75,7 @@ def gemma2_from_tensors(tensors: Tensors, cfg: ModelConfig) -> Transformer:
     """The model from a checkpoint's tensors, every shape checked against the config."""
     a, d = cfg.attention, cfg.d_model
     width, width_kv = a.n_heads * a.d_head, a.n_kv_heads * a.d_head
-    t = tensors.for_config(prefix="model.", layers=r"layers\.(\d+)\.", n_layers=cfg.n_layers,
-                           field="num_hidden_layers",
-                           why=f"hidden_size={d}, num_attention_heads={a.n_heads}, num_key_value_heads="
-                               f"{a.n_kv_heads}, head_dim={a.d_head}, intermediate_size={cfg.d_mlp}")
+    t = llama_layout(tensors, cfg)
 
     def norm(prefix: str) -> RMSNorm:
         w = t.take(f"{prefix}.weight", (d,))                          # (d_model,) Gemma scales by 1 + w
@@ -94,9 +91,7 @@ def gemma2_from_tensors(tensors: Tensors, cfg: ModelConfig) -> Transformer:
                              ln_2=norm(f"{p}.pre_feedforward_layernorm"),
                              ln_2_post=norm(f"{p}.post_feedforward_layernorm"))
 
-    W_E = t.take("embed_tokens.weight", (cfg.vocab_size, d), f"vocab_size={cfg.vocab_size}, {t.why}")   # (vocab, d)
-    return Transformer(config=cfg, W_E=W_E, blocks=tuple(block(i) for i in range(cfg.n_layers)),
-                       ln_final=norm("norm"), **unembedding(t, cfg))
+    return llama_layout_model(t, cfg, block, norm)
 
 
 GEMMA2 = register(Family(name="gemma2", matches=lambda config: config.get("model_type") == "gemma2",

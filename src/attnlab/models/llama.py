@@ -167,10 +167,7 @@ def llama_from_tensors(tensors: Tensors, cfg: ModelConfig, *, qkv_bias: bool = F
     """The model from a checkpoint's tensors, every shape checked against the config."""
     a, d, d_mlp = cfg.attention, cfg.d_model, cfg.d_mlp
     width, width_kv = a.n_heads * a.d_head, a.n_kv_heads * a.d_head
-    t = tensors.for_config(prefix="model.", layers=r"layers\.(\d+)\.", n_layers=cfg.n_layers,
-                           field="num_hidden_layers",
-                           why=f"hidden_size={d}, num_attention_heads={a.n_heads}, num_key_value_heads="
-                               f"{a.n_kv_heads}, head_dim={a.d_head}, intermediate_size={d_mlp}")
+    t = llama_layout(tensors, cfg)
     t.take("layers.0.self_attn.q_proj.weight", (width, d))   # the shapes first: head_dim sizes the arrays below
 
     def block(i: int) -> PreNormBlock:
@@ -184,7 +181,23 @@ def llama_from_tensors(tensors: Tensors, cfg: ModelConfig, *, qkv_bias: bool = F
     def norm(prefix: str) -> RMSNorm:
         return RMSNorm.load(t, prefix, d_model=d, eps=cfg.norm_eps)
 
-    W_E = t.take("embed_tokens.weight", (cfg.vocab_size, d), f"vocab_size={cfg.vocab_size}, {t.why}")   # (vocab, d)
+    return llama_layout_model(t, cfg, block, norm)
+
+
+def llama_layout(tensors: Tensors, cfg: ModelConfig) -> Tensors:
+    """The tensors of a folder in Llama's layout (``model.layers.{i}.…``), their layer count checked against
+    num_hidden_layers, the config's sizes named in every shape error (Llama, Gemma-2, Phi-3)."""
+    a = cfg.attention
+    return tensors.for_config(prefix="model.", layers=r"layers\.(\d+)\.", n_layers=cfg.n_layers,
+                              field="num_hidden_layers",
+                              why=f"hidden_size={cfg.d_model}, num_attention_heads={a.n_heads}, num_key_value_heads="
+                                  f"{a.n_kv_heads}, head_dim={a.d_head}, intermediate_size={cfg.d_mlp}")
+
+
+def llama_layout_model(t: Tensors, cfg: ModelConfig, block, norm) -> Transformer:
+    """The model of a Llama-layout folder from its ``block(i)`` and ``norm(prefix)``: ``embed_tokens``, the
+    blocks, the final ``norm`` and ``lm_head`` (unless tied)."""
+    W_E = t.take("embed_tokens.weight", (cfg.vocab_size, cfg.d_model), f"vocab_size={cfg.vocab_size}, {t.why}")
     return Transformer(config=cfg, W_E=W_E, blocks=tuple(block(i) for i in range(cfg.n_layers)),
                        ln_final=norm("norm"), **unembedding(t, cfg))
 

@@ -16,7 +16,7 @@ from ..stack.transformer import ModelConfig, Transformer
 from ..text.tokens import json_folder_tokenizer
 from .checkpoint import Tensors, config_eos_ids, config_float, config_int
 from .families import Family, checkpoint_loader, register
-from .llama import rope_attention, rope_scheme, unembedding
+from .llama import llama_layout, llama_layout_model, rope_attention, rope_scheme
 
 
 def phi3_config(config: dict, source: str) -> ModelConfig:
@@ -40,10 +40,7 @@ def phi3_from_tensors(tensors: Tensors, cfg: ModelConfig) -> Transformer:
     """The model from a checkpoint's tensors, every shape checked against the config."""
     a, d, d_mlp = cfg.attention, cfg.d_model, cfg.d_mlp
     width, width_kv = a.n_heads * a.d_head, a.n_kv_heads * a.d_head
-    t = tensors.for_config(prefix="model.", layers=r"layers\.(\d+)\.", n_layers=cfg.n_layers,
-                           field="num_hidden_layers",
-                           why=f"hidden_size={d}, num_attention_heads={a.n_heads}, num_key_value_heads="
-                               f"{a.n_kv_heads}, head_dim={a.d_head}, intermediate_size={d_mlp}")
+    t = llama_layout(tensors, cfg)
 
     def norm(prefix: str) -> RMSNorm:
         return RMSNorm.load(t, prefix, d_model=d, eps=cfg.norm_eps)
@@ -60,9 +57,7 @@ def phi3_from_tensors(tensors: Tensors, cfg: ModelConfig) -> Transformer:
         return PreNormBlock(attn=attn, ln_1=norm(f"{p}.input_layernorm"), mlp=mlp,
                             ln_2=norm(f"{p}.post_attention_layernorm"))
 
-    W_E = t.take("embed_tokens.weight", (cfg.vocab_size, d), f"vocab_size={cfg.vocab_size}, {t.why}")   # (vocab, d)
-    return Transformer(config=cfg, W_E=W_E, blocks=tuple(block(i) for i in range(cfg.n_layers)),
-                       ln_final=norm("norm"), **unembedding(t, cfg))
+    return llama_layout_model(t, cfg, block, norm)
 
 
 PHI3 = register(Family(name="phi3", matches=lambda config: config.get("model_type") == "phi3",
