@@ -152,3 +152,23 @@ def test_windows_and_caps_by_layer(rng):
         small_model(rng, layers=(a, AttentionConfig(d_model=8, n_heads=4, n_ctx=12, positions=RoPE())))
     with pytest.raises(ValueError, match=r"layers must hold one AttentionConfig per layer \(2\), got 1"):
         small_model(rng, layers=(a,))
+
+
+def test_the_lm_backward_through_a_capped_scaled_layer_matches_finite_differences(rng):
+    """attnlab's own LM with a soft-cap and its own scale in every layer: loss_and_grad's dW_Q and dW_K (the
+    scores' path) against central differences, float64."""
+    from attnlab.lm.model import loss, loss_and_grad
+    a = AttentionConfig(d_model=8, n_heads=2, n_ctx=6, positions=RoPE(), scale=0.9, softcap=1.0)
+    model = Transformer.init(ModelConfig(vocab_size=5, n_layers=2, attention=a), rng=rng, std=0.8, dtype=np.float64)
+    ids, targets = rng.integers(0, 5, (2, 6)), rng.integers(0, 5, (2, 6))
+    _, grads = loss_and_grad(model, ids, targets)
+    params, eps = model.params(), 1e-6
+    for name in ("blocks.0.attn.W_Q", "blocks.1.attn.W_K"):
+        for idx in [tuple(rng.integers(0, s) for s in params[name].shape) for _ in range(3)]:
+            keep = params[name][idx]
+            params[name][idx] = keep + eps
+            hi = loss(model, ids, targets)
+            params[name][idx] = keep - eps
+            lo = loss(model, ids, targets)
+            params[name][idx] = keep
+            assert grads[name][idx] == pytest.approx((hi - lo) / (2 * eps), rel=1e-5, abs=1e-9), (name, idx)

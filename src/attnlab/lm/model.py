@@ -46,7 +46,9 @@ def check_trainable(model: Transformer) -> None:
     c = model.config
     extra = [what for what, has in (("an MLP", c.d_mlp is not None), ("norms", c.norm is not None),
                                     ("token types", c.n_types > 0), ("tied embeddings", c.tied_embeddings),
-                                    ("no logits", not c.has_logits), ("no causal mask", not c.is_causal))
+                                    ("no logits", not c.has_logits), ("no causal mask", not c.is_causal),
+                                    ("an embedding scale", c.embed_scale != 1.0),
+                                    ("a logit soft-cap", c.logit_softcap is not None))
              if has]
     if extra:
         raise ValueError(f"loss_and_grad trains attention-only decoders (attnlab's own LM); this model has "
