@@ -151,9 +151,8 @@ def naive_backward(c: Checked, out: np.ndarray, a: np.ndarray, do: np.ndarray):
     da -= (fold(out, g) * do_f).sum(-1, keepdims=True)   # (..., h_kv, g·n_q, n_k) in place: da is ours
     ds = np.multiply(a_f, da, out=da)                    # (..., h_kv, g·n_q, n_k) zero wherever a was masked
     # forward: s = cap · tanh(s_raw / cap), so ds_raw = ds · (1 − tanh²) (the scores recomputed once)
-    slope = cap_slope(capped_scores(c), c.softcap)       # (..., h, n_q, n_k) or None
-    if slope is not None:
-        ds = ds * fold(slope, g)                         # (..., h_kv, g·n_q, n_k)
+    if c.softcap is not None:
+        ds = ds * fold(cap_slope(capped_scores(c), c.softcap), g)   # (..., h_kv, g·n_q, n_k)
     # forward: s = (q @ kᵀ) * scale
     dq = unfold(ds @ c.k, g) * c.scale                   # (..., h, n_q, d_k)
     dk = np.swapaxes(ds, -1, -2) @ fold(c.q, g) * c.scale   # (..., h_kv, n_k, d_k) summed over the group
