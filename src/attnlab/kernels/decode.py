@@ -33,7 +33,8 @@ def decode_attention(c: Checked) -> np.ndarray:
     Every key is visible, so the row max is finite and the sum is at least 1; the output is divided by the
     sum instead of the weights.
     """
-    if _kernels.tile_kernel() == "fused" and c.q.shape[:-3] == c.k.shape[:-3] == c.v.shape[:-3] and c.q.ndim >= 3:
+    if (_kernels.tile_kernel() == "fused" and c.q.shape[:-3] == c.k.shape[:-3] == c.v.shape[:-3] and c.q.ndim >= 3
+            and c.q.shape[-1] > 0):                      # d_head 0 (the uniform average) stays with numpy
         return _decode_fused(c)
     g = c.groups
     qs = fold(c.q * c.scale, g)                          # (..., h_kv, g, d_k) scaled once, not the scores
