@@ -109,6 +109,7 @@ def test_side_by_side_weights_multiply_as_each_one(tmp_path, rng, numba_on):
     files = written(tmp_path, ws, "Q4_1")
     parts = [QuantizedMatrix(*files[n][:1], "Q4_1", 64) for n in ("q", "k", "v")]
     fused, _ = fuse_columns(*parts)
+    assert all(np.shares_memory(p.qs, fused.qs) for p in parts)             # each reads its rows of it
     x = rng.standard_normal((1, 64)).astype(np.float32)
     np.testing.assert_allclose(x @ fused, np.concatenate([x @ p for p in parts], axis=-1), rtol=1e-6, atol=1e-7)
     assert fuse_columns(*parts[:2], np.zeros((64, 32), np.float32))[0] is None

@@ -118,3 +118,47 @@ def decode_row(model, *, rounds: int, context: int = 64) -> dict:
             "ratio_to_bound": pair.ratio / probe_scale, "ratio_min": pair.ratio_min / probe_scale,
             "ratio_max": pair.ratio_max / probe_scale, "stream_gb_s": W.nbytes / pair.b_ms / 1e6,
             "weight_mb": nbytes / 1e6, "calls": calls, "profile_s": time.perf_counter() - t0}
+
+
+def smollm2_file_model(path, *, quantized: bool):
+    """SmolLM2's GGUF file on the stack, read here with ``gguf.GGUFReader`` (the benchmark's own reader, until
+    ``load_model("smollm2", quantized=...)`` is there): quantized tensors kept in their type
+    (:func:`attnlab.kernels.quantized.weight_from_gguf`) or dequantized to float32. Shapes from SmolLM2's sizes;
+    llama.cpp's q/k rows are already in RoPE pairs."""
+    import gguf
+    from gguf.quants import dequantize
+
+    from ..kernels.quantized import KERNEL_TYPES, QuantizedRows, weight_from_gguf
+
+    model = smollm2_shaped(rng=np.random.default_rng(0), n_layers=SMOLLM2_SHAPE["n_layers"])
+    reader = gguf.GGUFReader(str(path))
+    tensors = {t.name: t for t in reader.tensors}
+
+    def matrix(name: str, *, rows: bool = False):
+        t = tensors[name]
+        d_in, qtype = int(t.shape[0]), t.tensor_type.name
+        if quantized and qtype in KERNEL_TYPES:
+            w = weight_from_gguf(np.asarray(t.data), qtype, d_in, rows=True)       # (d_out, d_in)
+            return w if rows else w.T
+        w = dequantize(np.asarray(t.data), t.tensor_type).reshape(-1, d_in)         # (d_out, d_in)
+        return w if rows else np.ascontiguousarray(w.T)
+
+    return _with_weights(model, matrix, tensors)
+
+
+def _with_weights(model, matrix, tensors):
+    import dataclasses
+
+    from ..stack.transformer import Transformer
+
+    names = {"attn": {"W_Q": "attn_q", "W_K": "attn_k", "W_V": "attn_v", "W_O": "attn_output"},
+             "mlp": {"W_gate": "ffn_gate", "W_in": "ffn_up", "W_out": "ffn_down"}}
+    norm = lambda b, name: dataclasses.replace(b, weight=np.asarray(tensors[name].data, np.float32))   # noqa: E731
+    blocks = []
+    for i, b in enumerate(model.blocks):
+        new = {part: dataclasses.replace(getattr(b, part), **{k: matrix(f"blk.{i}.{v}.weight") for k, v in m.items()})
+               for part, m in names.items()}
+        blocks.append(dataclasses.replace(b, ln_1=norm(b.ln_1, f"blk.{i}.attn_norm.weight"),
+                                          ln_2=norm(b.ln_2, f"blk.{i}.ffn_norm.weight"), **new))
+    return Transformer(config=model.config, W_E=matrix("token_embd.weight", rows=True), blocks=blocks,
+                       ln_final=norm(model.ln_final, "output_norm.weight"), name="smollm2")

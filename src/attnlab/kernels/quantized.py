@@ -62,7 +62,7 @@ class QuantizedMatrix:
         if raw.dtype != np.uint8 or raw.ndim != 2 or d_in % block or raw.shape[1] != d_in // block * nbytes:
             raise ValueError(f"raw must be uint8 (d_out, {d_in // block} blocks × {nbytes} bytes) for d_in {d_in} "
                              f"in {qtype} ({block} values per block), got {raw.dtype} {raw.shape}")
-        self.raw, self.qtype, self.d_in = raw, qtype, d_in
+        self.raws, self.qtype, self.d_in, self.d_out = (raw,), qtype, d_in, raw.shape[0]
         blocks = raw.reshape(raw.shape[0], d_in // block, nbytes)            # (d_out, n_blocks, bytes) a view
         payload = block // KERNEL_TYPES[qtype]                                # bytes of the values
         header = nbytes - payload                                             # float16 d (and m)
@@ -70,11 +70,12 @@ class QuantizedMatrix:
         self.d = np.ascontiguousarray(halves[..., 0])                        # (d_out, n_blocks) scales
         self.m = (np.ascontiguousarray(halves[..., 1]) if header // 2 > 1     # (d_out, n_blocks) minima (Q4_1),
                   else np.zeros_like(self.d))                                # 0 for the types without one
-        self.qs = blocks[..., header:]                                       # (d_out, n_blocks, payload) a view
+        self.qs = np.ascontiguousarray(blocks[..., header:])                 # (d_out, n_blocks, payload) the values
+        #         alone, contiguous: a strided view of the blocks kept LLVM from vectorising the kernel
 
     @property
     def shape(self) -> tuple[int, int]:
-        return (self.d_in, self.raw.shape[0])
+        return (self.d_in, self.d_out)
 
     @property
     def ndim(self) -> int:
@@ -86,12 +87,12 @@ class QuantizedMatrix:
 
     @property
     def nbytes(self) -> int:
-        """Bytes a product reads: the blocks (the scales are read from ``d`` and ``m``, float32 copies)."""
-        return int(self.raw.nbytes)
+        """Bytes a product reads: the values and their float32 scales (and minima)."""
+        return int(self.qs.nbytes + self.d.nbytes + (self.m.nbytes if self.qtype == "Q4_1" else 0))
 
     @property
     def size(self) -> int:
-        return self.d_in * self.raw.shape[0]
+        return self.d_in * self.d_out
 
     @property
     def T(self) -> "QuantizedRows":
@@ -103,7 +104,7 @@ class QuantizedMatrix:
 
     def dequantize(self) -> np.ndarray:
         """The float32 weight (d_in, d_out), by ``gguf.quants``."""
-        return dequantize_rows(self.raw, self.qtype).T
+        return np.concatenate([dequantize_rows(raw, self.qtype) for raw in self.raws]).T
 
     def __array__(self, dtype=None, copy=None):
         out = self.dequantize()
@@ -115,32 +116,43 @@ class QuantizedMatrix:
             raise ValueError(f"x @ W needs x (..., {self.d_in}), got shape {x.shape}")
         lead = x.shape[:-1]
         x2 = np.ascontiguousarray(x.reshape(-1, self.d_in), dtype=np.float32)   # (N, d_in)
-        out = np.empty((x2.shape[0], self.raw.shape[0]), np.float32)           # (N, d_out)
+        out = np.empty((x2.shape[0], self.d_out), np.float32)                 # (N, d_out)
         fused = None if _kernels.numba_disabled() else fused_kernels()
         if fused is None:
-            out[:] = x2 @ dequantize_rows(self.raw, self.qtype).T
+            out[:] = x2 @ self.dequantize()
         elif x2.shape[0] <= fused.MAX_TOKENS:
             fused.matvec(self.qtype, self.qs, self.d, self.m, x2, out)
         else:
             self._matmul_chunks(fused, x2, out)
-        return out.reshape(*lead, self.raw.shape[0])                         # (..., d_out)
+        return out.reshape(*lead, self.d_out)                         # (..., d_out)
 
     def _matmul_chunks(self, fused, x2, out) -> None:
         """Many tokens: row blocks dequantized into float32 scratch, then one BLAS product each."""
         rows = max(1, SCRATCH_BYTES // (4 * self.d_in))
-        scratch = np.empty((min(rows, self.raw.shape[0]), self.d_in), np.float32)   # (rows, d_in)
-        for r0 in range(0, self.raw.shape[0], rows):
-            r1 = min(r0 + rows, self.raw.shape[0])
+        scratch = np.empty((min(rows, self.d_out), self.d_in), np.float32)   # (rows, d_in)
+        for r0 in range(0, self.d_out, rows):
+            r1 = min(r0 + rows, self.d_out)
             w = scratch[:r1 - r0]                                           # (rows, d_in)
             fused.dequantize(self.qtype, self.qs[r0:r1], self.d[r0:r1], self.m[r0:r1], w)
             np.matmul(x2, w.T, out=out[:, r0:r1])                           # (N, rows)
 
     @classmethod
     def fuse_columns(cls, ws):
-        """Weights side by side (d_in, Σ d_out_i) of one type: their rows stacked (a copy of the blocks)."""
+        """Weights side by side (d_in, Σ d_out_i) of one type and width: their rows stacked in one weight, and
+        each of ``ws`` then reads its own rows of it (views: the values are held once)."""
         if len({(w.qtype, w.d_in) for w in ws}) != 1:
             return None
-        return cls(np.concatenate([w.raw for w in ws], axis=0), ws[0].qtype, ws[0].d_in)
+        fused = object.__new__(cls)
+        fused.qtype, fused.d_in, fused.d_out = ws[0].qtype, ws[0].d_in, sum(w.d_out for w in ws)
+        fused.raws = tuple(raw for w in ws for raw in w.raws)
+        for plane in ("qs", "d", "m"):
+            setattr(fused, plane, np.concatenate([getattr(w, plane) for w in ws]))   # (Σ d_out_i, ...)
+        r0 = 0
+        for w in ws:
+            for plane in ("qs", "d", "m"):
+                setattr(w, plane, getattr(fused, plane)[r0:r0 + w.d_out])           # contiguous row views
+            r0 += w.d_out
+        return fused
 
 
 class QuantizedRows:
@@ -188,7 +200,8 @@ class QuantizedRows:
         ids = np.asarray(ids)
         if ids.dtype.kind not in "iu":
             raise TypeError(f"a quantized table is indexed by integer ids, got dtype {ids.dtype}")
-        rows = dequantize_rows(self.matrix.raw[ids.ravel()], self.qtype)      # (n, d)
+        (raw,) = self.matrix.raws                                           # one tensor's rows, as the file has them
+        rows = dequantize_rows(raw[ids.ravel()], self.qtype)                  # (n, d)
         return rows.reshape(*ids.shape, self.shape[1])                       # (..., d)
 
     def __array__(self, dtype=None, copy=None):
