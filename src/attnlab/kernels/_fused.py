@@ -155,11 +155,14 @@ def tile_softmax(s, m, shift, l, acc, hi0, lo0, first, track):
 
 
 @numba.njit(nogil=True, cache=True, fastmath={"contract", "reassoc", "nsz"}, boundscheck=False)
-def exp_row_scaled(row, scale2, sh):
-    """row[j] = 2^(row[j] · scale2 - sh) in place (one FMA before the exponential); returns Σ_j row[j]."""
-    total = sh - sh
+def exp_row_scaled(row, scale2, mx):
+    """row[j] = 2^((row[j] - mx) · scale2) in place; returns Σ_j row[j]. The shift comes before the scale: at
+    the row's max the exponent is exactly 0, so the sum is at least 1 whatever the scale. (An FMA of
+    row[j] · scale2 - mx · scale2 leaves the rounding error of mx · scale2, which at scale 1e8 exceeds 126
+    and sent every weight of a row, and the sum, to 0.)"""
+    total = mx - mx
     for j in range(row.shape[0]):
-        p = pow2(row[j] * scale2 - sh)
+        p = pow2((row[j] - mx) * scale2)
         row[j] = p
         total += p
     return total
@@ -180,7 +183,7 @@ def softmax_rows(s, scale2, maxima):
             if maxima[r] == -np.inf:
                 row[:] = 0
                 continue
-            total = exp_row_scaled(row, scale2, maxima[r] * scale2)
+            total = exp_row_scaled(row, scale2, maxima[r])
             inv = (total - total + 1) / total    # in the row's dtype (1 / total would be float64); total >= 1
             for j in range(row.shape[0]):
                 row[j] *= inv
