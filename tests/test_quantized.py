@@ -190,3 +190,17 @@ def test_quantized_model_logits_equal_the_float32_model(tmp_path, rng, numba_on,
     for t in ids[8:]:                                                                   # decode steps (kernel)
         got, want = forward(quant, [t], caches=cq).logits, forward(exact, [t], caches=ce).logits
         assert rel_err(got, want) < 1e-5
+
+
+def test_column_selection_and_finiteness(tmp_path, rng, numba_on):
+    w = (rng.standard_normal((64, 32)) * 0.05).astype(np.float32)
+    raw, d_in = written(tmp_path, {"w": w}, "Q4_1")["w"]
+    W = QuantizedMatrix(raw, "Q4_1", d_in)
+    assert W[:, :] is W and W.finite()
+    order = rng.permutation(64)
+    x = rng.standard_normal((1, 32)).astype(np.float32)
+    np.testing.assert_allclose(x @ W[:, order], (x @ W)[:, order], rtol=1e-6, atol=1e-7)
+    with pytest.raises(TypeError, match=r"W\[:, cols\] only"):
+        W[0]
+    W.d[3, 0] = np.inf
+    assert not W.finite()

@@ -102,6 +102,26 @@ class QuantizedMatrix:
     def __repr__(self) -> str:
         return f"QuantizedMatrix({self.qtype}, shape={self.shape})"
 
+    def __getitem__(self, key):
+        """``W[:, cols]``: the weight of the columns ``cols`` (outputs; a slice or an index array), its rows of
+        blocks copied; ``W[:, :]`` is W itself. Anything else needs the float32 array (``np.asarray(W)``)."""
+        if not (isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], slice) and key[0] == slice(None)):
+            raise TypeError(f"a QuantizedMatrix takes W[:, cols] only (whole rows of blocks), got {key!r}; "
+                            "np.asarray(W) gives the float32 weight")
+        cols = key[1]
+        if isinstance(cols, slice) and cols == slice(None):
+            return self
+        part = object.__new__(type(self))
+        part.qtype, part.d_in = self.qtype, self.d_in
+        part.raws = (np.concatenate(self.raws)[cols],)
+        part.qs, part.d, part.m = self.qs[cols].copy(), self.d[cols].copy(), self.m[cols].copy()
+        part.d_out = part.d.shape[0]
+        return part
+
+    def finite(self) -> bool:
+        """Whether every value is finite: the float16 scales (and minima) are (the values are integers)."""
+        return bool(np.isfinite(self.d).all() and np.isfinite(self.m).all())
+
     def dequantize(self) -> np.ndarray:
         """The float32 weight (d_in, d_out), by ``gguf.quants``."""
         return np.concatenate([dequantize_rows(raw, self.qtype) for raw in self.raws]).T
@@ -195,6 +215,9 @@ class QuantizedRows:
 
     def __repr__(self) -> str:
         return f"QuantizedRows({self.qtype}, shape={self.shape})"
+
+    def finite(self) -> bool:
+        return self.matrix.finite()
 
     def __getitem__(self, ids) -> np.ndarray:
         ids = np.asarray(ids)
