@@ -204,3 +204,20 @@ def test_column_selection_and_finiteness(tmp_path, rng, numba_on):
         W[0]
     W.d[3, 0] = np.inf
     assert not W.finite()
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_parallel_and_serial_rows_give_the_same_product(tmp_path, rng, numba_on, qtype):
+    from attnlab.kernels import _quant_fused
+    from attnlab.kernels.quantized import kernel_threads
+
+    w = (rng.standard_normal((100, 64)) * 0.05).astype(np.float32)
+    raw, d_in = written(tmp_path, {"w": w}, qtype)["w"]
+    W = QuantizedMatrix(raw, qtype, d_in)
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    serial, parallel = np.empty((2, 100), np.float32), np.empty((2, 100), np.float32)
+    _quant_fused.matvec(qtype, W.qs, W.d, W.m, x, serial, 1)
+    _quant_fused.matvec(qtype, W.qs, W.d, W.m, x, parallel, 3)             # 3 ranges of 34, 34, 32 rows
+    np.testing.assert_array_equal(serial, parallel)
+    choice = kernel_threads()
+    assert choice["threads"] in choice["us"] and choice["us"][choice["threads"]] == min(choice["us"].values())

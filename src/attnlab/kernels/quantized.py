@@ -141,7 +141,7 @@ class QuantizedMatrix:
         if fused is None:
             out[:] = x2 @ self.dequantize()
         elif x2.shape[0] <= fused.MAX_TOKENS:
-            fused.matvec(self.qtype, self.qs, self.d, self.m, x2, out)
+            fused.matvec(self.qtype, self.qs, self.d, self.m, x2, out, kernel_threads()["threads"])
         else:
             self._matmul_chunks(fused, x2, out)
         return out.reshape(*lead, self.d_out)                         # (..., d_out)
@@ -271,6 +271,38 @@ def _fused_module():
 def fused_kernels():
     """:mod:`attnlab.kernels._quant_fused` (numba), or None without numba or with ``ATTNLAB_NO_NUMBA``."""
     return None if _kernels.numba_disabled() else _fused_module()
+
+
+@functools.cache
+def kernel_threads(rounds: int = 7) -> dict:
+    """How many threads the quantized products run on here: numba's threads or the calling thread alone,
+    whichever multiplied a (1,536 × 576) Q4_1 weight faster (the best of ``rounds`` alternated calls each),
+    measured once per process on this machine, never a constant from another. ``{"threads": n, "us": {...}}``."""
+    import time
+
+    fused = fused_kernels()
+    import numba
+
+    many = numba.get_num_threads()
+    rng = np.random.default_rng(0)
+    rows, d_in = 1536, 576
+    block, nbytes = quant_sizes("Q4_1")
+    raw = rng.integers(0, 256, (rows, d_in // block * nbytes), dtype=np.uint8)
+    halves = raw.reshape(rows, d_in // block, nbytes)[..., :4].view(np.float16)
+    halves[...] = rng.uniform(-0.01, 0.01, halves.shape).astype(np.float16)   # finite scales and minima
+    w = QuantizedMatrix(raw, "Q4_1", d_in)
+    x = np.ones((1, d_in), np.float32)
+    out = np.empty((1, rows), np.float32)
+    best = {1: np.inf, many: np.inf}
+    for n in best:
+        fused.matvec("Q4_1", w.qs, w.d, w.m, x, out, n)                        # compiled / loaded first
+    for _ in range(rounds):
+        for n in best:
+            t0 = time.perf_counter()
+            fused.matvec("Q4_1", w.qs, w.d, w.m, x, out, n)
+            best[n] = min(best[n], time.perf_counter() - t0)
+    threads = min(best, key=best.get)
+    return {"threads": threads, "us": {n: 1e6 * t for n, t in best.items()}}
 
 
 def has_kernel() -> bool:
