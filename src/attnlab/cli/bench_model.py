@@ -212,7 +212,8 @@ def run_model_bench(name: str = "smollm2", *, rounds: int = 11, cores: int | Non
     f32 = smollm2_file_model(path, quantized=False)
     q = smollm2_file_model(path, quantized=True)
     out = {"machine": bench.machine_info(), "model": name, "file": str(path), "rounds": rounds,
-           "quantized_kernel": quantized.has_kernel()}
+           "quantized_kernel": quantized.has_kernel(),
+           "quantized_threads": quantized.kernel_threads() if quantized.has_kernel() else None}
     with bench.on_cores(cores):
         threads = cores or usable_cores()
         say("decode float32 against the streaming bound")
@@ -252,7 +253,9 @@ def model_table(r: dict) -> list[str]:
              f"{f['stream_gb_s']:.1f} GB/s)   ratio {f['ratio_to_bound']:.2f}x [{f['ratio_min']:.2f}-{f['ratio_max']:.2f}]",
              f"decode quantized  {q['ms_per_token']:8.1f} ms/token   {q['weight_mb']:.0f} MB of weights   "
              f"{q['ratio']:.2f}x float32 [{q['ratio_min']:.2f}-{q['ratio_max']:.2f}]"
-             + ("" if r["quantized_kernel"] else "   (no numba: float32 weights)"),
+             + ("" if r["quantized_kernel"] else "   (no numba: float32 weights)")
+             + ("" if not r["quantized_threads"] else f"   on {r['quantized_threads']['threads']} thread(s), measured "
+                f"faster here"),
              f"calls per decode step: {f['calls']['per_layer']:.0f} numpy/numba per layer float32, {c['per_layer']:.0f} "
              f"quantized ({c['numpy_numba']} in the step; cProfile, operators not counted)",
              f"prefill {p['tokens']} tokens  {p['float32_ms']:.0f} ms float32, {p['quantized_ms']:.0f} ms quantized"]
