@@ -27,21 +27,27 @@ STREAM_BYTES = 256 * 2**20        # the streaming probe's matrix: 256 MiB, 8× a
 SMOLLM2_SHAPE = dict(n_layers=30, d_model=576, n_heads=9, n_kv_heads=3, d_head=64, d_mlp=1536, vocab_size=49152)
 
 
-def smollm2_shaped(*, rng: np.random.Generator, n_layers: int = SMOLLM2_SHAPE["n_layers"],
-                   n_heads: int = SMOLLM2_SHAPE["n_heads"], n_kv_heads: int = SMOLLM2_SHAPE["n_kv_heads"]):
-    """A random float32 Llama of SmolLM2-135M's sizes (tied embeddings, RoPE θ 100,000, SiLU gated MLP)."""
+def smollm2_config(*, n_layers: int = SMOLLM2_SHAPE["n_layers"], n_heads: int = SMOLLM2_SHAPE["n_heads"],
+                   n_kv_heads: int = SMOLLM2_SHAPE["n_kv_heads"]):
+    """A Llama config of SmolLM2-135M's sizes (tied embeddings, RoPE θ 100,000, SiLU gated MLP)."""
     from ..layer.config import AttentionConfig
     from ..layer.positions import RoPE
     from ..stack.layers import RMSNorm
-    from ..stack.transformer import ModelConfig, Transformer
+    from ..stack.transformer import ModelConfig
 
     s = SMOLLM2_SHAPE
     att = AttentionConfig(d_model=s["d_model"], n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=s["d_head"],
                           n_ctx=8192, positions=RoPE(100000.0))
-    cfg = ModelConfig(vocab_size=s["vocab_size"], n_layers=n_layers, attention=att, d_mlp=s["d_mlp"],
-                      activation="silu", mlp="gated", norm=RMSNorm, norm_eps=1e-5, tied_embeddings=True,
-                      family="llama")
-    return Transformer.init(cfg, rng=rng)
+    return ModelConfig(vocab_size=s["vocab_size"], n_layers=n_layers, attention=att, d_mlp=s["d_mlp"],
+                       activation="silu", mlp="gated", norm=RMSNorm, norm_eps=1e-5, tied_embeddings=True,
+                       family="llama")
+
+
+def smollm2_shaped(*, rng: np.random.Generator, **sizes):
+    """A random float32 Llama of SmolLM2-135M's sizes (``sizes``: n_layers, n_heads, n_kv_heads)."""
+    from ..stack.transformer import Transformer
+
+    return Transformer.init(smollm2_config(**sizes), rng=rng)
 
 
 def weight_bytes(model) -> int:
@@ -128,14 +134,17 @@ def smollm2_file_model(path, *, quantized: bool):
     import gguf
     from gguf.quants import dequantize
 
-    from ..kernels.quantized import KERNEL_TYPES, QuantizedRows, weight_from_gguf
+    from ..kernels.quantized import KERNEL_TYPES, weight_from_gguf
+    from ..layer.multihead import MultiHeadAttention
+    from ..stack.layers import GatedMLP, RMSNorm
+    from ..stack.transformer import Transformer
 
-    model = smollm2_shaped(rng=np.random.default_rng(0), n_layers=SMOLLM2_SHAPE["n_layers"])
+    cfg = smollm2_config()
     reader = gguf.GGUFReader(str(path))
     tensors = {t.name: t for t in reader.tensors}
 
     def matrix(name: str, *, rows: bool = False):
-        t = tensors[name]
+        t = tensors[f"{name}.weight"]
         d_in, qtype = int(t.shape[0]), t.tensor_type.name
         if quantized and qtype in KERNEL_TYPES:
             w = weight_from_gguf(np.asarray(t.data), qtype, d_in, rows=True)       # (d_out, d_in)
@@ -143,26 +152,21 @@ def smollm2_file_model(path, *, quantized: bool):
         w = dequantize(np.asarray(t.data), t.tensor_type).reshape(-1, d_in)         # (d_out, d_in)
         return w if rows else np.ascontiguousarray(w.T)
 
-    return _with_weights(model, matrix, tensors)
+    def norm(name: str) -> RMSNorm:
+        return RMSNorm(np.array(tensors[f"{name}.weight"].data, np.float32), cfg.norm_eps)
 
-
-def _with_weights(model, matrix, tensors):
-    import dataclasses
-
-    from ..stack.transformer import Transformer
-
-    names = {"attn": {"W_Q": "attn_q", "W_K": "attn_k", "W_V": "attn_v", "W_O": "attn_output"},
-             "mlp": {"W_gate": "ffn_gate", "W_in": "ffn_up", "W_out": "ffn_down"}}
-    norm = lambda b, name: dataclasses.replace(b, weight=np.asarray(tensors[name].data, np.float32))   # noqa: E731
+    a = cfg.attention
+    zeros = lambda n: np.zeros(n, np.float32)                                       # noqa: E731
     blocks = []
-    for i, b in enumerate(model.blocks):
-        new = {part: dataclasses.replace(getattr(b, part), **{k: matrix(f"blk.{i}.{v}.weight") for k, v in m.items()})
-               for part, m in names.items()}
-        blocks.append(dataclasses.replace(b, ln_1=norm(b.ln_1, f"blk.{i}.attn_norm.weight"),
-                                          ln_2=norm(b.ln_2, f"blk.{i}.ffn_norm.weight"), **new))
-    return Transformer(config=model.config, W_E=matrix("token_embd.weight", rows=True), blocks=blocks,
-                       ln_final=norm(model.ln_final, "output_norm.weight"), name="smollm2")
-
+    for i in range(cfg.n_layers):
+        p = f"blk.{i}."
+        attn = MultiHeadAttention(*(matrix(p + n) for n in ("attn_q", "attn_k", "attn_v", "attn_output")),
+                                  zeros(a.n_heads * a.d_head), zeros(a.n_kv_heads * a.d_head),
+                                  zeros(a.n_kv_heads * a.d_head), zeros(a.d_model), config=a)
+        mlp = GatedMLP(*(matrix(p + n) for n in ("ffn_gate", "ffn_up", "ffn_down")), cfg.activation)
+        blocks.append(cfg.block(attn=attn, ln_1=norm(p + "attn_norm"), mlp=mlp, ln_2=norm(p + "ffn_norm")))
+    return Transformer(config=cfg, W_E=matrix("token_embd", rows=True), blocks=blocks,
+                       ln_final=norm("output_norm"), name="smollm2")
 
 MODELS = ("smollm2",)
 PREFILL_TOKENS = 512
