@@ -223,8 +223,13 @@ class QuantizedRows:
         ids = np.asarray(ids)
         if ids.dtype.kind not in "iu":
             raise TypeError(f"a quantized table is indexed by integer ids, got dtype {ids.dtype}")
-        (raw,) = self.matrix.raws                                           # one tensor's rows, as the file has them
-        rows = dequantize_rows(raw[ids.ravel()], self.qtype)                  # (n, d)
+        flat = ids.ravel()
+        m, fused = self.matrix, fused_kernels()
+        if fused is None:
+            rows = dequantize_rows(np.concatenate(m.raws)[flat], self.qtype)   # (n, d) by gguf.quants
+        else:                                                              # from the kept planes, so the file's
+            rows = np.empty((flat.size, m.d_in), np.float32)                # pages need not stay resident
+            fused.dequantize(self.qtype, m.qs[flat], m.d[flat], m.m[flat], rows)   # (n, d) the same values
         return rows.reshape(*ids.shape, self.shape[1])                       # (..., d)
 
     def __array__(self, dtype=None, copy=None):
