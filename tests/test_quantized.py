@@ -221,3 +221,40 @@ def test_parallel_and_serial_rows_give_the_same_product(tmp_path, rng, numba_on,
     np.testing.assert_array_equal(serial, parallel)
     choice = kernel_threads()
     assert choice["threads"] in choice["us"] and choice["us"][choice["threads"]] == min(choice["us"].values())
+
+
+@pytest.mark.parametrize("qtype, tied", [("Q4_0", True), ("Q4_1", False), ("Q8_0", True)])
+def test_load_model_quantized_equals_the_float32_load(tmp_path, numba_on, qtype, tied):
+    """A tiny llama GGUF (tests/test_gguf.py's writer) loaded both ways: every weight of the type stays
+    quantized, and the logits of a prefill and of decode steps equal the float32 load's within 1e-5."""
+    pytest.importorskip("tokenizers")
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("_test_gguf", Path(__file__).with_name("test_gguf.py"))
+    module = importlib.util.module_from_spec(spec)        # the tests are not a package: their writer by path
+    spec.loader.exec_module(module)
+    write_gguf = module.write_gguf
+    from attnlab.models import load_model
+    from attnlab.stack.transformer import forward, new_caches
+
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, qtype=GGMLQuantizationType[qtype], tied=tied)
+    quant, _ = load_model(str(path), quantized=True)
+    exact, _ = load_model(str(path))
+    assert isinstance(quant.blocks[1].mlp.W_out, QuantizedMatrix) and isinstance(exact.blocks[1].mlp.W_out, np.ndarray)
+    ids = np.arange(1, 40) * 7 % 264
+    assert rel_err(forward(quant, ids).logits, forward(exact, ids).logits) < 1e-5
+    cq, ce = new_caches(quant, 48), new_caches(exact, 48)
+    forward(quant, ids, caches=cq), forward(exact, ids, caches=ce)
+    for t in (5, 77, 200):
+        assert rel_err(forward(quant, [t], caches=cq).logits, forward(exact, [t], caches=ce).logits) < 1e-5
+
+
+def test_quantized_is_for_gguf_sources_only():
+    from attnlab.models import load_model
+
+    with pytest.raises(ValueError, match="quantized=True keeps a GGUF file's blocks"):
+        load_model("minilm", quantized=True)
+    with pytest.raises(TypeError, match="quantized must be True or False"):
+        load_model("smollm2", quantized="yes")
