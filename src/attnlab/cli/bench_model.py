@@ -127,46 +127,11 @@ def decode_row(model, *, rounds: int, context: int = 64) -> dict:
 
 
 def smollm2_file_model(path, *, quantized: bool):
-    """SmolLM2's GGUF file on the stack, read here with ``gguf.GGUFReader`` (the benchmark's own reader, until
-    ``load_model("smollm2", quantized=...)`` is there): quantized tensors kept in their type
-    (:func:`attnlab.kernels.quantized.weight_from_gguf`) or dequantized to float32. Shapes from SmolLM2's sizes;
-    llama.cpp's q/k rows are already in RoPE pairs."""
-    import gguf
-    from gguf.quants import dequantize
+    """SmolLM2's GGUF file on the stack (:func:`attnlab.models.load_network`), its Q4_1/Q8_0 weights kept in
+    their type or dequantized to float32."""
+    from ..models import load_network
 
-    from ..kernels.quantized import KERNEL_TYPES, weight_from_gguf
-    from ..layer.multihead import MultiHeadAttention
-    from ..stack.layers import GatedMLP, RMSNorm
-    from ..stack.transformer import Transformer
-
-    cfg = smollm2_config()
-    reader = gguf.GGUFReader(str(path))
-    tensors = {t.name: t for t in reader.tensors}
-
-    def matrix(name: str, *, rows: bool = False):
-        t = tensors[f"{name}.weight"]
-        d_in, qtype = int(t.shape[0]), t.tensor_type.name
-        if quantized and qtype in KERNEL_TYPES:
-            w = weight_from_gguf(np.asarray(t.data), qtype, d_in, rows=True)       # (d_out, d_in)
-            return w if rows else w.T
-        w = dequantize(np.asarray(t.data), t.tensor_type).reshape(-1, d_in)         # (d_out, d_in)
-        return w if rows else np.ascontiguousarray(w.T)
-
-    def norm(name: str) -> RMSNorm:
-        return RMSNorm(np.array(tensors[f"{name}.weight"].data, np.float32), cfg.norm_eps)
-
-    a = cfg.attention
-    zeros = lambda n: np.zeros(n, np.float32)                                       # noqa: E731
-    blocks = []
-    for i in range(cfg.n_layers):
-        p = f"blk.{i}."
-        attn = MultiHeadAttention(*(matrix(p + n) for n in ("attn_q", "attn_k", "attn_v", "attn_output")),
-                                  zeros(a.n_heads * a.d_head), zeros(a.n_kv_heads * a.d_head),
-                                  zeros(a.n_kv_heads * a.d_head), zeros(a.d_model), config=a)
-        mlp = GatedMLP(*(matrix(p + n) for n in ("ffn_gate", "ffn_up", "ffn_down")), cfg.activation)
-        blocks.append(cfg.block(attn=attn, ln_1=norm(p + "attn_norm"), mlp=mlp, ln_2=norm(p + "ffn_norm")))
-    return Transformer(config=cfg, W_E=matrix("token_embd", rows=True), blocks=blocks,
-                       ln_final=norm("output_norm"), name="smollm2")
+    return load_network(str(path), quantized=quantized)
 
 MODELS = ("smollm2",)
 PREFILL_TOKENS = 512
