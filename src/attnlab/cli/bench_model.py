@@ -180,10 +180,11 @@ def run_model_bench(name: str = "smollm2", *, rounds: int = 11, cores: int | Non
     say("loading SmolLM2 (float32 and quantized)")
     f32 = smollm2_file_model(path, quantized=False)
     q = smollm2_file_model(path, quantized=True)
-    out = {"machine": bench.machine_info(), "model": name, "file": str(path), "rounds": rounds,
+    out = {"model": name, "file": str(path), "rounds": rounds,
            "quantized_kernel": quantized.has_kernel(),
            "quantized_threads": quantized.kernel_threads() if quantized.has_kernel() else None}
     with bench.on_cores(cores):
+        out["machine"] = bench.machine_info()          # inside: the BLAS threads the rows run with
         threads = cores or usable_cores()
         say("decode float32 against the streaming bound")
         out["decode_float32"] = decode_row(f32, rounds=rounds)
