@@ -433,8 +433,56 @@ def section_what_heads_do(ctx: TourContext) -> Section:
     return what_heads_do(ctx, Section, Figure)
 
 
+def _value_sentence(r: dict, tokens) -> str:
+    """How many tokens the head barely looks at matter more, by their value, than the most-attended one."""
+    at, removed, w = r["most_attended"], r["value_removed"], r["weight"]
+    more = [tokens[j] for j in range(len(tokens)) if w[j] < w[at] and abs(removed[j]) > abs(removed[at])]
+    if not more:
+        return "Removing its value from the head still changes the prediction most."
+    return (f"Removing its value from the head changes the prediction less ({abs(removed[at]):.1e}) than removing "
+            f"that of {len(more)} token{'s' * (len(more) > 1)} the head barely looks at ({', '.join(more)}): the "
+            "weight parked on it is close to a no-op.")
+
+
+def section_weights(ctx: TourContext) -> Section:
+    from ..viz.charts import save_token_bars
+    from .weights import TEXT, explain_weights, explain_weights_text
+    title = "What attention is, and isn't"
+    try:
+        model = ctx.minilm()
+    except FileNotFoundError as e:
+        return Section(title, f"(skipped: {e})", {"skipped": str(e)}, id="weights")
+    r = explain_weights(*model, TEXT, name="minilm")
+    tokens, at, imp = r["tokens"], r["most_attended"], r["most_important"]
+    save_token_bars(ctx.out / "weights_vs_importance.png", tokens,
+                    [(f"layer {r['layer']}, head {r['head']}: attention weight on each token (mean over queries)",
+                      r["weight"]),
+                     ("its share of the head's output, ‖a·v‖ / ‖z‖", r["value_in_head"]),
+                     ("leave the token out: the sentence vector's change, 1 − cosine", r["left_out"])],
+                    title="all-MiniLM-L6-v2: where a head looks is not what matters")
+    return Section(title, explain_weights_text(r), r,
+                   (Figure("weights_vs_importance.png", "one head's weights, its output's make-up, and each "
+                           "token's importance for the sentence vector"),), id="weights", prose=(
+        "A grid of weights is easy to read as the model's reasoning. Set beside what each token does, it is not. "
+        f"In MiniLM's layer {r['layer']}, head {r['head']}, {tokens[at]} gets {r['weight'][at]:.3f} of the weight, "
+        f"yet leaving it out moves the sentence vector by {r['left_out'][at]:.4f} (1 − cosine), while leaving "
+        f"out “{tokens[imp]}”, which gets {r['weight'][imp]:.3f}, moves it by {r['left_out'][imp]:.4f}.",
+        f"Inside the head, too, {tokens[at]}'s value is short: it makes up {r['value_in_head'][at]:.3f} of the "
+        f"head's output. {_value_sentence(r, tokens)} Attention studies found "
+        "quite different weights leading to the same output (Jain & Wallace, 2019), and argued the weights "
+        "still carry some information, depending on what you ask of an explanation (Wiegreffe & Pinter, 2019).",
+        "Treat a grid as a hint about one step."),
+        commands=("attnlab explain-weights", "attnlab explain-weights --layer 0 --head 2",
+                  "attnlab explain-weights '|abcdeabcd' --model induction"),
+        exercises=(("Find a head where the most-attended token is also the most important one.",
+                    "The induction model's head: `attnlab explain-weights '|abcdeabcd' --model induction` (layer "
+                    "1, head 1). There the weight points at the token it copies, and leaving that token out "
+                    "costs the prediction most. The grid was right, but only the measurement says so."),))
+
+
 SECTIONS = [section_floors, section_lookup, section_shapes, section_scale, section_mask, section_explain,
-            section_heads, section_order, section_cost, section_trained, section_context, section_what_heads_do]
+            section_heads, section_order, section_cost, section_trained, section_context, section_what_heads_do,
+            section_weights]
 
 
 def prepare_out(out) -> Path:
