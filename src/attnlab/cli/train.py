@@ -56,8 +56,9 @@ def register(sub) -> None:
     p.add_argument("--out", metavar="DIR", help="save the checkpoint here (every --save-every steps and at the end)")
     p.add_argument("--save-every", type=int, default=100, help="steps between checkpoints (default 100)")
     p.add_argument("--resume", action="store_true", help="go on from the checkpoint in --out to --steps in "
-                   "all (same configuration and vocabulary required): Adam's moments, the step and the random "
-                   "generator are restored, so the run ends bit for bit where an uninterrupted one ends")
+                   "all (same configuration, vocabulary, --lr, --batch, --weight-decay and --schedule required, and "
+                   "under the cosine schedule the same --steps, which lays it out): Adam's moments, the step and the "
+                   "random generator are restored, so the run ends bit for bit where an uninterrupted one ends")
     add_json_flag(p)
     p.set_defaults(func=cmd_train)
 
@@ -92,8 +93,7 @@ def cmd_train(args) -> int:
     for name, value in TEXT_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    from ..lm.checkpoint import load_checkpoint, save_checkpoint
-    from ..lm.resume import load_training_state, save_training_state
+    from ..lm.resume import load_training_run, save_training_run
     from ..lm.compare import ALPHA, loss_beside_counts
     from ..lm.model import lm_config
     from ..layer.positions import POSITION_SCHEMES
@@ -116,9 +116,11 @@ def cmd_train(args) -> int:
     if args.out and not args.resume:
         Path(args.out).mkdir(parents=True, exist_ok=True)       # an unwritable --out fails now, not at step 100
     rng, state, start = np.random.default_rng(args.seed), None, 0
+    run = {"steps": args.steps, "schedule": args.schedule, "lr": args.lr, "batch": args.batch,
+           "weight_decay": args.weight_decay}
     if args.resume:
-        model, _ = load_checkpoint(args.out, config=config, vocab=data.vocab)
-        state, rng, _ = load_training_state(args.out, model.params())
+        model, _, state, rng, extra = load_training_run(args.out, config=config, vocab=data.vocab)
+        check_same_run(extra.get("run"), run, args.out)
         start = state.t
         if start >= args.steps:
             raise ValueError(f"the checkpoint in {args.out} has already taken {start} steps; --steps {args.steps} "
@@ -132,11 +134,10 @@ def cmd_train(args) -> int:
                            schedule=schedule, state=state, start=start)
 
     def save():
-        save_checkpoint(model, data.vocab, args.out)
-        save_training_state(args.out, state, rng)
+        save_training_run(args.out, model, data.vocab, state, rng, {"run": run})
 
     with one_blas_thread():
-        losses = run_with_progress(steps, args.steps - start, save=save if args.out else None,
+        losses = run_with_progress(steps, start, args.steps, save=save if args.out else None,
                                    save_every=args.save_every)
         figures = loss_beside_counts(model, data.vocab, data.train, data.heldout, max_k=FLOOR_MAX_K,
                                      ks=BASELINE_KS)
@@ -162,21 +163,39 @@ def cmd_train(args) -> int:
     return 0
 
 
-def run_with_progress(steps, total: int, *, save, save_every: int) -> list[float]:
-    """Drive the training generator with a rich progress bar on stderr (loss, tokens/s); save as asked."""
+def check_same_run(saved: dict | None, asked: dict, out) -> None:
+    """A resumed run must be the run that was saved: the same optimiser settings and schedule, and under the
+    cosine schedule the same ``--steps`` (the schedule's length), or it could not end where that run ends."""
+    if saved is None:
+        raise ValueError(f"the checkpoint in {out} does not record how it was trained (--steps, --schedule, --lr); "
+                         "start a new run")
+    differ = [k for k in ("schedule", "lr", "batch", "weight_decay") if saved.get(k) != asked[k]]
+    if differ:
+        raise ValueError(f"the checkpoint in {out} was trained with other settings: " + "; ".join(
+            f"--{k.replace('_', '-')} {saved.get(k)} then, {asked[k]} now" for k in differ) + "; resume with the same")
+    if saved["schedule"] == "cosine" and saved.get("steps") != asked["steps"]:
+        raise ValueError(f"the checkpoint in {out} follows a cosine schedule laid out over --steps {saved.get('steps')}"
+                         f"; --steps {asked['steps']} would change the rate of every step, so the run could not end "
+                         f"where an uninterrupted one ends. Resume with --steps {saved.get('steps')}, or train with "
+                         "--schedule constant to extend a run")
+
+
+def run_with_progress(steps, start: int, last: int, *, save, save_every: int) -> list[float]:
+    """Drive the training generator (steps ``start + 1 … last``) with a rich progress bar on stderr (loss,
+    tokens/s); save every ``save_every`` steps and after the last."""
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
     losses, tokens, t0 = [], 0, time.perf_counter()
     columns = (TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("minibatch loss {task.fields[loss]}"),
                TextColumn("{task.fields[rate]} tokens/s"), TimeRemainingColumn())
     with stderr_progress(*columns) as bar:
-        task = bar.add_task("train", total=total, loss="-", rate="-")
+        task = bar.add_task("train", total=last - start, loss="-", rate="-")
         for s in steps:
             losses.append(s.loss)
             tokens += s.tokens
             rate = tokens / max(time.perf_counter() - t0, 1e-9)
             bar.update(task, advance=1, loss=f"{s.loss:.3f}", rate=f"{rate:,.0f}")
-            if save is not None and (s.step % save_every == 0 or s.step == total):
+            if save is not None and (s.step % save_every == 0 or s.step == last):
                 save()
     return losses
 
