@@ -475,9 +475,23 @@ def section_weights(ctx: TourContext) -> Section:
         commands=("attnlab explain-weights", "attnlab explain-weights --layer 0 --head 2",
                   "attnlab explain-weights '|abcdeabcd' --model induction"),
         exercises=(("Find a head where the most-attended token is also the most important one.",
-                    "The induction model's head: `attnlab explain-weights '|abcdeabcd' --model induction` (layer "
-                    "1, head 1). There the weight points at the token it copies, and leaving that token out "
-                    "costs the prediction most. The grid was right, but only the measurement says so."),))
+                    _agreeing_head_answer()),))
+
+
+def _agreeing_head_answer() -> str:
+    """The exercise's answer, measured: the shipped induction model's head on a repeated sequence."""
+    from ..interpret.trained import load_induction_model
+    from ..interpret.trained import INDUCTION_CONFIG
+    from .weights import explain_weights
+    text = "|abcdeabcd"
+    r = explain_weights(load_induction_model(), INDUCTION_CONFIG.task.vocab(), text, name="induction")
+    tokens, at, imp = r["tokens"], r["most_attended"], r["most_important"]
+    same = "is also" if at == imp else "is not"
+    return (f"`attnlab explain-weights '{text}' --model induction` takes layer {r['layer']}, head {r['head']}: at "
+            f"the last “{tokens[-1]}” it gives {r['weight'][at]:.3f} of its weight to “{tokens[at]}”, the token "
+            f"it copies, which {same} the one whose leaving out costs the prediction most "
+            f"({r['left_out'][imp]:.2f} nats for “{tokens[imp]}”). The grid was right here, but only the "
+            "measurement says so.")
 
 
 SECTIONS = [section_floors, section_lookup, section_shapes, section_scale, section_mask, section_explain,
