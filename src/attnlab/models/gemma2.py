@@ -87,7 +87,7 @@ def gemma2_from_tensors(tensors: Tensors, cfg: ModelConfig) -> Transformer:
                                 for n, w in (("q", width), ("k", width_kv), ("v", width_kv))),
                               t.linear(f"{p}.self_attn.o_proj", width, d), cfg.layer_attention(i))
         return SandwichBlock(attn=attn, ln_1=norm(f"{p}.input_layernorm"),
-                             ln_1_post=norm(f"{p}.post_attention_layernorm"), mlp=gated_mlp(t, f"{p}.mlp", cfg),
+                             ln_1_post=norm(f"{p}.post_attention_layernorm"), mlp=gated_mlp(t, cfg, *(f"{p}.mlp.{n}_proj" for n in ("gate", "up", "down"))),
                              ln_2=norm(f"{p}.pre_feedforward_layernorm"),
                              ln_2_post=norm(f"{p}.post_feedforward_layernorm"))
 
