@@ -159,8 +159,10 @@ def test_bad_input(rng):
                     b_U=model.b_U)
     gpt_like = Transformer.init(ModelConfig(vocab_size=5, n_layers=1, attention=AttentionConfig(d_model=8, n_heads=2),
                                             d_mlp=16), rng=rng)
-    with pytest.raises(ValueError, match="loss_and_grad trains attention-only decoders .* this model has an MLP"):
-        loss_and_grad(gpt_like, np.zeros((1, 3), int), np.zeros((1, 3), int))
+    with pytest.raises(ValueError, match=r"grad_names has \['blocks.0.attn.hook_pattern'\], which the backward"):
+        loss_and_grad(gpt_like, np.zeros((1, 3), int), np.zeros((1, 3), int), grad_names=["blocks.0.attn.hook_pattern"])
+    with pytest.raises(ValueError, match=r"targets are all -100 \(not scored\)"):
+        loss_and_grad(gpt_like, np.zeros((1, 3), int), np.full((1, 3), -100))
     with pytest.raises(ValueError, match="heldout fraction must be a number in"):
         split_heldout(np.arange(10), 1.0)
     with pytest.raises(ValueError, match="'z' is not in the vocabulary"):

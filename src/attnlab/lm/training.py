@@ -11,7 +11,7 @@ import numpy as np
 
 from ..kernels._checks import as_finite_float, as_positive_float, as_positive_int, as_token_ids, check_rng
 from ..stack.transformer import Transformer
-from .model import check_trainable, loss, loss_and_grad
+from .model import check_model, loss, loss_and_grad
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ def training_steps(model: Transformer, ids, *, steps: int, batch_size: int, rng:
     leaves a model that is whole after its last completed step. The arguments are checked here, before
     the first step.
     """
-    check_trainable(model)
+    check_model(model)
     ids = as_token_ids("ids", ids, model.config.vocab_size)
     batch_size = as_positive_int("batch_size", batch_size)
     check_text_length(ids, model.config.n_ctx)
@@ -167,7 +167,7 @@ def steps_on(model: Transformer, sample, *, steps: int, rng: np.random.Generator
     Yields a :class:`Step` after each update of steps ``start + 1 … steps``; ``state`` (Adam's moments and
     step count) carries over from an earlier run, else starts at zero.
     """
-    check_trainable(model)
+    check_model(model)
     steps = as_positive_int("steps", steps)
     check_rng(rng)
     if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= steps:
