@@ -27,7 +27,7 @@ def by_hand(model, ids):
     c, a = model.config, model.config.attention
     n, g = len(ids), a.n_heads // a.n_kv_heads
     x = model.W_E[ids] + (model.W_P[:n] if model.W_P is not None else 0)
-    acts = {}
+    acts = {"hook_embed": model.W_E[ids]} | ({"hook_pos_embed": model.W_P[:n]} if model.W_P is not None else {})
     for i, block in enumerate(model.blocks):
         p = block.attn
         acts[f"blocks.{i}.hook_resid_pre"] = x
@@ -49,7 +49,10 @@ def by_hand(model, ids):
         out = z.transpose(1, 0, 2).reshape(n, -1) @ p.W_O + p.b_O
         acts.update({f"blocks.{i}.attn.hook_q": q, f"blocks.{i}.attn.hook_k": k, f"blocks.{i}.attn.hook_v": v,
                      f"blocks.{i}.attn.hook_scores": scores, f"blocks.{i}.attn.hook_pattern": pattern,
-                     f"blocks.{i}.attn.hook_z": z, f"blocks.{i}.hook_attn_out": out})
+                     f"blocks.{i}.attn.hook_z": z,
+                     f"blocks.{i}.attn.hook_result": np.stack([z[h] @ p.W_O[h * a.d_head:(h + 1) * a.d_head]
+                                                               for h in range(a.n_heads)]),
+                     f"blocks.{i}.hook_attn_out": out})
         x = x + out
         acts[f"blocks.{i}.hook_resid_post"] = x
     return x @ model.W_U + model.b_U, acts

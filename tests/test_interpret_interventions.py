@@ -103,9 +103,10 @@ def test_the_lens_last_stage_is_the_model_and_the_first_the_embedding(lm, rng):
 def test_encoders_are_refused(rng):
     from attnlab.layer.config import AttentionConfig
     from attnlab.stack.layers import LayerNorm
+    from attnlab.stack.blocks import PostNormBlock
     from attnlab.stack.transformer import ModelConfig
     cfg = ModelConfig(vocab_size=7, n_layers=1, attention=AttentionConfig(d_model=8, n_heads=2, n_ctx=8),
-                      d_mlp=16, norm=LayerNorm, pre_norm=False, is_causal=False, has_logits=False, family="bert")
+                      d_mlp=16, norm=LayerNorm, block=PostNormBlock, is_causal=False, has_logits=False, family="bert")
     enc = Transformer.init(cfg, rng=rng)
     for call in (lambda: ablate(enc, [1, 2, 3]), lambda: patch(enc, [1, 2], [2, 1], answer=1, wrong=2),
                  lambda: logit_lens(enc, [1, 2])):

@@ -27,7 +27,8 @@ from .layer.multihead import (MultiHeadAttention, merge_heads, multihead_attenti
 from .layer.positions import (ALiBi, Learned, RoPE, Sinusoidal, alibi_bias, alibi_slopes, learned_positions, rope,
                         sinusoidal_positions)
 from .kernels.softmax import softmax
-from .stack.transformer import Block, ModelConfig, ModelOutput, Transformer, forward, generate, new_caches
+from .stack.blocks import BLOCKS, ParallelBlock, PostNormBlock, PreNormBlock, SandwichBlock
+from .stack.transformer import ModelConfig, ModelOutput, Transformer, forward, generate, new_caches
 from .viz.summary import HeadSummary, summarize_heads
 from .kernels.tiled import attention_weights_rows, tiled_attention, tiled_attention_grad
 
@@ -37,7 +38,7 @@ __all__ = [
     "ALiBi",
     "AttentionConfig",
     "AttentionMap",
-    "Block",
+    "BLOCKS",
     "GPT2_SMALL",
     "HeadSummary",
     "KVCache",
@@ -45,7 +46,11 @@ __all__ = [
     "ModelConfig",
     "ModelOutput",
     "MultiHeadAttention",
+    "ParallelBlock",
+    "PostNormBlock",
+    "PreNormBlock",
     "RoPE",
+    "SandwichBlock",
     "Sinusoidal",
     "Transformer",
     "additive_mask",

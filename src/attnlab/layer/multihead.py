@@ -16,6 +16,7 @@ from ..kernels._checks import as_float_array, as_positive_int, check_attention_a
 from ..kernels.attention import Saved, attention, attention_backward, attention_forward
 from .cache import KVCache
 from .config import AttentionConfig
+from .hookpoints import NO_HOOKS, KeepPattern
 from ..kernels.naive import naive_scores
 from ..kernels.softmax import softmax
 
@@ -97,6 +98,10 @@ class MultiHeadAttention:
         """Every number in the layer: four matrices and four biases."""
         return sum(getattr(self, n).size for n in PARAMS)
 
+    def params(self) -> dict[str, np.ndarray]:
+        """The eight arrays by name (the arrays themselves, not copies)."""
+        return {n: getattr(self, n) for n in PARAMS}
+
     def new_cache(self, capacity: int, *, batch_shape: tuple = ()) -> KVCache:
         """An empty KV cache for this layer, with room for ``capacity`` tokens of its n_kv_heads heads."""
         return KVCache.empty(self.config.n_kv_heads, capacity, self.config.d_head,
@@ -113,6 +118,8 @@ class MultiHeadAttention:
 
 
 PARAMS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
+HOOKS = ("hook_q", "hook_k", "hook_v", "hook_scores", "hook_pattern", "hook_z", "hook_result")   # in pass order
+MultiHeadAttention.HOOKS = HOOKS
 
 
 def param_shapes(c: AttentionConfig) -> dict[str, tuple]:
@@ -161,7 +168,8 @@ def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_ca
     ValueError, TypeError
         When ``x`` is not (..., n, d_model), and as :func:`attnlab.kernels.attention` or :meth:`KVCache.append` do.
     """
-    return _multihead(p, x, mask=mask, bias=bias, is_causal=is_causal, cache=cache, hook=hook, weights=False)[0]
+    return _multihead(p, x, mask=mask, bias=bias, is_causal=is_causal, cache=cache,
+                      hook=NO_HOOKS if hook is None else hook)
 
 
 def multihead_attention_with_weights(p: MultiHeadAttention, x, *, mask=None, bias=None, is_causal=False,
@@ -187,25 +195,24 @@ def multihead_attention_with_weights(p: MultiHeadAttention, x, *, mask=None, bia
     ValueError, TypeError
         As :func:`multihead_attention` does.
     """
-    return _multihead(p, x, mask=mask, bias=bias, is_causal=is_causal, cache=cache, hook=hook, weights=True)
+    keep = KeepPattern(NO_HOOKS if hook is None else hook)    # the weights come through the hook_pattern point
+    y = _multihead(p, x, mask=mask, bias=bias, is_causal=is_causal, cache=cache, hook=keep)
+    return y, keep.pattern.astype(y.dtype, copy=False)
 
 
-def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook, weights: bool):
-    """The forward of both: ``(y, weights)``, the weights (..., h, n, n_k) only when ``weights`` (else None)."""
+def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook):
+    """The forward: y (..., n, d_model), calling ``hook`` at each of its points."""
     x = _check_x(p, x)
     start = 0 if cache is None else cache.length
     q, k, v = _project(p, x, start=start)            # (..., h, n, d_head), (..., h_kv, n, d_head) × 2
-    if hook is not None:
-        q, k, v = hook("hook_q", q), hook("hook_k", k), hook("hook_v", v)
+    q, k, v = hook("hook_q", q), hook("hook_k", k), hook("hook_v", v)
     if cache is not None:
         k, v = cache.append(k, v)                    # (..., h_kv, n_k, d_head) each: every token so far
     try:
         opts = dict(mask=mask, bias=_bias(p, bias, q.shape[-2], k.shape[-2], q.dtype), is_causal=is_causal,
                     window=p.config.window)
-        a = None                                     # (..., h, n, n_k) once the grid is built
-        grid = weights or (hook is not None and (hook.wants("hook_scores") or hook.wants("hook_pattern")))
-        if grid:
-            heads, a = _attention_on_the_grid(q, k, v, opts, hook, finite=cache is None)   # (..., h, n, d_head)
+        if hook.wants("hook_scores") or hook.wants("hook_pattern"):
+            heads = _attention_on_the_grid(q, k, v, opts, hook, finite=cache is None)   # (..., h, n, d_head)
         elif cache is None:
             heads = attention(q, k, v, **opts)       # (..., h, n, d_head)
         else:
@@ -215,24 +222,33 @@ def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook, 
         if cache is not None:
             cache.length = start                     # a failed step leaves the cache as it was
         raise
-    if hook is not None:
-        heads = hook("hook_z", heads)                # (..., h, n, d_head) per-head outputs before W_O
-    _, y = _output(p, heads)                         # (..., n, d_model)
-    return y, (a if weights else None)
+    heads = hook("hook_z", heads)                    # (..., h, n, d_head) per-head outputs before W_O
+    if hook.wants("hook_result"):
+        return _output_by_head(p, heads, hook)       # (..., n, d_model)
+    return _output(p, heads)[1]                      # (..., n, d_model)
+
+
+def _output_by_head(p: MultiHeadAttention, heads: np.ndarray, hook) -> np.ndarray:
+    """The layer's output with each head's own result ``z_h W_O[h]`` (..., h, n, d_model) seen at
+    ``hook_result``: ``merged W_O + b_O`` when the hook only looked (so recording changes no bit), the sum of
+    the results it returned plus b_O when it replaced them."""
+    c = p.config
+    W_O = p.W_O.reshape(c.n_heads, c.d_head, c.d_model)   # (h, d_head, d_model) head h's rows of W_O
+    result = heads @ W_O                             # (..., h, n, d_model)
+    replaced = hook("hook_result", result)           # (..., h, n, d_model)
+    if replaced is result:
+        return _output(p, heads)[1]                  # (..., n, d_model)
+    return replaced.sum(axis=-3) + p.b_O             # (..., n, d_model)
 
 
 def _attention_on_the_grid(q, k, v, opts: dict, hook, *, finite: bool):
-    """Attention through its (n, n_k) grid, so the scores and the pattern can be seen or replaced:
-    ``(heads, pattern)``, (..., h, n, d_head) and (..., h, n, n_k)."""
+    """Attention through its (n, n_k) grid, so the scores and the pattern can be seen or replaced: the heads
+    (..., h, n, d_head); ``hook_pattern`` sees the weights (..., h, n, n_k) in the softmax's dtype."""
     c = check_attention_args(q, k, v, require_finite=finite, **opts)
-    s = naive_scores(c)                              # (..., h, n, n_k) scaled, biased, masked with -inf
-    if hook is not None:
-        s = hook("hook_scores", s)
-    a = softmax(s)                                   # (..., h, n, n_k) rows with no key are 0
-    if hook is not None:
-        a = hook("hook_pattern", a)
+    s = hook("hook_scores", naive_scores(c))         # (..., h, n, n_k) scaled, biased, masked with -inf
+    a = hook("hook_pattern", softmax(s))             # (..., h, n, n_k) rows with no key are 0
     heads = unfold(fold(a, c.groups) @ c.v, c.groups)   # (..., h, n, d_head) a group: one matmul
-    return heads.astype(c.out_dtype, copy=False), a.astype(c.out_dtype, copy=False)
+    return heads.astype(c.out_dtype, copy=False)
 
 
 def multihead_attention_grad(p: MultiHeadAttention, x, dy, *, mask=None, bias=None, is_causal=False):
@@ -327,8 +343,9 @@ def multihead_attention_backward(p: MultiHeadAttention, saved: SavedLayer, dy):
 def multihead_attention_backward_named(p: MultiHeadAttention, saved: SavedLayer, dy):
     """:func:`multihead_attention_backward`, and the gradients of the layer's named activations (the hooks of
     :func:`multihead_attention`): ``(dx, grads, named)`` with ``named`` holding dL/d ``hook_q`` (..., h, n,
-    d_head), ``hook_k``, ``hook_v`` (..., h_kv, n, d_head) and ``hook_z`` (..., h, n, d_head): what attribution
-    patching multiplies by an activation's change."""
+    d_head), ``hook_k``, ``hook_v`` (..., h_kv, n, d_head), ``hook_z`` (..., h, n, d_head) and ``hook_result``
+    (..., h, n, d_model, a read-only broadcast of dy): what attribution patching multiplies by an activation's
+    change."""
     x = saved.x                                            # (..., n, d_model)
     dy = as_float_array("dy", dy)
     if dy.shape != x.shape:
@@ -343,7 +360,9 @@ def multihead_attention_backward_named(p: MultiHeadAttention, saved: SavedLayer,
     # forward: heads = attention(q, k, v); dk, dv summed over each group of query heads
     dz = split_heads(d_merged, c.n_heads)                  # (..., h, n, d_head) dL/d hook_z
     dq, dk, dv = attention_backward(saved.attn, dz)        # (..., h|h_kv, n, d_head)
-    named = {"hook_q": dq, "hook_k": dk, "hook_v": dv, "hook_z": dz}
+    # forward: y = Σ_h result_h + b_O, so every head's result gets dy itself
+    d_result = np.broadcast_to(dy[..., None, :, :], (*dy.shape[:-2], c.n_heads, *dy.shape[-2:]))   # (..., h, n, d)
+    named = {"hook_q": dq, "hook_k": dk, "hook_v": dv, "hook_z": dz, "hook_result": d_result}
     # forward: q = rotate(q), k = rotate(k); a rotation's transpose is the inverse rotation (RoPE; else nothing)
     dq, dk = c.positions.rotate(dq, start=0, inverse=True), c.positions.rotate(dk, start=0, inverse=True)
     # forward: q = split_heads(x @ W_Q + b_Q), likewise k and v

@@ -180,6 +180,7 @@ class PositionScheme:
     """What every scheme answers; each scheme overrides the parts it acts in."""
     name = ""
     has_table = False          # whether the model holds a learned table W_P
+    adds_rows = False          # whether embed gives rows to add to the token embeddings (learned, sinusoidal)
 
     def check(self, d_model: int, d_head: int) -> None:
         """Raise when the sizes do not suit the scheme."""
@@ -205,6 +206,7 @@ class Learned(PositionScheme):
     """A trained table ``W_P`` (n_ctx, d_model), one row per position, added to the token embeddings."""
     name = "learned"
     has_table = True
+    adds_rows = True
 
     def embed(self, W_P, n: int, *, start: int, d_model: int, dtype) -> np.ndarray:
         return learned_positions(W_P, n, start=start)                # (n, d_model)
@@ -214,6 +216,7 @@ class Learned(PositionScheme):
 class Sinusoidal(PositionScheme):
     """Fixed sinusoid rows (Vaswani et al., 2017), added to the token embeddings; d_model must be even."""
     name = "sinusoidal"
+    adds_rows = True
 
     def check(self, d_model: int, d_head: int) -> None:
         if d_model % 2:

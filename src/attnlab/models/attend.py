@@ -84,8 +84,7 @@ def random_heads(text: str, model: str | Path | tuple = MINILM, *, rng: np.rando
     ids = tokenizer.encode(text)
     c, first = network.config, network.blocks[0]
     x = embed(network, ids)                                        # (n, d_model) the embedding output
-    if c.pre_norm and first.ln_1 is not None:
-        x = first.ln_1(x)                                          # (n, d_model) a pre-norm block normalises first
+    x = first.attention_input(x)                                   # (n, d_model) a pre-norm block normalises first
     cfg: AttentionConfig = c.attention
     layer = MultiHeadAttention.init(cfg, rng=rng, std=std)
     _, a = layer.with_weights(x, is_causal=c.is_causal)            # (h, n, n)

@@ -16,7 +16,8 @@ from ..layer.config import AttentionConfig
 from ..stack.layers import MLP, LayerNorm, activation_name
 from ..layer.multihead import MultiHeadAttention
 from ..layer.positions import Learned
-from ..stack.transformer import Block, ModelConfig, Transformer
+from ..stack.blocks import PostNormBlock
+from ..stack.transformer import ModelConfig, Transformer
 from ..text.tokens import json_folder_tokenizer
 from .checkpoint import Tensors, config_float, config_int
 from .families import Family, checkpoint_loader, register
@@ -33,7 +34,7 @@ def bert_config(config: dict, source: str) -> ModelConfig:
     return ModelConfig(vocab_size=n("vocab_size"), n_layers=n("num_hidden_layers"), attention=attention,
                        d_mlp=n("intermediate_size"), activation=activation_name(config, "hidden_act", source),
                        norm=LayerNorm, norm_eps=config_float(config, "layer_norm_eps", source, 1e-12),
-                       pre_norm=False, is_causal=False, has_logits=False, n_types=n("type_vocab_size", 2),
+                       block=PostNormBlock, is_causal=False, has_logits=False, n_types=n("type_vocab_size", 2),
                        embed_norm=True, family="bert")
 
 
@@ -50,16 +51,16 @@ def bert_from_tensors(tensors: Tensors, cfg: ModelConfig) -> Transformer:
         w = t.take(f"{prefix}.weight", (d_out, d_in))             # (out, in) as torch stores it
         return w.T, t.take(f"{prefix}.bias", (d_out,))            # (in, out), (out,)
 
-    def block(i: int) -> Block:
+    def block(i: int) -> PostNormBlock:
         p = f"encoder.layer.{i}"
         (W_Q, b_Q), (W_K, b_K), (W_V, b_V) = (linear(f"{p}.attention.self.{n}", d, width)
                                               for n in ("query", "key", "value"))
         W_O, b_O = linear(f"{p}.attention.output.dense", width, d)
         W_in, b_in = linear(f"{p}.intermediate.dense", d, d_mlp)
         W_out, b_out = linear(f"{p}.output.dense", d_mlp, d)
-        return Block(attn=MultiHeadAttention(W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, config=a),
-                     ln_1=norm(f"{p}.attention.output.LayerNorm"),
-                     mlp=MLP(W_in, b_in, W_out, b_out, cfg.activation), ln_2=norm(f"{p}.output.LayerNorm"))
+        return PostNormBlock(attn=MultiHeadAttention(W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, config=a),
+                             ln_1=norm(f"{p}.attention.output.LayerNorm"),
+                             mlp=MLP(W_in, b_in, W_out, b_out, cfg.activation), ln_2=norm(f"{p}.output.LayerNorm"))
 
     e = "embeddings"
     return Transformer(

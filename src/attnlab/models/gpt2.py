@@ -14,7 +14,8 @@ from ..layer.config import AttentionConfig
 from ..stack.layers import MLP, LayerNorm, activation_name
 from ..layer.multihead import MultiHeadAttention
 from ..layer.positions import Learned
-from ..stack.transformer import Block, ModelConfig, Transformer
+from ..stack.blocks import PreNormBlock
+from ..stack.transformer import ModelConfig, Transformer
 from ..text.tokens import bpe_folder_tokenizer
 from .checkpoint import Tensors, config_eos_ids, config_float, config_int
 from .families import Family, checkpoint_loader, register
@@ -33,7 +34,7 @@ def gpt2_config(config: dict, source: str) -> ModelConfig:
     return ModelConfig(vocab_size=n("vocab_size"), n_layers=n("n_layer"), attention=attention,
                        d_mlp=n("n_inner") if config.get("n_inner") else 4 * d_model,
                        activation=activation_name(config, "activation_function", source), norm=LayerNorm,
-                       norm_eps=config_float(config, "layer_norm_epsilon", source, 1e-5), pre_norm=True,
+                       norm_eps=config_float(config, "layer_norm_epsilon", source, 1e-5), block=PreNormBlock,
                        is_causal=True, tied_embeddings=True, family="gpt2",
                        eos_ids=config_eos_ids(config, source, n("vocab_size")))
 
@@ -51,12 +52,12 @@ def gpt2_from_tensors(tensors: Tensors, cfg: ModelConfig) -> Transformer:
     def norm(prefix: str) -> LayerNorm:
         return LayerNorm.load(t, prefix, d_model=d, eps=cfg.norm_eps)
 
-    def block(i: int) -> Block:
+    def block(i: int) -> PreNormBlock:
         p = f"h.{i}"
         attn = MultiHeadAttention.from_gpt2(*conv1d(f"{p}.attn.c_attn", d, 3 * width),
                                             *conv1d(f"{p}.attn.c_proj", width, d), config=a)
         mlp = MLP(*conv1d(f"{p}.mlp.c_fc", d, d_mlp), *conv1d(f"{p}.mlp.c_proj", d_mlp, d), cfg.activation)
-        return Block(attn=attn, ln_1=norm(f"{p}.ln_1"), mlp=mlp, ln_2=norm(f"{p}.ln_2"))
+        return PreNormBlock(attn=attn, ln_1=norm(f"{p}.ln_1"), mlp=mlp, ln_2=norm(f"{p}.ln_2"))
 
     W_E = t.take("wte.weight", (cfg.vocab_size, d), f"vocab_size={cfg.vocab_size}, {t.why}")
     if "lm_head.weight" in t.arrays and not np.array_equal(t.arrays["lm_head.weight"], W_E):

@@ -34,7 +34,8 @@ from ..layer.config import AttentionConfig
 from ..stack.layers import GatedMLP, RMSNorm, activation_name
 from ..layer.multihead import MultiHeadAttention
 from ..layer.positions import ROPE_BASE, RoPE
-from ..stack.transformer import Block, ModelConfig, Transformer
+from ..stack.blocks import PreNormBlock
+from ..stack.transformer import ModelConfig, Transformer
 from ..text.tokens import json_folder_tokenizer
 from .checkpoint import Tensors, config_eos_ids, config_float, config_int, read_checkpoint
 from .families import Family, register
@@ -106,7 +107,7 @@ def llama_config(config: dict, source: str) -> ModelConfig:
     return ModelConfig(vocab_size=n("vocab_size"), n_layers=n("num_hidden_layers"), attention=attention,
                        d_mlp=n("intermediate_size"), activation=activation_name(config, "hidden_act", source),
                        mlp="gated", norm=RMSNorm, norm_eps=config_float(config, "rms_norm_eps", source, 1e-6),
-                       pre_norm=True, is_causal=True, tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+                       block=PreNormBlock, is_causal=True, tied_embeddings=bool(config.get("tie_word_embeddings", False)),
                        family=config.get("model_type", "llama"),
                        eos_ids=config_eos_ids(config, source, n("vocab_size")))
 
@@ -145,7 +146,7 @@ def llama_from_tensors(tensors: Tensors, cfg: ModelConfig, *, qkv_bias: bool = F
         b = t.take(f"{name}.bias", (d_out,)) if bias else np.zeros(d_out, w.dtype)   # (out,)
         return w, b
 
-    def block(i: int) -> Block:
+    def block(i: int) -> PreNormBlock:
         p = f"layers.{i}"
         W_Q, b_Q = linear(f"{p}.self_attn.q_proj", d, width, qkv_bias)
         W_K, b_K = linear(f"{p}.self_attn.k_proj", d, width_kv, qkv_bias)
@@ -157,7 +158,7 @@ def llama_from_tensors(tensors: Tensors, cfg: ModelConfig, *, qkv_bias: bool = F
         # W_gate, W_up (d_model, d_mlp), W_down (d_mlp, d_model)
         mlp = GatedMLP(*(linear(f"{p}.mlp.{n}", d, d_mlp, False)[0] for n in ("gate_proj", "up_proj")),
                        linear(f"{p}.mlp.down_proj", d_mlp, d, False)[0], cfg.activation)
-        return Block(attn=attn, ln_1=norm(f"{p}.input_layernorm"), mlp=mlp, ln_2=norm(f"{p}.post_attention_layernorm"))
+        return PreNormBlock(attn=attn, ln_1=norm(f"{p}.input_layernorm"), mlp=mlp, ln_2=norm(f"{p}.post_attention_layernorm"))
 
     def norm(prefix: str) -> RMSNorm:
         return RMSNorm.load(t, prefix, d_model=d, eps=cfg.norm_eps)

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..layer.hookpoints import NO_HOOKS
+
 # erfc(z) for z >= 0 as t·exp(-z² + P(t)), t = 1/(1 + z/2): Numerical Recipes' Chebyshev fit (Press et al.,
 # 2007, §6.2), relative error below 1.2e-7 everywhere: about two float32 ulps. numpy has no erf.
 _ERFC_COEFFS = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806,
@@ -106,9 +108,14 @@ ACTIVATION_GRADS = {"gelu": gelu_grad, "gelu_new": gelu_tanh_grad, "gelu_pytorch
                     "silu": silu_grad, "relu": relu_grad}   # name -> (x, dy) -> dx: each activation's backward
 
 
-def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
-    """(..., d_model) -> (..., d_model): each row to mean 0 and variance 1, then scaled and shifted."""
-    return layer_norm_forward(x, weight, bias, eps)[0]   # (..., d_model)
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float, hook=NO_HOOKS) -> np.ndarray:
+    """(..., d_model) -> (..., d_model): each row to mean 0 and variance 1, then scaled and shifted.
+
+    ``hook`` sees ``hook_scale`` (..., 1), the divisor √(var + eps), and ``hook_normalized``, the output."""
+    mu = x.mean(axis=-1, keepdims=True)                  # (..., 1)
+    var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)   # (..., 1) biased, as torch's LayerNorm
+    scale = hook("hook_scale", np.sqrt(var + eps))       # (..., 1)
+    return hook("hook_normalized", (x - mu) / scale * weight + bias)   # (..., d_model)
 
 
 def layer_norm_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float):
@@ -141,9 +148,10 @@ class LayerNorm:
     eps: float
     name = "layer"       # its key in NORMS
     PARAMS = ("weight", "bias")
+    HOOKS = ("hook_scale", "hook_normalized")
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return layer_norm(x, self.weight, self.bias, self.eps)
+    def __call__(self, x: np.ndarray, hook=NO_HOOKS) -> np.ndarray:
+        return layer_norm(x, self.weight, self.bias, self.eps, hook)
 
     def forward(self, x: np.ndarray):
         """``(y, saved)``: y as ``self(x)``, saved the normalised rows and 1/std (..., 1)."""
@@ -170,14 +178,18 @@ class LayerNorm:
                    eps)
 
 
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, hook=NO_HOOKS) -> np.ndarray:
     """(..., d_model) -> (..., d_model): each row divided by its root mean square, then scaled; no centring,
     no bias (Zhang & Sennrich, 2019). The mean of squares is taken in at least float32, as Llama's code does.
+    ``hook`` sees ``hook_scale`` (..., 1), the divisor √(mean(x²) + eps), and ``hook_normalized``, the output.
 
     >>> rms_norm(np.array([[3.0, 4.0]]), np.ones(2), 0.0).round(4)     # rms of (3, 4) is √12.5
     array([[0.8485, 1.1314]])
     """
-    return rms_norm_forward(x, weight, eps)[0]           # (..., d_model)
+    x32 = x.astype(np.result_type(x, np.float32), copy=False)
+    ms = (x32 * x32).mean(axis=-1, keepdims=True)            # (..., 1)
+    scale = hook("hook_scale", np.sqrt(ms + eps))            # (..., 1)
+    return hook("hook_normalized", (x32 / scale).astype(x.dtype, copy=False) * weight)   # (..., d_model)
 
 
 def rms_norm_forward(x: np.ndarray, weight: np.ndarray, eps: float):
@@ -207,9 +219,10 @@ class RMSNorm:
     eps: float
     name = "rms"         # its key in NORMS
     PARAMS = ("weight",)
+    HOOKS = ("hook_scale", "hook_normalized")
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return rms_norm(x, self.weight, self.eps)
+    def __call__(self, x: np.ndarray, hook=NO_HOOKS) -> np.ndarray:
+        return rms_norm(x, self.weight, self.eps, hook)
 
     def forward(self, x: np.ndarray):
         """``(y, saved)``: y as ``self(x)``, saved the normalised rows and 1/rms (..., 1)."""
@@ -244,10 +257,16 @@ class MLP:
     activation: str      # a key of ACTIVATIONS
     name = "mlp"         # its key in MLPS
     PARAMS = ("W_in", "b_in", "W_out", "b_out")
+    HOOKS = ("hook_pre", "hook_post")   # the hidden layer before and after the nonlinearity, (..., n, d_mlp)
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        hidden = ACTIVATIONS[self.activation](x @ self.W_in + self.b_in)   # (..., n, d_mlp)
+    def __call__(self, x: np.ndarray, hook=NO_HOOKS) -> np.ndarray:
+        pre = hook("hook_pre", x @ self.W_in + self.b_in)                   # (..., n, d_mlp)
+        hidden = hook("hook_post", ACTIVATIONS[self.activation](pre))       # (..., n, d_mlp)
         return hidden @ self.W_out + self.b_out                             # (..., n, d_model)
+
+    @staticmethod
+    def shapes(d_model: int, d_mlp: int) -> dict[str, tuple]:
+        return {"W_in": (d_model, d_mlp), "b_in": (d_mlp,), "W_out": (d_mlp, d_model), "b_out": (d_model,)}
 
     def forward(self, x: np.ndarray):
         """``(y, saved)``: y as ``self(x)``; saved the input, the pre-activation and the hidden layer."""
@@ -296,10 +315,16 @@ class GatedMLP:
     activation: str      # a key of ACTIVATIONS
     name = "gated"       # its key in MLPS
     PARAMS = ("W_gate", "W_in", "W_out")
+    HOOKS = ("hook_pre", "hook_post")   # the gate before its nonlinearity; the hidden layer, gated, (..., n, d_mlp)
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        hidden = ACTIVATIONS[self.activation](x @ self.W_gate) * (x @ self.W_in)   # (..., n, d_mlp)
+    def __call__(self, x: np.ndarray, hook=NO_HOOKS) -> np.ndarray:
+        pre = hook("hook_pre", x @ self.W_gate)                                     # (..., n, d_mlp)
+        hidden = hook("hook_post", ACTIVATIONS[self.activation](pre) * (x @ self.W_in))   # (..., n, d_mlp)
         return hidden @ self.W_out                                                  # (..., n, d_model)
+
+    @staticmethod
+    def shapes(d_model: int, d_mlp: int) -> dict[str, tuple]:
+        return {"W_gate": (d_model, d_mlp), "W_in": (d_model, d_mlp), "W_out": (d_mlp, d_model)}
 
     def forward(self, x: np.ndarray):
         """``(y, saved)``: y as ``self(x)``; saved the input, the gate's pre-activation, the linear path

@@ -3,17 +3,17 @@
 A forward pass, top to bottom::
 
     x = W_E[ids] (+ W_P[positions]) (+ W_T[token types]), (then LN for BERT)      (..., n, d_model)
-    for each block:                                  pre-norm (GPT-2)           post-norm (BERT)
-        x = x + attention(...)                       x + attn(ln_1(x))          ln_1(x + attn(x))
-        x = x + mlp(...)        (if the block has one) x + mlp(ln_2(x))          ln_2(x + mlp(x))
-    x = ln_final(x)             (pre-norm models with norms)
+    for each block:
+        x = block.forward(x)    its residual lines: pre-norm (GPT-2, Llama), post-norm (BERT), parallel
+                                (GPT-NeoX) or sandwich (Gemma-2), see attnlab.stack.blocks
+    x = ln_final(x)             (every kind but post-norm, in models with norms)
     logits = x W_Eᵀ (tied, GPT-2) or x W_U + b_U (attnlab's LM); an encoder has none   (..., n, vocab)
 
 attnlab's own LM is the plainest case: no norms, no MLP, its positions learned, sinusoidal, RoPE or ALiBi.
 What differs between models is stated in :class:`ModelConfig`; a family (:mod:`attnlab.models.families`)
 only maps its checkpoint's names onto :class:`Transformer`. :func:`forward`, :func:`new_caches` and
-:func:`generate` serve all of them; :func:`attnlab.stack.hooks.run_with_cache` and ``run_with_hooks`` run the
-same pass with named activations.
+:func:`generate` serve all of them; ``forward(..., hooks=…)`` (and :func:`attnlab.stack.hooks.run_with_cache`,
+``run_with_hooks``) runs the same pass with named activations.
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ import numpy as np
 from ..kernels._checks import as_float_array, as_positive_int, as_stop_ids, as_token_ids, check_flag, check_rng
 from ..layer.cache import KVCache
 from ..layer.config import AttentionConfig
+from ..layer.hookpoints import NO_HOOKS, Hooks
+from ..layer.multihead import PARAMS as ATTENTION_PARAMS
+from .blocks import BLOCKS, Block, PostNormBlock, PreNormBlock
 from .layers import ACTIVATIONS, MLPS, NORMS, LayerNorm, RMSNorm
-from ..layer.multihead import MultiHeadAttention, multihead_attention, multihead_attention_with_weights
 from .sampling import check_temperature, sample_next
 
 
@@ -45,7 +47,8 @@ class ModelConfig:
     mlp: str = "mlp"                # the MLP's kind, a key of attnlab.stack.layers.MLPS ("gated": Llama's SwiGLU)
     norm: type | None = None        # a norm class of attnlab.stack.layers.NORMS (LayerNorm, RMSNorm); None = no norms
     norm_eps: float = 1e-5
-    pre_norm: bool = True           # norm before each sublayer (GPT-2) or after the residual (BERT)
+    block: type = PreNormBlock      # the block kind, a class of attnlab.stack.blocks.BLOCKS: how a block wires
+    #                                 its parts (PreNormBlock: GPT-2, Llama; PostNormBlock: BERT; …)
     is_causal: bool = True          # a decoder; False = an encoder, every token sees both sides (BERT)
     tied_embeddings: bool = False   # logits = x W_Eᵀ (GPT-2) rather than x W_U + b_U
     has_logits: bool = True         # False for an encoder without a language-model head
@@ -67,7 +70,9 @@ class ModelConfig:
             raise ValueError(f"mlp must be one of {sorted(MLPS)}, got {self.mlp!r}")
         if self.norm is not None and self.norm not in NORMS.values():
             raise ValueError(f"norm must be None or one of {[c.__name__ for c in NORMS.values()]}, got {self.norm!r}")
-        for name in ("pre_norm", "is_causal", "tied_embeddings", "has_logits", "embed_norm"):
+        if self.block not in BLOCKS.values():
+            raise ValueError(f"block must be one of {[c.__name__ for c in BLOCKS.values()]}, got {self.block!r}")
+        for name in ("is_causal", "tied_embeddings", "has_logits", "embed_norm"):
             check_flag(name, getattr(self, name))
         if self.embed_norm and self.norm is None:
             raise ValueError("embed_norm=True needs a norm")
@@ -87,14 +92,22 @@ class ModelConfig:
 
     @property
     def final_norm(self) -> bool:
-        """A pre-norm stack normalises once more before the logits (GPT-2's ln_f)."""
-        return self.pre_norm and self.norm is not None
+        """A pre-norm stack (every kind but post-norm) normalises once more before the logits (GPT-2's ln_f)."""
+        return self.block.final_norm and self.norm is not None
+
+    @property
+    def mlp_class(self) -> type:
+        return MLPS[self.mlp]
+
+    def layer_attention(self, i: int) -> AttentionConfig:
+        """The attention config of layer i."""
+        return self.attention
 
     def to_json(self) -> dict:
         return {"vocab_size": self.vocab_size, "n_layers": self.n_layers, "attention": self.attention.to_json(),
                 "d_mlp": self.d_mlp, "activation": self.activation, "mlp": self.mlp,
                 "norm": None if self.norm is None else self.norm.name, "norm_eps": self.norm_eps,
-                "pre_norm": self.pre_norm, "is_causal": self.is_causal, "tied_embeddings": self.tied_embeddings,
+                "block": self.block.name, "is_causal": self.is_causal, "tied_embeddings": self.tied_embeddings,
                 "has_logits": self.has_logits, "n_types": self.n_types, "embed_norm": self.embed_norm,
                 "family": self.family}
 
@@ -108,18 +121,15 @@ class ModelConfig:
             if norm is not None and norm not in NORMS:
                 raise ValueError(f"norm must be one of {sorted(NORMS)}, got {norm!r}")
             data["norm"] = None if norm is None else NORMS[norm]
+            if "pre_norm" in data:                               # folders written before block kinds
+                data["block"] = (PreNormBlock if data.pop("pre_norm") else PostNormBlock).name
+            block = data.get("block", PreNormBlock.name)
+            if block not in BLOCKS:
+                raise ValueError(f"block must be one of {sorted(BLOCKS)}, got {block!r}")
+            data["block"] = BLOCKS[block]
             return cls(**data)
         except (KeyError, TypeError) as e:
             raise ValueError(f"not a model config ({type(e).__name__}: {e})") from None
-
-
-@dataclass(frozen=True, eq=False)
-class Block:
-    """One block: attention and, optionally, an MLP, each a residual line with its norm (or none)."""
-    attn: MultiHeadAttention
-    ln_1: LayerNorm | RMSNorm | None = None   # around the attention (before it pre-norm, after its residual post-norm)
-    mlp: object | None = None                 # an instance of the config's MLPS class (MLP, GatedMLP)
-    ln_2: LayerNorm | RMSNorm | None = None   # around the MLP
 
 
 @dataclass(frozen=True, eq=False)
@@ -127,7 +137,7 @@ class Transformer:
     """A model's parameters, checked against its :class:`ModelConfig`. Run it with :func:`forward`."""
     config: ModelConfig
     W_E: np.ndarray                       # (vocab_size, d_model) token embeddings
-    blocks: tuple[Block, ...]             # n_layers
+    blocks: tuple[Block, ...]             # n_layers, each of the config's block kind
     W_P: np.ndarray | None = None         # (n_ctx, d_model) with learned positions
     W_T: np.ndarray | None = None         # (n_types, d_model) token types (segments)
     ln_embed: LayerNorm | None = None     # on the embeddings (BERT)
@@ -158,20 +168,13 @@ class Transformer:
         for name, want in (("ln_embed", c.embed_norm), ("ln_final", c.final_norm)):
             _check_norm(name, getattr(self, name), want, c)
         for i, b in enumerate(self.blocks):
-            if not isinstance(b, Block):
-                raise TypeError(f"blocks[{i}] must be a Block, got {type(b).__name__}")
-            if not isinstance(b.attn, MultiHeadAttention) or b.attn.config != c.attention:
-                got = b.attn.config if isinstance(b.attn, MultiHeadAttention) else type(b.attn).__name__
-                raise ValueError(f"blocks[{i}].attn has config {got}, the model's is {c.attention}")
-            _check_norm(f"blocks[{i}].ln_1", b.ln_1, c.norm is not None, c)
-            _check_norm(f"blocks[{i}].ln_2", b.ln_2, c.norm is not None and c.d_mlp is not None, c)
-            if (b.mlp is None) != (c.d_mlp is None) or (b.mlp is not None and b.mlp.W_in.shape != (c.d_model, c.d_mlp)):
-                got = None if b.mlp is None else b.mlp.W_in.shape
-                raise ValueError(f"blocks[{i}].mlp has W_in {got}, the config (d_model {c.d_model}, d_mlp "
-                                 f"{c.d_mlp}) asks for {None if c.d_mlp is None else (c.d_model, c.d_mlp)}")
-            if b.mlp is not None and not isinstance(b.mlp, MLPS[c.mlp]):
-                raise ValueError(f"blocks[{i}].mlp is a {type(b.mlp).__name__}, the config (mlp {c.mlp!r}) asks "
-                                 f"for a {MLPS[c.mlp].__name__}")
+            if not isinstance(b, c.block):
+                raise TypeError(f"blocks[{i}] must be a {c.block.__name__} (the config's block), got "
+                                f"{type(b).__name__}")
+            problems = b.problems(c, c.layer_attention(i))
+            if problems:
+                raise ValueError(f"blocks[{i}].{problems[0]} (d_model {c.d_model}, d_mlp {c.d_mlp}, norm "
+                                 f"{None if c.norm is None else c.norm.__name__}, mlp {c.mlp!r})")
 
     @classmethod
     def init(cls, config: ModelConfig, *, rng: np.random.Generator, std: float = 0.02,
@@ -180,11 +183,7 @@ class Transformer:
         c, rng = model_config(config), check_rng(rng)
         draw = lambda *shape: rng.normal(0.0, std, shape).astype(dtype)   # noqa: E731
         norm = (lambda: c.norm.init(c.d_model, c.norm_eps, dtype)) if c.norm else (lambda: None)   # noqa: E731
-        blocks = tuple(Block(attn=MultiHeadAttention.init(c.attention, rng=rng, std=std, dtype=dtype), ln_1=norm(),
-                             mlp=None if c.d_mlp is None else MLPS[c.mlp].init(c.d_model, c.d_mlp, c.activation,
-                                                                               rng=rng, std=std, dtype=dtype),
-                             ln_2=norm() if c.d_mlp is not None else None)
-                       for _ in range(c.n_layers))
+        blocks = tuple(c.block.init(c, c.layer_attention(i), rng=rng, std=std, dtype=dtype) for i in range(c.n_layers))
         W_E = draw(c.vocab_size, c.d_model)                        # drawn after the blocks, as attnlab always has
         W_P = draw(c.n_ctx, c.d_model) if c.attention.positions.has_table else None
         untied = c.has_logits and not c.tied_embeddings
@@ -212,10 +211,7 @@ class Transformer:
         if self.ln_embed is not None:
             out.update({f"ln_embed.{k}": v for k, v in self.ln_embed.params().items()})
         for i, b in enumerate(self.blocks):
-            out.update({f"blocks.{i}.attn.{k}": getattr(b.attn, k) for k in ATTENTION_PARAMS})
-            for part in ("ln_1", "mlp", "ln_2"):
-                if getattr(b, part) is not None:
-                    out.update({f"blocks.{i}.{part}.{k}": v for k, v in getattr(b, part).params().items()})
+            out.update({f"blocks.{i}.{k}": v for k, v in b.params().items()})
         if self.ln_final is not None:
             out.update({f"ln_final.{k}": v for k, v in self.ln_final.params().items()})
         for name in ("W_U", "b_U"):
@@ -233,14 +229,9 @@ class Transformer:
             raise ValueError(f"the weights do not fit the config: missing {missing}, extra {extra}")
         p = params
         norm = lambda prefix: c.norm(*(p[f"{prefix}.{k}"] for k in c.norm.PARAMS), c.norm_eps)   # noqa: E731
-        blocks = []
-        for i in range(c.n_layers):
-            pre = f"blocks.{i}."
-            attn = MultiHeadAttention(**{k: p[pre + "attn." + k] for k in ATTENTION_PARAMS}, config=c.attention)
-            mlp = None if c.d_mlp is None else MLPS[c.mlp](*(p[pre + "mlp." + k] for k in MLPS[c.mlp].PARAMS),
-                                                           c.activation)
-            blocks.append(Block(attn=attn, ln_1=norm(pre + "ln_1") if c.norm else None, mlp=mlp,
-                                ln_2=norm(pre + "ln_2") if c.norm and mlp is not None else None))
+        blocks = [c.block.from_params(c, c.layer_attention(i), {k[len(f"blocks.{i}."):]: v for k, v in p.items()
+                                                                 if k.startswith(f"blocks.{i}.")})
+                  for i in range(c.n_layers)]
         return cls(config=c, W_E=p["W_E"], blocks=blocks, W_P=p.get("W_P"), W_T=p.get("W_T"),
                    ln_embed=norm("ln_embed") if c.embed_norm else None,
                    ln_final=norm("ln_final") if c.final_norm else None, W_U=p.get("W_U"), b_U=p.get("b_U"))
@@ -253,9 +244,6 @@ def model_config(config) -> ModelConfig:
     return config
 
 
-ATTENTION_PARAMS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
-
-
 def param_names(config: ModelConfig) -> list[str]:
     """The names :meth:`Transformer.params` uses for a model of this config, in order."""
     c = config
@@ -263,9 +251,7 @@ def param_names(config: ModelConfig) -> list[str]:
     names = ["W_E"] + ["W_P"] * c.attention.positions.has_table + ["W_T"] * (c.n_types > 0)
     names += norm("ln_embed") if c.embed_norm else []
     for i in range(c.n_layers):
-        names += [f"blocks.{i}.attn.{k}" for k in ATTENTION_PARAMS] + norm(f"blocks.{i}.ln_1")
-        if c.d_mlp is not None:
-            names += [f"blocks.{i}.mlp.{k}" for k in MLPS[c.mlp].PARAMS] + norm(f"blocks.{i}.ln_2")
+        names += [f"blocks.{i}.{k}" for k in c.block.param_names(c, c.layer_attention(i))]
     names += norm("ln_final") if c.final_norm else []
     return names + (["W_U", "b_U"] if c.has_logits and not c.tied_embeddings else [])
 
@@ -310,10 +296,25 @@ def check_ids(model: Transformer, ids, *, start: int = 0, name: str = "ids") -> 
     return arr
 
 
-def embed(model: Transformer, ids: np.ndarray, *, start: int = 0, token_types=None) -> np.ndarray:
-    """The first block's input (..., n, d_model): token rows, plus position rows (learned or sinusoidal) at
-    start, start + 1, …, plus token-type rows, normalised where the model says so."""
-    return embed_forward(model, ids, start=start, token_types=token_types)[0]
+def embed(model: Transformer, ids: np.ndarray, *, start: int = 0, token_types=None, hook=NO_HOOKS) -> np.ndarray:
+    """The first block's input (..., n, d_model): token rows (``hook_embed``), plus position rows (learned or
+    sinusoidal, ``hook_pos_embed``) at start, start + 1, …, plus token-type rows, normalised where the model
+    says so."""
+    c, n = model.config, ids.shape[-1]
+    x = hook("hook_embed", model.W_E[ids])                              # (..., n, d_model)
+    pos = c.attention.positions.embed(model.W_P, n, start=start, d_model=c.d_model, dtype=model.dtype)
+    if pos is not None:
+        x = x + hook("hook_pos_embed", pos)                             # (..., n, d_model)
+    if model.W_T is not None:
+        types = np.zeros_like(ids) if token_types is None else as_token_ids("token_types", token_types, c.n_types)
+        if types.shape != ids.shape:
+            raise ValueError(f"token_types must have shape {ids.shape} like ids, got {types.shape}")
+        x = x + model.W_T[types]                                        # (..., n, d_model)
+    elif token_types is not None:
+        raise ValueError("token_types given, but the model has no token-type table (n_types 0)")
+    if model.ln_embed is not None:
+        x = model.ln_embed(x, hook.scoped("ln_embed."))                 # (..., n, d_model)
+    return x
 
 
 @dataclass(frozen=True, eq=False)
@@ -326,7 +327,7 @@ class SavedEmbedding:
 
 
 def embed_forward(model: Transformer, ids: np.ndarray, *, start: int = 0, token_types=None):
-    """:func:`embed`, and what :func:`embed_backward` needs: ``(x, saved)``."""
+    """:func:`embed` (without hooks), and what :func:`embed_backward` needs: ``(x, saved)``."""
     c, n = model.config, ids.shape[-1]
     x = model.W_E[ids]                                                  # (..., n, d_model)
     pos = c.attention.positions.embed(model.W_P, n, start=start, d_model=c.d_model, dtype=model.dtype)
@@ -370,40 +371,21 @@ def embed_backward(model: Transformer, saved: SavedEmbedding, dx: np.ndarray) ->
     return grads
 
 
-def block_forward(block: Block, x: np.ndarray, config: ModelConfig, *, cache: KVCache | None = None,
-                  return_weights: bool = False, hook=None):
-    """One block on x (..., n, d_model): ``(x, weights)``, the weights (..., h, n, n_k) only when asked.
-
-    ``hook`` (scoped to ``blocks.{i}.``, see :mod:`attnlab.stack.hooks`) sees ``hook_resid_pre``,
-    ``attn.hook_*``, ``hook_attn_out``, ``hook_mlp_out`` and ``hook_resid_post`` and may replace them.
-    """
-    pre = config.pre_norm
-    if hook is not None:
-        x = hook("hook_resid_pre", x)                                   # (..., n, d_model)
-    a_in = block.ln_1(x) if pre and block.ln_1 is not None else x       # (..., n, d_model)
-    attn = multihead_attention_with_weights if return_weights else multihead_attention
-    out = attn(block.attn, a_in, is_causal=config.is_causal, cache=cache,
-               hook=None if hook is None else hook.scoped("attn."))
-    y, a = out if return_weights else (out, None)                       # (..., n, d_model), (..., h, n, n_k)
-    if hook is not None:
-        y = hook("hook_attn_out", y)
-    x = x + y                                                           # (..., n, d_model) the residual
-    if not pre and block.ln_1 is not None:
-        x = block.ln_1(x)                                               # (..., n, d_model) post-norm
-    if block.mlp is not None:
-        m = block.mlp(block.ln_2(x) if pre and block.ln_2 is not None else x)   # (..., n, d_model)
-        if hook is not None:
-            m = hook("hook_mlp_out", m)
-        x = x + m                                                       # (..., n, d_model)
-        if not pre and block.ln_2 is not None:
-            x = block.ln_2(x)                                           # (..., n, d_model) post-norm
-    if hook is not None:
-        x = hook("hook_resid_post", x)
-    return x, a
+def hook_names(model: Transformer) -> list[str]:
+    """Every name ``model`` has an activation for, in the order the forward pass reaches them (see
+    :mod:`attnlab.stack.hooks`)."""
+    if not isinstance(model, Transformer):
+        raise TypeError(f"model must be a Transformer, got {type(model).__name__}")
+    c = model.config
+    names = ["hook_embed"] + ["hook_pos_embed"] * c.attention.positions.adds_rows
+    names += [f"ln_embed.{h}" for h in model.ln_embed.HOOKS] if model.ln_embed is not None else []
+    for i in range(c.n_layers):
+        names += [f"blocks.{i}.{h}" for h in c.block.hook_names(c, c.layer_attention(i))]
+    return names + ([f"ln_final.{h}" for h in model.ln_final.HOOKS] if model.ln_final is not None else [])
 
 
-def forward(model: Transformer, ids, *, caches: list[KVCache] | None = None, return_weights: bool = False,
-            token_types=None) -> ModelOutput:
+def forward(model: Transformer, ids, *, caches: list[KVCache] | None = None, token_types=None, hooks=None,
+            return_weights: bool = False) -> ModelOutput:
     """Token ids (..., n) through the whole model: a :class:`ModelOutput`.
 
     Parameters
@@ -414,45 +396,57 @@ def forward(model: Transformer, ids, *, caches: list[KVCache] | None = None, ret
     caches : list of KVCache, optional
         One per layer (:func:`new_caches`): the ids continue the tokens already cached, take the next
         positions, append their keys and values, and attend to all n_k tokens so far. Decoders only.
-    return_weights : bool
-        Also return every layer's attention weights (..., n_heads, n, n_k). Without it a long input takes
-        attention's tiled path, which never builds the (n, n_k) grids.
     token_types : int array (..., n), optional
         Segment ids, for models with a token-type table (BERT); default all 0.
+    hooks : dict, optional
+        Named activations {name: fn} (see :mod:`attnlab.stack.hooks` and :func:`hook_names`): each
+        ``fn(array, name)`` sees that activation and returns a replacement of the same shape, or None.
+    return_weights : bool
+        Also return every layer's attention weights (..., n_heads, n, n_k), read at each layer's
+        ``attn.hook_pattern`` (after any hook there). Without them (and without hooks on the scores or the
+        pattern) a long input takes attention's tiled path, which never builds the (n, n_k) grids.
 
     Raises
     ------
     ValueError, TypeError
-        Ids outside the vocabulary or past the position table, caches that do not fit the model.
+        Ids outside the vocabulary or past the position table, caches that do not fit the model, hooks
+        on names the model does not have.
     """
-    return run(model, ids, caches=caches, return_weights=return_weights, token_types=token_types)
-
-
-def run(model: Transformer, ids, *, caches=None, return_weights=False, token_types=None, hooks=None) -> ModelOutput:
-    """:func:`forward`, with optional named activations ``hooks`` (an :class:`attnlab.stack.hooks.Hooks`)."""
     if not isinstance(model, Transformer):
         raise TypeError(f"model must be a Transformer (from attnlab.models.load_model or Transformer.init), "
                         f"got {type(model).__name__}")
     return_weights = check_flag("return_weights", return_weights)
     c = model.config
+    fns, weights = ({} if hooks is None else hooks), [None] * c.n_layers
+    if return_weights:                                                  # the weights come through hook_pattern
+        fns = dict(fns, **{f"blocks.{i}.attn.hook_pattern": _keeping(fns.get(f"blocks.{i}.attn.hook_pattern"),
+                                                                     weights, i) for i in range(c.n_layers)})
+    h = NO_HOOKS if isinstance(fns, dict) and not fns else Hooks(hook_names(model), fns)   # Hooks checks fns
     start = check_caches(model, caches)
     ids = check_ids(model, ids, start=start)                            # (..., n)
-    x = embed(model, ids, start=start, token_types=token_types)         # (..., n, d_model)
-    hidden, weights = [x], []
+    x = embed(model, ids, start=start, token_types=token_types, hook=h)   # (..., n, d_model)
+    hidden = [x]
     for i, (block, cache) in enumerate(zip(model.blocks, caches or itertools.repeat(None))):
-        hook = None if hooks is None else hooks.scoped(f"blocks.{i}.")
-        x, a = block_forward(block, x, c, cache=cache, return_weights=return_weights, hook=hook)
+        x = block.forward(x, h.scoped(f"blocks.{i}."), is_causal=c.is_causal, cache=cache)   # (..., n, d_model)
         hidden.append(x)
-        weights.append(a)
     if model.ln_final is not None:
-        x = model.ln_final(x)                                           # (..., n, d_model)
-        if hooks is not None:
-            x = hooks("ln_final.hook_normalized", x)
+        x = model.ln_final(x, h.scoped("ln_final."))                    # (..., n, d_model)
         hidden[-1] = x                                                  # as transformers returns it
     logits = None
     if c.has_logits:
         logits = x @ model.W_E.T if c.tied_embeddings else x @ model.W_U + model.b_U   # (..., n, vocab)
-    return ModelOutput(logits=logits, hidden_states=hidden, attentions=weights if return_weights else None)
+    attentions = [a.astype(x.dtype, copy=False) for a in weights] if return_weights else None
+    return ModelOutput(logits=logits, hidden_states=hidden, attentions=attentions)
+
+
+def _keeping(fn, weights: list, i: int):
+    """A hook on layer i's pattern that runs ``fn`` (a user's hook, or None) and keeps what the pass goes on
+    with in ``weights[i]``."""
+    def keep(a, name):
+        out = a if fn is None else fn(a, name)
+        weights[i] = a if out is None else np.asarray(out)
+        return out
+    return keep
 
 
 def check_caches(model: Transformer, caches) -> int:
