@@ -28,7 +28,10 @@ def register(sub) -> None:
                    "(default); induction: repeated random tokens, to grow an induction head (Olsson et al.)")
     p.add_argument("--steps", type=int, default=None, help="training steps (default 300; induction 1000)")
     p.add_argument("--context", type=int, default=None, help="tokens per window, n_ctx (default 32; induction 24)")
-    p.add_argument("--layers", type=int, default=2, help="attention layers (default 2)")
+    p.add_argument("--layers", type=int, default=2, help="layers (default 2)")
+    p.add_argument("--block", default="attention", choices=("attention", "gpt"), help="attention: attention-only "
+                   "blocks, the guide's (default); gpt: GPT-2's pre-norm blocks with a LayerNorm and an MLP, "
+                   "as nanoGPT trains them")
     p.add_argument("--heads", type=int, default=None, help="heads per layer (default 4; induction 2)")
     p.add_argument("--d-model", type=int, default=64, help="width of a token's vector (default 64)")
     p.add_argument("--positions", default=None, choices=list(POSITION_SCHEMES),
@@ -105,7 +108,8 @@ def cmd_train(args) -> int:
     except TypeError:
         raise ValueError(f"--rope-theta applies to --positions rope only, got --positions {args.positions}") from None
     config = lm_config(data.vocab.size, d_model=args.d_model, n_heads=args.heads, n_kv_heads=args.kv_heads,
-                       n_layers=args.layers, n_ctx=args.context, positions=positions)
+                       n_layers=args.layers, n_ctx=args.context, positions=positions,
+                       block=args.block)
     check_text_length(data.train, config.n_ctx)
     if args.out and not args.resume:
         Path(args.out).mkdir(parents=True, exist_ok=True)       # an unwritable --out fails now, not at step 100
@@ -134,7 +138,7 @@ def cmd_train(args) -> int:
                                    save_every=args.save_every)
         figures = loss_beside_counts(model, data.vocab, data.train, data.heldout, max_k=FLOOR_MAX_K,
                                      ks=BASELINE_KS)
-    result = {"config": config.to_json(), "steps": args.steps, "batch": args.batch, "lr": args.lr,
+    result = {"config": config.to_json(), "params": model.n_params, "steps": args.steps, "batch": args.batch, "lr": args.lr,
               "weight_decay": args.weight_decay, "schedule": args.schedule, "seed": args.seed,
               "train_tokens": int(data.train.size), "heldout_tokens": int(data.heldout.size),
               "last_batch_loss": losses[-1],
@@ -148,6 +152,7 @@ def cmd_train(args) -> int:
         print_json(result)
     else:
         print_table(figures, config)
+        print(f"{model.n_params:,} parameters")
         if note:
             print(note)
         if args.out:
@@ -198,12 +203,14 @@ def print_table(figures: dict, config) -> None:
     parts = list(figures)
     a = config.attention
     table = Table(title=f"Cross-entropy, nats per token ({config.n_layers} layers × {a.n_heads} heads, "
-                        f"d_model {a.d_model}, context {a.n_ctx}, {a.positions.name} positions)")
+                        f"d_model {a.d_model}, context {a.n_ctx}, {a.positions.name} positions, "
+                        f"{'GPT blocks' if config.d_mlp else 'attention only'})")
     table.add_column("predictor")
     for part in parts:
         table.add_column(part, justify="right")
     cell = lambda x: "-" if x is None else f"{x:.3f}"   # noqa: E731
-    table.add_row("attention model", *(cell(figures[p]["model"]) for p in parts))
+    label = "attention model" if config.d_mlp is None else "GPT-block model (attention + MLP)"
+    table.add_row(label, *(cell(figures[p]["model"]) for p in parts))
     for k in BASELINE_KS:
         table.add_row(f"add-α counts, k = {k} (α = {ALPHA}, fitted on train)",
                       *(cell(figures[p]["add_alpha"][k]) for p in parts))

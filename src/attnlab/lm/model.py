@@ -6,12 +6,14 @@
     loss = cross-entropy of the next token
 
 RoPE and ALiBi add nothing to x: they act inside attention (rotated q and k; a bias on the scores).
-There is no MLP and no layer norm: the guide's attention and nothing else, so what the model learns
-beyond the bigram floor it learns by looking back. The model is a :class:`attnlab.stack.transformer.Transformer`
-(:func:`lm_config` states its shape); it runs through the stack's ``forward`` and ``generate`` like
-GPT-2 does. The backward pass is written by hand, each line naming the forward line it undoes; each
-layer's backward reuses what its forward kept (:func:`attnlab.layer.multihead.multihead_attention_forward`
-and ``multihead_attention_backward``).
+By default there is no MLP and no layer norm: the guide's attention and nothing else, so what the model
+learns beyond the bigram floor it learns by looking back; ``lm_config(block="gpt")`` gives nanoGPT's
+blocks instead. The model is a :class:`attnlab.stack.transformer.Transformer` (:func:`lm_config` states its
+shape); it runs through the stack's ``forward`` and ``generate`` like GPT-2 does.
+
+:func:`loss_and_grad` is the one loss and gradient of every model the stack runs (this LM, GPT-2, BERT,
+the Llama family): the backward is written by hand beside each forward (:mod:`attnlab.stack.backward`),
+each line naming the forward line it undoes.
 """
 
 from __future__ import annotations
@@ -21,21 +23,33 @@ import numpy as np
 from ..kernels._checks import as_token_ids
 from ..layer.config import AttentionConfig
 from ..layer.positions import Learned, PositionScheme
+from ..stack.layers import LayerNorm
 from ..stack.backward import backward, check_grad_names, forward_saved
 from ..stack.transformer import ModelConfig, Transformer, check_ids, forward
 
 FAMILY = "attnlab"
 
 
+BLOCK_PRESETS = ("attention", "gpt")   # attention-only blocks (the guide's), or nanoGPT's
+
+
 def lm_config(vocab_size: int, *, d_model: int = 64, n_heads: int = 4, n_layers: int = 2, n_ctx: int = 64,
               positions: PositionScheme | None = None, d_head: int | None = None,
-              n_kv_heads: int | None = None) -> ModelConfig:
-    """The shape of attnlab's own LM: attention-only causal blocks, no norms, an untied unembedding with a
-    bias. Defaults are small enough to train in numpy in a minute; d_head defaults to d_model / n_heads,
-    positions to :class:`~attnlab.layer.positions.Learned`."""
+              n_kv_heads: int | None = None, block: str = "attention") -> ModelConfig:
+    """The shape of attnlab's own LM: causal blocks and an untied unembedding with a bias. Defaults are small
+    enough to train in numpy in a minute; d_head defaults to d_model / n_heads, positions to
+    :class:`~attnlab.layer.positions.Learned`.
+
+    ``block`` "attention" (the default): attention-only blocks, no norms, the guide's attention and nothing
+    else. "gpt": GPT-2's blocks as nanoGPT trains them: pre-norm LayerNorm, an MLP 4 × d_model wide with
+    GPT-2's GELU (tanh form), a final norm before the unembedding.
+    """
+    if block not in BLOCK_PRESETS:
+        raise ValueError(f"block must be one of {BLOCK_PRESETS}, got {block!r}")
     attention = AttentionConfig(d_model=d_model, n_heads=n_heads, d_head=d_head, n_kv_heads=n_kv_heads,
                                 n_ctx=n_ctx, positions=Learned() if positions is None else positions)
-    return ModelConfig(vocab_size=vocab_size, n_layers=n_layers, attention=attention, family=FAMILY)
+    gpt = dict(d_mlp=4 * d_model, activation="gelu_new", norm=LayerNorm) if block == "gpt" else {}
+    return ModelConfig(vocab_size=vocab_size, n_layers=n_layers, attention=attention, family=FAMILY, **gpt)
 
 
 IGNORE = -100   # a target that is not scored (transformers' ignore_index): a masked-LM's unmasked positions
