@@ -54,7 +54,8 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     >>> gelu_tanh(np.array([-1.0, 0.0, 1.0], np.float32)).round(4)
     array([-0.1588,  0.    ,  0.8412], dtype=float32)
     """
-    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi).astype(x.dtype) * (x + 0.044715 * x ** 3)))
+    c = np.sqrt(2.0 / np.pi).astype(x.dtype)
+    return 0.5 * x * (1.0 + np.tanh(c * x * (1 + 0.044715 * (x * x))))   # x·x, not x ** 3: numpy's pow is ~30× slower
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -87,8 +88,24 @@ def gelu_tanh_grad(x: np.ndarray, dy: np.ndarray) -> np.ndarray:
     """dL/dx of ``y = x/2 · (1 + tanh(u))``, ``u = c · (x + 0.044715 x³)``, c = √(2/π):
     ``dy · (½(1 + t) + ½ x (1 − t²) · c (1 + 3·0.044715 x²))``, t = tanh(u)."""
     c = np.sqrt(2.0 / np.pi).astype(x.dtype)
-    t = np.tanh(c * (x + 0.044715 * x ** 3))                     # (...) recomputed: cheaper than keeping it
-    return dy * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x))
+    x2 = x * x                                                   # (...) three buffers, every step in place
+    t = x2 * 0.044715
+    t += 1
+    t *= x
+    t *= c
+    np.tanh(t, out=t)                                            # (...) t, recomputed: cheaper than keeping it
+    slope = t * t
+    np.subtract(1, slope, out=slope)
+    slope *= x
+    slope *= 0.5 * c
+    x2 *= 3 * 0.044715
+    x2 += 1
+    slope *= x2                                                  # (...) ½x (1 − t²) · c (1 + 3·0.044715 x²)
+    t += 1
+    t *= 0.5
+    t += slope                                                   # (...) dy/dx
+    t *= dy
+    return t
 
 
 def silu_grad(x: np.ndarray, dy: np.ndarray) -> np.ndarray:
