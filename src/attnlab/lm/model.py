@@ -85,6 +85,19 @@ def unembed(model: Transformer, x: np.ndarray) -> np.ndarray:
     return x @ model.W_E.T                                               # (..., n, vocab)
 
 
+def unembed_backward(model: Transformer, x: np.ndarray, dlogits: np.ndarray):
+    """Backward of :func:`unembed`: ``(dx, grads)`` from dL/dlogits (..., n, vocab), grads holding dL/dW_U and
+    dL/db_U, or the unembedding's part of dL/dW_E when it is tied (the embedding adds its own)."""
+    V, d = model.config.vocab_size, model.config.d_model
+    dlogits2 = dlogits.reshape(-1, V)                                    # (N, vocab)
+    if model.W_U is not None:
+        # forward: logits = x @ W_U + b_U
+        grads = {"W_U": x.reshape(-1, d).T @ dlogits2, "b_U": dlogits2.sum(0)}   # (d_model, vocab), (vocab,)
+        return dlogits @ model.W_U.T, grads                              # (..., n, d_model)
+    # forward: logits = x @ W_Eᵀ
+    return dlogits @ model.W_E, {"W_E": dlogits2.T @ x.reshape(-1, d)}   # (..., n, d_model), (vocab, d_model)
+
+
 def loss(model: Transformer, ids, targets, *, token_types=None) -> float:
     """Cross-entropy of ``targets`` (..., n) given ``ids`` (..., n), in nats per token."""
     check_model(model)
@@ -149,18 +162,7 @@ def loss_and_grad(model: Transformer, ids, targets, *, grad_names=(), token_type
     tape = forward_saved(model, ids, token_types=token_types)
     x = tape.hidden                                                      # (..., n, d_model)
     value, dlogits = cross_entropy(unembed(model, x), targets)           # (..., n, vocab)
-    V, d = model.config.vocab_size, model.config.d_model
-    dlogits2 = dlogits.reshape(-1, V)                                    # (N, vocab)
-    head = {}
-    if model.W_U is not None:
-        # forward: logits = x @ W_U + b_U
-        head["W_U"] = x.reshape(-1, d).T @ dlogits2                      # (d_model, vocab)
-        head["b_U"] = dlogits2.sum(0)                                    # (vocab,)
-        dx = dlogits @ model.W_U.T                                       # (..., n, d_model)
-    else:
-        # forward: logits = x @ W_Eᵀ, W_E also the token embedding: its gradient has both parts
-        head["W_E"] = dlogits2.T @ x.reshape(-1, d)                      # (vocab, d_model)
-        dx = dlogits @ model.W_E                                         # (..., n, d_model)
+    dx, head = unembed_backward(model, x, dlogits)                       # (..., n, d_model)
     grads, named = backward(model, tape, dx, grad_names=names)
     if "W_E" in head:
         grads["W_E"] += head.pop("W_E")
