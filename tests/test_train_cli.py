@@ -76,13 +76,14 @@ def test_ctrl_c_keeps_the_last_checkpoint_whole(capsys, tmp_path, monkeypatch):
 
 
 def test_resume_needs_the_same_configuration(capsys, tmp_path):
-    assert main(["train", "--steps", "5", "--context", "16", "--d-model", "16", "--out", str(tmp_path), "--json"]) == 0
+    assert main(["train", "--steps", "5", "--context", "16", "--d-model", "16", "--out", str(tmp_path), "--json",
+                 "--schedule", "constant"]) == 0
     first = json.loads(capsys.readouterr().out)
     assert main(["train", "--steps", "10", "--context", "16", "--d-model", "16", "--out", str(tmp_path), "--resume",
-                 "--json"]) == 0                                  # --steps counts every step: 5 more
+                 "--json", "--schedule", "constant"]) == 0        # --steps counts every step: 5 more
     assert json.loads(capsys.readouterr().out)["train_loss"] < first["train_loss"]
     one_line_error(capsys, ["train", "--steps", "15", "--context", "16", "--d-model", "16", "--layers", "3",
-                            "--out", str(tmp_path), "--resume"],
+                            "--out", str(tmp_path), "--resume", "--schedule", "constant"],
                    "made with a different configuration: n_layers 2 in the checkpoint, 3 asked")
 
 

@@ -1,10 +1,13 @@
-"""Writing files so that a failure leaves no half file behind."""
+"""Files, safely: writing so that a failure leaves no half file behind, and reading a model folder's files
+only from inside that folder."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import os
+import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -39,7 +42,107 @@ def atomic_path(path: str | os.PathLike):
             os.unlink(tmp)
 
 
+@contextlib.contextmanager
+def atomic_folder(path: str | os.PathLike, *, owned: tuple[str, ...]):
+    """Yield a new empty folder beside ``path`` to write a set of files into; on success it takes ``path``'s
+    place in one step, so that a reader finds the old set whole or the new set whole, never a mix; on failure
+    (Ctrl-C included) it is removed and ``path`` is left as it was.
+
+    The one step is a rename when ``path`` is missing or empty, else on Linux an atomic exchange of the two
+    folders (``renameat2(RENAME_EXCHANGE)``), after which the old set is removed. Elsewhere ``path`` is first
+    renamed aside: a kill between the two renames leaves no ``path`` but the old set whole beside it, as
+    ``.NAME.*.old``. ``path`` may hold only the files named in ``owned`` (the set's own, from an earlier save):
+    anything else in it would be swapped away, so it is refused. Not fsynced: safe against kills, not power loss.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp()) / "ck"
+    >>> for text in ("one", "two"):
+    ...     with atomic_folder(d, owned=("a.txt", "b.txt")) as tmp:
+    ...         _ = (tmp / "a.txt").write_text(text), (tmp / "b.txt").write_text(text)
+    >>> (d / "a.txt").read_text(), sorted(p.name for p in d.parent.iterdir())
+    ('two', ['ck'])
+    """
+    path = Path(os.path.realpath(path))                   # a symlinked --out: the folder it points at moves
+    if not path.parent.is_dir():
+        raise FileNotFoundError(errno.ENOENT, "No such directory", str(path.parent))
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "Not a directory", str(path))
+    other = sorted(set(os.listdir(path)) - set(owned)) if path.is_dir() else []
+    if other:
+        raise ValueError(f"{path} holds files that are not the checkpoint's ({', '.join(other[:3])}); give the "
+                         f"checkpoint a folder of its own (it is replaced as a whole on every save)")
+    try:
+        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part"))
+    except OSError as e:
+        raise type(e)(e.errno, f"Cannot write here ({e.strerror})", str(path)) from None
+    try:
+        yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())                  # mkdtemp makes 0700; give the folder the usual mode
+        if path.is_dir() and os.listdir(path):
+            _exchange(tmp, path)                          # the one step: path now holds the new set
+        else:
+            os.replace(tmp, path)                         # an empty or missing folder: a plain rename
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)            # the old set after an exchange; the new one on failure
+
+
+def _exchange(new: Path, path: Path) -> None:
+    """Swap two folders in one step (Linux renameat2); elsewhere, rename ``path`` aside, then ``new`` in."""
+    if _renameat2_exchange(new, path):
+        return
+    aside = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
+    os.replace(path, aside)
+    os.replace(new, path)
+    os.replace(aside, new)                                # so that the caller removes the old set
+
+
+def _renameat2_exchange(a: Path, b: Path) -> bool:
+    """Exchange two paths atomically with Linux's renameat2(RENAME_EXCHANGE); False where it is missing."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    rename_exchange, at_fdcwd = 2, -100
+    return hasattr(libc, "renameat2") and libc.renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b),
+                                                         rename_exchange) == 0
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def folder_file(folder: str | os.PathLike, name, *, listed_in: str | None = None) -> Path:
+    """``folder / name``, once it is sure to resolve (symlinks followed) to a path inside ``folder``; or inside
+    the hub cache's ``blobs/`` when ``folder`` is a Hugging Face snapshot (``…/snapshots/<rev>/``, whose files
+    are symlinks into ``../../blobs``). Nothing is opened: a caller checks every entry before reading any.
+
+    ``name`` is untrusted (an index's ``weight_map`` value, a fixed name that may be a symlink); ``listed_in``
+    names the file it came from, for the message. A missing file is returned as is: the caller says it is
+    missing. The message names the entry, never what it points at.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> folder_file(d, "model.safetensors") == d / "model.safetensors"
+    True
+    >>> try:
+    ...     folder_file(d, "../../etc/passwd")
+    ... except ValueError as e:
+    ...     print(str(e).split(": ", 1)[1][:58])
+    the entry '../../etc/passwd' resolves outside the model fo
+    """
+    where = f" listed in {listed_in}" if listed_in else ""
+    if not isinstance(name, str) or name.strip() in ("", "."):
+        raise ValueError(f"{folder}: the entry {name!r}{where} must name a file of the model folder")
+    root = os.path.realpath(folder)
+    path = Path(folder) / name
+    target = os.path.realpath(path)
+    allowed = [root]
+    if os.path.basename(os.path.dirname(root)) == "snapshots":     # a hub snapshot: <repo>/snapshots/<rev>
+        allowed.append(os.path.realpath(os.path.join(root, os.pardir, os.pardir, "blobs")))
+    if not any(os.path.commonpath([target, a]) == a and target != a for a in allowed):
+        raise ValueError(f"{folder}: the entry {name!r}{where} resolves outside the model folder; attnlab reads "
+                         "only files inside it (or, in a hub snapshot, the cache's blobs/)")
+    return path

@@ -16,7 +16,9 @@ COMMAND_MODULES = ("tour", "guide", "attend", "context", "train", "generate", "b
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="attnlab", description="The attention mechanism of transformers, in numpy, "
-                            "following the guide 'Attention: letting tokens look at each other'.")
+                            "following the guide 'Attention: letting tokens look at each other'.",
+                            epilog="Start with 'attnlab tour'; 'attnlab COMMAND --help' says what a command shows, "
+                                   "which section of the guide it belongs to, and gives examples.")
     parser.add_argument("--version", action="version", version=f"attnlab {__version__}")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     for name in COMMAND_MODULES:

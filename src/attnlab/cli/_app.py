@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import sys
+import textwrap
 
 import numpy as np
 
@@ -95,5 +98,95 @@ def seed_arg(text: str) -> int:
     return value
 
 
+def positive_int(text: str) -> int:
+    """An argparse type for counts such as ``--tokens``: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+@contextlib.contextmanager
+def as_typed(**names: str):
+    """Name what the learner typed, not the library's parameter: inside, a ValueError or TypeError whose message
+    names a parameter (``swapped must …``) is raised again with the flag instead (``the second --sentence
+    must …``). Only the message's own words are renamed, never a quoted value after ", got"."""
+    try:
+        yield
+    except (ValueError, TypeError) as e:
+        text = str(e)
+        head, sep, tail = text.partition(", got ")
+        for name, typed in names.items():
+            head = re.sub(rf"(?<![\w'-]){re.escape(name)}(?![\w'-])", typed, head)
+        if head + sep + tail == text:
+            raise
+        raise type(e)(head + sep + tail) from None
+
+
 def add_json_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the results as JSON, for scripts")
+
+
+# --- help that teaches: every command's --help opens with what it shows and where it sits in the guide ---
+
+GUIDE_OPENING = "Attention: letting tokens look at each other"   # the guide's title, over its two gaps
+GUIDE_SECTIONS = (          # the guide's opening and section titles, in its order (the tour follows them)
+    GUIDE_OPENING,
+    "Why context pays",
+    "The idea: a soft lookup",
+    "Where queries, keys and values come from",
+    "Keeping the softmax usable: the square root of d_k",
+    "No peeking: the causal mask",
+    "Several heads at once",
+    "Order: giving tokens a position",
+    "The price of looking at everything",
+    "What attention is, and isn't",
+)
+
+
+class TeachingFormatter(argparse.HelpFormatter):
+    """argparse's help, with the description's paragraphs wrapped and the epilog's indented example lines kept
+    as they are, so they can be pasted."""
+
+    def _fill_text(self, text, width, indent):
+        out = []
+        for line in text.splitlines():
+            out.append(indent + line if line.startswith(" ") or not line else
+                       textwrap.fill(line, width, initial_indent=indent, subsequent_indent=indent))
+        return "\n".join(out)
+
+
+def add_command(sub, name: str, *, help: str, shows: str, examples, section: str | None = None,
+                beyond: str | None = None, more: str = "", **kwargs) -> argparse.ArgumentParser:
+    """A subcommand whose ``--help`` teaches: one sentence on what it shows and which section of the guide it
+    belongs to (``section``, one of :data:`GUIDE_SECTIONS`) or, for a command beyond the guide, which page
+    documents it (``beyond``, e.g. ``"docs/interpret.md"``); then ``more``; then examples that run as written.
+
+    ``shows`` is the sentence's start without its full stop, e.g. "Shows the causal mask M"; ``examples`` are
+    whole command lines ("attnlab mask 8"), each optionally followed by "  # what it shows".
+    """
+    if (section is None) == (beyond is None):
+        raise ValueError(f"{name}: give either section (a guide section) or beyond (a docs page), not both")
+    if section is not None and section not in GUIDE_SECTIONS:
+        raise ValueError(f"{name}: section must be one of the guide's sections {GUIDE_SECTIONS}, got {section!r}")
+    examples = tuple(examples)
+    if not examples or not all(e.startswith("attnlab ") for e in examples):
+        raise ValueError(f"{name}: examples must be one or more command lines starting 'attnlab ', got {examples}")
+    where = (f"the guide's opening, “{section}”" if section == GUIDE_OPENING else
+             f"the guide's section “{section}”" if section else f"beyond the guide: see {beyond}")
+    description = f"{shows} ({where})." + (f"\n{more}" if more else "")
+    epilog = "examples:\n" + "\n".join(f"  {e}" for e in examples)
+    p = sub.add_parser(name, help=help, description=description, epilog=epilog, formatter_class=TeachingFormatter,
+                       **kwargs)
+    p.set_defaults(help_examples=examples)
+    return p
+
+
+def help_examples(help_text: str) -> list[str]:
+    """The example command lines of a ``--help`` text, each without its trailing ``# …`` comment."""
+    _, _, tail = help_text.partition("\nexamples:\n")
+    lines = [line.strip() for line in tail.splitlines() if line.startswith("  attnlab ")]
+    return [re.sub(r"\s+#.*$", "", line) for line in lines]

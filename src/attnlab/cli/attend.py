@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from ._app import add_json_flag, print_json
+from ._app import add_command, add_json_flag, print_json
 
 
 def register(sub) -> None:
-    p = sub.add_parser("attend", help="show a trained model's attention on a text (BERT, GPT-2, Llama, Mistral, "
-                                      "Qwen2 or your own)",
-                       description="Run a trained model on TEXT and print one head's attention weights, "
-                                   "rows = queries, columns = keys.")
+    p = add_command(sub, "attend", help="show a trained model's attention on a text (BERT, GPT-2, Llama, Mistral, "
+                                        "Qwen2 or your own)", section="Several heads at once",
+                    shows="Shows a trained model's attention weights on TEXT, one head's grid (rows queries, "
+                          "columns keys; layers and heads from 0) or a summary of every head",
+                    more="The tour's section “A trained model's head” uses it; see docs/trained.md.",
+                    examples=("attnlab attend 'The cat sat on the mat' --layer 0 --head 2   # a previous-token head",
+                              "attnlab attend 'The cat sat on the mat' --summary"))
     p.add_argument("text", help="the text to run, e.g. 'The cat sat on the mat'")
     p.add_argument("--model", default="minilm",
                    help="'minilm' (all-MiniLM-L6-v2, the default), a folder with config.json and "

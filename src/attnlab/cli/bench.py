@@ -6,12 +6,17 @@ from __future__ import annotations
 import contextlib
 import sys
 
-from ._app import add_json_flag, print_json, stderr_progress
+from ._app import add_command, add_json_flag, print_json, stderr_progress
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench", help="time attnlab's attention paths against PyTorch SDPA, each pair alone; "
-                       "print the CPU, SIMD level, BLAS kernel and the path each call took")
+    p = add_command(sub, "bench", help="time attnlab's attention paths against PyTorch SDPA, each pair alone; "
+                    "print the CPU, SIMD level, BLAS kernel and the path each call took", beyond="docs/bench.md",
+                    shows="Shows how fast attnlab's attention paths run against PyTorch's, each pair timed alone, "
+                          "with the CPU, SIMD level, BLAS kernel and the path each call took",
+                    more="The guide's last paragraph of “The price of looking at everything” points here: the "
+                         "tiled path is the grid that is never held whole.",
+                    examples=("attnlab bench --quick", "attnlab bench --quick --sizes 512 --json"))
     p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (n = 256, 1024, 2048)")
     p.add_argument("--cores", type=int, metavar="N", help="run attnlab and torch on the same N cores (the process "
                    "pinned to them, BLAS and torch on N threads; default: every core this process may use)")

@@ -15,15 +15,21 @@ from pathlib import Path
 
 import numpy as np
 
-from ._app import add_json_flag, print_json, seed_arg
+from ._app import add_command, add_json_flag, positive_int, print_json, seed_arg
 
 
 def register(sub) -> None:
-    g = sub.add_parser("generate", help="sample text from a decoder checkpoint folder, through the KV cache")
+    g = add_command(sub, "generate", help="sample text from a decoder checkpoint folder, through the KV cache",
+                    section="No peeking: the causal mask",
+                    shows="Shows text sampled one token at a time through the KV cache from a decoder folder (or "
+                          "'induction', the small model shipped with attnlab)",
+                    more="The causal mask stays on during generation, as the guide says; see docs/lm.md.",
+                    examples=("attnlab generate induction --prompt '|abcdeabc' --tokens 4 --temperature 0",
+                              "attnlab generate induction --prompt '|xyzxy' --tokens 8 --seed 1"))
     g.add_argument("dir", metavar="DIR", help="a decoder folder: written by 'attnlab train --out', or a GPT-2, "
                                               "Llama, Mistral or Qwen2 folder (config.json, safetensors, tokenizer)")
     g.add_argument("--prompt", required=True, help="text to start from, encoded with the folder's tokenizer")
-    g.add_argument("--tokens", type=int, default=100, help="tokens to generate (default 100)")
+    g.add_argument("--tokens", type=positive_int, default=100, help="tokens to generate (default 100)")
     g.add_argument("--temperature", type=float, default=1.0, help="divides the logits; 0 = greedy (default 1)")
     g.add_argument("--seed", type=seed_arg, default=0, help="seed of the sampler (default 0)")
     g.add_argument("--no-stop", action="store_true",
@@ -59,9 +65,11 @@ def cmd_generate(args) -> int:
 
 def load_decoder(folder: str):
     """``(model, tokenizer)`` of a folder ``load_model`` reads; an encoder is refused, naming it and why."""
+    from ..interpret.trained import resolve
     from ..models import MINILM, load_model
     from ..stack.transformer import check_decoder
 
+    folder = str(resolve(folder))                # "induction": the small model shipped with attnlab
     if folder != MINILM and not (Path(folder) / "config.json").is_file():
         raise FileNotFoundError(2, "no checkpoint here (config.json is missing)", folder)
     model, tokenizer = load_model(folder)

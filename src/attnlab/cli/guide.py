@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import argparse
 import re
+import textwrap
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 
 import numpy as np
 
 from .. import guide as g
 from ..text.ngrams import LEVELS
-from ._app import add_json_flag, print_json, seed_arg, stderr_progress
+from ._app import add_command, add_json_flag, as_typed, print_json, seed_arg, stderr_progress
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,7 @@ def report_lookup(query=g.lookup.QUERY, keys=g.lookup.KEYS, values=g.lookup.VALU
     if len(tokens) != len(r.keys):
         raise ValueError(f"tokens must name the {len(r.keys)} keys, got {len(tokens)}: {' '.join(tokens)}")
     top = int(np.argmax(r.scores))
+    tied = [t for t, s in zip(tokens, r.scores) if s == r.scores[top] and t != tokens[top]]
     hard_w, hard_out = g.hard_lookup(r, index=top, score=max(hard, float(r.scores[top])))
     scale_note = f" × 1/√{len(r.query)}" if scaled else ""
     lines = [f"query q {fmt(r.query)} {r.query.shape}, keys K {r.keys.shape}, values V {r.values.shape}",
@@ -133,6 +136,9 @@ def report_lookup(query=g.lookup.QUERY, keys=g.lookup.KEYS, values=g.lookup.VALU
               f"{fmt(r.scores)} {fmt(r.weights)} {fmt(r.output)}",
               hard_line(tokens[top], float(r.scores[top]), hard, float(hard_w[top]), _gap(r.scores, top, hard),
                         hard_out, r.values[top])]
+    if tied:
+        lines.append(f"({tokens[top]!r} ties with {', '.join(map(repr, tied))} for the top score; the first is "
+                     "pushed.)")
     return Report("\n".join(lines), {
         "tokens": list(tokens), "query": r.query, "keys": r.keys, "values": r.values, "scale": r.scale,
         "scores": r.scores, "weights": r.weights, "output": r.output,
@@ -152,12 +158,12 @@ HARD_WEIGHT = 0.999999       # the guide's "more than 0.999999 of the weight": a
 def hard_line(token: str, score: float, hard: float, weight: float, gap: float, out, value) -> str:
     """What pushing the top score to ``hard`` does, said without claiming a push that did not happen."""
     if score >= hard:
-        head = f"Hard lookup: {token}'s score is already {score:g} (at least --hard {hard:g}); it takes {weight:.8f}"
+        head = f"Hard lookup: the score of {token!r} is already {score:g} (at least --hard {hard:g}); it takes {weight:.8f}"
     else:
-        head = f"Hard lookup: push {token}'s score from {score:g} to {hard:g} and it takes {weight:.8f}"
+        head = f"Hard lookup: push the score of {token!r} from {score:g} to {hard:g} and it takes {weight:.8f}"
     if weight > HARD_WEIGHT:
-        return (f"{head} of the weight (more than {HARD_WEIGHT}); output {fmt(out)}, {token}'s value "
-                f"{fmt(value)} almost exactly.")
+        return (f"{head} of the weight (more than {HARD_WEIGHT}); output {fmt(out)}, the value of {token!r}, "
+                f"{fmt(value)}, almost exactly.")
     rest = 1 - weight
     return (f"{head} of the weight, so the output {fmt(out)} is still a blend ({rest:.6f} goes to the other keys, "
             f"the next score is only {gap:g} below). A dictionary-like lookup needs the top score far "
@@ -340,13 +346,43 @@ def cmd_scale(args) -> int:
 
 # --- 5. mask ------------------------------------------------------------------------------------
 
+GRID_WIDTH = 80          # columns a printed grid fits, as the terminal grids of attnlab.viz do
+
+
 def report_mask(tokens) -> Report:
     m = g.mask_table(tokens)
-    text = ("M, added to the scores (rows: queries, columns: keys):\n"
-            + labelled_grid(m.M, m.tokens, m.tokens, lambda x: "0" if x == 0 else "−∞")
-            + "\nThe same as a bool mask (True = may attend):\n"
-            + labelled_grid(m.keep, m.tokens, m.tokens, lambda x: "True" if x else "False"))
+    additive = labelled_grid(m.M, m.tokens, m.tokens, lambda x: "0" if x == 0 else "−∞")
+    boolean = labelled_grid(m.keep, m.tokens, m.tokens, lambda x: "True" if x else "False")
+    if max(map(len, (additive + "\n" + boolean).splitlines())) <= GRID_WIDTH:
+        text = ("M, added to the scores (rows: queries, columns: keys):\n" + additive
+                + "\nThe same as a bool mask (True = may attend):\n" + boolean)
+    else:
+        text = "\n".join(textwrap.wrap(
+            f"M, added to the scores (rows: queries, columns: keys in the same order), one character per cell "
+            f"to fit {GRID_WIDTH} columns: 0 where a query may attend (M = 0, True), - where it may not "
+            f"(M = −∞, False):", GRID_WIDTH)) + "\n" + compact_grid(m.keep, m.tokens)
     return Report(text, {"tokens": list(m.tokens), "M": m.M, "keep": m.keep})
+
+
+def compact_grid(keep: np.ndarray, tokens, width: int = GRID_WIDTH) -> str:
+    """A bool grid with one character per cell (0: may attend, -: may not), keys in the rows' order, the
+    middle keys elided (…) when they do not fit ``width``.
+
+    >>> print(compact_grid(np.tril(np.ones((3, 3), bool)), ["a", "b", "c"]))
+    a 0--
+    b 00-
+    c 000
+    """
+    labels = [str(t) for t in tokens]
+    w, n = max(map(len, labels)), len(labels)
+    room = width - w - 1                                          # one column per cell
+    cols = list(range(n)) if n <= room else [*range(room // 2), None, *range(n - (room - 1 - room // 2), n)]
+    lines = [f"{labels[i].ljust(w)} " + "".join("…" if j is None else "0-"[not row[j]] for j in cols)
+             for i, row in enumerate(keep)]
+    if n > room:
+        lines.append(f"(keys {room // 2}–{n - (room - 1 - room // 2) - 1}, counted from 0, elided as …; --json "
+                     "has the whole grid)")
+    return "\n".join(lines)
 
 
 MASK_MOST = 1024          # tokens in a printed mask: more is no table anyone reads (PNGs stop there too)
@@ -372,7 +408,10 @@ def cmd_mask(args) -> int:
     if args.png:
         from ..viz import save_mask
         save_mask(args.png, tokens)
-    return emit(args, report)
+    emit(args, report)
+    if args.png and not args.json:
+        print(f"wrote {args.png}")
+    return 0
 
 
 # --- 6. embed -----------------------------------------------------------------------------------
@@ -411,6 +450,8 @@ def cmd_embed(args) -> int:
 # --- 7. heads -----------------------------------------------------------------------------------
 
 GRID_MOST = 12           # tokens and heads beyond which the per-head grids are left to --json
+HEADS_FROM_ZERO = ("Heads are numbered from 0, as in code, in TransformerLens and in every figure and command "
+                   "of attnlab: the guide's head 1 (columns 0 to 63) is head 0 here.")
 
 
 def report_heads(n: int = 5, seed: int = g.heads.SEED, *, n_heads: int = 12, d_model: int = 768) -> Report:
@@ -428,9 +469,10 @@ def report_heads(n: int = 5, seed: int = g.heads.SEED, *, n_heads: int = 12, d_m
              f"biases (the layer counts {run.n_params:,})"]
     if n <= GRID_MOST and config.n_heads <= GRID_MOST:
         lines.append(f"Each head's causal weights A (rows: queries, columns: keys), X and W from seed {seed}; "
-                     f"the tokens are random stand-ins for {' '.join(tokens)!r}, and the weights are untrained:")
+                     f"the tokens are random stand-ins for {' '.join(tokens)!r}, and the weights are untrained.")
+        lines.append(HEADS_FROM_ZERO)
         for h, a in enumerate(run.weights):
-            lines += [f"head {h + 1}", indent(labelled_matrix(a, tokens, tokens))]
+            lines += [f"head {h}", indent(labelled_matrix(a, tokens, tokens))]
     else:
         lines.append(f"({config.n_heads} grids of {n} × {n} weights: too many to print; --json has them)")
     return Report("\n".join(lines), {"shapes": {k: list(v) for k, v in run.shapes.items()}, "params": c.per_layer,
@@ -482,7 +524,8 @@ def cmd_order(args) -> int:
         sentence, swapped = g.order.SENTENCE, g.order.SWAPPED
     else:
         sentence, swapped = sentences[0], (sentences[1] if len(sentences) == 2 else None)
-    return emit(args, report_order(g.guide_toy(), args.seed, sentence, swapped))
+    with as_typed(swapped="the second --sentence", sentence="the first --sentence"):
+        return emit(args, report_order(g.guide_toy(), args.seed, sentence, swapped))
 
 
 # --- 9. cost ------------------------------------------------------------------------------------
@@ -497,18 +540,28 @@ def report_cost(n: int = 5, config_name: str = "gpt2-small", *, block_q: int | N
     p, c = g.params(config), g.cost(n, config)
     n_ctx = config.attention.n_ctx
     at_ctx = g.cost(n_ctx, config)
-    lines = ["Parameters per layer (no bias, with bias), and W_P:",
-             f"{p.per_layer} {p.per_layer_with_bias} {p.position_table}",
+    a = config.attention
+    if config.attention_bias:
+        lines = ["Parameters per layer (no bias, with bias), and W_P:",
+                 f"{p.per_layer} {p.per_layer_with_bias} {p.position_table}"]
+    else:
+        lines = [f"Parameters per layer ({config_name} has no attention biases, so one count), and W_P"
+                 f"{'' if a.positions.has_table else ' (none: its positions are ' + type(a.positions).__name__ + ')'}:",
+                 f"{p.per_layer} {p.position_table}"]
+    workers = min(config.workers, a.n_heads)
+    lines += [
              f"Scores per head and per layer at n = {n}, then at n_ctx = {n_ctx}:",
              f"{c.scores_per_head} {c.scores_per_layer} {at_ctx.scores_per_head} {at_ctx.scores_per_layer}",
              f"At n = {n:,}: {c.flops_per_layer:,} FLOPs per layer ({c.flops_projections:,} in the projections, "
              f"{c.flops_scores:,} in QKᵀ and AV); {c.flops_per_model:,} for {config.n_layers} layers",
              f"Score grid of one layer: {_bytes(c.grid_bytes_naive)} naive (all {c.scores_per_layer:,} scores at "
-             f"once), {_bytes(c.grid_bytes_tiled)} tiled (Guide 10: a block of scores at a time, plus a running "
-             "max and sum per query)",
-             f"KV cache: {_bytes(g.kv_bytes_per_token(config))} per token, {_bytes(c.kv_cache_bytes)} at n = {n:,}, "
+             f"once), {_bytes(c.grid_bytes_tiled)} tiled (Guide 10: a block of at most {config.block_q} × "
+             f"{config.block_k} scores for each of {config.workers} cores computing at once, as on the machine "
+             "attnlab is measured on, plus a running max and sum per query; `cost --help` lists the tiled "
+             "column's options)",
+             f"KV cache of all {config.n_layers} layers (the score grid above is one layer's): "
+             f"{_bytes(g.kv_bytes_per_token(config))} per token, {_bytes(c.kv_cache_bytes)} at n = {n:,}, "
              f"{_bytes(at_ctx.kv_cache_bytes)} at n_ctx = {n_ctx} ({bytes_per_number} bytes per number)"]
-    a = config.attention
     if a.n_kv_heads < a.n_heads:
         lines.append(f"Grouped-query attention: {a.n_heads} query heads share {a.n_kv_heads} key/value heads, so the "
                      f"cache is {a.n_heads // a.n_kv_heads}x smaller than the same model without GQA: "
@@ -524,9 +577,14 @@ def report_cost(n: int = 5, config_name: str = "gpt2-small", *, block_q: int | N
     rows = g.growth(config) if growth_table else []
     if rows:
         b = config.block_q
+        share = Fraction(workers, a.n_heads)
         lines += [f"Growth. Up to n = {b:,} a block holds a head's whole n × n grid, so tiled memory grows as n² "
-                  f"there too; past {b:,} the block stops growing and only the max and sum per query grow, "
-                  "linearly: that is the kink in the memory plot." + _small_n_note(rows), table(["n", "scores/layer", "FLOPs/layer", "grid naive", "grid tiled", "KV cache"],
+                  f"there too, but only for the {workers} head{'s' * (workers > 1)} in flight (one per core) of "
+                  f"the {a.n_heads}: about {share} of naive's grid. Past {b:,} the block stops growing and only "
+                  "the max and sum per query grow, linearly: that is the kink in the memory plot."
+                  + _small_n_note(rows),
+                  f"In the table the grid columns are one layer's, the KV cache all {config.n_layers} layers'.",
+                  table(["n", "scores/layer", "FLOPs/layer", "grid naive", "grid tiled", "KV cache"],
                                    [[f"{r.n:,}", f"{r.scores_per_layer:,}", f"{r.flops_per_layer:.3g}",
                                      _bytes(r.grid_bytes_naive), _bytes(r.grid_bytes_tiled),
                                      _bytes(r.kv_cache_bytes)] for r in rows])]
@@ -597,13 +655,23 @@ def _int(text: str) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("floors", help="lowest possible cross-entropy for each context length k")
+    p = add_command(sub, "floors", help="lowest possible cross-entropy for each context length k",
+                    section="Why context pays",
+                    shows="Shows the lowest cross-entropy any predictor can reach with k characters (or words) of "
+                          "context, counted on the guide's toy text or your own file",
+                    examples=("attnlab floors                 # the guide's 2.318 … 0.179",
+                              "attnlab floors --max-k 8 --json"))
     p.add_argument("file", nargs="?", help="a UTF-8 text file (default: the guide's toy text)")
     p.add_argument("--max-k", type=_int, default=5, help="longest context (default 5)")
     p.add_argument("--level", choices=LEVELS, default="char", help="count characters or words")
     _done(p, cmd_floors)
 
-    p = sub.add_parser("lookup", help="the soft lookup step by step, and its hard limit")
+    p = add_command(sub, "lookup", help="the soft lookup step by step, and its hard limit",
+                    section="The idea: a soft lookup",
+                    shows="Shows one query scored against every key, the softmax weights and the weighted sum of "
+                          "the values, step by step, and the hard lookup a huge score turns it into",
+                    examples=("attnlab lookup                 # the guide's [0.090 0.665 0.245]",
+                              "attnlab lookup --query '0.2 1' --scale"))
     p.add_argument("--query", help="the query, e.g. 1,0 (default: the guide's)")
     p.add_argument("--keys", help="one key per token, rows split by ';', e.g. '0,0;2,0;1,1'")
     p.add_argument("--values", help="one value per token, e.g. '1,0;0,1;1,1'")
@@ -612,7 +680,11 @@ def register(sub) -> None:
     p.add_argument("--hard", type=float, default=g.lookup.HARD_SCORE, help="push the top score to this (20)")
     _done(p, cmd_lookup)
 
-    p = sub.add_parser("explain", help="the equation symbol by symbol, or a model's shapes table")
+    p = add_command(sub, "explain", help="the equation symbol by symbol, or a model's shapes table",
+                    section="Where queries, keys and values come from",
+                    shows="Shows A = softmax(QKᵀ/√d_k + M) and AV symbol by symbol (X, W^Q … S, M, A) with shapes "
+                          "and values on the toy embeddings, or a real model's shapes table",
+                    examples=("attnlab explain 'the cat sat'", "attnlab explain --config gpt2-small"))
     p.add_argument("sentence", nargs="?", help="words of the toy vocabulary (default: 'the cat sat'); "
                    "with --config any text (default: 'The cat sat on the')")
     p.add_argument("--config", choices=sorted(g.COST_CONFIGS), help="print the shapes table for this model instead")
@@ -621,7 +693,12 @@ def register(sub) -> None:
     p.add_argument("--seed", type=seed_arg, help=f"seed of W^Q, W^K, W^V (default {g.toy.PROJECTION_SEED}, the guide's)")
     _done(p, cmd_explain)
 
-    p = sub.add_parser("scale", help="why the scores are divided by √d_k")
+    p = add_command(sub, "scale", help="why the scores are divided by √d_k",
+                    section="Keeping the softmax usable: the square root of d_k",
+                    shows="Shows why the scores are divided by √d_k: dot products spread as √d_k, the largest "
+                          "softmax weight saturates without the division, and a saturated weight barely moves",
+                    examples=("attnlab scale                  # the guide's 1.98, 8.01 and 0.843 0.247",
+                              "attnlab scale --d-k 4 16 256 --pairs 2000 --trials 500"))
     p.add_argument("--seed", type=seed_arg, default=g.scaling.SEED, help="the guide uses 0")
     p.add_argument("--pairs", type=_int, default=10_000, help="random pairs per width (10,000)")
     p.add_argument("--trials", type=_int, default=2000, help="random queries for the top weight (2,000)")
@@ -632,27 +709,44 @@ def register(sub) -> None:
                    help="scores to saturate, e.g. '10,0,0' (repeatable; default the guide's 10,0,0 and 1,0,0)")
     _done(p, cmd_scale)
 
-    p = sub.add_parser("mask", help="the causal mask M, with 0 and −∞, and as bools")
+    p = add_command(sub, "mask", help="the causal mask M, with 0 and −∞, and as bools",
+                    section="No peeking: the causal mask",
+                    shows="Shows the causal mask M added to the scores, 0 where a token may look and −∞ where it "
+                          "may not, and the same mask as bools",
+                    examples=("attnlab mask", "attnlab mask 8 --png mask.png"))
     p.add_argument("n", nargs="?", type=_int, metavar="N", help="number of tokens (default: the running example)")
     p.add_argument("--tokens", nargs="+", help="labels for the rows and columns")
     p.add_argument("--png", help="also draw the mask into this PNG file")
     _done(p, cmd_mask)
 
-    p = sub.add_parser("embed", help="retrain the toy embeddings; attention grids with random W_Q, W_K, W_V")
+    p = add_command(sub, "embed", help="retrain the toy embeddings; attention grids with random W_Q, W_K, W_V",
+                    section="No peeking: the causal mask",
+                    shows="Shows Guide 3's toy embeddings retrained (cos(cat, dog) 0.95) and the causal attention "
+                          "weights they give with random W^Q, W^K, W^V",
+                    examples=("attnlab embed", "attnlab embed --sentence 'the dog ran to the cat'"))
     p.add_argument("--sentence", action="append", help="a sentence of toy words (repeatable; default: the guide's two)")
     p.add_argument("--pair", nargs=2, default=("cat", "dog"), metavar=("A", "B"), help="words to compare (cat dog)")
     p.add_argument("--seed", type=seed_arg, default=g.toy.EMBED_SEED, help="seed of the embedding table (0)")
     p.add_argument("--proj-seed", type=seed_arg, default=g.toy.PROJECTION_SEED, help="seed of W_Q, W_K, W_V (1)")
     _done(p, cmd_embed)
 
-    p = sub.add_parser("heads", help="multi-head attention on GPT-2 small's shapes")
+    p = add_command(sub, "heads", help="multi-head attention on GPT-2 small's shapes",
+                    section="Several heads at once",
+                    shows="Shows multi-head attention on GPT-2 small's shapes (or yours): the shapes, the "
+                          "parameter counts and every head's grid, heads numbered from 0",
+                    examples=("attnlab heads", "attnlab heads --n-heads 4 --d-model 64 --seed 5"))
     p.add_argument("--n", type=_int, default=5, help="tokens (default 5)")
     p.add_argument("--seed", type=seed_arg, default=g.heads.SEED, help="seed of X and the four matrices (the guide uses 0)")
     p.add_argument("--n-heads", type=_int, default=12, help="heads h (default 12, GPT-2 small's)")
     p.add_argument("--d-model", type=_int, default=768, help="width d_model, a multiple of h (default 768)")
     _done(p, cmd_heads)
 
-    p = sub.add_parser("order", help="attention is blind to order until positions are added")
+    p = add_command(sub, "order", help="attention is blind to order until positions are added",
+                    section="Order: giving tokens a position",
+                    shows="Shows that attention without positions is blind to word order, and what position "
+                          "vectors and the causal mask change (True True, False 0.749, False 0.020)",
+                    examples=("attnlab order",
+                              "attnlab order --sentence 'the dog ran to the cat' --sentence 'the cat ran to the dog'"))
     p.add_argument("--seed", type=seed_arg, default=g.order.POSITION_SEED, help="seed of the position vectors (2)")
     p.add_argument("--sentence", action="append", metavar="TEXT",
                    help="a sentence of toy words; give it twice for the second sentence (default: the guide's "
@@ -660,7 +754,12 @@ def register(sub) -> None:
                         "words reversed)")
     _done(p, cmd_order)
 
-    p = sub.add_parser("cost", help="parameters, scores, FLOPs, score-grid and KV-cache memory")
+    p = add_command(sub, "cost", help="parameters, scores, FLOPs, score-grid and KV-cache memory",
+                    section="The price of looking at everything",
+                    shows="Shows what attention costs at n tokens: parameters, scores, FLOPs, score-grid memory "
+                          "naive and tiled, the KV cache, and how each grows with n",
+                    examples=("attnlab cost", "attnlab cost --n 4096 --no-growth",
+                              "attnlab cost --config llama-3.2-1b --no-growth"))
     p.add_argument("--n", type=_int, default=5, help="sequence length (default 5, the running example)")
     p.add_argument("--config", choices=sorted(g.COST_CONFIGS), default="gpt2-small",
                    help="the model whose sizes are counted (gpt2-small, the guide's)")
@@ -674,7 +773,11 @@ def register(sub) -> None:
     p.add_argument("--no-growth", action="store_true", help="leave out the growth table")
     _done(p, cmd_cost)
 
-    p = sub.add_parser("tokens", help="GPT-2 BPE token ids")
+    p = add_command(sub, "tokens", help="GPT-2 BPE token ids",
+                    section="No peeking: the causal mask",
+                    shows="Shows a text's GPT-2 BPE token ids, the running example's inputs and targets "
+                          "(464 3797 3332 319 262)",
+                    examples=("attnlab tokens", "attnlab tokens 'The dog sat'"))
     p.add_argument("text", nargs="?", default=g.RUNNING_EXAMPLE, help="default: 'The cat sat on the'")
     _done(p, cmd_tokens)
 

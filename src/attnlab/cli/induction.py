@@ -122,6 +122,11 @@ def format_induction(r: dict) -> str:
     for f in r.get("figures", []):
         lines.append(f"wrote {f}")
     if r.get("out"):
-        lines.append(f"checkpoint: {r['out']} (attnlab detect --model {r['out']} --repeat-random 6; "
-                     f"attnlab attend 'abcdefabcdef' --model {r['out']})")
+        lines.append(checkpoint_line(r["out"]))
     return "\n".join(lines)
+
+
+def checkpoint_line(out: str) -> str:
+    """Where the checkpoint went, and two commands to try on it, with the BOS its sequences start with."""
+    return (f"checkpoint: {out} (attnlab detect --model {out} --repeat-random 6; attnlab lens '|abcdefabcdef' "
+            f"--model {out}: its sequences start with '|', the BOS it was trained with)")

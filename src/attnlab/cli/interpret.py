@@ -4,23 +4,36 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._app import add_json_flag, print_json, seed_arg
+from ._app import add_command, add_json_flag, print_json, seed_arg
 
 MODEL_HELP = ("'minilm', 'induction' (the small induction model shipped with attnlab), a GPT-2, BERT or "
               "Llama-family checkpoint folder, or a folder written by 'attnlab train --out'")
 
 
+DETECT_TEXT = "The cat sat on the mat"     # the tour's text for a trained model's heads
+DETECT_REPEAT = 6                          # without TEXT, a model with its own vocabulary gets --repeat-random 6
+
+
 def register(sub) -> None:
     add_commands(sub)
-    p = sub.add_parser("interpret", help="what trained heads do: detect, ablate, patch, lens, scan")
+    p = add_command(sub, "interpret", help="what trained heads do: detect, ablate, patch, lens, scan",
+                    beyond="docs/interpret.md",
+                    shows="Shows what trained heads do through five commands, each also a command of its own",
+                    examples=("attnlab interpret detect --model induction", "attnlab interpret lens '|abcab' "
+                              "--model induction --top 1"))
     add_commands(p.add_subparsers(title="commands", metavar="COMMAND"))
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("detect", help="score every head as a previous-token, duplicate-token or induction head",
-                       description="Score every head with TransformerLens's detectors (share of its attention "
-                                   "on the pattern's cells).")
-    p.add_argument("text", nargs="?", help="the text to run (or use --repeat-random)")
+    p = add_command(sub, "detect", help="score every head as a previous-token, duplicate-token or induction head",
+                    beyond="docs/interpret.md",
+                    shows="Shows every head's score as a previous-token, duplicate-token and induction head: the "
+                          "share of its attention on the pattern's cells, as TransformerLens's detectors define it",
+                    more="The tour's section “What trained heads do”.",
+                    examples=("attnlab detect                 # MiniLM on 'The cat sat on the mat'",
+                              "attnlab detect --model induction --repeat-random 6 --exclude-bos"))
+    p.add_argument("text", nargs="?", help=f"the text to run (default {DETECT_TEXT!r}, the tour's; for a model "
+                   f"with its own vocabulary, such as --model induction, --repeat-random {DETECT_REPEAT})")
     p.add_argument("--model", default="minilm", help=MODEL_HELP + " (default minilm)")
     p.add_argument("--kind", default="all", help="previous_token, duplicate_token, induction or all (default)")
     p.add_argument("--repeat-random", type=int, metavar="N", help="N random token ids repeated twice (the "
@@ -33,8 +46,13 @@ def add_commands(sub) -> None:
     add_json_flag(p)
     p.set_defaults(func=cmd_detect)
 
-    p = sub.add_parser("ablate", help="the change in next-token loss when each head is removed (causal LMs)")
-    p.add_argument("text")
+    p = add_command(sub, "ablate", help="the change in next-token loss when each head is removed (causal LMs)",
+                    beyond="docs/interpret.md",
+                    shows="Shows how much a causal model's next-token loss on TEXT rises when each head's output "
+                          "is zeroed (or replaced by its mean)",
+                    examples=("attnlab ablate '|abcdefgabcdefg' --model induction",
+                              "attnlab ablate '|abcdefgabcdefg' --model induction --mode mean"))
+    p.add_argument("text", metavar="TEXT", help="at least 2 tokens")
     p.add_argument("--model", required=True, help=MODEL_HELP)
     p.add_argument("--mode", default="zero", choices=("zero", "mean"), help="zero the head's output, or "
                    "replace it by its mean over positions (default zero)")
@@ -42,8 +60,12 @@ def add_commands(sub) -> None:
     add_json_flag(p)
     p.set_defaults(func=cmd_ablate)
 
-    p = sub.add_parser("patch", help="activation patching: what each head and each layer's residual at each "
-                       "position restores of the clean logit difference")
+    p = add_command(sub, "patch", help="activation patching: what each head and each layer's residual at each "
+                    "position restores of the clean logit difference", beyond="docs/interpret.md",
+                    shows="Shows activation patching: the share of the clean run's logit difference that one "
+                          "head's clean output, or one layer's clean residual at one position, restores",
+                    examples=("attnlab patch --model induction --clean '|abcdefgabcde' --corrupt '|abcdzfgabcde' "
+                              "--answer f --wrong g",))
     p.add_argument("--model", required=True, help=MODEL_HELP)
     p.add_argument("--clean", required=True, metavar="TEXT")
     p.add_argument("--corrupt", required=True, metavar="TEXT", help="as many tokens as --clean")
@@ -54,9 +76,13 @@ def add_commands(sub) -> None:
     add_json_flag(p)
     p.set_defaults(func=cmd_patch)
 
-    p = sub.add_parser("attribute", help="attribution patching: every head's and residual position's share of "
-                       "the clean logit difference, estimated from one forward and one backward pass, beside "
-                       "activation patching's measurement")
+    p = add_command(sub, "attribute", help="attribution patching: every head's and residual position's share of "
+                    "the clean logit difference, estimated from one forward and one backward pass",
+                    beyond="docs/backward.md",
+                    shows="Shows attribution patching: gradient × (clean − corrupt) activation for every head's "
+                          "output and every residual position, beside activation patching's measurement",
+                    examples=("attnlab attribute --model induction --clean '|abcdefgabcde' --corrupt "
+                              "'|abcdzfgabcde' --answer f --wrong g",))
     p.add_argument("--model", required=True, help=MODEL_HELP)
     p.add_argument("--clean", required=True, metavar="TEXT")
     p.add_argument("--corrupt", required=True, metavar="TEXT", help="as many tokens as --clean")
@@ -68,8 +94,12 @@ def add_commands(sub) -> None:
     add_json_flag(p)
     p.set_defaults(func=cmd_attribute)
 
-    p = sub.add_parser("lens", help="the logit lens: each layer's residual stream read as next-token guesses")
-    p.add_argument("text")
+    p = add_command(sub, "lens", help="the logit lens: each layer's residual stream read as next-token guesses",
+                    beyond="docs/interpret.md",
+                    shows="Shows the logit lens: at each position, each layer's residual stream read through the "
+                          "final norm and unembedding as next-token guesses",
+                    examples=("attnlab lens '|abcdefgabcde' --model induction --top 2",))
+    p.add_argument("text", metavar="TEXT")
     p.add_argument("--model", required=True, help=MODEL_HELP)
     p.add_argument("--top", type=int, default=3, help="tokens per position and layer (default 3)")
     add_json_flag(p)
@@ -119,13 +149,21 @@ def text_tokens(ids: np.ndarray, tokenizer) -> int:
     return n
 
 
+def own_vocabulary(tokenizer) -> bool:
+    """A vocabulary of its own (an ``attnlab train`` folder, the induction model), which English may not fit."""
+    from ..text.tokens import Vocab
+    return isinstance(tokenizer, Vocab)
+
+
 def detect_ids(args, model, tokenizer) -> np.ndarray:
     from ..interpret import repeated_random_tokens
-    if (args.text is None) == (args.repeat_random is None):
-        raise ValueError("give either TEXT or --repeat-random N, not both and not neither")
+    if args.text is not None and args.repeat_random is not None:
+        raise ValueError("give either TEXT or --repeat-random N, not both")
     if args.text is not None:
         return tokenizer.encode(args.text)
-    n = args.repeat_random
+    if args.repeat_random is None and not own_vocabulary(tokenizer):
+        return tokenizer.encode(DETECT_TEXT)
+    n = DETECT_REPEAT if args.repeat_random is None else args.repeat_random
     if n < 1:
         raise ValueError(f"--repeat-random must be a positive integer, got {n}")
     before, after = special_ids(tokenizer)
@@ -163,7 +201,10 @@ def cmd_detect(args) -> int:
         print_json({"model": args.model, "tokens": tokens, "scores": scores})
         return 0
     c = model.config
-    print(f"{args.model}: {len(tokens)} tokens, {c.n_layers} layers × {c.attention.n_heads} heads"
+    on = (f" on {args.text!r}" if args.text is not None else "" if args.repeat_random is not None else
+          f" on {DETECT_REPEAT} random tokens repeated (--repeat-random {DETECT_REPEAT}, the default without TEXT "
+          "for a model with its own vocabulary)" if own_vocabulary(tokenizer) else f" on {DETECT_TEXT!r}")
+    print(f"{args.model}{on}: {len(tokens)} tokens, {c.n_layers} layers × {c.attention.n_heads} heads"
           f"{'' if c.is_causal else ' (bidirectional: the patterns are scored on the full grid)'}")
     for k, s in scores.items():
         best = ", ".join(f"L{i}H{j} {v:.3f}" for i, j, v in top_heads(s, args.top))
@@ -176,7 +217,7 @@ def cmd_detect(args) -> int:
 def cmd_ablate(args) -> int:
     from ..interpret import ablate
     model, tokenizer = load_decoder(args.model, "ablation")
-    ids = tokenizer.encode(args.text)
+    ids = encode_text(tokenizer, args.text, "TEXT", least=2, why="one to predict from, one to predict")
     r = ablate(model, ids, mode=args.mode)
     if args.png:
         from ..interpret.figures import save_head_grids
@@ -201,6 +242,15 @@ def print_grid(grid: np.ndarray, columns: list[str], *, width: int, digits: int)
         print(f"{i:>5} " + " ".join(f"{v:+{width}.{digits}f}" for v in row))
 
 
+def encode_text(tokenizer, text: str, what: str, *, least: int, why: str) -> np.ndarray:
+    """``text``'s ids (n,), refused by the name the learner typed when it holds fewer than ``least`` tokens."""
+    ids = tokenizer.encode(text)                                    # (n,)
+    if ids.size < least:
+        raise ValueError(f"{what} must hold at least {least} tokens ({why}); {text!r} is {ids.size}: "
+                         f"{list(tokenizer.labels(ids))}")
+    return ids
+
+
 def one_token(tokenizer, text: str, what: str) -> int:
     ids = tokenizer.encode(text)
     if ids.size != 1:
@@ -211,7 +261,8 @@ def one_token(tokenizer, text: str, what: str) -> int:
 def cmd_patch(args) -> int:
     from ..interpret import patch
     model, tokenizer = load_decoder(args.model, "patching")
-    clean, corrupt = tokenizer.encode(args.clean), tokenizer.encode(args.corrupt)
+    clean = encode_text(tokenizer, args.clean, "--clean", least=2, why="the answer is read at the last one")
+    corrupt = tokenizer.encode(args.corrupt)
     if clean.size != corrupt.size:
         raise ValueError(f"--clean has {clean.size} tokens and --corrupt {corrupt.size}; they must have the same "
                          "number")
@@ -294,8 +345,9 @@ def cmd_lens(args) -> int:
     ids = tokenizer.encode(args.text)
     lens = logit_lens(model, ids, top=args.top)
     tokens = list(tokenizer.labels(ids))
+    note = bos_note(tokenizer, ids, args.text, f"attnlab lens '{{text}}' --model {args.model}")
     if args.json:
-        print_json({"model": args.model, "tokens": tokens, "stages": list(lens.stages),
+        print_json({"model": args.model, "tokens": tokens, "stages": list(lens.stages), "note": note,
                     "top": [[[{"token": tokenizer.labels([t])[0], "id": int(t), "p": float(p)}
                               for t, p in zip(ti, pi)] for ti, pi in zip(ts, ps)]
                             for ts, ps in zip(lens.top_ids, lens.top_probs)]})
@@ -308,4 +360,19 @@ def cmd_lens(args) -> int:
             guesses = "  ".join(f"{label(tokenizer.labels([t])[0])} {p:.2f}"
                                 for t, p in zip(lens.top_ids[s, pos], lens.top_probs[s, pos]))
             print(f"  {stage:>9}: {guesses}")
+    if note:
+        print(note)
     return 0
+
+
+def bos_note(tokenizer, ids: np.ndarray, text: str, command: str) -> str | None:
+    """A hint when a model trained on sequences that open with its BOS symbol (the induction task's "|")
+    is given a text without it: every position then sits where training never put it."""
+    from ..text.tokens import Vocab
+    before, _ = special_ids(tokenizer)
+    if not (isinstance(tokenizer, Vocab) and before) or list(ids[:len(before)]) == before:
+        return None
+    bos = tokenizer.decode(before)
+    return (f"note: this model was trained on sequences that start with {bos!r} (its beginning-of-sequence "
+            f"token), and {text!r} does not; its guesses here are out of what it learned. Try: "
+            + command.format(text=bos + text))

@@ -8,6 +8,27 @@ import numpy as np
 SENTENCE = "The cat sat on the mat because the cat was tired, and the mat was warm."
 
 
+INDUCTION_LEVEL = 0.5     # an induction score above which a head counts as an induction head here
+
+
+def induction_heads_line(scores: np.ndarray, layer: int) -> str:
+    """Every head of ``layer`` with its induction score, and how many pass :data:`INDUCTION_LEVEL`."""
+    heads = ", ".join(f"head {h} {v:.3f}" for h, v in enumerate(scores))
+    n = int((scores > INDUCTION_LEVEL).sum())
+    return (f"layer {layer}'s induction scores: {heads}: {n} induction head{'s' * (n != 1)} (score above "
+            f"{INDUCTION_LEVEL}), as `attnlab detect --model induction --repeat-random 6 --exclude-bos` finds")
+
+
+def induction_heads_prose(scores: np.ndarray, layer: int) -> str:
+    """One sentence saying how many induction heads the layer grew."""
+    strong = [h for h, v in enumerate(scores) if v > INDUCTION_LEVEL]
+    if len(strong) < 2:
+        return "It is the layer's only induction head."
+    names = " and ".join(f"head {h} ({scores[h]:.3f})" for h in strong)
+    return (f"In fact layer {layer} grew {len(strong)} of them, {names}, doing the same job side by side; the "
+            "figure shows the first.")
+
+
 def what_heads_do(ctx, Section, Figure):
     from ..interpret import detect_heads, top_heads
     from ..interpret.figures import save_head_grids, save_two_heads
@@ -55,6 +76,7 @@ def what_heads_do(ctx, Section, Figure):
               f"({INDUCTION_COMMAND}), on {''.join(labels)!r}:",
               f"layer {l0}, head {h0}: previous-token score {s0:.3f} on it", terminal_text(amap, l0, h0),
               f"layer {l1}, head {h1}: induction score {s1:.3f} on it", terminal_text(amap, l1, h1),
+              induction_heads_line(s["induction"][1], l1),
               f"On {len(ids)} held-out sequences: loss on first occurrences {first:.3f} nats (log V = "
               f"{np.log(cfg.task.vocab_size):.3f}), on repeats {repeat:.3f}; one layer, guessing by offset, can do "
               f"no better than {guess:.3f}."]
@@ -68,7 +90,8 @@ def what_heads_do(ctx, Section, Figure):
         f"The small model learned to continue a repeated sequence. Layer {l0}, head {h0} looks one token back, "
         f"so every position also carries the token before it; layer {l1}, head {h1} then looks for the position "
         "whose previous token is the current token, and copies what sits there: an induction head (Olsson et "
-        "al., 2022). Its loss on repeats fell suddenly during training, a phase change.",
+        f"al., 2022). {induction_heads_prose(s['induction'][1], l1)} Its loss on repeats fell suddenly during "
+        "training, a phase change.",
         "One layer cannot build this: no head in the first layer knows what came before a key. Trained alike, a "
         "1-layer model only learns to guess among the tokens a segment's length back, which fails on a period "
         f"it never saw. `{INDUCTION_COMMAND}` trains the model shown here again (about a minute; add "

@@ -6,7 +6,7 @@ import argparse
 import contextlib
 import os
 
-from ._app import add_json_flag, print_json, seed_arg, stderr_progress
+from ._app import add_command, add_json_flag, print_json, seed_arg, stderr_progress
 
 
 def positive_int(text: str) -> int:
@@ -30,8 +30,12 @@ def positive_float(text: str) -> float:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("longctx", help="attention at N tokens across Dask worker processes (sequence-parallel), "
-                       "checked row by row", allow_abbrev=False)
+    p = add_command(sub, "longctx", help="attention at N tokens across Dask worker processes (sequence-parallel), "
+                    "checked row by row", beyond="docs/distributed.md", allow_abbrev=False,
+                    shows="Shows attention at N tokens computed across Dask worker processes, sampled rows checked "
+                          "exactly, with the time, memory and bytes moved",
+                    examples=("attnlab longctx --n 8192 --causal --workers 2",
+                              "attnlab longctx --n 65536 --heads 2 --causal --json"))
     p.add_argument("--n", type=positive_int, required=True, help="tokens (queries = keys = N)")
     p.add_argument("--heads", type=positive_int, default=1, help="heads, d_head 64 each (default 1)")
     p.add_argument("--workers", type=positive_int, default=None,

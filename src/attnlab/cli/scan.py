@@ -5,12 +5,15 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ._app import add_json_flag, print_json, stderr_progress
+from ._app import add_command, add_json_flag, print_json, stderr_progress
 
 
 def add_scan(sub) -> None:
-    p = sub.add_parser("scan", help="average every head's entropy, distance, [CLS]/[SEP]/punctuation weight "
-                       "and detector scores over every line of a corpus")
+    p = add_command(sub, "scan", help="average every head's entropy, distance, [CLS]/[SEP]/punctuation weight "
+                    "and detector scores over every line of a corpus", beyond="docs/interpret.md",
+                    shows="Shows every head's average entropy, distance, weight on [CLS], [SEP] and punctuation "
+                          "and detector scores over every line of a text file (MY_TEXT.txt: any UTF-8 file)",
+                    examples=("attnlab scan MY_TEXT.txt --workers 0", "attnlab scan MY_TEXT.txt --out scan"))
     p.add_argument("file", metavar="FILE", help="UTF-8 text, one sentence or line per document")
     p.add_argument("--model", default="minilm", help="'minilm' (default), 'induction' (the small induction "
                    "model shipped with attnlab) or a checkpoint folder")
@@ -25,12 +28,12 @@ def add_scan(sub) -> None:
 
 
 def cmd_scan(args) -> int:
-    from ..interpret.scan import read_corpus, scan_corpus
+    from ..interpret.scan import read_corpus_lines, scan_corpus
     if args.workers < 0:
         raise ValueError(f"--workers must be >= 0, got {args.workers}")
     if args.chunk < 1:
         raise ValueError(f"--chunk must be a positive integer, got {args.chunk}")
-    lines = read_corpus(args.file)
+    lines, skipped = read_corpus_lines(args.file)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)       # an unwritable --out fails now
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
@@ -46,13 +49,19 @@ def cmd_scan(args) -> int:
     where = "this process" if args.workers == 0 and not args.scheduler else \
         (args.scheduler or f"a LocalCluster of {args.workers} worker processes")
     result = {"model": args.model, "file": str(args.file), "lines": sums.lines, "tokens": sums.tokens,
-              "skipped_too_long": sums.too_long, "skipped_one_token": sums.too_short, "seconds": seconds,
+              "skipped_too_long": sums.too_long, "skipped_one_token": sums.too_short,
+              "skipped_lines": {kind: {"count": len(numbers), "line_numbers": numbers}
+                                for kind, numbers in skipped.items()}, "seconds": seconds,
               "lines_per_second": sums.lines / seconds, "ran_on": where, "means": means, "figures": figures}
     if args.json:
         print_json(result)
         return 0
     print(f"{args.model}: {sums.lines} lines ({sums.tokens} tokens) in {seconds:.1f} s on {where}, "
           f"{sums.lines / seconds:.1f} lines/s")
+    if any(skipped.values()):
+        print("skipped " + ", ".join(f"{len(n)} {kind.replace('_', '-')} line{'s' * (len(n) != 1)} "
+                                     f"(line {', '.join(map(str, n[:5]))}{', …' * (len(n) > 5)})"
+                                     for kind, n in skipped.items() if n))
     if sums.too_long or sums.too_short:
         print(f"skipped {sums.too_long} lines longer than the model's positions and {sums.too_short} of one token")
     from ..interpret import top_heads

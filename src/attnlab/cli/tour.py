@@ -18,7 +18,7 @@ from .. import guide as g
 from .._io import atomic_path
 from ..kernels.masks import causal_mask
 from . import guide as cg
-from ._app import add_json_flag, jsonable, print_json
+from ._app import GUIDE_SECTIONS, add_command, add_json_flag, jsonable, print_json
 
 DEFAULT_OUT = "attnlab-tour"
 
@@ -191,7 +191,8 @@ def section_mask(ctx: TourContext) -> Section:
     embed = cg.report_embed(ctx.toy)
     words = g.RUNNING_EXAMPLE.split()
     steps = {st.symbol.name: st.value for st in g.explain(ctx.toy, g.RUNNING_EXAMPLE)}
-    ctx.widgets["mask"] = {"tokens": words, "S": steps["S"]}
+    toy_words = [w.lower() for w in words]        # the toy vocabulary's words, as the weight figures beside say
+    ctx.widgets["mask"] = {"tokens": toy_words, "S": steps["S"]}
     save_mask(ctx.out / "mask.png", words, title="causal mask M for the running example")
     figures = [Figure("mask.png", "the causal mask M: 0 where a token may look, −∞ (hatched) where not")]
     for i, grid in enumerate(embed.data["grids"]):
@@ -254,7 +255,9 @@ def section_heads(ctx: TourContext) -> Section:
     return Section("Several heads at once", r.text, r.data, (Figure("heads.png", "the 12 heads' weight grids "
                    "(random numbers, seed 0)"),), id="heads", prose=(
         "Twelve heads of width 64 run side by side on the same X, each with its own W^Q, W^K, W^V and so its "
-        "own grid of weights. Their outputs sit next to each other in one 768-wide row, and W^O mixes them.",
+        "own grid of weights. Their outputs sit next to each other in one 768-wide row, and W^O mixes them. "
+        "Heads and layers are numbered from 0 here, as in code: the guide's “head 1” (columns 0 to 63) is "
+        "head 0, and L0H2 in a figure is layer 0, head 2.",
         "With random weights of GPT-2's initial scale (0.02) the grids are close to even: no head has learned "
         "anything yet. The last section shows what training makes of them."),
         commands=("attnlab heads --n-heads 4 --d-model 64 --seed 5", "attnlab heads --n 8 --json"))
@@ -334,8 +337,8 @@ def section_trained(ctx: TourContext) -> Section:
         f"A trained head is not a blur. In all-MiniLM-L6-v2, layer {d['layer']}, head {d['head']}, almost every "
         f"token puts all its weight on {where}; an untrained head of the same shape spreads its weight evenly "
         f"(entropy {d['untrained_entropy']:.3f} nats against {d['trained_entropy']:.3f}).",
-        f"Below is every head of MiniLM on “{text}”. Hover over a query to see where it looks, click a thumbnail to "
-        "change head. Many heads park their weight on [CLS] or [SEP] when there is nothing to fetch: a no-op, "
+        f"Below is every head of MiniLM on “{text}”. Hover over a query to see where it looks; under the grid, the "
+        "model view has a thumbnail per layer and head: click one to change head. Many heads park their weight on [CLS] or [SEP] when there is nothing to fetch: a no-op, "
         "not a sign that those tokens carry meaning."),
         commands=(f"attnlab attend '{text}' --layer {d['layer']} --head {d['head']}",
                   f"attnlab attend '{text}' --summary", f"attnlab attend '{text}' --html view.html"),
@@ -479,8 +482,13 @@ def render_page(sections: list[Section], ctx: TourContext) -> str:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("tour", help="run the guide's examples in order, with figures and a teaching HTML page "
-                       "(live widgets, exercises)")
+    p = add_command(sub, "tour", help="run the guide's examples in order, with figures and a teaching HTML page "
+                    "(live widgets, exercises)", section=GUIDE_SECTIONS[1],
+                    shows="Shows every section of the guide in order, from its first, with the numbers, figures "
+                          "and a teaching page (index.html: widgets, exercises) to open in a browser",
+                    more="Then a trained model's head, the two gaps closed on MiniLM, what trained heads do, and "
+                         "what attention is and isn't.",
+                    examples=("attnlab tour", "attnlab tour --out my-tour"))
     p.add_argument("--out", default=DEFAULT_OUT, help=f"folder for the figures and index.html (./{DEFAULT_OUT})")
     add_json_flag(p)
     p.set_defaults(func=cmd_tour)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._app import add_json_flag, print_json, seed_arg, stderr_progress
+from ._app import add_command, add_json_flag, print_json, seed_arg, stderr_progress
 
 if TYPE_CHECKING:
     from ..text.tokens import Vocab
@@ -21,8 +21,14 @@ BASELINE_KS = (1, 2)     # the add-α predictors the model is set beside
 def register(sub) -> None:
     from ..layer.positions import POSITION_SCHEMES
 
-    p = sub.add_parser("train", help="train a small attention language model on a text and compare it with "
-                       "the n-gram floors")
+    p = add_command(sub, "train", help="train a small attention language model on a text and compare it with "
+                    "the n-gram floors", section="Why context pays",
+                    shows="Shows a small attention-only language model trained on a text (the guide's toy text, or "
+                          "MY_TEXT.txt), its loss beside the n-gram floors and counting",
+                    more="With --task induction it grows an induction head instead; see docs/lm.md and "
+                         "docs/interpret.md.",
+                    examples=("attnlab train --steps 100", "attnlab train --steps 100 --out lm   # then: attnlab "
+                              "generate lm --prompt 'the '"))
     p.add_argument("file", nargs="?", metavar="FILE", help="UTF-8 text (default: the guide's toy text)")
     p.add_argument("--task", default="text", choices=("text", "induction"), help="text: next tokens of FILE "
                    "(default); induction: repeated random tokens, to grow an induction head (Olsson et al.)")
@@ -46,15 +52,16 @@ def register(sub) -> None:
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW's decoupled decay of the matrices "
                    "(default 0; 1.0 with --lr 0.01 suits a 27 KB text)")
     p.add_argument("--schedule", default="cosine", choices=("constant", "cosine"),
-                   help="learning rate: constant, or cosine decay to 0.1× (default)")
+                   help="learning rate: constant, or cosine (the default): a cosine decay to 0.1× over the steps")
     p.add_argument("--heldout", type=float, default=0.1, help="fraction of the text kept for evaluation "
                    "(default 0.1, its tail)")
     p.add_argument("--seed", type=seed_arg, default=0, help="seed of the one random generator (default 0)")
     p.add_argument("--out", metavar="DIR", help="save the checkpoint here (every --save-every steps and at the end)")
     p.add_argument("--save-every", type=int, default=100, help="steps between checkpoints (default 100)")
     p.add_argument("--resume", action="store_true", help="go on from the checkpoint in --out to --steps in "
-                   "all (same configuration and vocabulary required): Adam's moments, the step and the random "
-                   "generator are restored, so the run ends bit for bit where an uninterrupted one ends")
+                   "all (same configuration, vocabulary, --lr, --batch, --weight-decay and --schedule required, and "
+                   "under the cosine schedule the same --steps, which lays it out): Adam's moments, the step and the "
+                   "random generator are restored, so the run ends bit for bit where an uninterrupted one ends")
     add_json_flag(p)
     p.set_defaults(func=cmd_train)
 
@@ -89,8 +96,7 @@ def cmd_train(args) -> int:
     for name, value in TEXT_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    from ..lm.checkpoint import load_checkpoint, save_checkpoint
-    from ..lm.resume import load_training_state, save_training_state
+    from ..lm.resume import load_training_run, save_training_run
     from ..lm.compare import ALPHA, loss_beside_counts
     from ..lm.model import lm_config
     from ..layer.positions import POSITION_SCHEMES
@@ -114,9 +120,11 @@ def cmd_train(args) -> int:
     if args.out and not args.resume:
         Path(args.out).mkdir(parents=True, exist_ok=True)       # an unwritable --out fails now, not at step 100
     rng, state, start = np.random.default_rng(args.seed), None, 0
+    run = {"steps": args.steps, "schedule": args.schedule, "lr": args.lr, "batch": args.batch,
+           "weight_decay": args.weight_decay}
     if args.resume:
-        model, _ = load_checkpoint(args.out, config=config, vocab=data.vocab)
-        state, rng, _ = load_training_state(args.out, model.params())
+        model, _, state, rng, extra = load_training_run(args.out, config=config, vocab=data.vocab)
+        check_same_run(extra.get("run"), run, args.out)
         start = state.t
         if start >= args.steps:
             raise ValueError(f"the checkpoint in {args.out} has already taken {start} steps; --steps {args.steps} "
@@ -130,11 +138,10 @@ def cmd_train(args) -> int:
                            schedule=schedule, state=state, start=start)
 
     def save():
-        save_checkpoint(model, data.vocab, args.out)
-        save_training_state(args.out, state, rng)
+        save_training_run(args.out, model, data.vocab, state, rng, {"run": run})
 
     with one_blas_thread():
-        losses = run_with_progress(steps, args.steps - start, save=save if args.out else None,
+        losses = run_with_progress(steps, start, args.steps, save=save if args.out else None,
                                    save_every=args.save_every)
         figures = loss_beside_counts(model, data.vocab, data.train, data.heldout, max_k=FLOOR_MAX_K,
                                      ks=BASELINE_KS)
@@ -152,6 +159,7 @@ def cmd_train(args) -> int:
         print_json(result)
     else:
         print_table(figures, config)
+        print(batch_loss_line(losses, figures))
         print(f"{model.n_params:,} parameters")
         if note:
             print(note)
@@ -160,23 +168,50 @@ def cmd_train(args) -> int:
     return 0
 
 
-def run_with_progress(steps, total: int, *, save, save_every: int) -> list[float]:
-    """Drive the training generator with a rich progress bar on stderr (loss, tokens/s); save as asked."""
+def check_same_run(saved: dict | None, asked: dict, out) -> None:
+    """A resumed run must be the run that was saved: the same optimiser settings and schedule, and under the
+    cosine schedule the same ``--steps`` (the schedule's length), or it could not end where that run ends."""
+    if saved is None:
+        raise ValueError(f"the checkpoint in {out} does not record how it was trained (--steps, --schedule, --lr); "
+                         "start a new run")
+    differ = [k for k in ("schedule", "lr", "batch", "weight_decay") if saved.get(k) != asked[k]]
+    if differ:
+        raise ValueError(f"the checkpoint in {out} was trained with other settings: " + "; ".join(
+            f"--{k.replace('_', '-')} {saved.get(k)} then, {asked[k]} now" for k in differ) + "; resume with the same")
+    if saved["schedule"] == "cosine" and saved.get("steps") != asked["steps"]:
+        raise ValueError(f"the checkpoint in {out} follows a cosine schedule laid out over --steps {saved.get('steps')}"
+                         f"; --steps {asked['steps']} would change the rate of every step, so the run could not end "
+                         f"where an uninterrupted one ends. Resume with --steps {saved.get('steps')}, or train with "
+                         "--schedule constant to extend a run")
+
+
+def run_with_progress(steps, start: int, last: int, *, save, save_every: int) -> list[float]:
+    """Drive the training generator (steps ``start + 1 … last``) with a rich progress bar on stderr (loss,
+    tokens/s); save every ``save_every`` steps and after the last."""
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
     losses, tokens, t0 = [], 0, time.perf_counter()
-    columns = (TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
+    columns = (TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("minibatch loss {task.fields[loss]}"),
                TextColumn("{task.fields[rate]} tokens/s"), TimeRemainingColumn())
     with stderr_progress(*columns) as bar:
-        task = bar.add_task("train", total=total, loss="-", rate="-")
+        task = bar.add_task("train", total=last - start, loss="-", rate="-")
         for s in steps:
             losses.append(s.loss)
             tokens += s.tokens
             rate = tokens / max(time.perf_counter() - t0, 1e-9)
             bar.update(task, advance=1, loss=f"{s.loss:.3f}", rate=f"{rate:,.0f}")
-            if save is not None and (s.step % save_every == 0 or s.step == total):
+            if save is not None and (s.step % save_every == 0 or s.step == last):
                 save()
     return losses
+
+
+def batch_loss_line(losses: list[float], figures: dict) -> str:
+    """Why the progress bar's last loss and the table's differ: a minibatch against the whole training part."""
+    if not losses:
+        return "No step ran (--steps was already reached); the table scores the checkpoint as it is."
+    return (f"The progress bar's last loss, {losses[-1]:.3f}, is one minibatch's (--batch windows of the last "
+            f"step); the table's attention model row, {figures['train']['model']:.3f} on train, scores every "
+            "window of the training part after the last step.")
 
 
 def heldout_note(figures: dict, n_train: int) -> str | None:

@@ -32,6 +32,8 @@ class InContext:
     sentences: tuple[str, str]
     tokens: tuple[tuple[str, ...], tuple[str, ...]]   # each sentence's tokens, as the model sees them
     pieces: tuple[tuple[int, ...], tuple[int, ...]]   # positions of WORD's tokens in each sentence
+    occurrence: tuple[int, int]                       # which occurrence of WORD, from 0, in each sentence
+    n_occurrences: tuple[int, int]                    # how many times WORD occurs in each sentence
     layers: tuple[str, ...]                            # "embeddings", "layer 1", …: one per hidden state
     word_cosine: np.ndarray                            # (n_layers + 1,)
     sentence_cosine: np.ndarray                        # (n_layers + 1,)
@@ -46,34 +48,48 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
 
-def find_word(word: str, text: str, offsets, *, name: str = "sentence") -> tuple[int, ...]:
-    """Positions of the tokens that cover the first whole-word, case-insensitive occurrence of ``word`` in
-    ``text``; ``offsets`` are the tokens' (start, end) characters, special tokens (0, 0).
+def find_word(word: str, text: str, offsets, *, name: str = "sentence", index: int = 0) -> tuple[int, ...]:
+    """Positions of the tokens that cover occurrence ``index`` (counted from 0) of ``word`` in ``text``, as a
+    whole word in any case; ``offsets`` are the tokens' (start, end) characters, special tokens (0, 0).
 
     >>> find_word("bank", "the river bank", [(0, 0), (0, 3), (4, 9), (10, 14), (0, 0)])
     (3,)
     """
-    found = re.search(r"(?<!\w)" + re.escape(word.strip()) + r"(?!\w)", text, re.IGNORECASE)
-    if found is None:
+    found = occurrences(word, text)
+    if not found:
         raise ValueError(f"{name} must contain the word {word!r} (whole word, any case), got {text!r}")
-    start, end = found.span()
+    if not 0 <= index < len(found):
+        raise ValueError(f"index must pick one of the {len(found)} occurrences of {word!r} in {name} (0 to "
+                         f"{len(found) - 1}), got {index}")
+    start, end = found[index]
     pieces = tuple(i for i, (a, b) in enumerate(offsets) if b > a and a < end and b > start)
     if not pieces:
         raise ValueError(f"{name}: no token of {text!r} covers {word!r}")
     return pieces
 
 
-def compare_in_context(word: str, sentence_a: str, sentence_b: str, model=MINILM) -> InContext:
+def occurrences(word: str, text: str) -> list[tuple[int, int]]:
+    """The (start, end) characters of every whole-word, case-insensitive occurrence of ``word`` in ``text``.
+
+    >>> occurrences("the", "The cat saw the dog")
+    [(0, 3), (12, 15)]
+    """
+    pattern = r"(?<!\w)" + re.escape(word.strip()) + r"(?!\w)"
+    return [m.span() for m in re.finditer(pattern, text, re.IGNORECASE)]
+
+
+def compare_in_context(word: str, sentence_a: str, sentence_b: str, model=MINILM, *, index=0) -> InContext:
     """``word``'s vector in ``sentence_a`` and in ``sentence_b``, and the two sentences' mean vectors, compared
     by cosine at every hidden state of ``model`` (``"minilm"``, a checkpoint folder, or the
-    ``(model, tokenizer)`` pair of :func:`attnlab.models.load_model`).
+    ``(model, tokenizer)`` pair of :func:`attnlab.models.load_model`). ``index`` picks which occurrence of
+    ``word`` (from 0) in both sentences, or ``(index_a, index_b)`` one per sentence.
 
     Raises
     ------
     TypeError
         ``word`` or a sentence is not a str.
     ValueError
-        ``word`` is empty or does not occur in a sentence as a whole word.
+        ``word`` is empty, does not occur in a sentence as a whole word, or ``index`` picks no occurrence.
     FileNotFoundError
         The model is not installed.
     """
@@ -85,12 +101,13 @@ def compare_in_context(word: str, sentence_a: str, sentence_b: str, model=MINILM
             raise TypeError(f"{name} must be a str, got {type(value).__name__}")
     if not word.strip():
         raise ValueError("word must hold at least one non-space character, got an empty string")
-    network, tokenizer, name = _loaded(model)
+    indices = occurrence_indices(index)
+    network, tokenizer, model_name = _loaded(model)
     states, tokens, pieces, rows = [], [], [], []
-    for name, text in (("sentence_a", sentence_a), ("sentence_b", sentence_b)):
+    for name, text, i in (("sentence_a", sentence_a, indices[0]), ("sentence_b", sentence_b, indices[1])):
         ids = tokenizer.encode(text)                                  # (n,)
         offsets = tokenizer.tokenizer.encode(text).offsets
-        pieces.append(find_word(word, text, offsets, name=name))
+        pieces.append(find_word(word, text, offsets, name=name, index=i))
         states.append(np.stack(forward(network, ids).hidden_states))  # (L + 1, n, d_model)
         rows.append(token_rows(network, ids))                         # (n, d_model)
         tokens.append(tokenizer.labels(ids))
@@ -104,7 +121,16 @@ def compare_in_context(word: str, sentence_a: str, sentence_b: str, model=MINILM
         word_cosine=word_cos, sentence_cosine=sentence_cos,
         rows_word_cosine=float(cosine(ra[list(pa)].mean(axis=0), rb[list(pb)].mean(axis=0))),
         rows_sentence_cosine=float(cosine(ra.mean(axis=0), rb.mean(axis=0))),
-        model=name)
+        occurrence=indices, n_occurrences=(len(occurrences(word, sentence_a)), len(occurrences(word, sentence_b))),
+        model=model_name)
+
+
+def occurrence_indices(index) -> tuple[int, int]:
+    """``index`` as one occurrence per sentence: an int for both, or a pair."""
+    pair = (index, index) if isinstance(index, (int, np.integer)) else tuple(index)
+    if len(pair) != 2 or not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in pair):
+        raise TypeError(f"index must be an int or a pair of ints (one per sentence), got {index!r}")
+    return int(pair[0]), int(pair[1])
 
 
 def token_rows(network, ids) -> np.ndarray:

@@ -42,6 +42,7 @@ class CostConfig:
     block_q: int = BLOCK_Q                    # queries per tile of attnlab's tiled kernel
     block_k: int = BLOCK_K                    # keys per tile of attnlab's tiled kernel
     workers: int = 2                          # tiles in flight at once: one per core, 2 cores here
+    attention_bias: bool = True               # GPT-2 adds a bias row after each of its four products; Llama none
 
     def __post_init__(self):
         if not isinstance(self.attention, AttentionConfig):
@@ -61,14 +62,14 @@ LLAMA_3_2_1B_COST = CostConfig(
                               positions=RoPE(500000.0, scaling={"rope_type": "llama3", "factor": 32.0,
                                                                 "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                                                 "original_max_position_embeddings": 8192})),
-    n_layers=16)
+    n_layers=16, attention_bias=False)          # config.json: "attention_bias": false
 COST_CONFIGS = {"gpt2-small": GPT2_SMALL_COST, "llama-3.2-1b": LLAMA_3_2_1B_COST}   # the names --config accepts
 
 
 @dataclass(frozen=True)
 class Params:
     per_layer: int               # W_Q, W_K, W_V, W_O
-    per_layer_with_bias: int     # plus GPT-2's four bias rows
+    per_layer_with_bias: int     # plus GPT-2's four bias rows (= per_layer for a model without them)
     position_table: int          # W_P: n_ctx × d_model (0 without a learned table)
     all_layers_with_bias: int
 
@@ -98,9 +99,10 @@ def params(config: CostConfig = GPT2_SMALL_COST) -> Params:
     (2359296, 2362368, 786432)
     """
     a = config.attention
-    return Params(per_layer=a.n_params, per_layer_with_bias=a.n_params_with_bias,
+    with_bias = a.n_params_with_bias if config.attention_bias else a.n_params
+    return Params(per_layer=a.n_params, per_layer_with_bias=with_bias,
                   position_table=a.n_ctx * a.d_model if a.positions.has_table else 0,
-                  all_layers_with_bias=config.n_layers * a.n_params_with_bias)
+                  all_layers_with_bias=config.n_layers * with_bias)
 
 
 def cost(n: int, config: CostConfig = GPT2_SMALL_COST) -> Cost:

@@ -16,7 +16,7 @@ from ..kernels._checks import as_finite_float, as_float_array, as_positive_int, 
 from ..kernels.softmax import softmax
 
 SEED = 0                       # both experiments start from default_rng(0), as in the guide
-TRIAL_NUMBERS = 1 << 20        # normals drawn at once by top_weight (8 MiB): fast, and bounded for any --trials
+TRIAL_NUMBERS = 1 << 20        # normals drawn at once (8 MiB): fast, and bounded for any --d-k, --pairs, --trials
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,8 +55,12 @@ def dot_product_spread(widths=(4, 64), n_pairs: int = 10_000, *, rng: np.random.
     out = []
     for d_k in widths:
         d_k = as_positive_int("width", d_k)
-        uv = rng.normal(size=(n_pairs, 2, d_k))                 # (n_pairs, 2, d_k) pairs of vectors
-        dots = (uv[:, 0] * uv[:, 1]).sum(axis=1)                # (n_pairs,)
+        dots = np.empty(n_pairs)                                # (n_pairs,) u · v
+        block = max(1, TRIAL_NUMBERS // (2 * d_k))              # pairs per draw, to bound the memory
+        for start in range(0, n_pairs, block):                  # the same normals as one draw, in order
+            stop = min(start + block, n_pairs)
+            uv = rng.normal(size=(stop - start, 2, d_k))        # (b, 2, d_k) pairs of vectors
+            dots[start:stop] = (uv[:, 0] * uv[:, 1]).sum(axis=1)
         out.append(Spread(d_k=d_k, dots=dots, std=float(dots.std())))
     return out
 

@@ -270,25 +270,24 @@ def config_json(c: InductionConfig) -> dict:
 def save_run(run: InductionRun, directory) -> None:
     """The model as an attnlab checkpoint (``attnlab detect/attend --model DIR`` read it) and, beside it, Adam's
     state, the generator and the curve so far, so that :func:`load_run` resumes exactly."""
-    from ..lm.checkpoint import save_checkpoint
-    from ..lm.resume import save_training_state
-    save_checkpoint(run.model, run.config.task.vocab(), directory)
-    save_training_state(directory, run.adam, run.rng, {"task": "induction", "config": config_json(run.config),
-                                                       "seconds": run.seconds,
-                                                       "history": [evaluation_json(e) for e in run.history]})
+    from ..lm.resume import save_training_run
+    save_training_run(directory, run.model, run.config.task.vocab(), run.adam, run.rng,
+                      {"task": "induction", "config": config_json(run.config), "seconds": run.seconds,
+                       "history": [evaluation_json(e) for e in run.history]})
 
 
 def load_run(config: InductionConfig, directory) -> InductionRun:
-    """The run saved in ``directory`` by :func:`save_run`, checked against ``config`` (its ``steps`` may differ:
-    a resumed run goes on to the new total)."""
-    from dataclasses import replace
-
-    from ..lm.checkpoint import load_checkpoint
-    from ..lm.resume import load_training_state
-    model, _ = load_checkpoint(directory, config=config.model_config(), vocab=config.task.vocab())
-    adam, rng, extra = load_training_state(directory, model.params())
-    saved = extra.get("config", {})
-    mine = config_json(replace(config, steps=saved.get("steps", config.steps)))
+    """The run saved in ``directory`` by :func:`save_run`, checked against ``config``, ``steps`` included: the
+    cosine schedule is laid out over them, so a run resumed to another total could not end where an
+    uninterrupted one ends."""
+    from ..lm.resume import load_training_run
+    model, _, adam, rng, extra = load_training_run(directory, config=config.model_config(),
+                                                   vocab=config.task.vocab())
+    saved, mine = extra.get("config", {}), config_json(config)
+    if extra.get("task") == "induction" and saved.get("steps") != mine["steps"]:
+        raise ValueError(f"the run in {directory} follows a cosine schedule laid out over --steps "
+                         f"{saved.get('steps')}; --steps {mine['steps']} would change the rate of every step. "
+                         f"Resume it with --steps {saved.get('steps')}")
     if extra.get("task") != "induction" or saved != mine:
         differ = sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k))
         raise ValueError(f"the run in {directory} was trained with other settings ({', '.join(differ) or 'task'}); "

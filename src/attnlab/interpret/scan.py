@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import string
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -34,15 +35,52 @@ STATS = ("entropy", "distance", "cls", "sep", "punctuation", *KINDS)
 PUNCTUATION = set(string.punctuation) | set("“”‘’—–…")
 
 
+SKIP_KINDS = ("blank", "not_utf8", "binary")     # lines a corpus read skips, each counted by line number
+
+
 def read_corpus(path) -> list[str]:
-    """The non-blank lines of a UTF-8 file, stripped; an empty corpus is a ValueError, an unreadable file an
-    OSError."""
-    from ..text.ngrams import read_utf8
-    lines = [line.strip() for line in read_utf8(path).splitlines()]
-    lines = [line for line in lines if line]
+    """The lines of a UTF-8 file worth scanning, stripped (see :func:`read_corpus_lines`); a corpus with none
+    is a ValueError, an unreadable file an OSError."""
+    return read_corpus_lines(path)[0]
+
+
+def read_corpus_lines(path) -> tuple[list[str], dict[str, list[int]]]:
+    """``(lines, skipped)``: a file's lines (split at ``\\n``), stripped, and by kind the 1-based numbers of
+    the lines skipped: ``blank`` (nothing but whitespace), ``not_utf8`` (a byte sequence UTF-8 does not
+    allow), ``binary`` (a NUL or another control character than tab, as in a binary file). One bad line
+    never stops the others.
+
+    >>> import tempfile, pathlib
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "c.txt"
+    >>> _ = p.write_bytes(b"one\\n\\n  \\nbad \\xff\\nnul\\x00\\ntwo\\r\\n")
+    >>> read_corpus_lines(p)
+    (['one', 'two'], {'blank': [2, 3], 'not_utf8': [4], 'binary': [5]})
+    """
+    lines, skipped = [], {kind: [] for kind in SKIP_KINDS}
+    for number, raw in enumerate(Path(path).read_bytes().split(b"\n"), 1):
+        kind, text = corpus_line(raw)
+        if kind is None:
+            lines.append(text)
+        else:
+            skipped[kind].append(number)
+    if skipped["blank"] and skipped["blank"][-1] == number and not raw:
+        skipped["blank"].pop()                        # the empty "line" after the file's final newline
     if not lines:
         raise ValueError(f"the corpus {path} has no non-blank line to scan")
-    return lines
+    return lines, skipped
+
+
+def corpus_line(raw: bytes) -> tuple[str | None, str]:
+    """``(None, text)`` for a line to scan, else ``(kind, "")``, kind one of :data:`SKIP_KINDS`."""
+    try:
+        text = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return "not_utf8", ""
+    if not text:
+        return "blank", ""
+    if any(c < " " and c != "\t" or c == "\x7f" for c in text):
+        return "binary", ""
+    return None, text
 
 
 @dataclass

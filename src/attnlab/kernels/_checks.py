@@ -29,18 +29,62 @@ def as_float_array(name: str, x, *, min_ndim: int = 0, finite: bool = False) -> 
     return arr
 
 
-def check_finite(name: str, arr: np.ndarray) -> None:
-    """Refuse NaN and ±inf, saying where the first one is."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        total = arr.sum()               # one pass, no mask: any NaN or inf makes the sum non-finite
-    if np.isfinite(total):
-        return                          # (a sum that merely overflowed falls through to the exact check)
+def check_finite(name: str, arr: np.ndarray) -> float:
+    """Refuse NaN and ±inf, saying where the first one is; returns the largest magnitude (0 if empty)."""
+    if arr.size == 0:
+        return 0.0
+    lo, hi = arr.min(), arr.max()       # two passes, no temporary; NaN propagates through both
+    if np.isfinite(lo) and np.isfinite(hi):
+        return float(max(-lo, hi))
     bad = ~np.isfinite(arr)
-    if bad.any():
-        where = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(
-            f"{name} must be finite, got {arr[where]} at index {where} "
-            f"({int(bad.sum())} non-finite values); pass check_finite=False to let them propagate")
+    where = tuple(int(i) for i in np.argwhere(bad)[0])
+    raise ValueError(
+        f"{name} must be finite, got {arr[where]} at index {where} "
+        f"({int(bad.sum())} non-finite values); pass check_finite=False to let them propagate")
+
+
+# Every path shifts the scores by a row's maximum before the exponential, so only the scores themselves (and
+# the weighted sums of values) can overflow. A score stays below max/SCORE_ROOM (room for log₂e folded into
+# the scale, a bias, and a shift of the same size); a weighted sum of n_k values, each weighed by at most
+# 2^44 (the tiled kernels' e^30 of slack before they rescale), below the dtype's max.
+SCORE_ROOM, VALUE_WEIGHT = 8.0, 2.0 ** 44
+
+
+def check_ranges(c: "Checked", q_max: float, k_max: float, v_max: float, bias_max: float = 0.0) -> None:
+    """Refuse inputs whose scores, or weighted sums of values, would overflow the compute dtype, naming the
+    scale and the largest score. ``*_max``: the inputs' largest magnitudes (from :func:`check_finite`).
+
+    The cheap test bounds every score by ``d_k · max|q| · max|k|`` (times the scale, or not, as the naive
+    paths form q kᵀ before scaling); only when that bound is too large are the scores computed, in float64."""
+    limit = float(np.finfo(c.q.dtype).max)
+    d_k, n_k = c.q.shape[-1], c.k.shape[-2]
+    if v_max * max(n_k, 1) * VALUE_WEIGHT > limit:
+        raise ValueError(f"value holds {v_max:.3g}: a weighted sum of its {n_k} rows could overflow {c.q.dtype} "
+                         f"(max {limit:.3g}); scale value down, or pass float64 arrays")
+    with np.errstate(over="ignore"):
+        bound = d_k * q_max * k_max * max(c.scale, 1.0)
+    if bound * SCORE_ROOM + bias_max * SCORE_ROOM <= limit:
+        return
+    raw = largest_score(c)                                              # |q·k| at most, in float64
+    largest = raw * c.scale + bias_max
+    if max(raw, largest) * SCORE_ROOM > limit or not np.isfinite(raw):
+        raise ValueError(f"the attention scores overflow {c.q.dtype}: scale {c.scale:.3g} times the largest "
+                         f"query·key {raw:.3g} gives a largest score of {largest:.3g}, and {c.q.dtype} holds "
+                         f"scores up to {limit / SCORE_ROOM:.3g} here; scale query or key down, or pass float64")
+
+
+def largest_score(c: "Checked", rows: int = 256) -> float:
+    """max |q·k| over the whole grid, in float64, ``rows`` folded query rows at a time (the slow path of
+    :func:`check_ranges`, for inputs of huge magnitude only)."""
+    q = fold(c.q, c.groups).astype(np.float64)                          # (..., h_kv, g·n_q, d_k)
+    kT = np.swapaxes(c.k, -1, -2).astype(np.float64)                    # (..., h_kv, d_k, n_k)
+    largest = 0.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        for i in range(0, q.shape[-2], rows):
+            s = q[..., i:i + rows, :] @ kT                                  # (..., h_kv, ≤rows, n_k)
+            if s.size:
+                largest = max(largest, float(np.max(np.abs(s))))
+    return largest if np.isfinite(largest) else np.inf
 
 
 def check_flag(name: str, v) -> bool:
@@ -222,8 +266,7 @@ def check_attention_args(query, key, value, *, mask=None, bias=None, is_causal=F
     groups = head_groups(query, key, value)
     batch = leading_axes(query, key, value, groups)
     if require_finite:
-        for name, arr in (("query", query), ("key", key), ("value", value)):
-            check_finite(name, arr)
+        largest = {name: check_finite(name, arr) for name, arr in (("query", query), ("key", key), ("value", value))}
     n_q, n_k = query.shape[-2], key.shape[-2]
     grid = (*batch, n_q, n_k)
     keep = None
@@ -234,12 +277,17 @@ def check_attention_args(query, key, value, *, mask=None, bias=None, is_causal=F
         bias = broadcast_to("bias", given, grid, "the score grid (..., n_q, n_k) =")
         if require_finite and (np.isnan(given).any() or np.isposinf(given).any()):   # as given: a broadcast
             raise ValueError("bias must be finite or -inf (to drop a score), got NaN or +inf")   # repeats it
-    scale = 1.0 / np.sqrt(query.shape[-1]) if scale is None else as_positive_float("scale", scale)
+    d_k = query.shape[-1]        # with no width every score is 0 (an empty dot product): any scale, uniform weights
+    scale = (1.0 / np.sqrt(d_k) if d_k else 1.0) if scale is None else as_positive_float("scale", scale)
     dt = compute_dtype(query, key, value)
-    return Checked(q=query.astype(dt, copy=False), k=key.astype(dt, copy=False), v=value.astype(dt, copy=False),
+    c = Checked(q=query.astype(dt, copy=False), k=key.astype(dt, copy=False), v=value.astype(dt, copy=False),
                    keep=keep, bias=bias, scale=float(scale), out_dtype=np.result_type(query, key, value),
                    batch=batch, is_causal=is_causal, window=window,
                    q_offset=n_k - n_q if q_offset is None else as_int("q_offset", q_offset), groups=groups)
+    if require_finite:
+        finite_bias = 0.0 if bias is None else float(np.max(np.abs(given), initial=0.0, where=np.isfinite(given)))
+        check_ranges(c, largest["query"], largest["key"], largest["value"], finite_bias)
+    return c
 
 
 def n_heads_of(x: np.ndarray) -> int:

@@ -155,11 +155,14 @@ def tile_softmax(s, m, shift, l, acc, hi0, lo0, first, track):
 
 
 @numba.njit(nogil=True, cache=True, fastmath={"contract", "reassoc", "nsz"}, boundscheck=False)
-def exp_row_scaled(row, scale2, sh):
-    """row[j] = 2^(row[j] · scale2 - sh) in place (one FMA before the exponential); returns Σ_j row[j]."""
-    total = sh - sh
+def exp_row_scaled(row, scale2, mx):
+    """row[j] = 2^((row[j] - mx) · scale2) in place; returns Σ_j row[j]. The shift comes before the scale: at
+    the row's max the exponent is exactly 0, so the sum is at least 1 whatever the scale. (An FMA of
+    row[j] · scale2 - mx · scale2 leaves the rounding error of mx · scale2, which at scale 1e8 exceeds 126
+    and sent every weight of a row, and the sum, to 0.)"""
+    total = mx - mx
     for j in range(row.shape[0]):
-        p = pow2(row[j] * scale2 - sh)
+        p = pow2((row[j] - mx) * scale2)
         row[j] = p
         total += p
     return total
@@ -180,7 +183,7 @@ def softmax_rows(s, scale2, maxima):
             if maxima[r] == -np.inf:
                 row[:] = 0
                 continue
-            total = exp_row_scaled(row, scale2, maxima[r] * scale2)
+            total = exp_row_scaled(row, scale2, maxima[r])
             inv = (total - total + 1) / total    # in the row's dtype (1 / total would be float64); total >= 1
             for j in range(row.shape[0]):
                 row[j] *= inv
@@ -196,3 +199,41 @@ def exp_minus_rows(s, shift, unit):
         sh = shift[r] * unit
         for j in range(row.shape[0]):
             row[j] = pow2(row[j] * unit - sh)
+
+
+@numba.njit(nogil=True, cache=True, fastmath={"contract", "reassoc", "nsz"}, boundscheck=False)
+def decode_groups(q, k, v, scale2, out, s):
+    """The decode step for every key/value head and its group of query heads, in one call.
+
+    q (B, h_kv, g, d_k) one query per head, its g query heads stacked per key/value head; k (B, h_kv, n_k, d_k)
+    and v (B, h_kv, n_k, d_v) the cache; ``scale2`` = scale · log₂e; out (B, h_kv, g, d_v) is written;
+    s (g, n_k) scratch. Each cached key and value is read once for its whole group (the g dot products of
+    a key are taken together), every key is visible (the decode path's condition), so a row's max is
+    finite and its sum at least 1.
+    """
+    n_b, h_kv, g, d_k = q.shape
+    n_k, d_v = k.shape[2], v.shape[3]
+    total = np.empty(g, s.dtype)                            # (g,) the rows' sums
+    zero = scale2 - scale2                                  # 0 in the dtype (scale2 is finite)
+    for b in range(n_b):
+        for h in range(h_kv):
+            for j in range(n_k):                            # key j once, for the g query heads
+                for i in range(g):
+                    acc = zero
+                    for t in range(d_k):
+                        acc += q[b, h, i, t] * k[b, h, j, t]
+                    s[i, j] = acc * scale2                  # base-2 scores
+            for i in range(g):
+                total[i] = exp_row(s[i], row_max(s[i], -np.inf))   # s[i] = 2^(s - max), in place
+            for i in range(g):
+                for t in range(d_v):
+                    out[b, h, i, t] = 0
+            for j in range(n_k):                            # value j once, for the g query heads
+                for i in range(g):
+                    p = s[i, j]
+                    for t in range(d_v):
+                        out[b, h, i, t] += p * v[b, h, j, t]
+            for i in range(g):
+                inv = (total[i] - total[i] + 1) / total[i]
+                for t in range(d_v):
+                    out[b, h, i, t] *= inv

@@ -4,12 +4,18 @@ Generation runs this once per new token: the step streams every cached key and v
 memory-bound, and it takes as few passes over the scores as it can (the naive path's extra passes and
 allocations cost it 40% at 1024 tokens). With grouped-query attention the query heads of a group are one
 (g, d_k) @ (d_k, n_k) matmul against their key/value head: each cached head is read once per group.
+
+With numba (the extra ``attnlab[fast]``) the whole step is one call of a fused kernel
+(:func:`attnlab.kernels._fused.decode_groups`): scores, the softmax and the weighted sum of every key/value
+head and its group, each cached key and value read once, no temporaries; numpy takes seven calls and two
+(h, n_k) temporaries. ``ATTNLAB_NO_NUMBA=1`` (or numba missing) keeps the numpy path.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from . import _kernels
 from ._checks import Checked, fold, unfold
 
 
@@ -21,11 +27,14 @@ def takes_decode_path(c: Checked) -> bool:
 
 
 def decode_attention(c: Checked) -> np.ndarray:
-    """The decode step's output (..., h, 1, d_v) in the compute dtype.
+    """The decode step's output (..., h, 1, d_v) in the compute dtype: the fused kernel when numba is there
+    and the key/value heads' leading axes are the query's (no broadcasting), else numpy.
 
     Every key is visible, so the row max is finite and the sum is at least 1; the output is divided by the
     sum instead of the weights.
     """
+    if _kernels.tile_kernel() == "fused" and c.q.shape[:-3] == c.k.shape[:-3] == c.v.shape[:-3] and c.q.ndim >= 3:
+        return _decode_fused(c)
     g = c.groups
     qs = fold(c.q * c.scale, g)                          # (..., h_kv, g, d_k) scaled once, not the scores
     s = qs @ np.swapaxes(c.k, -1, -2)                    # (..., h_kv, g, n_k) S = q Kᵀ/√d_k
@@ -34,3 +43,17 @@ def decode_attention(c: Checked) -> np.ndarray:
     out = p @ c.v                                        # (..., h_kv, g, d_v)
     out /= p.sum(axis=-1, keepdims=True)                 # (..., h_kv, g, d_v) out = Σ_j a_j v_j
     return unfold(out, g)                                # (..., h, 1, d_v)
+
+
+def _decode_fused(c: Checked) -> np.ndarray:
+    """:func:`decode_attention` by :func:`attnlab.kernels._fused.decode_groups`: (..., h, 1, d_v)."""
+    *lead, h, _, d_k = c.q.shape
+    h_kv, n_k, d_v = c.k.shape[-3], c.k.shape[-2], c.v.shape[-1]
+    g = h // h_kv
+    q = c.q.reshape(-1, h_kv, g, d_k)                    # (B, h_kv, g, d_k) the query heads of each group
+    k = c.k.reshape(-1, h_kv, n_k, d_k)                  # (B, h_kv, n_k, d_k) views of the cache
+    v = c.v.reshape(-1, h_kv, n_k, d_v)                  # (B, h_kv, n_k, d_v)
+    out = np.empty((q.shape[0], h_kv, g, d_v), c.q.dtype)   # (B, h_kv, g, d_v)
+    s = np.empty((g, n_k), c.q.dtype)                    # (g, n_k) scratch: one group's scores
+    _kernels.fused_module().decode_groups(q, k, v, c.q.dtype.type(c.scale * _kernels.LOG2E), out, s)
+    return out.reshape(*lead, h, 1, d_v)                 # (..., h, 1, d_v)

@@ -8,12 +8,13 @@ Every size comes from the layer's :class:`~attnlab.layer.config.AttentionConfig`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..kernels._checks import as_float_array, as_positive_int, check_attention_args, check_finite, check_rng, fold, unfold
 from ..kernels.attention import Saved, attention, attention_backward, attention_forward
+from ..kernels.matmul import as_weight, fuse_columns
 from .cache import KVCache
 from .config import AttentionConfig
 from .hookpoints import NO_HOOKS, KeepPattern
@@ -53,12 +54,15 @@ class MultiHeadAttention:
     b_V: np.ndarray   # (h_kv·d_head,)
     b_O: np.ndarray   # (d_model,)
     config: AttentionConfig
+    # quantized W_Q | W_K | W_V side by side (d_model, (h + 2·h_kv)·d_head): one product projects q, k and v
+    # (attnlab.kernels.matmul); None for float arrays, which are multiplied one by one
+    W_QKV: object | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self):
         if not isinstance(self.config, AttentionConfig):
             raise TypeError(f"config must be an AttentionConfig, got {type(self.config).__name__}")
         for name in PARAMS:
-            object.__setattr__(self, name, as_float_array(name, getattr(self, name)))
+            object.__setattr__(self, name, as_weight(name, getattr(self, name)))
         expected = param_shapes(self.config)
         for name, shape in expected.items():
             got = getattr(self, name).shape
@@ -66,6 +70,7 @@ class MultiHeadAttention:
                 c = self.config
                 raise ValueError(f"{name} has shape {got}, the config (d_model {c.d_model}, n_heads {c.n_heads}, "
                                  f"n_kv_heads {c.n_kv_heads}, d_head {c.d_head}) asks for {shape}")
+        object.__setattr__(self, "W_QKV", fuse_columns(self.W_Q, self.W_K, self.W_V)[0])
 
     @classmethod
     def init(cls, config: AttentionConfig, *, rng: np.random.Generator, std: float = 0.02,
@@ -387,11 +392,16 @@ def _project(p: MultiHeadAttention, x: np.ndarray, *, start: int = 0):
     """q (..., h, n, d_head), k and v (..., h_kv, n, d_head) of x, q and k as the position scheme places
     them at positions start, start + 1, … (RoPE rotates them; the other schemes leave them)."""
     c = p.config
-    q = split_heads(x @ p.W_Q + p.b_Q, c.n_heads)    # (..., h, n, d_head)
-    k = split_heads(x @ p.W_K + p.b_K, c.n_kv_heads)   # (..., h_kv, n, d_head)
-    v = split_heads(x @ p.W_V + p.b_V, c.n_kv_heads)   # (..., h_kv, n, d_head)
-    q, k = c.positions.rotate(q, start=start), c.positions.rotate(k, start=start)   # as attention sees them
-    return q, k, v
+    h, h_kv = c.n_heads, c.n_kv_heads
+    if p.W_QKV is None:
+        q = split_heads(x @ p.W_Q + p.b_Q, h)           # (..., h, n, d_head)
+        k = split_heads(x @ p.W_K + p.b_K, h_kv)        # (..., h_kv, n, d_head)
+        v = split_heads(x @ p.W_V + p.b_V, h_kv)        # (..., h_kv, n, d_head)
+        return c.positions.rotate(q, start=start), c.positions.rotate(k, start=start), v
+    b_qkv = np.concatenate([p.b_Q, p.b_K, p.b_V])   # ((h + 2·h_kv)·d_head,)
+    qkv = split_heads(x @ p.W_QKV + b_qkv, h + 2 * h_kv)   # (..., h + 2·h_kv, n, d_head) one product
+    qk = c.positions.rotate(qkv[..., :h + h_kv, :, :], start=start)   # (..., h + h_kv, n, d_head) as attention
+    return qk[..., :h, :, :], qk[..., h:, :, :], qkv[..., h + h_kv:, :, :]   # sees them; v (..., h_kv, n, d_head)
 
 
 def _bias(p: MultiHeadAttention, bias, n_q: int, n_k: int, dtype):

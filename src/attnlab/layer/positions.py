@@ -24,6 +24,8 @@ a scheme's name.
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,15 +97,30 @@ def rope(x, *, start: int = 0, inverse: bool = False, theta: float = ROPE_BASE, 
     n, d_head = x.shape[-2:]
     if d_head % 2:
         raise ValueError(f"rope needs an even head width (features rotate in pairs), got d_head {d_head}")
-    angle = position_ids(n, start=start)[:, None] * rope_frequencies(d_head, theta, scaling)   # (n, d_head/2)
-    cos, sin = np.cos(angle).astype(x.dtype), np.sin(angle).astype(x.dtype)    # (n, d_head/2) each
-    if inverse:
-        sin = -sin                                           # rotate by −pos·θ
-    even, odd = x[..., 0::2], x[..., 1::2]                   # (..., n, d_head/2) each
-    out = np.empty_like(x)                                   # (..., n, d_head)
-    out[..., 0::2] = even * cos - odd * sin
-    out[..., 1::2] = even * sin + odd * cos
-    return out
+    cos, sin = _rope_turns(n, start, d_head, theta, _hashable(scaling), bool(inverse), x.dtype)   # (n, d_head/2, 2)
+    pairs = x.reshape(*x.shape[:-1], d_head // 2, 2)          # (..., n, d_head/2, 2) features (2i, 2i+1)
+    out = pairs * cos                                         # (..., n, d_head/2, 2) (x_2i cos, x_2i+1 cos)
+    out += pairs[..., ::-1] * sin                             # + (−x_2i+1 sin, x_2i sin)
+    return out.reshape(x.shape)                               # (..., n, d_head)
+
+
+def _hashable(scaling):
+    return None if scaling is None else tuple(sorted(dict(scaling).items()))
+
+
+@functools.lru_cache(maxsize=64)
+def _rope_turns(n: int, start: int, d_head: int, theta: float, scaling, inverse: bool, dtype):
+    """cos and ±sin of RoPE's angles at positions start … start + n − 1, each (n, d_head/2, 2) so a pair
+    (x_2i, x_2i+1) turns as ``pair · cos + reversed(pair) · sin``: the sin row is (−sin, +sin) (+, − to
+    rotate back). Kept for the last 64 (n, start) asked: a decode step asks for one position at a time."""
+    freq = rope_frequencies(d_head, theta, None if scaling is None else dict(scaling))   # (d_head/2,)
+    angle = position_ids(n, start=start)[:, None] * freq      # (n, d_head/2)
+    sign = np.array([1.0, -1.0] if inverse else [-1.0, 1.0])  # (2,)
+    cos = np.repeat(np.cos(angle)[..., None], 2, axis=-1)     # (n, d_head/2, 2)
+    sin = np.sin(angle)[..., None] * sign                     # (n, d_head/2, 2)
+    cos, sin = cos.astype(dtype), sin.astype(dtype)
+    cos.flags.writeable = sin.flags.writeable = False         # shared between calls
+    return cos, sin
 
 
 def rope_frequencies(d_head: int, theta: float = ROPE_BASE, scaling=None) -> np.ndarray:

@@ -8,9 +8,10 @@ A checkpoint directory holds
     config.json         {"model_type": "attnlab", "model": ModelConfig.to_json(), "vocab": {"level", "symbols"}}
 
 ``model_type`` is what makes the folder a model family of its own (:mod:`attnlab.models.own`): ``attnlab
-attend TEXT --model DIR`` reads it like a GPT-2 folder. Each file is written through
-:func:`attnlab._io.atomic_path`, so an interrupted save (Ctrl-C included) leaves the previous file whole.
-Loading checks that the two files agree and, when asked, that the checkpoint was made with the expected
+attend TEXT --model DIR`` reads it like a GPT-2 folder. A save writes the whole folder beside it and puts it
+in place in one step (:func:`attnlab._io.atomic_folder`), so an interrupted save (Ctrl-C included) leaves the
+previous checkpoint whole, every file of it. A checkpoint saved during training records its ``step`` in both
+files. Loading checks that the two files agree and, when asked, that the checkpoint was made with the expected
 configuration. Checkpoints written before the stack (a flat "model" dict, "layers.{i}.W_Q" tensors) load too.
 """
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .._io import atomic_path
+from .._io import atomic_folder, folder_file
 from ..layer.positions import scheme_from_json
 from ..stack.transformer import ModelConfig, Transformer
 from ..text.tokens import Vocab
@@ -27,29 +28,34 @@ from .model import FAMILY, lm_config
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
+STATE = "training.safetensors"          # Adam's state beside a training checkpoint (attnlab.lm.resume)
+FILES = (CONFIG, WEIGHTS, STATE)        # a checkpoint folder's files: a save replaces them as one set
 
 
-def checkpoint_json(config: ModelConfig, vocab: Vocab) -> str:
-    """The text of config.json."""
-    return json.dumps({"model_type": FAMILY, "model": config.to_json(),
-                       "vocab": {"level": vocab.level, "symbols": list(vocab.symbols)}},
-                      indent=1, sort_keys=True, ensure_ascii=False)
+def checkpoint_json(config: ModelConfig, vocab: Vocab, step: int | None = None) -> str:
+    """The text of config.json (``step``: the training steps taken, for a checkpoint saved while training)."""
+    data = {"model_type": FAMILY, "model": config.to_json(),
+            "vocab": {"level": vocab.level, "symbols": list(vocab.symbols)}}
+    return json.dumps(data if step is None else dict(data, step=step), indent=1, sort_keys=True, ensure_ascii=False)
 
 
 def save_checkpoint(model: Transformer, vocab: Vocab, directory) -> Path:
-    """Write ``model`` and ``vocab`` into ``directory`` (created if missing); returns the directory."""
+    """Write ``model`` and ``vocab`` into ``directory`` (created if missing, replaced as a whole: see
+    :func:`attnlab._io.atomic_folder`); returns the directory."""
+    with atomic_folder(directory, owned=FILES) as tmp:
+        write_checkpoint(model, vocab, tmp)
+    return Path(directory)
+
+
+def write_checkpoint(model: Transformer, vocab: Vocab, folder: Path, step: int | None = None) -> None:
+    """config.json and model.safetensors into ``folder`` (a save's temporary folder)."""
     from safetensors.numpy import save_file
 
     if model.config.vocab_size != vocab.size:
         raise ValueError(f"the model has vocab_size {model.config.vocab_size}, the vocabulary {vocab.size} symbols")
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    meta = checkpoint_json(model.config, vocab)
-    with atomic_path(directory / CONFIG) as tmp:
-        tmp.write_text(meta, encoding="utf-8")
-    with atomic_path(directory / WEIGHTS) as tmp:
-        save_file(model.params(), str(tmp), metadata={"attnlab": meta})
-    return directory
+    meta = checkpoint_json(model.config, vocab, step)
+    (folder / CONFIG).write_text(meta, encoding="utf-8")
+    save_file(model.params(), str(folder / WEIGHTS), metadata={"attnlab": meta})
 
 
 def load_checkpoint(directory, *, config: ModelConfig | None = None,
@@ -70,7 +76,7 @@ def load_checkpoint(directory, *, config: ModelConfig | None = None,
 
     directory = Path(directory)
     for name in (CONFIG, WEIGHTS):
-        if not (directory / name).is_file():
+        if not folder_file(directory, name).is_file():
             raise FileNotFoundError(2, f"no checkpoint here ({name} is missing)", str(directory))
     text = (directory / CONFIG).read_text(encoding="utf-8")
     saved, saved_vocab = parse_checkpoint_json(text, directory / CONFIG)
@@ -83,6 +89,9 @@ def load_checkpoint(directory, *, config: ModelConfig | None = None,
     if meta is None or parse_checkpoint_json(meta, directory / WEIGHTS) != (saved, saved_vocab):
         raise ValueError(f"{directory / WEIGHTS} and {directory / CONFIG} come from different models "
                          "(their configurations disagree); save the checkpoint again")
+    if saved_step(meta) != saved_step(text):
+        raise ValueError(f"{directory / WEIGHTS} is the model at step {saved_step(meta)}, {directory / CONFIG} "
+                         f"says step {saved_step(text)}: the two files come from different saves")
     if config is not None and config != saved:
         raise ValueError(f"the checkpoint in {directory} was made with a different configuration: "
                          f"{config_difference(saved, config)}")
@@ -103,6 +112,17 @@ def _current_name(name: str) -> str:
         _, i, field = name.split(".")
         return f"blocks.{i}.attn.{field}"
     return name
+
+
+def saved_step(text: str) -> int | None:
+    """The training step a checkpoint's config.json (or its copy in the weights' metadata) records, or None."""
+    step = json.loads(text).get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def checkpoint_step(directory) -> int | None:
+    """The training step the checkpoint in ``directory`` records in its config.json, or None."""
+    return saved_step(folder_file(directory, CONFIG).read_text(encoding="utf-8"))
 
 
 def parse_checkpoint_json(text: str, where) -> tuple[ModelConfig, Vocab]:

@@ -16,12 +16,15 @@ same value: bfloat16 tensors are converted so, exactly, into new float32 arrays.
 from __future__ import annotations
 
 import json
+import math
 import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from .._io import folder_file
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 SAFETENSORS = "model.safetensors"
@@ -39,6 +42,7 @@ def refuse_pickle(path: Path) -> None:
 # safetensors dtype names -> numpy (little-endian, as the format stores them); BF16 is read as uint16 bits
 DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
           "I8": "i1", "U8": "u1", "BOOL": "?"}
+MAX_HEADER = 100_000_000                            # bytes; the safetensors package's own limit
 
 
 def bfloat16_to_float32(bits: np.ndarray) -> np.ndarray:
@@ -52,48 +56,93 @@ def bfloat16_to_float32(bits: np.ndarray) -> np.ndarray:
 
 
 def read_header(path: Path) -> tuple[int, dict]:
-    """``(data_start, header)`` of a safetensors file: where the data begins, and the JSON header. Raises if
-    the file is shorter than its header says, naming the first tensor cut off."""
+    """``(data_start, header)`` of a safetensors file: where the data begins, and the JSON header, checked as
+    the format's spec (and the safetensors package) does: see :func:`check_header`. Nothing past the header
+    is read, and nothing is allocated before the header's length is checked against the file's size."""
     size = path.stat().st_size
     with path.open("rb") as f:
         head = f.read(8)
         if len(head) < 8:
             raise ValueError(f"{path} is truncated or not a safetensors file: {size} bytes, no header")
         (n_header,) = struct.unpack("<Q", head)
-        if 8 + n_header > size:
-            raise ValueError(f"{path} is truncated: its header needs {8 + n_header} bytes, the file has {size}")
-        try:
-            header = json.loads(f.read(n_header))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"{path} is not a safetensors file: its header is not JSON ({e})") from None
+        if 8 + n_header > size or n_header > MAX_HEADER:   # never print n_header: it is the file's first bytes
+            raise ValueError(f"{path} is truncated or not a safetensors file: its first 8 bytes give a header "
+                             f"length beyond the file's {size} bytes (or safetensors' {MAX_HEADER:,}-byte limit)")
+        raw = f.read(n_header)
     try:
-        ends = {name: int(info["data_offsets"][1]) for name, info in header.items() if name != "__metadata__"}
-    except (AttributeError, KeyError, TypeError, IndexError, ValueError):
-        raise ValueError(f"{path} is not a safetensors file: its header does not list tensors with "
-                         "data_offsets") from None
-    for name, end in sorted(ends.items(), key=lambda kv: kv[1]):
-        end += 8 + n_header                                   # absolute byte where the tensor's data ends
-        if end > size:
-            raise ValueError(f"{path} is truncated: tensor {name!r} ends at byte {end}, the file has {size} bytes")
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is not a safetensors file: its header is not JSON ({e})") from None
+    except RecursionError:
+        raise ValueError(f"{path} is not a safetensors file: its header is nested too deeply") from None
+    check_header(path, header, size - 8 - n_header)
     return 8 + n_header, header
 
 
+def check_header(path: Path, header, n_data: int) -> None:
+    """A safetensors header, as its spec says (the checks of the safetensors package's ``Metadata::validate``):
+    an object of tensor name -> ``{"dtype", "shape", "data_offsets": [begin, end]}`` (and an optional
+    ``__metadata__`` of str -> str); offsets non-negative integers, relative to the data, ``end - begin`` the
+    bytes of the shape and dtype; the tensors, sorted by offset, tile the data from 0 to its very end with no
+    overlap and no gap. The error names the file, the tensor and the field."""
+    if not isinstance(header, dict):
+        raise ValueError(f"{path} is not a safetensors file: its header does not list tensors with data_offsets "
+                         f"(it is a JSON {type(header).__name__}, not an object)")
+    meta = header.get("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise ValueError(f"{path}: the header's '__metadata__' must map strings to strings")
+    spans = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
+            raise ValueError(f"{path} is not a safetensors file: its header does not list tensors with "
+                             f"data_offsets (tensor {name!r} has no dtype, shape and data_offsets)")
+        dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if dtype not in DTYPES:
+            raise ValueError(f"{path}: tensor {name!r} has dtype {dtype!r}; attnlab reads {sorted(DTYPES)}")
+        if not isinstance(shape, list) or not all(is_count(n) for n in shape):
+            raise ValueError(f"{path}: tensor {name!r} has shape {shape!r}; a shape is a list of integers >= 0")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(is_count, offsets))
+                and offsets[0] <= offsets[1]):
+            raise ValueError(f"{path}: tensor {name!r} has data_offsets {offsets!r}; they must be two integers "
+                             "0 <= begin <= end")
+        need = np.dtype(DTYPES[dtype]).itemsize * math.prod(shape)
+        if offsets[1] - offsets[0] != need:
+            raise ValueError(f"{path}: tensor {name!r} of shape {tuple(shape)} and dtype {dtype} needs {need} bytes, "
+                             f"its data_offsets {offsets} give it {offsets[1] - offsets[0]}")
+        spans.append((offsets[0], offsets[1], name))
+    at = 0                                                    # the data tiled so far: [0, at)
+    for begin, end, name in sorted(spans):
+        if end > n_data:
+            raise ValueError(f"{path} is truncated: tensor {name!r} ends at byte {end} of the data, the file "
+                             f"holds {n_data} bytes of data")
+        if begin != at:
+            what = "overlaps the tensor before it" if begin < at else f"leaves bytes {at}..{begin} unused"
+            raise ValueError(f"{path}: tensor {name!r} has data_offsets [{begin}, {end}], which {what}; "
+                             "safetensors tensors tile the data with no overlap and no gap")
+        at = end
+    if at != n_data:
+        raise ValueError(f"{path}: the header's tensors cover {at} bytes of data, the file holds {n_data}; "
+                         "the data must be exactly the tensors' bytes")
+
+
+def is_count(n) -> bool:
+    """An integer >= 0 (not a bool): a dimension or a byte offset."""
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
+
+
 def map_tensors(path: Path, data_start: int, header: dict) -> dict[str, np.ndarray]:
-    """The tensors of a safetensors file as read-only views of its memory map (bfloat16 converted to
-    float32 copies); an error naming a tensor whose dtype or byte range does not fit."""
+    """The tensors of a safetensors file whose header :func:`check_header` passed, as read-only views of its
+    memory map (bfloat16 converted to float32 copies)."""
     size = path.stat().st_size
     mapped = np.memmap(path, dtype=np.uint8, mode="r") if size > data_start else np.zeros(0, np.uint8)
     out = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        dtype, shape, (begin, end) = info.get("dtype"), tuple(info.get("shape", ())), info["data_offsets"]
-        if dtype not in DTYPES:
-            raise ValueError(f"{path}: tensor {name!r} has dtype {dtype!r}; attnlab reads {sorted(DTYPES)}")
+        dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
         item = np.dtype(DTYPES[dtype])
-        if end - begin != item.itemsize * int(np.prod(shape)):
-            raise ValueError(f"{path}: tensor {name!r} of shape {shape} and dtype {dtype} needs "
-                             f"{item.itemsize * int(np.prod(shape))} bytes, its header gives it {end - begin}")
         arr = np.ndarray(shape, item, buffer=mapped, offset=data_start + begin) if end > begin \
             else np.zeros(shape, item)                                      # a view: nothing copied
         out[name] = bfloat16_to_float32(arr) if dtype == "BF16" else arr
@@ -120,23 +169,28 @@ def read_safetensors(path) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise FileNotFoundError(2, "No such checkpoint file", str(path))
     data_start, header = read_header(path)
+    return map_tensors(path, data_start, header)
+
+
+def read_json(path: Path, what: str):
+    """The JSON in ``path`` (a model folder's config or index, already checked to lie inside the folder);
+    an error naming the file when it is not UTF-8 or not JSON."""
     try:
-        return map_tensors(path, data_start, header)
-    except (AttributeError, KeyError, TypeError, ValueError) as e:
-        if isinstance(e, ValueError) and str(e).startswith(str(path)):
-            raise
-        raise ValueError(f"{path} could not be read as safetensors: {e!r}") from None
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text (byte {e.start}): {what} must be UTF-8 JSON") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ValueError(f"{path} is not valid JSON for {what}: nested too deeply") from None
 
 
 def read_config(folder: Path) -> dict:
     """``config.json`` of a checkpoint folder, as a dict."""
-    path = folder / "config.json"
+    path = folder_file(folder, "config.json")
     if not path.is_file():
         raise FileNotFoundError(2, "No config.json in the model folder", str(path))
-    try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    config = read_json(path, "a model's config.json")
     if not isinstance(config, dict):
         raise ValueError(f"{path} must hold a JSON object, got {type(config).__name__}")
     return config
@@ -147,19 +201,24 @@ def checkpoint_files(folder: Path) -> list[Path]:
 
     A folder with only pickles gets the pickle refusal.
     """
-    path, index = folder / SAFETENSORS, folder / (SAFETENSORS + ".index.json")
+    path, index = folder_file(folder, SAFETENSORS), folder_file(folder, SAFETENSORS + ".index.json")
     if path.is_file():
         return [path]
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-            shards = [folder / name for name in sorted(set(weight_map.values()))]
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-            raise ValueError(f"{index} must be JSON with a 'weight_map' of tensor -> shard file ({e!r})") from None
-        for shard in shards:
+        data = read_json(index, "an index")
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ValueError(f"{index} must be a JSON object with a non-empty 'weight_map' of tensor -> shard file")
+        for tensor, name in weight_map.items():
+            if not isinstance(name, str):
+                raise ValueError(f"{index}: 'weight_map' gives tensor {tensor!r} the shard {name!r}; a shard is "
+                                 "a file name")
+        names = sorted(set(weight_map.values()))
+        shards = [folder_file(folder, name, listed_in=f"{index.name}'s weight_map") for name in names]
+        for name, shard in zip(names, shards):       # every entry is checked before any shard is opened
             if not shard.is_file():
-                listed = sorted(k for k, v in weight_map.items() if v == shard.name)
-                raise FileNotFoundError(2, f"Shard {shard.name} is listed in {index.name} (for {len(listed)} "
+                listed = sorted(k for k, v in weight_map.items() if v == name)
+                raise FileNotFoundError(2, f"Shard {name} is listed in {index.name} (for {len(listed)} "
                                         f"tensors, e.g. {listed[0]!r}) but missing", str(shard))
         return shards
     pickles = sorted(p for p in folder.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
@@ -234,8 +293,15 @@ class Tensors:
             because = f" ({why})" if why else ""
             raise ValueError(f"{self.source}: tensor {name!r} has shape {arr.shape}, expected {tuple(shape)}"
                              f"{because}; config.json does not match the weights")
+        if arr.dtype.kind != "f":
+            raise ValueError(f"{self.source}: tensor {name!r} is stored as {arr.dtype} integers; a weight is "
+                             "stored as floats (F16, BF16, F32 or F64)")
         if arr.dtype not in (np.float32, np.float64):
             arr = arr.astype(np.float32)   # float16/bfloat16 checkpoints compute in float32
+        bad = first_not_finite(arr)
+        if bad is not None:
+            raise ValueError(f"{self.source}: tensor {name!r} holds {arr.reshape(-1)[bad]} at flat index {bad}; "
+                             "a weight must be finite")
         return arr
 
     def count_layers(self, pattern: str) -> int:
@@ -248,6 +314,17 @@ class Tensors:
         if not any(k.startswith(prefix) for k in self.arrays):
             return self
         return Tensors({k.removeprefix(prefix): v for k, v in self.arrays.items()}, self.source, self.why)
+
+
+def first_not_finite(arr: np.ndarray, chunk: int = 1 << 20) -> int | None:
+    """The flat index of the first NaN or ±inf in ``arr``, or None; read a chunk at a time, so a mapped
+    tensor is checked without a temporary the size of the tensor."""
+    flat = arr.reshape(-1)                                                 # (N,) a view
+    for at in range(0, flat.size, chunk):
+        ok = np.isfinite(flat[at:at + chunk])                              # (≤ chunk,)
+        if not ok.all():
+            return at + int(np.argmin(ok))
+    return None
 
 
 def check_layer_count(tensors: Tensors, pattern: str, n_layers: int, field: str) -> None:

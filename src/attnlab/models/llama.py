@@ -49,7 +49,10 @@ def rope_scheme(config: dict, source: str) -> RoPE:
     scaling type is refused, naming it."""
     params = config.get("rope_parameters")                       # transformers 5: one dict
     if params is None:                                           # transformers 4: two fields
-        params = dict(config.get("rope_scaling") or {}, rope_theta=config.get("rope_theta", ROPE_BASE))
+        scaling = config.get("rope_scaling")
+        if scaling is not None and not isinstance(scaling, dict):
+            raise ValueError(f"{source}: config.json field 'rope_scaling' must be an object or null, got {scaling!r}")
+        params = dict(scaling or {}, rope_theta=config.get("rope_theta", ROPE_BASE))
     if not isinstance(params, dict):
         raise ValueError(f"{source}: config.json field 'rope_parameters' must be an object, got {params!r}")
     theta = params.get("rope_theta", config.get("rope_theta", ROPE_BASE))
@@ -139,6 +142,7 @@ def llama_from_tensors(tensors: Tensors, cfg: ModelConfig, *, qkv_bias: bool = F
                            field="num_hidden_layers",
                            why=f"hidden_size={d}, num_attention_heads={a.n_heads}, num_key_value_heads="
                                f"{a.n_kv_heads}, head_dim={a.d_head}, intermediate_size={d_mlp}")
+    t.take("layers.0.self_attn.q_proj.weight", (width, d))   # the shapes first: head_dim sizes the arrays below
     q_order, k_order = half_to_pairs(a.n_heads, a.d_head), half_to_pairs(a.n_kv_heads, a.d_head)
 
     def linear(name: str, d_in: int, d_out: int, bias: bool) -> tuple[np.ndarray, np.ndarray]:

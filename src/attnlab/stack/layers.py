@@ -12,10 +12,11 @@ forward that keeps nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..kernels.matmul import fuse_columns
 from ..layer.hookpoints import NO_HOOKS
 
 # erfc(z) for z >= 0 as t·exp(-z² + P(t)), t = 1/(1 + z/2): Numerical Recipes' Chebyshev fit (Press et al.,
@@ -204,8 +205,8 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, hook=NO_HOOKS) -> np
     array([[0.8485, 1.1314]])
     """
     x32 = x.astype(np.result_type(x, np.float32), copy=False)
-    ms = (x32 * x32).mean(axis=-1, keepdims=True)            # (..., 1)
-    scale = hook("hook_scale", np.sqrt(ms + eps))            # (..., 1)
+    ms = np.add.reduce(x32 * x32, axis=-1, keepdims=True) / x.shape[-1]   # (..., 1) mean of squares (ndarray.mean's
+    scale = hook("hook_scale", np.sqrt(ms + eps))            # (..., 1)     Python wrapper cost a decode step more)
     return hook("hook_normalized", (x32 / scale).astype(x.dtype, copy=False) * weight)   # (..., d_model)
 
 
@@ -330,13 +331,25 @@ class GatedMLP:
     W_in: np.ndarray     # (d_model, d_mlp)
     W_out: np.ndarray    # (d_mlp, d_model)
     activation: str      # a key of ACTIVATIONS
+    # quantized W_gate | W_in side by side (d_model, 2·d_mlp): one product for both (attnlab.kernels.matmul);
+    # None for float arrays
+    W_gate_in: object | None = field(init=False, repr=False, default=None)
     name = "gated"       # its key in MLPS
     PARAMS = ("W_gate", "W_in", "W_out")
     HOOKS = ("hook_pre", "hook_post")   # the gate before its nonlinearity; the hidden layer, gated, (..., n, d_mlp)
 
+    def __post_init__(self):
+        object.__setattr__(self, "W_gate_in", fuse_columns(self.W_gate, self.W_in)[0])
+
     def __call__(self, x: np.ndarray, hook=NO_HOOKS) -> np.ndarray:
-        pre = hook("hook_pre", x @ self.W_gate)                                     # (..., n, d_mlp)
-        hidden = hook("hook_post", ACTIVATIONS[self.activation](pre) * (x @ self.W_in))   # (..., n, d_mlp)
+        if self.W_gate_in is None:
+            gate, up = x @ self.W_gate, x @ self.W_in                               # (..., n, d_mlp) each
+        else:
+            d_mlp = self.W_out.shape[0]
+            both = x @ self.W_gate_in                                               # (..., n, 2·d_mlp) one product
+            gate, up = both[..., :d_mlp], both[..., d_mlp:]                         # (..., n, d_mlp) each
+        pre = hook("hook_pre", gate)                                                # (..., n, d_mlp)
+        hidden = hook("hook_post", ACTIVATIONS[self.activation](pre) * up)          # (..., n, d_mlp)
         return hidden @ self.W_out                                                  # (..., n, d_model)
 
     @staticmethod

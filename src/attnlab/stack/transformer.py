@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..kernels._checks import as_float_array, as_positive_int, as_stop_ids, as_token_ids, check_flag, check_rng
+from ..kernels._checks import as_positive_int, as_stop_ids, as_token_ids, check_flag, check_rng
+from ..kernels.matmul import as_weight
 from ..layer.cache import KVCache
 from ..layer.config import AttentionConfig
 from ..layer.hookpoints import NO_HOOKS, Hooks
@@ -159,7 +160,7 @@ class Transformer:
                     "b_U": (c.vocab_size,) if untied else None}
         for name, shape in expected.items():
             if getattr(self, name) is not None:
-                object.__setattr__(self, name, as_float_array(name, getattr(self, name)))
+                object.__setattr__(self, name, as_weight(name, getattr(self, name)))
             got = None if getattr(self, name) is None else getattr(self, name).shape
             if got != shape:
                 raise ValueError(f"{name} has shape {got}, the config (vocab_size {c.vocab_size}, d_model "

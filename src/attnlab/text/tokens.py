@@ -11,11 +11,13 @@ to OpenAI's originals); nothing is downloaded.
 from __future__ import annotations
 
 import importlib.util
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .._io import folder_file
 from ..kernels._checks import as_choice
 from .ngrams import LEVELS, encode as split_tokens
 
@@ -100,24 +102,44 @@ def json_folder_tokenizer(folder: Path) -> HFTokenizer:
     """A folder's ``tokenizer.json`` of any kind (BERT's WordPiece, Llama 3's and Qwen2's byte-level BPE, Llama 2's
     and Mistral's SentencePiece-style BPE), its special tokens added as the file says, padding and truncation off
     (MiniLM's file pads to 128). Tokens
-    are labelled one by one decoded when the file's decoder is byte-level, else by their own string."""
-    import json
+    are labelled one by one decoded when the file's decoder is byte-level, else by their own string.
 
+    The file must lie inside the folder (:func:`attnlab._io.folder_file`); one that is not UTF-8 JSON, or that
+    `tokenizers` cannot build a tokenizer from, is a ValueError naming it."""
     from tokenizers import Tokenizer
 
-    path = Path(folder) / "tokenizer.json"
+    path = folder_file(folder, "tokenizer.json")
     if not path.is_file():
         raise FileNotFoundError(2, "No tokenizer.json in the model folder", str(path))
-    tok = Tokenizer.from_file(str(path))
+    text = read_text(path, "tokenizer.json")
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"{path} is not valid JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        raise ValueError(f"{path} must be a JSON object with a 'model' object (a tokenizers tokenizer.json), "
+                         f"got {type(data).__name__}")
+    try:
+        tok = Tokenizer.from_str(text)
+    except Exception as e:              # tokenizers raises a bare Exception for a file it cannot read
+        raise ValueError(f"{path} is not a tokenizer the tokenizers library can read: {e}") from None
     tok.no_padding()
     tok.no_truncation()
-    decoder = (json.loads(path.read_text(encoding="utf-8")).get("decoder") or {}).get("type")
-    return HFTokenizer(tok, byte_level=decoder == "ByteLevel")
+    decoder = data.get("decoder")
+    return HFTokenizer(tok, byte_level=isinstance(decoder, dict) and decoder.get("type") == "ByteLevel")
+
+
+def read_text(path: Path, what: str) -> str:
+    """The UTF-8 text of a tokenizer file; an error naming it when it is not UTF-8."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text (byte {e.start}): {what} must be UTF-8") from None
 
 
 def bpe_folder_tokenizer(folder: Path) -> HFTokenizer:
-    """GPT-2's byte-level BPE from a folder's ``vocab.json`` and ``merges.txt``."""
-    vocab, merges = Path(folder) / "vocab.json", Path(folder) / "merges.txt"
+    """GPT-2's byte-level BPE from a folder's ``vocab.json`` and ``merges.txt`` (both inside the folder)."""
+    vocab, merges = folder_file(folder, "vocab.json"), folder_file(folder, "merges.txt")
     for p in (vocab, merges):
         if not p.is_file():
             raise FileNotFoundError(2, "A GPT-2 model folder needs vocab.json and merges.txt", str(p))
@@ -158,10 +180,35 @@ def gpt2_tokenizer(vocab_path: str | Path | None = None, merges_path: str | Path
     for name, p in (("vocab_path", vocab_path), ("merges_path", merges_path)):
         if not Path(p).is_file():
             raise FileNotFoundError(f"{name}: no such file: {p}")
-    tok = Tokenizer(models.BPE.from_file(str(vocab_path), str(merges_path)))
+    tok = Tokenizer(models.BPE(vocab=read_vocab(Path(vocab_path)), merges=read_merges(Path(merges_path))))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     return tok
+
+
+def read_vocab(path: Path) -> dict[str, int]:
+    """A BPE ``vocab.json``: token -> id, or an error naming the file."""
+    try:
+        vocab = json.loads(read_text(path, "vocab.json"))
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"{path} is not valid JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(vocab, dict) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                              for i in vocab.values()):
+        raise ValueError(f"{path} must be a JSON object of token -> id (an integer >= 0)")
+    return vocab
+
+
+def read_merges(path: Path) -> list[tuple[str, str]]:
+    """A BPE ``merges.txt`` (``#version`` line skipped, one "a b" pair a line), or an error naming the line."""
+    merges = []
+    for i, line in enumerate(read_text(path, "merges.txt").splitlines(), 1):
+        if not line or line.startswith("#version"):
+            continue
+        pair = line.split(" ")
+        if len(pair) != 2:
+            raise ValueError(f"{path}: line {i} must be two tokens separated by one space, got {line[:40]!r}")
+        merges.append((pair[0], pair[1]))
+    return merges
 
 
 def gpt2_encode(text: str) -> list[int]:

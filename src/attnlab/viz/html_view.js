@@ -287,6 +287,15 @@
     });
   }
 
+  // Embedded in a page (the tour's iframe), say how tall the view is, so the page can show all of it
+  // without a scroll inside a scroll. The sandboxed frame cannot be measured from outside, so it tells.
+  function tellParentHeight() {
+    if (window.parent === window) return;
+    const post = () => window.parent.postMessage({ attnlabViewHeight: document.documentElement.scrollHeight }, "*");
+    new ResizeObserver(post).observe(document.body);
+    post();
+  }
+
   async function main() {
     try {
       const bytes = await unpack(D.weights);
@@ -298,6 +307,7 @@
       select(D.start ? D.start[0] : 0, D.start ? D.start[1] : 0);   // the layer and head the caller asked for
       status.textContent = `${L} layers \u00d7 ${H} heads, ${NQ} queries \u00d7 ${NK} keys`;
       document.body.dataset.ready = "1";
+      tellParentHeight();
     } catch (err) {
       status.textContent = `could not draw the view: ${err}`;
       status.className = "error";

@@ -70,8 +70,19 @@ def _span(idx: list[int | None], n: int, what: str) -> str:
 
 
 def _short(token: str) -> str:
-    """A key's label for a 3-column header: without the leading space GPT-2 tokens carry."""
-    return display_token(token).strip() or display_token(token)
+    """A key's label for a 3-column header: without the leading space GPT-2 tokens carry; a token of spaces
+    only (a character-level model's " ") shows them as ␣, never as a blank."""
+    return display_token(token).strip() or _visible(token)
+
+
+def _visible(token: str) -> str:
+    """A label that is never blank: a token of spaces only is shown as ␣ per space.
+
+    >>> _visible(" "), _visible(" cat")
+    ('␣', ' cat')
+    """
+    text = display_token(token)
+    return text.replace(" ", "␣") if not text.strip() else text
 
 
 def _cell(w: float, kept: bool) -> Piece:
@@ -91,7 +102,7 @@ def layout_grid(amap: AttentionMap, layer: int, head: int, *, width: int = 80, m
     n_q, n_k = a.shape
     numbered = any(cell_width(_short(t)) > CELL - 1 for t in amap.tokens)   # key labels too long for a header
     offset = n_k - n_q                                                # query i is key i + offset
-    q_labels = [display_token(t) for t in amap.q_tokens]
+    q_labels = [_visible(t) for t in amap.q_tokens]
     if numbered:
         q_labels = [f"{i + offset} {t}" for i, t in enumerate(q_labels)]
     label = min(max(3, *map(cell_width, q_labels)), LABEL_MOST)
@@ -119,7 +130,7 @@ def layout_grid(amap: AttentionMap, layer: int, head: int, *, width: int = 80, m
     if numbered:
         notes.append("Keys are numbered to fit their 3-column headers (rows carry the same numbers); the legend "
                      "above gives each in full, and --json gives every token.")
-        legend = _legend([f"{j}={display_token(amap.tokens[j])}" for j in cols if j is not None], width)
+        legend = _legend([f"{j}={_visible(amap.tokens[j])}" for j in cols if j is not None], width)
     sink = sink_note(amap, layer, head)
     if sink:
         notes.append(sink)

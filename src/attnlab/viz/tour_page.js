@@ -84,8 +84,15 @@
       v.textContent = w[top] > 0.999999
         ? `Hard lookup: ${L.tokens[top]} takes ${w[top].toFixed(7)} of the weight (more than 0.999999), so the ` +
           `output is its value, as a dictionary would return it.`
-        : `A blend: the largest weight, ${L.tokens[top]}'s, is ${w[top].toFixed(3)}. Drag far along one key's ` +
+        : `A blend: ${largest(w)}. Drag far along one key's ` +
           `direction, away from the others, to make its score tower over the rest.`;
+    }
+    function largest(w) {                             // which token holds the largest weight, or which tie for it
+      const top = Math.max(...w), shown = top.toFixed(3);
+      const tied = L.tokens.filter((_, i) => w[i].toFixed(3) === shown).map((t) => `“${t}”`);
+      return tied.length > 1
+        ? `${tied.slice(0, -1).join(", ")} and ${tied[tied.length - 1]} tie for the largest weight, ${shown} each`
+        : `the largest weight, ${shown}, is on ${tied[0]}`;
     }
     function moveTo(e) {
       const box = svg.getBoundingClientRect();
@@ -175,8 +182,18 @@
     update();
   }
 
+  // ---- the embedded viewer: as tall as the view inside it (it posts its height), never a nested scroll ----
+  function viewer() {
+    const frame = $("viewer");
+    if (!frame) return;
+    window.addEventListener("message", (e) => {
+      const h = e.data && e.data.attnlabViewHeight;
+      if (e.source === frame.contentWindow && Number.isFinite(h) && h > 0) frame.style.height = `${Math.ceil(h) + 4}px`;
+    });
+  }
+
   try {
-    lookup(); sqrtDk(); mask();
+    viewer(); lookup(); sqrtDk(); mask();
     document.body.dataset.ready = "1";
   } catch (err) {
     document.body.dataset.ready = "error";

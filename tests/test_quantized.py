@@ -1,0 +1,191 @@
+"""Weights that stay quantized (issue 21): GGUF blocks multiplied without a float32 copy.
+
+Every tensor here is written by ``gguf.GGUFWriter`` in its type (``gguf.quants.quantize``) and read back by
+``gguf.GGUFReader``; the reference is ``gguf.quants.dequantize`` of the same bytes, multiplied in float64.
+"""
+
+import itertools
+import warnings
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+from gguf.constants import GGMLQuantizationType  # noqa: E402
+from gguf.quants import dequantize, quantize  # noqa: E402
+
+from attnlab.kernels.quantized import KERNEL_TYPES, QuantizedMatrix, QuantizedRows  # noqa: E402
+
+TYPES = sorted(KERNEL_TYPES)
+FILES = itertools.count()
+
+
+def written(tmp_path, tensors: dict, qtype: str) -> dict:
+    """``tensors`` (name -> float32 (d_out, d_in)) written to a GGUF file in ``qtype`` and read back: name ->
+    (raw bytes (d_out, bytes), d_in), as the file holds them."""
+    path = tmp_path / f"w{next(FILES)}_{qtype}.gguf"                # a new file each call: the reader maps it
+    writer = gguf.GGUFWriter(str(path), "llama")
+    t = GGMLQuantizationType[qtype]
+    for name, w in tensors.items():
+        writer.add_tensor(name, quantize(w, t), raw_dtype=t)               # shape from the bytes
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader = gguf.GGUFReader(str(path))
+    out = {}
+    for tensor in reader.tensors:
+        assert tensor.tensor_type == t
+        out[tensor.name] = (np.asarray(tensor.data), int(tensor.shape[0]))   # GGUF's shape: d_in first
+    return out
+
+
+def rel_err(got, ref) -> float:
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
+
+@pytest.fixture
+def numba_on(monkeypatch):
+    pytest.importorskip("numba")
+    monkeypatch.delenv("ATTNLAB_NO_NUMBA", raising=False)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("n_tokens", [1, 3, 20])          # the kernel (<= 8 tokens) and the chunked path
+def test_product_equals_the_dequantized_float32_product(tmp_path, rng, numba_on, qtype, n_tokens):
+    w = (rng.standard_normal((96, 64)) * 0.05).astype(np.float32)          # (d_out, d_in)
+    raw, d_in = written(tmp_path, {"w": w}, qtype)["w"]
+    W = QuantizedMatrix(raw, qtype, d_in)
+    assert W.shape == (64, 96) and d_in == 64
+    exact = dequantize(raw, GGMLQuantizationType[qtype])                   # (d_out, d_in) float32
+    x = rng.standard_normal((n_tokens, 64)).astype(np.float32)             # (N, d_in)
+    ref = x.astype(np.float64) @ exact.T.astype(np.float64)                # (N, d_out)
+    got = x @ W
+    assert got.shape == (n_tokens, 96) and got.dtype == np.float32
+    assert rel_err(got, ref) < 1e-6
+    assert rel_err(got, x @ exact.T) < 1e-5                                # the float32 path's logits
+    assert rel_err(x[0] @ W, ref[0]) < 1e-6                                # (d_in,) in, (d_out,) out
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_kernel_rebuilds_exactly_the_values_gguf_does(tmp_path, rng, numba_on, qtype):
+    from attnlab.kernels import _quant_fused
+
+    w = (rng.standard_normal((8, 128)) * 3).astype(np.float32)
+    raw, d_in = written(tmp_path, {"w": w}, qtype)["w"]
+    W = QuantizedMatrix(raw, qtype, d_in)
+    out = np.empty((8, 128), np.float32)
+    _quant_fused.dequantize(qtype, W.qs, W.d, W.m, out)
+    np.testing.assert_array_equal(out, dequantize(raw, GGMLQuantizationType[qtype]))
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_numpy_path_without_numba_gives_the_same_product(tmp_path, rng, monkeypatch, qtype):
+    w = (rng.standard_normal((40, 64)) * 0.05).astype(np.float32)
+    raw, d_in = written(tmp_path, {"w": w}, qtype)["w"]
+    W = QuantizedMatrix(raw, qtype, d_in)
+    x = rng.standard_normal((2, 5, 64)).astype(np.float32)                 # leading axes kept
+    monkeypatch.setenv("ATTNLAB_NO_NUMBA", "1")
+    exact = dequantize(raw, GGMLQuantizationType[qtype])
+    np.testing.assert_allclose(x @ W, x @ exact.T, rtol=1e-6, atol=1e-6)
+
+
+def test_rows_table_looks_up_and_unembeds(tmp_path, rng, numba_on):
+    table = (rng.standard_normal((50, 32)) * 0.1).astype(np.float32)      # (vocab, d_model)
+    raw, d = written(tmp_path, {"token_embd": table}, "Q8_0")["token_embd"]
+    E = QuantizedRows.from_raw(raw, "Q8_0", d)
+    exact = dequantize(raw, GGMLQuantizationType.Q8_0)                     # (vocab, d)
+    ids = np.array([[3, 7], [49, 0]])
+    np.testing.assert_array_equal(E[ids], exact[ids])                      # (2, 2, d)
+    x = rng.standard_normal((4, 32)).astype(np.float32)
+    assert E.shape == (50, 32) and E.T.shape == (32, 50)
+    assert rel_err(x @ E.T, x.astype(np.float64) @ exact.T) < 1e-6         # tied logits
+
+
+def test_side_by_side_weights_multiply_as_each_one(tmp_path, rng, numba_on):
+    from attnlab.kernels.matmul import fuse_columns
+
+    ws = {n: (rng.standard_normal((w, 64)) * 0.05).astype(np.float32) for n, w in (("q", 64), ("k", 32), ("v", 32))}
+    files = written(tmp_path, ws, "Q4_1")
+    parts = [QuantizedMatrix(*files[n][:1], "Q4_1", 64) for n in ("q", "k", "v")]
+    fused, _ = fuse_columns(*parts)
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    np.testing.assert_allclose(x @ fused, np.concatenate([x @ p for p in parts], axis=-1), rtol=1e-6, atol=1e-7)
+    assert fuse_columns(*parts[:2], np.zeros((64, 32), np.float32))[0] is None
+
+
+def test_bad_arguments_name_what_was_expected(tmp_path, rng, numba_on):
+    raw, d_in = written(tmp_path, {"w": np.ones((4, 64), np.float32)}, "Q4_0")["w"]
+    with pytest.raises(ValueError, match="qtype must be one of"):
+        QuantizedMatrix(raw, "Q5_K", d_in)
+    with pytest.raises(ValueError, match="raw must be uint8"):
+        QuantizedMatrix(raw, "Q4_0", 32)
+    with pytest.raises(ValueError, match=r"x @ W needs x \(\.\.\., 64\)"):
+        np.ones((1, 63), np.float32) @ QuantizedMatrix(raw, "Q4_0", d_in)
+
+
+def test_weight_from_gguf_falls_back_to_float32_and_warns_once(tmp_path, rng, monkeypatch):
+    from attnlab.kernels import quantized
+
+    raw, d_in = written(tmp_path, {"w": (rng.standard_normal((8, 64))).astype(np.float32)}, "Q8_0")["w"]
+    monkeypatch.setenv("ATTNLAB_NO_NUMBA", "1")
+    monkeypatch.setattr(quantized, "_warned", [])
+    with pytest.warns(RuntimeWarning, match="quantized weights need numba"):
+        w = quantized.weight_from_gguf(raw, "Q8_0", d_in)
+    assert isinstance(w, np.ndarray) and w.shape == (64, 8)
+    np.testing.assert_array_equal(w, dequantize(raw, GGMLQuantizationType.Q8_0).T)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quantized.weight_from_gguf(raw, "Q8_0", d_in)                      # said once
+
+
+def quantized_and_float(model, tmp_path, qtype: str):
+    """``model`` with every weight matrix written to a GGUF file in ``qtype`` (the embedding in Q8_0, as
+    SmolLM2's file has it) and read back: the quantized model, and the float32 model of the same values."""
+    import dataclasses
+
+    from attnlab.stack.transformer import Transformer
+
+    mats = {}
+    for i, b in enumerate(model.blocks):
+        for part, names in (("attn", ("W_Q", "W_K", "W_V", "W_O")), ("mlp", ("W_gate", "W_in", "W_out"))):
+            for n in names:
+                mats[f"{i}.{part}.{n}"] = np.ascontiguousarray(getattr(getattr(b, part), n).T)   # (d_out, d_in)
+    files = written(tmp_path, mats, qtype)
+    table = written(tmp_path, {"W_E": model.W_E}, "Q8_0")["W_E"]
+
+    def build(weight, rows):
+        blocks = []
+        for i, b in enumerate(model.blocks):
+            new = {}
+            for part, obj in (("attn", b.attn), ("mlp", b.mlp)):
+                names = ("W_Q", "W_K", "W_V", "W_O") if part == "attn" else ("W_gate", "W_in", "W_out")
+                new[part] = dataclasses.replace(obj, **{n: weight(*files[f"{i}.{part}.{n}"]) for n in names})
+            blocks.append(dataclasses.replace(b, **new))
+        return Transformer(config=model.config, W_E=rows(*table), blocks=blocks, ln_final=model.ln_final)
+
+    quant = build(lambda raw, d: QuantizedMatrix(raw, qtype, d), lambda raw, d: QuantizedRows.from_raw(raw, "Q8_0", d))
+    exact = build(lambda raw, d: dequantize(raw, GGMLQuantizationType[qtype]).T,
+                  lambda raw, d: dequantize(raw, GGMLQuantizationType.Q8_0))
+    return quant, exact
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_quantized_model_logits_equal_the_float32_model(tmp_path, rng, numba_on, qtype):
+    from attnlab.layer.config import AttentionConfig
+    from attnlab.layer.positions import RoPE
+    from attnlab.stack.layers import RMSNorm
+    from attnlab.stack.transformer import ModelConfig, Transformer, forward, new_caches
+
+    att = AttentionConfig(d_model=64, n_heads=4, n_kv_heads=2, d_head=16, n_ctx=64, positions=RoPE(10000.0))
+    cfg = ModelConfig(vocab_size=100, n_layers=2, attention=att, d_mlp=96, activation="silu", mlp="gated",
+                      norm=RMSNorm, tied_embeddings=True)
+    quant, exact = quantized_and_float(Transformer.init(cfg, rng=rng, std=0.1), tmp_path, qtype)
+    assert quant.blocks[0].attn.W_QKV is not None and quant.blocks[0].mlp.W_gate_in is not None
+    ids = rng.integers(0, 100, 12)
+    assert rel_err(forward(quant, ids).logits, forward(exact, ids).logits) < 1e-5     # prefill (chunked path)
+    cq, ce = new_caches(quant, 16), new_caches(exact, 16)
+    forward(quant, ids[:8], caches=cq), forward(exact, ids[:8], caches=ce)
+    for t in ids[8:]:                                                                   # decode steps (kernel)
+        got, want = forward(quant, [t], caches=cq).logits, forward(exact, [t], caches=ce).logits
+        assert rel_err(got, want) < 1e-5
