@@ -30,6 +30,14 @@ def register(sub) -> None:
                     examples=("attnlab train --steps 100", "attnlab train --steps 100 --out lm   # then: attnlab "
                               "generate lm --prompt 'the '"))
     p.add_argument("file", nargs="?", metavar="FILE", help="UTF-8 text (default: the guide's toy text)")
+    p.add_argument("--from", dest="from_model", metavar="MODEL", help="fine-tune this model (a GPT-2 or "
+                   "Llama-family folder, or one 'attnlab train' wrote) on FILE instead of training a new one; "
+                   "its own tokenizer; --out gets a folder every command reads")
+    p.add_argument("--train-only", default="all", choices=("all", "attention", "last-k-layers"),
+                   help="with --from: update every parameter (default), only the attention layers', or only "
+                   "the last --last-k blocks' and the head's")
+    p.add_argument("--last-k", type=int, default=2, metavar="K", help="blocks --train-only last-k-layers updates "
+                   "(default 2)")
     p.add_argument("--task", default="text", choices=("text", "induction"), help="text: next tokens of FILE "
                    "(default); induction: repeated random tokens, to grow an induction head (Olsson et al.)")
     p.add_argument("--steps", type=int, default=None, help="training steps (default 300; induction 1000)")
@@ -89,7 +97,76 @@ def load_data(file, level: str, heldout: float) -> Data:
 TEXT_DEFAULTS = {"steps": 300, "context": 32, "heads": 4, "positions": "learned", "batch": 16, "lr": 3e-3}
 
 
+FINETUNE_DEFAULTS = {"steps": 20, "context": 128, "batch": 4, "lr": 1e-4}
+
+
+def cmd_finetune(args) -> int:
+    """attnlab train --from MODEL FILE: go on training a real model on a text, held-out loss before and after."""
+    import dataclasses
+    import tracemalloc
+
+    from ..kernels._threads import one_blas_thread
+    from ..lm.checkpoint import save_checkpoint
+    from ..lm.training import (AdamConfig, check_text_length, cosine_decay, evaluate, sample_batch, split_heldout,
+                               steps_on, trainable_names)
+    from ..models import load_model
+    from ..stack.transformer import Transformer, check_decoder
+    from ..text.ngrams import read_utf8
+
+    for name, value in FINETUNE_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.file is None:
+        raise ValueError("--from needs FILE, the text to fine-tune on")
+    model, tokenizer = load_model(args.from_model)
+    check_decoder(model, "fine-tuning")
+    # the checkpoint's arrays are read-only views of its file: train a float32 copy
+    model = dataclasses.replace(Transformer.from_params(model.config, {k: np.array(v, np.float32) for k, v in
+                                                                       model.params().items()}), name=model.name)
+    ids = tokenizer.encode(read_utf8(args.file))
+    train, heldout = split_heldout(ids, args.heldout)
+    n_ctx = min(args.context, model.config.n_ctx)
+    check_text_length(train, n_ctx)
+    names = trainable_names(model, args.train_only, last_k=args.last_k)
+    rng = np.random.default_rng(args.seed)
+    with one_blas_thread():
+        before = evaluate(model, heldout, n_ctx=n_ctx) if heldout.size > 1 else None
+        steps = steps_on(model, lambda r: sample_batch(train, n_ctx, args.batch, r), steps=args.steps, rng=rng,
+                         adam=AdamConfig(lr=args.lr, weight_decay=args.weight_decay),
+                         schedule=cosine_decay(args.steps) if args.schedule == "cosine" else None, names=names)
+        tracemalloc.start()
+        t0 = time.perf_counter()
+        losses = run_with_progress(steps, 0, args.steps, save=None, save_every=args.steps)
+        seconds = (time.perf_counter() - t0) / args.steps
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        after = evaluate(model, heldout, n_ctx=n_ctx) if heldout.size > 1 else None
+    if args.out:
+        save_checkpoint(model, tokenizer, args.out)
+    trained = sum(model.params()[n].size for n in names)
+    result = {"from": args.from_model, "train_only": args.train_only, "params": model.n_params,
+              "trained_params": trained, "steps": args.steps, "batch": args.batch, "context": n_ctx, "lr": args.lr,
+              "train_tokens": int(train.size), "heldout_tokens": int(heldout.size), "heldout_before": before,
+              "heldout_after": after, "batch_losses": losses, "seconds_per_step": seconds,
+              "peak_numpy_bytes_per_step": peak, "out": args.out}
+    if args.json:
+        print_json(result)
+        return 0
+    cell = lambda x: "-" if x is None else f"{x:.3f}"   # noqa: E731
+    print(f"{args.from_model}: {model.n_params:,} parameters, {trained:,} trained ({args.train_only}); "
+          f"{train.size:,} training tokens, {heldout.size:,} held out")
+    print(f"held-out loss: before {cell(before)}, after {cell(after)} nats per token ({args.steps} steps of "
+          f"{args.batch} × {n_ctx} tokens)")
+    print(f"one step: {seconds:.2f} s, peak memory the step allocates (tracemalloc, numpy arrays included) "
+          f"{peak / 2**20:,.0f} MiB, on one BLAS thread")
+    if args.out:
+        print(f"checkpoint: {args.out} (attnlab generate, attend, patch, … read it)")
+    return 0
+
+
 def cmd_train(args) -> int:
+    if args.from_model is not None:
+        return cmd_finetune(args)
     if args.task == "induction":
         from .induction import cmd_train_induction
         return cmd_train_induction(args)

@@ -105,16 +105,17 @@ def sample_batch(ids: np.ndarray, n_ctx: int, batch_size: int, rng: np.random.Ge
     return window[:, :-1], window[:, 1:]                                 # (B, n_ctx) each
 
 
-def evaluate(model: Transformer, ids) -> float:
+def evaluate(model: Transformer, ids, *, n_ctx: int | None = None) -> float:
     """Mean cross-entropy (nats per token) of predicting every token of ``ids`` after the first.
 
-    The text is cut into windows of n_ctx + 1 tokens that overlap by one, so every token is predicted
-    exactly once, from the earlier tokens of its window.
+    The text is cut into windows of n_ctx + 1 tokens that overlap by one (n_ctx: the model's, or the
+    window a fine-tuning run trains on), so every token is predicted exactly once, from the earlier tokens
+    of its window.
     """
     ids = as_token_ids("ids", ids, model.config.vocab_size)
     if ids.ndim != 1 or ids.size < 2:
         raise ValueError(f"ids must be 1-D with at least 2 tokens to predict one, got shape {ids.shape}")
-    n_ctx = model.config.n_ctx
+    n_ctx = model.config.n_ctx if n_ctx is None else min(as_positive_int("n_ctx", n_ctx), model.config.n_ctx)
     n_full = (ids.size - 1) // n_ctx                                      # whole windows
     total, count = 0.0, 0
     if n_full:
@@ -160,12 +161,33 @@ def training_steps(model: Transformer, ids, *, steps: int, batch_size: int, rng:
                     adam=adam, schedule=schedule, state=state, start=start)
 
 
+TRAIN_ONLY = ("all", "attention", "last-k-layers")   # which parameters a run updates
+
+
+def trainable_names(model: Transformer, train_only: str = "all", *, last_k: int = 2) -> list[str]:
+    """The parameters a run updates: every one; only the attention layers' (W_Q … b_O of every block); or
+    every parameter of the last ``last_k`` blocks and after them (the final norm, the unembedding)."""
+    check_model(model)
+    if train_only not in TRAIN_ONLY:
+        raise ValueError(f"train_only must be one of {TRAIN_ONLY}, got {train_only!r}")
+    names = list(model.params())
+    if train_only == "attention":
+        return [n for n in names if ".attn." in n]
+    if train_only == "last-k-layers":
+        last_k = as_positive_int("last_k", last_k)
+        first = max(model.config.n_layers - last_k, 0)
+        late = lambda n: n.startswith("blocks.") and int(n.split(".")[1]) >= first   # noqa: E731
+        return [n for n in names if late(n) or n.startswith("ln_final.") or n in ("W_U", "b_U")]
+    return names
+
+
 def steps_on(model: Transformer, sample, *, steps: int, rng: np.random.Generator, adam: AdamConfig = AdamConfig(),
-             schedule=None, state: AdamState | None = None, start: int = 0):
+             schedule=None, state: AdamState | None = None, start: int = 0, names=None):
     """The training loop for any data: ``sample(rng)`` gives a batch ``(ids, targets)``, each (B, n_ctx).
 
     Yields a :class:`Step` after each update of steps ``start + 1 … steps``; ``state`` (Adam's moments and
-    step count) carries over from an earlier run, else starts at zero.
+    step count) carries over from an earlier run, else starts at zero. ``names`` (see
+    :func:`trainable_names`) limits the update to those parameters; the rest stay as they are.
     """
     check_model(model)
     steps = as_positive_int("steps", steps)
@@ -174,11 +196,16 @@ def steps_on(model: Transformer, sample, *, steps: int, rng: np.random.Generator
         raise ValueError(f"start must be an int in [0, steps={steps}], got {start!r}")
     if state is not None and state.t != start:
         raise ValueError(f"the Adam state has taken {state.t} steps, but the run resumes after step {start}")
-    return _steps(model, sample, steps, rng, adam, schedule, state, start)
-
-
-def _steps(model, sample, steps, rng, adam, schedule, state, start):
     params = model.params()
+    if names is not None:
+        unknown = [n for n in names if n not in params]
+        if unknown or not names:
+            raise ValueError(f"names must be some of the model's parameters, got {unknown or 'none'}")
+        params = {n: params[n] for n in names}
+    return _steps(model, sample, steps, rng, adam, schedule, state, start, params)
+
+
+def _steps(model, sample, steps, rng, adam, schedule, state, start, params):
     state = AdamState.zeros(params) if state is None else state
     for step in range(start + 1, steps + 1):
         x, y = sample(rng)                                               # (B, n_ctx) each
