@@ -191,3 +191,18 @@ def test_loss_and_its_gradient_refuse_targets_of_another_shape(rng):
     for f in (loss, loss_and_grad):
         with pytest.raises(ValueError, match=r"targets must have the shape of ids \(1, 3\), got \(1, 2\)"):
             f(model, ids, np.array([[1, 2]]))
+
+
+def test_clipping_scales_the_gradients_to_the_global_norm():
+    from attnlab.lm.training import grad_norm
+
+    params = {"a": np.zeros(3), "b": np.zeros((1, 2))}
+    grads = {"a": np.array([3.0, 0.0, 0.0]), "b": np.array([[0.0, 4.0]])}    # global norm 5
+    assert grad_norm(grads, params) == 5.0
+    clipped, plain = {k: v.copy() for k, v in params.items()}, {k: v.copy() for k, v in params.items()}
+    adam_step(clipped, grads, AdamState.zeros(clipped), AdamConfig(lr=0.1, clip=1.0))
+    adam_step(plain, {k: g / 5 for k, g in grads.items()}, AdamState.zeros(plain), AdamConfig(lr=0.1))
+    for k in params:
+        np.testing.assert_allclose(clipped[k], plain[k], rtol=1e-12)
+    with pytest.raises(ValueError, match="clip must be a positive"):
+        AdamConfig(clip=0.0)

@@ -59,6 +59,8 @@ def register(sub) -> None:
     p.add_argument("--lr", type=float, default=None, help="Adam's learning rate (default 3e-3; induction 1e-2)")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW's decoupled decay of the matrices "
                    "(default 0; 1.0 with --lr 0.01 suits a 27 KB text)")
+    p.add_argument("--clip", type=float, default=None, metavar="NORM", help="scale the gradients down to this "
+                   "global norm when above it (nanoGPT: 1.0; default: no clipping)")
     p.add_argument("--schedule", default="cosine", choices=("constant", "cosine"),
                    help="learning rate: constant, or cosine (the default): a cosine decay to 0.1× over the steps")
     p.add_argument("--heldout", type=float, default=0.1, help="fraction of the text kept for evaluation "
@@ -132,7 +134,7 @@ def cmd_finetune(args) -> int:
     with one_blas_thread():
         before = evaluate(model, heldout, n_ctx=n_ctx) if heldout.size > 1 else None
         steps = steps_on(model, lambda r: sample_batch(train, n_ctx, args.batch, r), steps=args.steps, rng=rng,
-                         adam=AdamConfig(lr=args.lr, weight_decay=args.weight_decay),
+                         adam=AdamConfig(lr=args.lr, weight_decay=args.weight_decay, clip=args.clip),
                          schedule=cosine_decay(args.steps) if args.schedule == "cosine" else None, names=names)
         tracemalloc.start()
         t0 = time.perf_counter()
@@ -209,7 +211,7 @@ def cmd_train(args) -> int:
     else:
         model = Transformer.init(config, rng=rng)
         state = AdamState.zeros(model.params())
-    adam = AdamConfig(lr=args.lr, weight_decay=args.weight_decay)
+    adam = AdamConfig(lr=args.lr, weight_decay=args.weight_decay, clip=args.clip)
     schedule = cosine_decay(args.steps) if args.schedule == "cosine" and args.steps > 0 else None
     steps = training_steps(model, data.train, steps=args.steps, batch_size=args.batch, rng=rng, adam=adam,
                            schedule=schedule, state=state, start=start)

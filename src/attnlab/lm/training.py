@@ -22,12 +22,15 @@ class AdamConfig:
     beta2: float = 0.999    # decay of the running mean of squared gradients
     eps: float = 1e-8       # keeps the step finite where a gradient has been ~0
     weight_decay: float = 0.0   # decoupled decay, AdamW (Loshchilov & Hutter, 2019): p -= lr · wd · p
+    clip: float | None = None   # the gradients' global norm is scaled down to this when above it (nanoGPT: 1.0)
 
     def __post_init__(self):
         as_positive_float("lr", self.lr)
         as_positive_float("eps", self.eps)
         if not (isinstance(self.weight_decay, (int, float)) and 0 <= self.weight_decay < 1 / self.lr):
             raise ValueError(f"weight_decay must be a number in [0, 1/lr), got {self.weight_decay!r}")
+        if self.clip is not None:
+            as_positive_float("clip", self.clip)
         for name in ("beta1", "beta2"):
             if not 0 <= as_finite_float(name, getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
@@ -57,8 +60,9 @@ def adam_step(params: dict[str, np.ndarray], grads: dict[str, np.ndarray], state
     # both bias corrections folded into the step size, as the paper's Section 2 suggests (eps then acts on √v
     # before correction, a negligible difference)
     correction = np.sqrt(1 - c.beta2 ** state.t) / (1 - c.beta1 ** state.t)
+    shrink = 1.0 if c.clip is None else min(1.0, c.clip / max(grad_norm(grads, params), 1e-30))
     for name, p in params.items():
-        g, m, v = grads[name], state.m[name], state.v[name]
+        g, m, v = grads[name] * shrink if shrink < 1 else grads[name], state.m[name], state.v[name]
         m *= c.beta1
         m += (1 - c.beta1) * g                            # running mean of g
         v *= c.beta2
@@ -66,6 +70,11 @@ def adam_step(params: dict[str, np.ndarray], grads: dict[str, np.ndarray], state
         if c.weight_decay and p.ndim == 2:                # matrices (embeddings too); biases are not decayed
             p *= 1 - c.lr * c.weight_decay
         p -= (c.lr * correction) * m / (np.sqrt(v) + c.eps)
+
+
+def grad_norm(grads: dict[str, np.ndarray], params: dict[str, np.ndarray]) -> float:
+    """The global L2 norm of the gradients of ``params``, in float64 (what clipping compares with its bound)."""
+    return float(np.sqrt(sum(np.square(grads[n], dtype=np.float64).sum() for n in params)))
 
 
 def cosine_decay(steps: int, floor: float = 0.1):
