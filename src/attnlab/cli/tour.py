@@ -57,6 +57,12 @@ class TourContext:
             self.cache["minilm"] = load_model("minilm")
         return self.cache["minilm"]
 
+    def smollm2(self):
+        if "smollm2" not in self.cache:
+            from ..models import load_model
+            self.cache["smollm2"] = load_model("smollm2")
+        return self.cache["smollm2"]
+
 
 def section_floors(ctx: TourContext) -> Section:
     from ..viz.charts import save_floors
@@ -433,8 +439,14 @@ def section_what_heads_do(ctx: TourContext) -> Section:
     return what_heads_do(ctx, Section, Figure)
 
 
+def section_real_model(ctx: TourContext) -> Section:
+    from .smollm2_tour import real_language_model
+    return real_language_model(ctx, Section, Figure)
+
+
 SECTIONS = [section_floors, section_lookup, section_shapes, section_scale, section_mask, section_explain,
-            section_heads, section_order, section_cost, section_trained, section_context, section_what_heads_do]
+            section_heads, section_order, section_cost, section_trained, section_context, section_what_heads_do,
+            section_real_model]
 
 
 def prepare_out(out) -> Path:

@@ -24,15 +24,56 @@ def require_distributed():
 
 def connect(address: str, *, timeout: float = 10.0):
     """A ``distributed.Client`` on the scheduler at ``address``; fails within ``timeout`` seconds with a
-    ValueError naming the address when nothing answers there (never waits forever)."""
+    ValueError naming the address when nothing answers there, when a peer accepts the connection but never
+    answers, or when it answers in another protocol ("not a Dask scheduler") — never waits forever.
+
+    Dask bounds the TCP connect by its ``timeout`` but not the handshake that follows it, so a port that
+    accepts and stays silent would hang ``Client(...)``; and it reads a frame's length from the first bytes it
+    gets, so an HTTP server's reply asks for exabytes. The handshake is therefore tried first, on its own,
+    under the same deadline (:func:`probe_scheduler`)."""
     distributed = require_distributed()
     if not isinstance(address, str) or not address:
         raise TypeError(f"scheduler address must be a string like 'tcp://host:8786', got {address!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    probe_scheduler(address, timeout)
     try:
         return distributed.Client(address, timeout=timeout)
     except (OSError, TimeoutError) as e:
         raise ValueError(f"cannot reach a Dask scheduler at {address} within {timeout:g} s "
                          f"(start one with `dask scheduler`): {type(e).__name__}: {e}") from None
+
+
+def probe_scheduler(address: str, timeout: float) -> None:
+    """Open a Dask comm to ``address`` and complete its handshake within ``timeout`` seconds, in a thread of
+    its own (its own event loop: the caller may be running one); a ValueError naming the address if not."""
+    import asyncio
+    import concurrent.futures
+
+    from distributed.comm import connect as comm_connect
+
+    async def handshake():
+        comm = await asyncio.wait_for(comm_connect(address, timeout=timeout), timeout)
+        try:
+            return comm.remote_info
+        finally:
+            comm.abort()
+
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        info = pool.submit(asyncio.run, handshake()).result(timeout)   # the loop's cleanup may go on after
+    except (OSError, TimeoutError, asyncio.TimeoutError) as e:
+        silent = "accepts connections but did not answer" if isinstance(e, (TimeoutError, asyncio.TimeoutError)) \
+            and "Timed out trying to connect" not in str(e) else "does not answer"
+        raise ValueError(f"cannot reach a Dask scheduler at {address} within {timeout:g} s: the address {silent} "
+                         f"(start one with `dask scheduler`): {type(e).__name__}: {e}") from None
+    except Exception as e:              # MemoryError (a frame length read from "HTTP/1.1 200"), a bad frame, …
+        raise ValueError(f"{address} is not a Dask scheduler: it answered in another protocol "
+                         f"({type(e).__name__}: {str(e)[:80]})") from None
+    finally:
+        pool.shutdown(wait=False)
+    if not isinstance(info, dict) or "compression" not in info:
+        raise ValueError(f"{address} is not a Dask scheduler: its handshake is not Dask's")
 
 
 def local_cluster(n_workers: int, *, threads_per_worker: int = 1, memory_limit="auto"):

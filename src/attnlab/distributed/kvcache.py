@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..kernels._checks import as_float_array, as_positive_float, as_positive_int, check_flag
+from ..kernels._checks import as_float_array, as_positive_float, as_positive_int, check_finite, check_flag
 from .cluster import get_client, worker_addresses
 from .partials import attend_part, decode_part, merge_tree
 
@@ -118,7 +118,9 @@ class ShardedKVCache:
     dtype : float16, float32 or float64
         What the shards hold; ``append`` refuses another dtype.
     replicas : int
-        Workers holding each shard (at most the number of workers).
+        Workers holding each shard (at most the number of workers). Right after a worker is lost, appends go
+        on at once on the survivors: a replica the scheduler no longer lists is skipped, a replica whose
+        write fails is dropped when another one wrote, and a new shard opens on the workers left.
     max_tokens : int, optional
         Refuse appends past this many tokens (default: no limit but the workers' memory).
     timeout : float
@@ -190,9 +192,9 @@ class ShardedKVCache:
         n, t = len(self), key.shape[1]
         if self.max_tokens is not None and n + t > self.max_tokens:
             raise ValueError(f"cannot append {t} tokens: the cache holds {n} of its max_tokens {self.max_tokens}")
-        shards = list(self._shards)
-        load = self.load()
-        writes, opened = [], []                      # (actor future, shard, range); new shards' actor futures
+        load = self.load()                           # the live workers: a dead replica is skipped, not dialled
+        shards = [self.without_dead(sh, load) for sh in self._shards]
+        writes, opened = [], []                      # (actor future, holder, shard index, shard, worker)
         try:
             done = 0
             while done < t:
@@ -209,13 +211,21 @@ class ShardedKVCache:
                     load[w] = load.get(w, 0) + take
                 shards[-1] = replace(last, length=last.length + take)
                 done += take
+            failed = {}                              # shard index -> workers whose write failed, and why
             for fut, holder, i, shard, w in writes:
                 try:
                     answer(fut, holder, self.timeout)
                 except Exception as e:
-                    raise RuntimeError(f"append of {t} tokens failed writing shard {i} (tokens "
-                                       f"{shard.start}–{shard.start + self.shard_capacity - 1}) on worker {w}: "
+                    failed.setdefault(i, []).append((w, e))
+            for i, lost in failed.items():           # a replica that failed is dropped if another one wrote
+                if len(lost) == len(shards[i].replicas):
+                    w, e = lost[0]
+                    raise RuntimeError(f"append of {t} tokens failed writing shard {i} (tokens {shards[i].start}–"
+                                       f"{shards[i].start + self.shard_capacity - 1}) on worker {w}: "
                                        f"{type(e).__name__}: {e}; the cache is unchanged ({n} tokens)") from e
+                gone = {w for w, _ in lost}
+                shards[i] = replace(shards[i], replicas=tuple(r for r in shards[i].replicas if r[0] not in gone),
+                                    lost=shards[i].lost + tuple(sorted(gone)))
         except BaseException:
             shards.clear()                           # the new shards' actors go with their futures (the
             opened.clear()                           # traceback would otherwise keep them alive)
@@ -224,14 +234,23 @@ class ShardedKVCache:
         self._shards = tuple(shards)                 # the one place the cache changes
         return len(self)
 
+    @staticmethod
+    def without_dead(shard: Shard, live: dict) -> Shard:
+        """``shard`` with the replicas on workers the scheduler no longer lists moved to its ``lost``."""
+        dead = tuple(w for w, _, _ in shard.replicas if w not in live)
+        if not dead:
+            return shard
+        return replace(shard, replicas=tuple(r for r in shard.replicas if r[0] in live), lost=shard.lost + dead)
+
     def open_shard(self, start: int, load: dict) -> Shard:
-        """A new empty shard on the ``replicas`` least-loaded workers (by tokens held)."""
+        """A new empty shard on the ``replicas`` least-loaded workers (by tokens held); right after a loss,
+        when fewer workers are left, on the survivors (a shard with fewer replicas than asked, not a failure)."""
         from distributed import wait
 
         workers = sorted(load, key=lambda w: (load[w], w))[:self.replicas]
-        if len(workers) < self.replicas:
-            raise RuntimeError(f"cannot open a shard with replicas={self.replicas}: only {len(workers)} "
-                               "workers are left")
+        if not workers:
+            raise RuntimeError(f"cannot open a shard for tokens {start}–{start + self.shard_capacity - 1}: the "
+                               "cluster has no worker left")
         futures = [self.client.submit(KVShard, self.n_heads, self.shard_capacity, self.d_head, self.dtype.str,
                                       actor=True, workers=[w], allow_other_workers=False, pure=False)
                    for w in workers]
@@ -254,6 +273,7 @@ class ShardedKVCache:
         """
         is_causal = check_flag("is_causal", is_causal)
         q = as_float_array("query", query, min_ndim=3)
+        check_finite("query", q)                                 # as every single-process path does
         if q.ndim != 3 or q.shape[2] != self.d_head:
             raise ValueError(f"query has shape {q.shape}, the cache expects (h, t, {self.d_head})")
         if q.shape[0] == 0 or q.shape[0] % self.n_heads:

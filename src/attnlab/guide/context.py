@@ -40,6 +40,7 @@ class InContext:
     rows_word_cosine: float                            # W_E rows alone: before positions and attention
     rows_sentence_cosine: float
     model: str
+    causal: bool = False                               # a decoder: each token sees only the tokens before it
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -122,7 +123,7 @@ def compare_in_context(word: str, sentence_a: str, sentence_b: str, model=MINILM
         rows_word_cosine=float(cosine(ra[list(pa)].mean(axis=0), rb[list(pb)].mean(axis=0))),
         rows_sentence_cosine=float(cosine(ra.mean(axis=0), rb.mean(axis=0))),
         occurrence=indices, n_occurrences=(len(occurrences(word, sentence_a)), len(occurrences(word, sentence_b))),
-        model=model_name)
+        model=model_name, causal=network.config.is_causal)
 
 
 def occurrence_indices(index) -> tuple[int, int]:

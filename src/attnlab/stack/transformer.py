@@ -31,7 +31,7 @@ from ..layer.hookpoints import NO_HOOKS, Hooks
 from ..layer.multihead import PARAMS as ATTENTION_PARAMS
 from .blocks import BLOCKS, Block, PostNormBlock, PreNormBlock
 from .layers import ACTIVATIONS, MLPS, NORMS, LayerNorm, RMSNorm
-from .sampling import check_temperature, sample_next
+from .sampling import check_temperature, check_top, sample_next
 
 
 @dataclass(frozen=True)
@@ -495,47 +495,62 @@ def check_decoder(model: Transformer, what: str) -> None:
 
 
 def generate(model: Transformer, ids, n_new: int, *, temperature: float = 0.0,
-             rng: np.random.Generator | None = None, stop=None) -> np.ndarray:
+             rng: np.random.Generator | None = None, stop=None, top_k: int | None = None,
+             top_p: float | None = None, on_token=None, caches: list[KVCache] | None = None) -> np.ndarray:
     """``n_new`` token ids (n_new,) after the prompt ``ids`` (n,): greedy (``temperature=0``) or sampled from
-    softmax(logits / temperature) with ``rng``.
+    softmax(logits / temperature) with ``rng``, cut to the ``top_k`` tokens and the ``top_p`` nucleus
+    (:func:`attnlab.stack.sampling.sample_next`).
 
     ``stop`` (a token id or a collection of ids, e.g. ``model.config.eos_ids``) ends generation at the first
     of them produced; it is the last of the returned ids (m,), m <= n_new, as in transformers' ``generate``
-    with ``eos_token_id``. None (or an empty collection) runs all n_new tokens.
+    with ``eos_token_id``. None (or an empty collection) runs all n_new tokens. ``on_token(id)`` is called
+    with each new id as soon as it is chosen (streaming).
 
     The prompt runs once; each new token is then one decode step against the layers' KV caches. The model
     sees at most n_ctx tokens, as in training: when the caches are full they are emptied and the last
-    n_ctx / 2 tokens are read again in one pass, then decoding goes on.
+    n_ctx / 2 tokens are read again in one pass, then decoding goes on. With ``caches`` given (a
+    conversation), ``ids`` continue the tokens they hold, and the last returned id is not yet in them;
+    when they are full it is an error, since the tokens before them are not at hand to read again.
 
     Raises
     ------
     ValueError, TypeError
         An encoder, a prompt that is not 1-D or does not fit n_ctx, ``n_new`` not a positive int, a bad
-        temperature, no ``rng`` when sampling, a ``stop`` that is not token ids of the vocabulary.
+        temperature, top_k or top_p, no ``rng`` when sampling, a ``stop`` that is not token ids of the
+        vocabulary, caches without room for the prompt.
     """
     check_decoder(model, "generate")
     c = model.config
     ids = as_token_ids("ids", ids, c.vocab_size)
     if ids.ndim != 1 or ids.size == 0:
         raise ValueError(f"ids must be a 1-D prompt of at least one token, got shape {ids.shape}")
-    if ids.size > c.n_ctx:
-        raise ValueError(f"the prompt has {ids.size} tokens, more than the model's context n_ctx {c.n_ctx}")
+    start = check_caches(model, caches)
+    if start + ids.size > (c.n_ctx if caches is None else caches[0].capacity):
+        room = c.n_ctx if caches is None else f"the caches' capacity {caches[0].capacity} ({start} held)"
+        raise ValueError(f"the prompt has {ids.size} tokens, more than the model's context n_ctx {room}")
     n_new = as_positive_int("n_new", n_new)
     temperature = check_temperature(temperature)
     if temperature > 0 and not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator when temperature > 0, got {type(rng).__name__}")
+    top_k, top_p = check_top(top_k, top_p, c.vocab_size)
     stop = as_stop_ids("stop", () if stop is None else stop, c.vocab_size)     # (k,)
     tokens = np.concatenate([ids, np.empty(n_new, np.int64)])                 # (n + n_new,)
-    capacity = min(c.n_ctx, tokens.size - 1)
-    caches = new_caches(model, capacity)
+    given = caches is not None
+    capacity = caches[0].capacity if given else min(c.n_ctx, tokens.size - 1)
+    caches = caches if given else new_caches(model, capacity)
     logits = forward(model, ids, caches=caches).logits[-1]                    # (vocab,) after the whole prompt
     for t in range(ids.size, tokens.size):
-        tokens[t] = sample_next(logits, temperature, rng)
+        tokens[t] = sample_next(logits, temperature, rng, top_k=top_k, top_p=top_p)
+        if on_token is not None:
+            on_token(int(tokens[t]))
         if tokens[t] in stop:
             return tokens[ids.size:t + 1]                                      # (m,) ending with the stop id
         if t + 1 == tokens.size:
             break
         if caches[0].length == capacity:                                      # full: re-read the recent half
+            if given:
+                raise ValueError(f"the caches are full ({capacity} tokens, the context): the conversation is "
+                                 "longer than the model can see")
             for cache in caches:
                 cache.reset()
             logits = forward(model, tokens[t + 1 - max(1, c.n_ctx // 2):t + 1], caches=caches).logits[-1]

