@@ -165,6 +165,7 @@ def test_rope_theta_and_kv_heads_reach_the_config(capsys, tmp_path):
                    "n_heads (4) must be a multiple of n_kv_heads (3)")
 
 
+@pytest.mark.slow
 def test_train_gpt_blocks_writes_a_checkpoint_generate_reads(capsys, tmp_path):
     """--block gpt: nanoGPT's blocks (pre-norm LayerNorm, a 4 × d_model MLP, a final norm) train and save."""
     out = run_json(capsys, ["train", "--block", "gpt", "--steps", "150", "--heldout", "0", "--context", "16",
@@ -177,6 +178,7 @@ def test_train_gpt_blocks_writes_a_checkpoint_generate_reads(capsys, tmp_path):
     assert main(["generate", str(tmp_path), "--prompt", "the", "--tokens", "5", "--temperature", "0"]) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("train_only", ["all", "attention"])
 def test_fine_tune_a_gpt2_folder_writes_a_checkpoint_every_command_reads(capsys, tmp_path, write_gpt2, train_only):
     from attnlab.models import load_model
