@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from .._io import atomic_folder, folder_file
 from ..layer.positions import scheme_from_json
 from ..stack.transformer import ModelConfig, Transformer
@@ -59,7 +61,10 @@ def write_checkpoint(model: Transformer, vocab: Vocab, folder: Path, step: int |
         raise ValueError(f"the model has vocab_size {model.config.vocab_size}, the vocabulary {vocab.size} symbols")
     meta = checkpoint_json(model.config, vocab, step)
     (folder / CONFIG).write_text(meta, encoding="utf-8")
-    save_file(model.params(), str(folder / WEIGHTS), metadata={"attnlab": meta})
+    # safetensors writes an array's buffer as it lies: a loaded checkpoint's transposed views (W_Q = q_proj.T)
+    # must be laid out in C order first, or they come back scrambled
+    save_file({k: np.ascontiguousarray(v) for k, v in model.params().items()}, str(folder / WEIGHTS),
+              metadata={"attnlab": meta})
 
 
 def load_checkpoint(directory, *, config: ModelConfig | None = None,
