@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .._io import folder_file
+from ..kernels.quantized import is_quantized
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 SAFETENSORS = "model.safetensors"
@@ -294,6 +295,11 @@ class Tensors:
             because = f" ({why})" if why else ""
             raise ValueError(f"{self.source}: tensor {name!r} has shape {arr.shape}, expected {tuple(shape)}"
                              f"{because}; {self.header} does not match the weights")
+        if is_quantized(arr):                          # kept in its GGUF block type (attnlab.kernels.quantized)
+            if not arr.finite():
+                raise ValueError(f"{self.source}: tensor {name!r} has a scale that is NaN or inf; a weight must "
+                                 "be finite")
+            return arr
         if arr.dtype.kind != "f":
             raise ValueError(f"{self.source}: tensor {name!r} is stored as {arr.dtype} integers; a weight is "
                              "stored as floats (F16, BF16, F32 or F64)")
