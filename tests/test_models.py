@@ -306,7 +306,7 @@ def test_pickled_checkpoints_are_refused_never_opened(tmp_path):
     (None, {"n_head": 5}, r"d_model \(16\) must be divisible by n_heads \(5\)"),
     (None, {"n_layer": "2"}, r"config.json field 'n_layer' must be a positive integer, got '2'"),
     (None, {"layer_norm_epsilon": "tiny"}, r"'layer_norm_epsilon' must be a number between 0 and 1, got 'tiny'"),
-    (None, {"activation_function": "relu"}, r"'activation_function' is 'relu'"),
+    (None, {"activation_function": "quick_gelu"}, r"'activation_function' is 'quick_gelu'"),
     (None, {"scale_attn_by_inverse_layer_idx": True}, r"scale_attn_by_inverse_layer_idx=True"),
     (None, {"model_type": "mamba"}, r"model_type is 'mamba'; attnlab reads \['attnlab', 'bert', 'gemma2', 'gpt2', 'gpt_neox'"),
     (lambda w: w.update({"lm_head.weight": w["wte.weight"] + 1}), {}, r"'lm_head\.weight' differs from 'wte\.weight'"),

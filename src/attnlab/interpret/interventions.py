@@ -124,6 +124,20 @@ def put_back(clean: np.ndarray, index: int):
     return hook
 
 
+def check_patch_args(model: Transformer, clean_ids, corrupt_ids, answer, wrong):
+    """The two texts as token ids (n,) of the same length, and answer and wrong as token ids of the vocabulary."""
+    clean_ids, corrupt_ids = check_ids(model, clean_ids, name="clean_ids"), check_ids(model, corrupt_ids,
+                                                                                      name="corrupt_ids")
+    if clean_ids.ndim != 1 or clean_ids.shape != corrupt_ids.shape:
+        raise ValueError(f"the clean and corrupted texts must be 1-D with the same number of tokens, got "
+                         f"{clean_ids.shape[-1]} and {corrupt_ids.shape[-1]} tokens")
+    V = model.config.vocab_size
+    for name, t in (("answer", answer), ("wrong", wrong)):
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < V:
+            raise ValueError(f"{name} must be a token id in [0, {V}), got {t!r}")
+    return clean_ids, corrupt_ids
+
+
 def patch(model: Transformer, clean_ids, corrupt_ids, *, answer: int, wrong: int) -> Patching:
     """Activation patching of every head and of every layer's residual stream at every position.
 
@@ -141,15 +155,7 @@ def patch(model: Transformer, clean_ids, corrupt_ids, *, answer: int, wrong: int
         corrupted runs with the same logit difference (nothing to restore).
     """
     check_decoder(model, "patching")
-    clean_ids, corrupt_ids = check_ids(model, clean_ids, name="clean_ids"), check_ids(model, corrupt_ids,
-                                                                                      name="corrupt_ids")
-    if clean_ids.ndim != 1 or clean_ids.shape != corrupt_ids.shape:
-        raise ValueError(f"the clean and corrupted texts must be 1-D with the same number of tokens, got "
-                         f"{clean_ids.shape[-1]} and {corrupt_ids.shape[-1]} tokens")
-    V = model.config.vocab_size
-    for name, t in (("answer", answer), ("wrong", wrong)):
-        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < V:
-            raise ValueError(f"{name} must be a token id in [0, {V}), got {t!r}")
+    clean_ids, corrupt_ids = check_patch_args(model, clean_ids, corrupt_ids, answer, wrong)
     c, n = model.config, clean_ids.size
     names = [f"blocks.{i}.{h}" for i in range(c.n_layers) for h in ("attn.hook_z", "hook_resid_pre")]
     clean_out, cache = run_with_cache(model, clean_ids, names)

@@ -343,6 +343,60 @@ def embed(model: Transformer, ids: np.ndarray, *, start: int = 0, token_types=No
     return x
 
 
+@dataclass(frozen=True, eq=False)
+class SavedEmbedding:
+    """What :func:`embed_forward` keeps for :func:`embed_backward`: the rows it read, and the norm's own."""
+    ids: np.ndarray                  # (..., n)
+    types: np.ndarray | None         # (..., n) token types, with a token-type table
+    start: int                       # the first position
+    norm: tuple | None               # ln_embed's saved forward
+
+
+def embed_forward(model: Transformer, ids: np.ndarray, *, start: int = 0, token_types=None):
+    """:func:`embed` (without hooks), and what :func:`embed_backward` needs: ``(x, saved)``."""
+    c, n = model.config, ids.shape[-1]
+    x = model.W_E[ids]                                                  # (..., n, d_model)
+    pos = c.attention.positions.embed(model.W_P, n, start=start, d_model=c.d_model, dtype=model.dtype)
+    if pos is not None:
+        x = x + pos                                                     # (..., n, d_model)
+    types = None
+    if model.W_T is not None:
+        types = np.zeros_like(ids) if token_types is None else as_token_ids("token_types", token_types, c.n_types)
+        if types.shape != ids.shape:
+            raise ValueError(f"token_types must have shape {ids.shape} like ids, got {types.shape}")
+        x = x + model.W_T[types]                                        # (..., n, d_model)
+    elif token_types is not None:
+        raise ValueError("token_types given, but the model has no token-type table (n_types 0)")
+    norm = None
+    if model.ln_embed is not None:
+        x, norm = model.ln_embed.forward(x)                             # (..., n, d_model)
+    return x, SavedEmbedding(ids=ids, types=types, start=start, norm=norm)
+
+
+def embed_backward(model: Transformer, saved: SavedEmbedding, dx: np.ndarray) -> dict[str, np.ndarray]:
+    """Backward of :func:`embed_forward`: dL/dW_E (a row per token id, summed over its uses), dL/dW_P,
+    dL/dW_T and the embedding norm's, by the names of :meth:`Transformer.params`, from dL/dx (..., n, d_model)."""
+    d, grads = model.config.d_model, {}
+    if model.ln_embed is not None:
+        # forward: x = ln_embed(x)
+        dx, g = model.ln_embed.backward(saved.norm, dx)                 # (..., n, d_model)
+        grads.update({f"ln_embed.{k}": v for k, v in g.items()})
+    rows = dx.reshape(-1, d)                                            # (N, d_model)
+    # forward: x = W_E[ids]: each id's row gathers the gradient of every place it was read
+    grads["W_E"] = np.zeros_like(model.W_E)                             # (vocab, d_model)
+    np.add.at(grads["W_E"], saved.ids.reshape(-1), rows)
+    if model.W_P is not None:
+        # forward: x += W_P[start … start + n − 1], the same rows for every sequence of the batch
+        n = saved.ids.shape[-1]
+        grads["W_P"] = np.zeros_like(model.W_P)                         # (n_ctx, d_model)
+        grads["W_P"][saved.start:saved.start + n] = dx.reshape(-1, n, d).sum(0)   # (n, d_model)
+    if model.W_T is not None:
+        # forward: x += W_T[types]
+        grads["W_T"] = np.zeros_like(model.W_T)                         # (n_types, d_model)
+        np.add.at(grads["W_T"], saved.types.reshape(-1), rows)
+    return grads
+
+
 def hook_names(model: Transformer) -> list[str]:
     """Every name ``model`` has an activation for, in the order the forward pass reaches them (see
     :mod:`attnlab.stack.hooks`)."""
