@@ -102,6 +102,9 @@ def main() -> None:
     ap.add_argument("--d-model", type=int, default=64)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--block", default="attention", choices=("attention", "gpt"),
+                    help="gpt: pre-norm blocks with an MLP (nanoGPT's); its step against torch is in "
+                         "benchmarks/backward_vs_torch.py")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1e-2)
     ap.add_argument("--weight-decay", type=float, default=1.0)
@@ -119,7 +122,7 @@ def main() -> None:
     report = {"file": args.file, "chars": len(text), "vocab": vocab.size, "train_tokens": int(train.size),
               "heldout_tokens": int(heldout.size), "add_alpha_best": best_alpha(vocab, train, heldout)}
     config = lm_config(vocab.size, d_model=args.d_model, n_heads=args.heads, n_layers=args.layers,
-                       n_ctx=args.context, positions=POSITION_SCHEMES[args.positions]())
+                       n_ctx=args.context, positions=POSITION_SCHEMES[args.positions](), block=args.block)
     rng = np.random.default_rng(args.seed)
     model = Transformer.init(config, rng=rng)
     curve, tokens = [], 0
@@ -138,12 +141,12 @@ def main() -> None:
                     print(f"step {s.step:5d}  batch loss {s.loss:.3f}  held-out {curve[-1]['heldout']:.3f}", flush=True)
                 t0 = time.perf_counter() - train_s           # evaluation time is not training time
         seconds = time.perf_counter() - t0
-        report["model"] = {"config": config.__dict__, "steps": args.steps, "batch": args.batch, "lr": args.lr,
+        report["model"] = {"config": config.to_json(), "steps": args.steps, "batch": args.batch, "lr": args.lr,
                            "weight_decay": args.weight_decay, "schedule": args.schedule, "seed": args.seed, "params": model.n_params,
                            "curve": curve, "train_seconds": seconds, "tokens_per_s": tokens / seconds}
         report["comparison"] = loss_beside_counts(model, vocab, train, heldout, ks=(1, 2, 3))
         report["step_vs_torch"] = None
-        if args.torch_rounds > 0:
+        if args.torch_rounds > 0 and args.block == "attention":   # the torch reference is attention-only
             try:
                 report["step_vs_torch"] = step_time_vs_torch(model, train, args.batch, args.torch_rounds)
             except ImportError:
@@ -156,7 +159,7 @@ def main() -> None:
     print(f"BLAS while training: {report['blas']}")
     print(f"model: {args.layers} layers x {args.heads} heads, d_model {args.d_model}, context {args.context}, "
           f"{args.positions}, {m['params']:,} parameters, {args.steps} steps of {args.batch} windows")
-    rows = [("attention model", c["train"]["model"], c["heldout"]["model"])]
+    rows = [(f"{args.block} model", c["train"]["model"], c["heldout"]["model"])]
     for k in (1, 2, 3):
         rows.append((f"add-α counts, k = {k}, α = {ALPHA} (the CLI's)", c["train"]["add_alpha"][k],
                      c["heldout"]["add_alpha"][k]))

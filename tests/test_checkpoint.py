@@ -96,3 +96,23 @@ def test_interrupted_save_keeps_the_last_checkpoint_whole(tmp_path, rng, monkeyp
     back, _ = load_checkpoint(tmp_path, config=first.config)
     for name, a in first.params().items():
         np.testing.assert_array_equal(back.params()[name], a)
+
+
+def test_a_checkpoint_of_transposed_views_comes_back_equal(tmp_path):
+    """A loaded checkpoint's weights are often transposed views (W_Q = q_proj.T): saved as they lie, they came
+    back scrambled; they must come back equal."""
+    import numpy as np
+
+    from attnlab.lm.checkpoint import load_checkpoint, save_checkpoint
+    from attnlab.lm.model import lm_config
+    from attnlab.stack.transformer import Transformer
+    from attnlab.text.tokens import Vocab
+
+    vocab = Vocab.from_text("abcde")
+    model = Transformer.init(lm_config(vocab.size, d_model=8, n_heads=2, n_ctx=4), rng=np.random.default_rng(0))
+    params = {k: (np.ascontiguousarray(v.T).T if v.ndim == 2 else v) for k, v in model.params().items()}
+    assert not params["blocks.0.attn.W_Q"].flags["C_CONTIGUOUS"]
+    save_checkpoint(Transformer.from_params(model.config, params), vocab, tmp_path / "ckpt")
+    back, _ = load_checkpoint(tmp_path / "ckpt")
+    for k, v in params.items():
+        np.testing.assert_array_equal(back.params()[k], v, err_msg=k)

@@ -92,8 +92,8 @@ def test_cli_attend_bad_input_is_one_line_exit_2(capsys, argv, message):
 def test_tour_ends_with_a_trained_head_beside_an_untrained_one(capsys, tmp_path):
     from attnlab.cli import tour
 
-    assert tour.SECTIONS.index(tour.section_trained) >= len(tour.SECTIONS) - 4     # before the context, interpret
-    #                                                                               and real-model sections
+    assert tour.SECTIONS.index(tour.section_trained) >= len(tour.SECTIONS) - 5     # before the context, interpret,
+    #                                                                               real-model and weights sections
     (section,) = tour.run_tour(tmp_path, sections=[tour.section_trained])
     s = section.data
     assert s["tokens"] == ["[CLS]", "the", "cat", "sat", "on", "the", "[SEP]"]   # the running example

@@ -159,8 +159,10 @@ def test_bad_input(rng):
                     b_U=model.b_U)
     gpt_like = Transformer.init(ModelConfig(vocab_size=5, n_layers=1, attention=AttentionConfig(d_model=8, n_heads=2),
                                             d_mlp=16), rng=rng)
-    with pytest.raises(ValueError, match="loss_and_grad trains attention-only decoders .* this model has an MLP"):
-        loss_and_grad(gpt_like, np.zeros((1, 3), int), np.zeros((1, 3), int))
+    with pytest.raises(ValueError, match=r"grad_names has \['blocks.0.attn.hook_pattern'\], which the backward"):
+        loss_and_grad(gpt_like, np.zeros((1, 3), int), np.zeros((1, 3), int), grad_names=["blocks.0.attn.hook_pattern"])
+    with pytest.raises(ValueError, match=r"targets are all -100 \(not scored\)"):
+        loss_and_grad(gpt_like, np.zeros((1, 3), int), np.full((1, 3), -100))
     with pytest.raises(ValueError, match="heldout fraction must be a number in"):
         split_heldout(np.arange(10), 1.0)
     with pytest.raises(ValueError, match="'z' is not in the vocabulary"):
@@ -189,3 +191,18 @@ def test_loss_and_its_gradient_refuse_targets_of_another_shape(rng):
     for f in (loss, loss_and_grad):
         with pytest.raises(ValueError, match=r"targets must have the shape of ids \(1, 3\), got \(1, 2\)"):
             f(model, ids, np.array([[1, 2]]))
+
+
+def test_clipping_scales_the_gradients_to_the_global_norm():
+    from attnlab.lm.training import grad_norm
+
+    params = {"a": np.zeros(3), "b": np.zeros((1, 2))}
+    grads = {"a": np.array([3.0, 0.0, 0.0]), "b": np.array([[0.0, 4.0]])}    # global norm 5
+    assert grad_norm(grads, params) == 5.0
+    clipped, plain = {k: v.copy() for k, v in params.items()}, {k: v.copy() for k, v in params.items()}
+    adam_step(clipped, grads, AdamState.zeros(clipped), AdamConfig(lr=0.1, clip=1.0))
+    adam_step(plain, {k: g / 5 for k, g in grads.items()}, AdamState.zeros(plain), AdamConfig(lr=0.1))
+    for k in params:
+        np.testing.assert_allclose(clipped[k], plain[k], rtol=1e-12)
+    with pytest.raises(ValueError, match="clip must be a positive"):
+        AdamConfig(clip=0.0)

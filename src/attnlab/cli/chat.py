@@ -61,7 +61,7 @@ def cmd_chat(args) -> int:
     from ..stack.chat import Chat
     from ..text.tokens import TextStream
 
-    model, tokenizer = load_decoder(model_arg(args), "chat")
+    model, tokenizer = load_decoder(model_arg(args), "chat", quantized=args.quantized)
     chat = Chat(model, tokenizer, system=args.system)
     rng, turns = np.random.default_rng(args.seed), []
     for message in messages_in(args):

@@ -80,6 +80,24 @@ def add_commands(sub) -> None:
     add_json_flag(p)
     p.set_defaults(func=cmd_patch)
 
+    p = add_command(sub, "attribute", help="attribution patching: every head's and residual position's share of "
+                    "the clean logit difference, estimated from one forward and one backward pass",
+                    beyond="docs/backward.md",
+                    shows="Shows attribution patching: gradient × (clean − corrupt) activation for every head's "
+                          "output and every residual position, beside activation patching's measurement",
+                    examples=("attnlab attribute --model induction --clean '|abcdefgabcde' --corrupt "
+                              "'|abcdzfgabcde' --answer f --wrong g",))
+    p.add_argument("--model", required=True, help=MODEL_HELP)
+    p.add_argument("--clean", required=True, metavar="TEXT")
+    p.add_argument("--corrupt", required=True, metavar="TEXT", help="as many tokens as --clean")
+    p.add_argument("--answer", required=True, metavar="TOKEN", help="the clean run's answer, one token")
+    p.add_argument("--wrong", required=True, metavar="TOKEN", help="the competing token")
+    p.add_argument("--no-patch", action="store_true", help="skip activation patching (one forward pass per "
+                   "head and per layer and position) and its comparison")
+    p.add_argument("--top", type=int, default=5, help="heads listed where the two disagree most (default 5)")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_attribute)
+
     p = add_command(sub, "lens", help="the logit lens: each layer's residual stream read as next-token guesses",
                     beyond="docs/interpret.md",
                     shows="Shows the logit lens: at each position, each layer's residual stream read through the "
@@ -294,6 +312,52 @@ def cmd_patch(args) -> int:
     print_grid(r.resid, [label(t) for t in tokens], width=8, digits=2)
     if args.png:
         print(f"wrote {args.png} and {resid_png}")
+    return 0
+
+
+def cmd_attribute(args) -> int:
+    import time
+
+    from ..interpret import attribute, compare, patch
+    model, tokenizer = load_decoder(args.model, "attribution patching")
+    clean, corrupt = tokenizer.encode(args.clean), tokenizer.encode(args.corrupt)
+    if clean.size != corrupt.size:
+        raise ValueError(f"--clean has {clean.size} tokens and --corrupt {corrupt.size}; they must have the same "
+                         "number")
+    answer, wrong = one_token(tokenizer, args.answer, "--answer"), one_token(tokenizer, args.wrong, "--wrong")
+    t0 = time.perf_counter()
+    a = attribute(model, clean, corrupt, answer=answer, wrong=wrong)
+    seconds = {"attribution": time.perf_counter() - t0}
+    r = agreement = None
+    if not args.no_patch:
+        t0 = time.perf_counter()
+        r = patch(model, clean, corrupt, answer=answer, wrong=wrong)
+        seconds["activation_patching"] = time.perf_counter() - t0
+        agreement = compare(r, a, top=args.top)
+    tokens = list(tokenizer.labels(clean))
+    if args.json:
+        print_json({"model": args.model, "tokens": tokens, "answer": args.answer, "wrong": args.wrong,
+                    "clean_logit_diff": a.clean, "corrupt_logit_diff": a.corrupt, "heads": a.heads,
+                    "resid": a.resid, "seconds": seconds,
+                    "patching": None if r is None else {"heads": r.heads, "resid": r.resid},
+                    "agreement": None if agreement is None else {
+                        "heads_rank_correlation": agreement.heads_rho, "resid_rank_correlation": agreement.resid_rho,
+                        "disagree": [{"layer": i, "head": j, "patching": m, "attribution": e}
+                                     for i, j, m, e in agreement.disagree]}})
+        return 0
+    from .attend import label
+    print(f"logit difference {args.answer!r} − {args.wrong!r}: clean {a.clean:+.3f}, corrupted {a.corrupt:+.3f}")
+    print(f"attribution patching ({seconds['attribution']:.2f} s, one forward and one backward): estimated share "
+          "restored by one head's clean output:")
+    print_grid(a.heads, [f"H{h}" for h in range(a.heads.shape[1])], width=6, digits=2)
+    print("estimated share restored by one layer's clean residual stream at one position:")
+    print_grid(a.resid, [label(t) for t in tokens], width=8, digits=2)
+    if agreement is not None:
+        print(f"against activation patching ({seconds['activation_patching']:.1f} s): Spearman's rank "
+              f"correlation {agreement.heads_rho:.3f} over heads, {agreement.resid_rho:.3f} over residual "
+              f"positions; where they disagree most:")
+        for i, j, m, e in agreement.disagree:
+            print(f"  layer {i} head {j}: patching {m:+.3f}, attribution {e:+.3f}")
     return 0
 
 

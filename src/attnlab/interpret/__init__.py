@@ -5,6 +5,7 @@ Everything here runs on the one stack (:mod:`attnlab.stack.transformer`) through
 (:mod:`attnlab.stack.hooks`): no second forward pass.
 """
 
+from .attribution import Agreement, Attribution, attribute, compare, rank_correlation
 from .circuits import (CircuitTokens, CompositionScores, FactoredMatrix, composition_scores, ov_circuit,
                        qk_circuit, read_circuit)
 from .detect import (KINDS, detect_heads, duplicate_token_pattern, induction_pattern, pattern_scores,
@@ -17,6 +18,11 @@ __all__ = [
     "CompositionScores",
     "FactoredMatrix",
     "KINDS",
+    "Agreement",
+    "Attribution",
+    "attribute",
+    "compare",
+    "rank_correlation",
     "Ablation",
     "Lens",
     "PatchGrid",

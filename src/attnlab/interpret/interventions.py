@@ -21,7 +21,7 @@ from ..kernels._checks import as_choice, as_float_array, as_positive_int, as_tok
 from ..stack.batch import is_ragged, pad_prompts
 from ..stack.hooks import run_with_cache, run_with_hooks
 from ..kernels.softmax import softmax
-from ..stack.transformer import Transformer, check_decoder, check_ids
+from ..stack.transformer import Transformer, check_decoder, check_ids, logits_of
 
 MODES = ("zero", "mean", "prefix-mean", "resample")
 
@@ -227,6 +227,47 @@ def _text_ids(model: Transformer, ids) -> tuple[np.ndarray, np.ndarray | None]:
     return ids, None
 
 
+@dataclass(frozen=True, eq=False)
+class Patching:
+    """What patching each piece of the clean run into the corrupted run restores."""
+    clean: float                # logit difference answer − wrong at the last position, clean run
+    corrupt: float              # the same, corrupted run
+    heads: np.ndarray           # (n_layers, n_heads) restored fraction, one head's z patched
+    resid: np.ndarray           # (n_layers, n) restored fraction, hook_resid_pre of a layer at one position
+    head_diff: np.ndarray       # (n_layers, n_heads) the patched logit differences themselves
+    resid_diff: np.ndarray      # (n_layers, n)
+
+
+def logit_diff(logits: np.ndarray, answer: int, wrong: int) -> float:
+    """logits[-1, answer] − logits[-1, wrong], in float64."""
+    return float(np.float64(logits[-1, answer]) - np.float64(logits[-1, wrong]))
+
+
+def put_back(clean: np.ndarray, index: int):
+    """A hook that puts back ``clean[index]`` along the first axis: one head's z from ``hook_z``
+    (n_heads, n, d_head), or one position's residual from ``hook_resid_pre`` (n, d_model)."""
+    def hook(x, name):
+        x = x.copy()
+        x[index] = clean[index]
+        return x
+    return hook
+
+
+def check_patch_args(model: Transformer, clean_ids, corrupt_ids, answer, wrong):
+    """The two texts as token ids (n,) of the same length, and answer and wrong as token ids of the vocabulary."""
+    clean_ids, corrupt_ids = check_ids(model, clean_ids, name="clean_ids"), check_ids(model, corrupt_ids,
+                                                                                      name="corrupt_ids")
+    if clean_ids.ndim != 1 or clean_ids.shape != corrupt_ids.shape:
+        raise ValueError(f"the clean and corrupted texts must be 1-D with the same number of tokens, got "
+                         f"{clean_ids.shape[-1]} and {corrupt_ids.shape[-1]} tokens")
+    V = model.config.vocab_size
+    for name, t in (("answer", answer), ("wrong", wrong)):
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < V:
+            raise ValueError(f"{name} must be a token id in [0, {V}), got {t!r}")
+    return clean_ids, corrupt_ids
+
+
+
 def unembed(model: Transformer, x: np.ndarray) -> np.ndarray:
     """Logits (..., vocab) of a residual stream x (..., d_model): the final norm (if any), then W_U."""
     check_decoder(model, "the logit lens")
@@ -236,9 +277,7 @@ def unembed(model: Transformer, x: np.ndarray) -> np.ndarray:
                          f"got shape {x.shape}")
     if model.ln_final is not None:
         x = model.ln_final(x)                                           # (..., d_model)
-    if model.config.tied_embeddings:
-        return x @ model.W_E.T                                          # (..., vocab)
-    return x @ model.W_U + model.b_U                                    # (..., vocab)
+    return logits_of(model, x)                                          # (..., vocab)
 
 
 @dataclass(frozen=True, eq=False)

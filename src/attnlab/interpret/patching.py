@@ -26,7 +26,7 @@ import numpy as np
 from ..stack.batch import is_ragged, pad_prompts
 from ..stack.hooks import run_with_cache, run_with_hooks
 from ..stack.transformer import Transformer, check_decoder, check_ids, hook_names
-from .interventions import _check_heads
+from .interventions import Patching, _check_heads
 
 #: what=…: the hook patched in each block, and how it is cut: by head (axis −3), by head and position, or by
 #: position (axis −2).
@@ -223,17 +223,6 @@ def _patch(model: Transformer, p: Pairs, metric, what: str, warn_below: float) -
         values[at] = _score(metric, out.logits, p)
     return PatchGrid(what=what, axes=axes, clean=clean, corrupt=corrupt, values=values,
                      restored=(values - corrupt) / (clean - corrupt))
-
-
-@dataclass(frozen=True, eq=False)
-class Patching:
-    """What patching each head's z, and each layer's residual stream at each position, restores."""
-    clean: float                # logit difference answer − wrong at the last position, clean run
-    corrupt: float              # the same, corrupted run
-    heads: np.ndarray           # (n_layers, n_heads) restored fraction, one head's z patched
-    resid: np.ndarray           # (n_layers, n) restored fraction, hook_resid_pre of a layer at one position
-    head_diff: np.ndarray       # (n_layers, n_heads) the patched logit differences themselves
-    resid_diff: np.ndarray      # (n_layers, n)
 
 
 @dataclass(frozen=True, eq=False)

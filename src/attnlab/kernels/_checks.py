@@ -242,6 +242,7 @@ class Checked:
     window: int | None = None  # with is_causal: the last `window` keys up to each query
     q_offset: int = 0        # the key index query 0 sits at (causal and window)
     groups: int = 1          # query heads per key/value head
+    softcap: float | None = None   # scores capped to cap · tanh(s / cap) before bias and mask (Gemma-2)
 
     @property
     def causal_hides_keys(self) -> bool:
@@ -258,7 +259,7 @@ def hides_keys(n_q: int, n_k: int, window: int | None, q_offset: int) -> bool:
 
 
 def check_attention_args(query, key, value, *, mask=None, bias=None, is_causal=False, window=None, q_offset=None,
-                         scale=None, require_finite: bool = True) -> Checked:
+                         scale=None, softcap=None, require_finite: bool = True) -> Checked:
     """Validate the arguments that every attention path shares; raise with names and shapes."""
     is_causal = check_flag("is_causal", is_causal)
     window = as_positive_int("window", window, allow_none=True)
@@ -288,15 +289,36 @@ def check_attention_args(query, key, value, *, mask=None, bias=None, is_causal=F
             raise ValueError("bias must be finite or -inf (to drop a score), got NaN or +inf")   # repeats it
     d_k = query.shape[-1]        # with no width every score is 0 (an empty dot product): any scale, uniform weights
     scale = (1.0 / np.sqrt(d_k) if d_k else 1.0) if scale is None else as_positive_float("scale", scale)
+    softcap = None if softcap is None else as_positive_float("softcap", softcap)
     dt = compute_dtype(query, key, value)
     c = Checked(q=query.astype(dt, copy=False), k=key.astype(dt, copy=False), v=value.astype(dt, copy=False),
                    keep=keep, bias=bias, scale=float(scale), out_dtype=np.result_type(query, key, value),
                    batch=batch, is_causal=is_causal, window=window,
-                   q_offset=n_k - n_q if q_offset is None else as_int("q_offset", q_offset), groups=groups)
+                   q_offset=n_k - n_q if q_offset is None else as_int("q_offset", q_offset), groups=groups,
+                softcap=softcap)
     if require_finite:
         finite_bias = 0.0 if bias is None else float(np.max(np.abs(given), initial=0.0, where=np.isfinite(given)))
         check_ranges(c, largest["query"], largest["key"], largest["value"], finite_bias)
     return c
+
+
+def cap_scores(s: np.ndarray, cap: float | None) -> np.ndarray:
+    """Soft-capping in place (Gemma-2): ``s = cap · tanh(s / cap)``, which keeps |s| < cap and is the identity
+    near 0; ``cap`` None leaves s. Scores in another unit (base 2) cap alike with ``cap`` in that unit."""
+    if cap is not None:
+        s /= cap
+        np.tanh(s, out=s)
+        s *= cap
+    return s
+
+
+def cap_slope(s_capped: np.ndarray, cap: float | None) -> np.ndarray | None:
+    """d(cap · tanh(s / cap))/ds = 1 − tanh², from the capped scores (..., n_q, n_k) before any mask (they are
+    finite); None without a cap."""
+    if cap is None:
+        return None
+    t = s_capped / cap                                       # tanh(s / cap)
+    return 1.0 - t * t
 
 
 def n_heads_of(x: np.ndarray) -> int:

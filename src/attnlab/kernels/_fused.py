@@ -202,11 +202,12 @@ def exp_minus_rows(s, shift, unit):
 
 
 @numba.njit(nogil=True, cache=True, fastmath={"contract", "reassoc", "nsz"}, boundscheck=False)
-def decode_groups(q, k, v, scale2, out, s):
+def decode_groups(q, k, v, scale2, out, s, cap2):
     """The decode step for every key/value head and its group of query heads, in one call.
 
     q (B, h_kv, g, d_k) one query per head, its g query heads stacked per key/value head; k (B, h_kv, n_k, d_k)
-    and v (B, h_kv, n_k, d_v) the cache; ``scale2`` = scale · log₂e; out (B, h_kv, g, d_v) is written;
+    and v (B, h_kv, n_k, d_v) the cache; ``scale2`` = scale · log₂e; ``cap2`` the soft-cap · log₂e (scores
+    become cap2 · tanh(s / cap2)), 0 for none; out (B, h_kv, g, d_v) is written;
     s (g, n_k) scratch. Each cached key and value is read once for its whole group (the g dot products of
     a key are taken together), every key is visible (the decode path's condition), so a row's max is
     finite and its sum at least 1.
@@ -223,6 +224,8 @@ def decode_groups(q, k, v, scale2, out, s):
                     for t in range(d_k):
                         acc += q[b, h, i, t] * k[b, h, j, t]
                     s[i, j] = acc * scale2                  # base-2 scores
+                    if cap2 > 0:
+                        s[i, j] = cap2 * np.tanh(s[i, j] / cap2)   # soft-capped (Gemma-2)
             for i in range(g):
                 total[i] = exp_row(s[i], row_max(s[i], -np.inf))   # s[i] = 2^(s - max), in place
             for i in range(g):

@@ -77,17 +77,18 @@ def choose_path(c, *, training: bool = False, weights: bool = False) -> Path:
 
 
 def attention_path(query, key, value, *, mask=None, bias=None, is_causal=False, window=None, q_offset=None,
-                   training=False) -> Path:
+                   softcap=None, training=False) -> Path:
     """The path :func:`attention` (or, with ``training``, :func:`attention_forward`) takes for these
     arguments: what ``attnlab bench`` reports beside each figure."""
     c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, window=window,
-                             q_offset=q_offset, require_finite=False)
+                             q_offset=q_offset, softcap=softcap, require_finite=False)
     return choose_path(c, training=training)
 
 
 def attention(query, key, value, *, mask=None, bias=None, is_causal=False, window=None, q_offset=None, scale=None,
-              check_finite=True) -> np.ndarray:
-    """Scaled dot-product attention: ``softmax(q kᵀ · scale + bias, masked) v``.
+              softcap=None, check_finite=True) -> np.ndarray:
+    """Scaled dot-product attention: ``softmax(q kᵀ · scale + bias, masked) v``; with ``softcap``,
+    ``softmax(cap · tanh(q kᵀ · scale / cap) + bias, masked) v``.
 
     Parameters
     ----------
@@ -111,7 +112,12 @@ def attention(query, key, value, *, mask=None, bias=None, is_causal=False, windo
         The key index that query 0 sits at (default ``n_k - n_q``, bottom-right): query ``i`` may see key
         ``j`` when ``j <= i + q_offset`` (causal) and ``j > i + q_offset - window``.
     scale : float, optional
-        Multiplies the scores. Defaults to ``1/√d_k`` (Vaswani et al., 2017).
+        Multiplies the scores. Defaults to ``1/√d_k`` (Vaswani et al., 2017); Gemma-2 states its own
+        (``query_pre_attn_scalar^-1/2``).
+    softcap : float, optional
+        Soft-caps the scaled scores to ``cap · tanh(s / cap)`` before the bias and the mask, so none exceeds
+        ``cap`` (Gemma-2's ``attn_logit_softcapping``). Every path (naive, tiled, fused, decode) and the
+        backward take it.
     check_finite : bool
         Refuse NaN/inf in the inputs (default), or let them propagate.
 
@@ -144,7 +150,7 @@ def attention(query, key, value, *, mask=None, bias=None, is_causal=False, windo
     array([[0.335, 0.91 ]])
     """
     c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, window=window,
-                             q_offset=q_offset, scale=scale, require_finite=check_finite)
+                             q_offset=q_offset, scale=scale, softcap=softcap, require_finite=check_finite)
     path = choose_path(c)
     if path.name == "tiled":
         out, _ = tiled.tiled_forward(c, tiled.make_plan(c), kernel=path.kernel)     # (..., h, n_q, d_v)
@@ -156,12 +162,12 @@ def attention(query, key, value, *, mask=None, bias=None, is_causal=False, windo
 
 
 def attention_weights(query, key, *, mask=None, bias=None, is_causal=False, window=None, q_offset=None,
-                      scale=None) -> np.ndarray:
+                      scale=None, softcap=None) -> np.ndarray:
     """The attention weights ``a = softmax(q kᵀ · scale + bias, masked)``: the whole (n_q, n_k) grid.
 
     Parameters
     ----------
-    query, key, mask, bias, is_causal, window, q_offset, scale
+    query, key, mask, bias, is_causal, window, q_offset, scale, softcap
         As in :func:`attention` (grouped-query heads too).
 
     Returns
@@ -184,7 +190,7 @@ def attention_weights(query, key, *, mask=None, bias=None, is_causal=False, wind
     array([[0.09 , 0.665, 0.245]])
     """
     c = check_attention_args(query, key, key, mask=mask, bias=bias, is_causal=is_causal, window=window,
-                             q_offset=q_offset, scale=scale)
+                             q_offset=q_offset, scale=scale, softcap=softcap)
     path = choose_path(c, weights=True)
     return naive.naive_weights(c, path.kernel).astype(c.out_dtype, copy=False)      # (..., h, n_q, n_k)
 
@@ -194,7 +200,7 @@ def attention_weights(query, key, *, mask=None, bias=None, is_causal=False, wind
 
 
 def attention_forward(query, key, value, *, mask=None, bias=None, is_causal=False, window=None, q_offset=None,
-                      scale=None) -> tuple[np.ndarray, Saved]:
+                      scale=None, softcap=None) -> tuple[np.ndarray, Saved]:
     """:func:`attention`, and what its backward needs (for training).
 
     The same crossover as :func:`attention` picks the path: below it the naive grid, whose weights are
@@ -203,7 +209,7 @@ def attention_forward(query, key, value, *, mask=None, bias=None, is_causal=Fals
 
     Parameters
     ----------
-    query, key, value, mask, bias, is_causal, window, q_offset, scale
+    query, key, value, mask, bias, is_causal, window, q_offset, scale, softcap
         As in :func:`attention`.
 
     Returns
@@ -220,7 +226,7 @@ def attention_forward(query, key, value, *, mask=None, bias=None, is_causal=Fals
         As :func:`attention` does.
     """
     c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, window=window,
-                             q_offset=q_offset, scale=scale)
+                             q_offset=q_offset, scale=scale, softcap=softcap)
     path = choose_path(c, training=True)
     if path.name == "tiled":
         out, saved = tiled.tiled_forward_saved(c, (query, key, value), kernel=path.kernel)   # (..., h, n_q, d_v)
@@ -265,7 +271,7 @@ def attention_backward(saved: Saved, dout) -> tuple:
 
 
 def attention_grad(query, key, value, dout, *, mask=None, bias=None, is_causal=False, window=None, q_offset=None,
-                   scale=None) -> tuple:
+                   scale=None, softcap=None) -> tuple:
     """Backward of :func:`attention`: the gradients ``(dq, dk, dv)`` of a loss L.
 
     The forward is run once (:func:`attention_forward`), then its backward (:func:`attention_backward`).
@@ -274,7 +280,7 @@ def attention_grad(query, key, value, dout, *, mask=None, bias=None, is_causal=F
 
     Parameters
     ----------
-    query, key, value, mask, bias, is_causal, window, q_offset, scale
+    query, key, value, mask, bias, is_causal, window, q_offset, scale, softcap
         As in :func:`attention`. ``bias`` is treated as a constant: no gradient flows into it.
     dout : float array (..., h, n_q, d_v)
         dL/d(out), the shape of :func:`attention`'s output.
@@ -292,5 +298,5 @@ def attention_grad(query, key, value, dout, *, mask=None, bias=None, is_causal=F
         As :func:`attention` does, and when ``dout`` does not have the output's shape.
     """
     _, saved = attention_forward(query, key, value, mask=mask, bias=bias, is_causal=is_causal, window=window,
-                                 q_offset=q_offset, scale=scale)
+                                 q_offset=q_offset, scale=scale, softcap=softcap)
     return attention_backward(saved, dout)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _kernels
-from ._checks import Checked, fold, unfold
+from ._checks import Checked, cap_scores, fold, unfold
 
 
 def takes_decode_path(c: Checked) -> bool:
@@ -33,11 +33,13 @@ def decode_attention(c: Checked) -> np.ndarray:
     Every key is visible, so the row max is finite and the sum is at least 1; the output is divided by the
     sum instead of the weights.
     """
-    if _kernels.tile_kernel() == "fused" and c.q.shape[:-3] == c.k.shape[:-3] == c.v.shape[:-3] and c.q.ndim >= 3:
+    if (_kernels.tile_kernel() == "fused" and c.q.shape[:-3] == c.k.shape[:-3] == c.v.shape[:-3] and c.q.ndim >= 3
+            and c.q.shape[-1] > 0):                      # d_head 0 (the uniform average) stays with numpy
         return _decode_fused(c)
     g = c.groups
     qs = fold(c.q * c.scale, g)                          # (..., h_kv, g, d_k) scaled once, not the scores
     s = qs @ np.swapaxes(c.k, -1, -2)                    # (..., h_kv, g, n_k) S = q Kᵀ/√d_k
+    s = cap_scores(s, c.softcap)                         # (..., h_kv, g, n_k) cap · tanh(S / cap), or S
     s -= s.max(axis=-1, keepdims=True)                   # (..., h_kv, g, n_k)
     p = np.exp(s, out=s)                                 # (..., h_kv, g, n_k) unnormalised weights
     out = p @ c.v                                        # (..., h_kv, g, d_v)
@@ -55,5 +57,7 @@ def _decode_fused(c: Checked) -> np.ndarray:
     v = c.v.reshape(n_b, h_kv, n_k, d_v)                 # (B, h_kv, n_k, d_v)
     out = np.empty((q.shape[0], h_kv, g, d_v), c.q.dtype)   # (B, h_kv, g, d_v)
     s = np.empty((g, n_k), c.q.dtype)                    # (g, n_k) scratch: one group's scores
-    _kernels.fused_module().decode_groups(q, k, v, c.q.dtype.type(c.scale * _kernels.LOG2E), out, s)
+    cap2 = 0.0 if c.softcap is None else c.softcap * _kernels.LOG2E   # the cap in base 2; 0 = none
+    _kernels.fused_module().decode_groups(q, k, v, c.q.dtype.type(c.scale * _kernels.LOG2E), out, s,
+                                          c.q.dtype.type(cap2))
     return out.reshape(*lead, h, 1, d_v)                 # (..., h, 1, d_v)

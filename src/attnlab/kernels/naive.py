@@ -2,6 +2,8 @@
 
     Attention(Q, K, V) = softmax(Q Kᵀ / √d_k + M) V
 
+(with a soft-cap, Gemma-2's, the scores are first capped: ``cap · tanh(Q Kᵀ · scale / cap)``)
+
 Forward and backward side by side; the faster paths (:mod:`attnlab.kernels.tiled`, :mod:`attnlab.kernels.decode`) are tested
 against this one. Grouped-query attention runs folded (:func:`attnlab.kernels._checks.fold`): the query heads of a
 group are stacked as rows, so a group is one matmul against its key/value head and K, V are never repeated.
@@ -14,7 +16,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import _kernels
-from ._checks import Checked, fold, unfold
+from ._checks import Checked, cap_scores, cap_slope, fold, unfold
 from ._kernels import LOG2E
 from ._threads import run_items, usable_cores
 from .masks import causal_mask
@@ -44,23 +46,22 @@ def naive_weights(c: Checked, kernel: str = "numpy") -> np.ndarray:
     (numba, no bias): the scale, shift, exponential, sum and division in one pass per row
     (:func:`attnlab.kernels._fused.softmax_rows`), where numpy takes six passes and two temporaries."""
     fused = kernel == "fused" and c.bias is None
-    s = naive_scores(c, scaled=not fused)                # (..., h, n_q, n_k) S + M, unscaled when fused
+    scaled = not fused or c.softcap is not None          # a capped score is capped after scaling
+    s = naive_scores(c, scaled=scaled)                   # (..., h, n_q, n_k) S + M, unscaled when fused
     if not fused:
         return softmax(s)                                # (..., h, n_q, n_k) A, rows with no key are 0
     if s.size:
         rows = s.reshape(-1, s.shape[-1])                # (rows, n_k) a view: s is a fresh C-contiguous array
         maxima = np.empty(rows.shape[0], s.dtype)        # (rows,)
-        _kernels.fused_module().softmax_rows(rows, s.dtype.type(c.scale * LOG2E), maxima)
+        scale2 = (1.0 if scaled else c.scale) * LOG2E    # the fused softmax's own scale, to base 2
+        _kernels.fused_module().softmax_rows(rows, s.dtype.type(scale2), maxima)
     return s                                             # (..., h, n_q, n_k) A, rows with no key are 0
 
 
 def naive_scores(c: Checked, *, scaled: bool = True) -> np.ndarray:
-    """The grid of scores S + M, (..., h, n_q, n_k): scaled (the fused softmax scales in its own pass, so it
-    asks ``scaled=False``), biased, -inf where masked (compute dtype)."""
-    g = c.groups
-    s = unfold(fold(c.q, g) @ np.swapaxes(c.k, -1, -2), g)   # (..., h, n_q, n_k) raw scores; a group: one matmul
-    if scaled:
-        s *= c.scale                                     # (..., h, n_q, n_k) S = QKᵀ/√d_k
+    """The grid of scores S + M, (..., h, n_q, n_k): scaled and capped (the fused softmax scales in its own
+    pass, so without a cap it asks ``scaled=False``), biased, -inf where masked (compute dtype)."""
+    s = capped_scores(c, scaled=scaled)                  # (..., h, n_q, n_k)
     if c.bias is not None:
         s = s + c.bias                                   # (..., h, n_q, n_k)
     keep = visible(c)
@@ -69,6 +70,17 @@ def naive_scores(c: Checked, *, scaled: bool = True) -> np.ndarray:
     elif keep is not None:
         s = np.where(keep, s, -np.inf)                   # (..., h, n_q, n_k) S + M, a mask with more batch axes
     return s
+
+
+def capped_scores(c: Checked, *, scaled: bool = True) -> np.ndarray:
+    """S = Q Kᵀ · scale, then soft-capped where the config says (..., h, n_q, n_k): no bias, no mask yet."""
+    g = c.groups
+    s = unfold(fold(c.q, g) @ np.swapaxes(c.k, -1, -2), g)   # (..., h, n_q, n_k) raw scores; a group: one matmul
+    if not scaled:
+        assert c.softcap is None, "a soft-cap acts on scaled scores"
+        return s
+    s *= c.scale                                         # (..., h, n_q, n_k) S = QKᵀ/√d_k
+    return cap_scores(s, c.softcap)                      # (..., h, n_q, n_k) cap · tanh(S / cap), or S
 
 
 def naive_attention(c: Checked, kernel: str = "numpy") -> tuple[np.ndarray, np.ndarray]:
@@ -138,6 +150,9 @@ def naive_backward(c: Checked, out: np.ndarray, a: np.ndarray, do: np.ndarray):
     # forward: a = softmax(s), so ds = a * (da - Σ_j a·da); and Σ_j a·da = Σ_d out·dout
     da -= (fold(out, g) * do_f).sum(-1, keepdims=True)   # (..., h_kv, g·n_q, n_k) in place: da is ours
     ds = np.multiply(a_f, da, out=da)                    # (..., h_kv, g·n_q, n_k) zero wherever a was masked
+    # forward: s = cap · tanh(s_raw / cap), so ds_raw = ds · (1 − tanh²) (the scores recomputed once)
+    if c.softcap is not None:
+        ds = ds * fold(cap_slope(capped_scores(c), c.softcap), g)   # (..., h_kv, g·n_q, n_k)
     # forward: s = (q @ kᵀ) * scale
     dq = unfold(ds @ c.k, g) * c.scale                   # (..., h, n_q, d_k)
     dk = np.swapaxes(ds, -1, -2) @ fold(c.q, g) * c.scale   # (..., h_kv, n_k, d_k) summed over the group

@@ -62,7 +62,7 @@ class QuantizedMatrix:
         if raw.dtype != np.uint8 or raw.ndim != 2 or d_in % block or raw.shape[1] != d_in // block * nbytes:
             raise ValueError(f"raw must be uint8 (d_out, {d_in // block} blocks × {nbytes} bytes) for d_in {d_in} "
                              f"in {qtype} ({block} values per block), got {raw.dtype} {raw.shape}")
-        self.raw, self.qtype, self.d_in = raw, qtype, d_in
+        self.raws, self.qtype, self.d_in, self.d_out = (raw,), qtype, d_in, raw.shape[0]
         blocks = raw.reshape(raw.shape[0], d_in // block, nbytes)            # (d_out, n_blocks, bytes) a view
         payload = block // KERNEL_TYPES[qtype]                                # bytes of the values
         header = nbytes - payload                                             # float16 d (and m)
@@ -70,11 +70,12 @@ class QuantizedMatrix:
         self.d = np.ascontiguousarray(halves[..., 0])                        # (d_out, n_blocks) scales
         self.m = (np.ascontiguousarray(halves[..., 1]) if header // 2 > 1     # (d_out, n_blocks) minima (Q4_1),
                   else np.zeros_like(self.d))                                # 0 for the types without one
-        self.qs = blocks[..., header:]                                       # (d_out, n_blocks, payload) a view
+        self.qs = np.ascontiguousarray(blocks[..., header:])                 # (d_out, n_blocks, payload) the values
+        #         alone, contiguous: a strided view of the blocks kept LLVM from vectorising the kernel
 
     @property
     def shape(self) -> tuple[int, int]:
-        return (self.d_in, self.raw.shape[0])
+        return (self.d_in, self.d_out)
 
     @property
     def ndim(self) -> int:
@@ -86,12 +87,12 @@ class QuantizedMatrix:
 
     @property
     def nbytes(self) -> int:
-        """Bytes a product reads: the blocks (the scales are read from ``d`` and ``m``, float32 copies)."""
-        return int(self.raw.nbytes)
+        """Bytes a product reads: the values and their float32 scales (and minima)."""
+        return int(self.qs.nbytes + self.d.nbytes + (self.m.nbytes if self.qtype == "Q4_1" else 0))
 
     @property
     def size(self) -> int:
-        return self.d_in * self.raw.shape[0]
+        return self.d_in * self.d_out
 
     @property
     def T(self) -> "QuantizedRows":
@@ -101,9 +102,29 @@ class QuantizedMatrix:
     def __repr__(self) -> str:
         return f"QuantizedMatrix({self.qtype}, shape={self.shape})"
 
+    def __getitem__(self, key):
+        """``W[:, cols]``: the weight of the columns ``cols`` (outputs; a slice or an index array), its rows of
+        blocks copied; ``W[:, :]`` is W itself. Anything else needs the float32 array (``np.asarray(W)``)."""
+        if not (isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], slice) and key[0] == slice(None)):
+            raise TypeError(f"a QuantizedMatrix takes W[:, cols] only (whole rows of blocks), got {key!r}; "
+                            "np.asarray(W) gives the float32 weight")
+        cols = key[1]
+        if isinstance(cols, slice) and cols == slice(None):
+            return self
+        part = object.__new__(type(self))
+        part.qtype, part.d_in = self.qtype, self.d_in
+        part.raws = (np.concatenate(self.raws)[cols],)
+        part.qs, part.d, part.m = self.qs[cols].copy(), self.d[cols].copy(), self.m[cols].copy()
+        part.d_out = part.d.shape[0]
+        return part
+
+    def finite(self) -> bool:
+        """Whether every value is finite: the float16 scales (and minima) are (the values are integers)."""
+        return bool(np.isfinite(self.d).all() and np.isfinite(self.m).all())
+
     def dequantize(self) -> np.ndarray:
         """The float32 weight (d_in, d_out), by ``gguf.quants``."""
-        return dequantize_rows(self.raw, self.qtype).T
+        return np.concatenate([dequantize_rows(raw, self.qtype) for raw in self.raws]).T
 
     def __array__(self, dtype=None, copy=None):
         out = self.dequantize()
@@ -115,32 +136,43 @@ class QuantizedMatrix:
             raise ValueError(f"x @ W needs x (..., {self.d_in}), got shape {x.shape}")
         lead = x.shape[:-1]
         x2 = np.ascontiguousarray(x.reshape(-1, self.d_in), dtype=np.float32)   # (N, d_in)
-        out = np.empty((x2.shape[0], self.raw.shape[0]), np.float32)           # (N, d_out)
+        out = np.empty((x2.shape[0], self.d_out), np.float32)                 # (N, d_out)
         fused = None if _kernels.numba_disabled() else fused_kernels()
         if fused is None:
-            out[:] = x2 @ dequantize_rows(self.raw, self.qtype).T
+            out[:] = x2 @ self.dequantize()
         elif x2.shape[0] <= fused.MAX_TOKENS:
-            fused.matvec(self.qtype, self.qs, self.d, self.m, x2, out)
+            fused.matvec(self.qtype, self.qs, self.d, self.m, x2, out, kernel_threads()["threads"])
         else:
             self._matmul_chunks(fused, x2, out)
-        return out.reshape(*lead, self.raw.shape[0])                         # (..., d_out)
+        return out.reshape(*lead, self.d_out)                         # (..., d_out)
 
     def _matmul_chunks(self, fused, x2, out) -> None:
         """Many tokens: row blocks dequantized into float32 scratch, then one BLAS product each."""
         rows = max(1, SCRATCH_BYTES // (4 * self.d_in))
-        scratch = np.empty((min(rows, self.raw.shape[0]), self.d_in), np.float32)   # (rows, d_in)
-        for r0 in range(0, self.raw.shape[0], rows):
-            r1 = min(r0 + rows, self.raw.shape[0])
+        scratch = np.empty((min(rows, self.d_out), self.d_in), np.float32)   # (rows, d_in)
+        for r0 in range(0, self.d_out, rows):
+            r1 = min(r0 + rows, self.d_out)
             w = scratch[:r1 - r0]                                           # (rows, d_in)
             fused.dequantize(self.qtype, self.qs[r0:r1], self.d[r0:r1], self.m[r0:r1], w)
             np.matmul(x2, w.T, out=out[:, r0:r1])                           # (N, rows)
 
     @classmethod
     def fuse_columns(cls, ws):
-        """Weights side by side (d_in, Σ d_out_i) of one type: their rows stacked (a copy of the blocks)."""
+        """Weights side by side (d_in, Σ d_out_i) of one type and width: their rows stacked in one weight, and
+        each of ``ws`` then reads its own rows of it (views: the values are held once)."""
         if len({(w.qtype, w.d_in) for w in ws}) != 1:
             return None
-        return cls(np.concatenate([w.raw for w in ws], axis=0), ws[0].qtype, ws[0].d_in)
+        fused = object.__new__(cls)
+        fused.qtype, fused.d_in, fused.d_out = ws[0].qtype, ws[0].d_in, sum(w.d_out for w in ws)
+        fused.raws = tuple(raw for w in ws for raw in w.raws)
+        for plane in ("qs", "d", "m"):
+            setattr(fused, plane, np.concatenate([getattr(w, plane) for w in ws]))   # (Σ d_out_i, ...)
+        r0 = 0
+        for w in ws:
+            for plane in ("qs", "d", "m"):
+                setattr(w, plane, getattr(fused, plane)[r0:r0 + w.d_out])           # contiguous row views
+            r0 += w.d_out
+        return fused
 
 
 class QuantizedRows:
@@ -184,11 +216,20 @@ class QuantizedRows:
     def __repr__(self) -> str:
         return f"QuantizedRows({self.qtype}, shape={self.shape})"
 
+    def finite(self) -> bool:
+        return self.matrix.finite()
+
     def __getitem__(self, ids) -> np.ndarray:
         ids = np.asarray(ids)
         if ids.dtype.kind not in "iu":
             raise TypeError(f"a quantized table is indexed by integer ids, got dtype {ids.dtype}")
-        rows = dequantize_rows(self.matrix.raw[ids.ravel()], self.qtype)      # (n, d)
+        flat = ids.ravel()
+        m, fused = self.matrix, fused_kernels()
+        if fused is None:
+            rows = dequantize_rows(np.concatenate(m.raws)[flat], self.qtype)   # (n, d) by gguf.quants
+        else:                                                              # from the kept planes, so the file's
+            rows = np.empty((flat.size, m.d_in), np.float32)                # pages need not stay resident
+            fused.dequantize(self.qtype, m.qs[flat], m.d[flat], m.m[flat], rows)   # (n, d) the same values
         return rows.reshape(*ids.shape, self.shape[1])                       # (..., d)
 
     def __array__(self, dtype=None, copy=None):
@@ -235,6 +276,38 @@ def _fused_module():
 def fused_kernels():
     """:mod:`attnlab.kernels._quant_fused` (numba), or None without numba or with ``ATTNLAB_NO_NUMBA``."""
     return None if _kernels.numba_disabled() else _fused_module()
+
+
+@functools.cache
+def kernel_threads(rounds: int = 7) -> dict:
+    """How many threads the quantized products run on here: numba's threads or the calling thread alone,
+    whichever multiplied a (1,536 × 576) Q4_1 weight faster (the best of ``rounds`` alternated calls each),
+    measured once per process on this machine, never a constant from another. ``{"threads": n, "us": {...}}``."""
+    import time
+
+    fused = fused_kernels()
+    import numba
+
+    many = numba.get_num_threads()
+    rng = np.random.default_rng(0)
+    rows, d_in = 1536, 576
+    block, nbytes = quant_sizes("Q4_1")
+    raw = rng.integers(0, 256, (rows, d_in // block * nbytes), dtype=np.uint8)
+    halves = raw.reshape(rows, d_in // block, nbytes)[..., :4].view(np.float16)
+    halves[...] = rng.uniform(-0.01, 0.01, halves.shape).astype(np.float16)   # finite scales and minima
+    w = QuantizedMatrix(raw, "Q4_1", d_in)
+    x = np.ones((1, d_in), np.float32)
+    out = np.empty((1, rows), np.float32)
+    best = {1: np.inf, many: np.inf}
+    for n in best:
+        fused.matvec("Q4_1", w.qs, w.d, w.m, x, out, n)                        # compiled / loaded first
+    for _ in range(rounds):
+        for n in best:
+            t0 = time.perf_counter()
+            fused.matvec("Q4_1", w.qs, w.d, w.m, x, out, n)
+            best[n] = min(best[n], time.perf_counter() - t0)
+    threads = min(best, key=best.get)
+    return {"threads": threads, "us": {n: 1e6 * t for n, t in best.items()}}
 
 
 def has_kernel() -> bool:

@@ -38,8 +38,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ._checks import (Checked, as_float_array, as_int, as_positive_int, check_attention_args, check_dout, fold,
-                      grads_like, unfold)
+from ._checks import (Checked, as_float_array, as_int, as_positive_int, cap_scores, cap_slope, check_attention_args,
+                      check_dout, fold, grads_like, unfold)
 from . import _kernels
 from ._kernels import LOG2E
 from ._threads import run_items
@@ -214,13 +214,13 @@ def max_row_norm(x: np.ndarray) -> float:
 
 
 def tiled_attention(query, key, value, *, mask=None, is_causal=False, window=None, q_offset=None, scale=None,
-                    block_q=None, block_k=None, return_lse=False, check_finite=True, workers=None):
+                    softcap=None, block_q=None, block_k=None, return_lse=False, check_finite=True, workers=None):
     """Scaled dot-product attention computed tile by tile with the online softmax; same result as
     :func:`attnlab.kernels.attention` without ever allocating the (n_q, n_k) grid.
 
     Parameters
     ----------
-    query, key, value, mask, is_causal, scale, check_finite
+    query, key, value, mask, is_causal, scale, softcap, check_finite
         As in :func:`attnlab.kernels.attention`: leading axes broadcast, ``mask`` is bool with True = may attend
         (a key-padding mask (..., 1, n_k) stays a broadcast view; a dense one is sliced per tile),
         causal alignment is bottom-right.
@@ -260,7 +260,7 @@ def tiled_attention(query, key, value, *, mask=None, is_causal=False, window=Non
     True
     """
     c = check_attention_args(query, key, value, mask=mask, is_causal=is_causal, window=window, q_offset=q_offset,
-                             scale=scale, require_finite=check_finite)
+                             scale=scale, softcap=softcap, require_finite=check_finite)
     out, lse = tiled_forward(c, make_plan(c, block_q=block_q, block_k=block_k), workers=workers)
     out = out.astype(c.out_dtype, copy=False)
     return (out, lse) if return_lse else out
@@ -291,7 +291,8 @@ def tiled_forward(c: Checked, plan: Plan, *, workers=None, kernel=None) -> tuple
     def work(item, buf):
         idx, i0, i1 = item
         forward_rows(g.q[idx], buf.keys_transposed(g.key_head(idx), g.k[idx]), g.v[idx],
-                     None if g.keep is None else g.keep[idx], plan, c.scale, i0, i1, out[idx], lse[idx], buf, tile)
+                     None if g.keep is None else g.keep[idx], plan, c.scale, i0, i1, out[idx], lse[idx], buf, tile,
+                     softcap=c.softcap)
 
     run_items(items, work, lambda: Scratch(plan, d_k, d_v, g.q.dtype), workers)
     return out.reshape(*c.batch, plan.n_q, d_v), lse.reshape(*c.batch, plan.n_q)   # (..., h, n_q, d_v), (..., h, n_q)
@@ -367,11 +368,12 @@ def tile_step(kernel: str):
 
 
 def forward_rows(q, kT, v, keep, plan: Plan, scale: float, i0: int, i1: int, out, lse, buf: Scratch,
-                 tile=None) -> None:
+                 tile=None, softcap: float | None = None) -> None:
     """Rows i0:i1 of one (batch, head): the online softmax over the key blocks they may see.
 
     q (n_q, d_k), kT (d_k, n_k), v (n_k, d_v), keep (n_q, n_k) or None; writes out[i0:i1], lse[i0:i1].
-    ``tile`` is the tile step (:class:`NumpyTile` or :class:`FusedTile`; default the numpy one).
+    ``tile`` is the tile step (:class:`NumpyTile` or :class:`FusedTile`; default the numpy one). ``softcap``
+    caps each tile's scores (``cap · tanh(s / cap)``, in the tile's unit) before the mask.
 
     Each row subtracts a reference ``shift`` before exp. Any shift gives the same out = acc / l and
     lse = shift + log l; it only has to keep exp(s - shift) from overflowing. So a row keeps shift = 0
@@ -386,6 +388,8 @@ def forward_rows(q, kT, v, keep, plan: Plan, scale: float, i0: int, i1: int, out
     # |s_ij| <= ‖qs_i‖ ‖k_j‖ (Cauchy-Schwarz): within the band for every row, shift stays 0 and the
     # running max is never needed (inputs of unit scale, the common case, skip that pass on every tile)
     bounded = max_row_norm(qs) * buf.key_norm <= SHIFT_SLACK * unit
+    bounded |= softcap is not None and softcap <= SHIFT_SLACK   # |cap · tanh| < cap bounds them too
+    cap_u = None if softcap is None else softcap * unit        # the cap in the tile's unit
     m = np.full(bq, -np.inf, q.dtype)                           # (bq,) running max of s
     shift = np.zeros(bq, q.dtype)                               # (bq,) what the exponential's argument lost
     l = buf.l[:bq]                                              # (bq,) running sum Σ exp(s - shift)
@@ -397,6 +401,7 @@ def forward_rows(q, kT, v, keep, plan: Plan, scale: float, i0: int, i1: int, out
     for r0, r1, j0, j1 in tiles:
         rows, first = slice(r0 - i0, r1 - i0), j0 == tiles[0][2]    # the tile's rows; is it their first?
         s = np.matmul(qs[rows], kT[:, j0:j1], out=buf.tile(buf.s, r1 - r0, j1 - j0))   # (br, bk) s · unit
+        cap_scores(s, cap_u)                                    # (br, bk) cap · tanh(s / cap), or s
         p = tile(s, plan, r0, r1, j0, j1, keep, m[rows], shift[rows], l[rows], acc[rows], first, bounded, buf)
         if first:
             np.matmul(p, v[j0:j1], out=acc[rows])               # (br, d_v) acc = p vⱼ
@@ -429,7 +434,7 @@ def move_shift(s, m, shift, l, acc, *, rescale: bool, exp=np.exp2, unit=LOG2E):
 
 
 def attention_weights_rows(query, key, lse, rows, *, mask=None, is_causal=False, window=None, q_offset=None,
-                           scale=None):
+                           scale=None, softcap=None):
     """The exact attention weights of chosen query rows, rebuilt from ``lse`` without the rest of the grid.
 
     ``a[i, j] = exp(s[i, j] - lse[i])`` with ``s = q kᵀ · scale`` (masked scores -inf): the softmax's
@@ -440,7 +445,7 @@ def attention_weights_rows(query, key, lse, rows, *, mask=None, is_causal=False,
 
     Parameters
     ----------
-    query, key, mask, is_causal, window, q_offset, scale
+    query, key, mask, is_causal, window, q_offset, scale, softcap
         As given to :func:`tiled_attention`.
     lse : float array (..., n_q)
         As returned by ``tiled_attention(..., return_lse=True)``.
@@ -472,7 +477,7 @@ def attention_weights_rows(query, key, lse, rows, *, mask=None, is_causal=False,
     True
     """
     c = check_attention_args(query, key, key, mask=mask, is_causal=is_causal, window=window, q_offset=q_offset,
-                             scale=scale)
+                             scale=scale, softcap=softcap)
     plan = make_plan(c)
     rows = as_rows("rows", rows, plan.n_q)                            # (r,)
     lse = as_float_array("lse", lse)
@@ -481,6 +486,7 @@ def attention_weights_rows(query, key, lse, rows, *, mask=None, is_causal=False,
     q_r = fold(c.q[..., rows, :], c.groups)                           # (..., h_kv, g·r, d_k)
     s = unfold(q_r @ np.swapaxes(c.k, -1, -2), c.groups)              # (..., h, r, n_k)
     s *= c.scale                                                      # (..., h, r, n_k) s = q kᵀ · scale
+    cap_scores(s, c.softcap)                                          # (..., h, r, n_k) capped, or s
     if plan.is_causal:
         s[..., plan.hidden(rows, np.arange(plan.n_k))] = -np.inf      # (..., r, n_k)
     if c.keep is not None:
@@ -505,7 +511,7 @@ def as_rows(name: str, rows, n: int) -> np.ndarray:
 
 
 def tiled_attention_grad(query, key, value, dout, *, mask=None, is_causal=False, window=None, q_offset=None,
-                         scale=None, block_q=None, block_k=None, workers=None):
+                         scale=None, softcap=None, block_q=None, block_k=None, workers=None):
     """Backward of :func:`tiled_attention` (FlashAttention-2): ``(dq, dk, dv)`` of a loss whose gradient
     with respect to the output is ``dout`` (..., n_q, d_v), without the (n_q, n_k) grid.
 
@@ -516,7 +522,7 @@ def tiled_attention_grad(query, key, value, dout, *, mask=None, is_causal=False,
     both passes use them.
     """
     c = check_attention_args(query, key, value, mask=mask, is_causal=is_causal, window=window, q_offset=q_offset,
-                             scale=scale)
+                             scale=scale, softcap=softcap)
     do = check_dout(c, dout)                                    # (..., h, n_q, d_v)
     _, saved = tiled_forward_saved(c, (query, key, value), block_q=block_q, block_k=block_k, workers=workers)
     grads = tiled_backward(c, saved.plan, saved.out, saved.lse, do, workers=workers)
@@ -565,7 +571,7 @@ def tiled_backward(c: Checked, plan: Plan, out, lse, do, *, workers=None, kernel
         np.copyto(buf.vT, g.v[idx][0].T)                # (d_v, n_k)
         backward_head(g.q[idx], k, buf.keys_transposed(g.key_head((*idx, 0)), k), buf.vT,
                       None if g.keep is None else g.keep[idx], plan, c.scale, lse[idx], delta[idx], do[idx],
-                      dq[idx], dk[idx], dv[idx], buf, tile)
+                      dq[idx], dk[idx], dv[idx], buf, tile, softcap=c.softcap)
 
     run_items(list(np.ndindex(g.batch[:-1])), work,
               lambda: Scratch(plan, d_k, d_v, g.q.dtype, backward=True), workers)
@@ -573,7 +579,7 @@ def tiled_backward(c: Checked, plan: Plan, out, lse, do, *, workers=None, kernel
 
 
 def backward_head(q, k, kT, vT, keep, plan: Plan, scale, lse, delta, do, dq, dk, dv, buf: Scratch,
-                  tile=None) -> None:
+                  tile=None, softcap=None) -> None:
     """One (batch, key/value head) and its group of g query heads: for each key block, walk the query blocks
     of every head of the group that see it (FlashAttention-2, alg. 2).
 
@@ -596,11 +602,11 @@ def backward_head(q, k, kT, vT, keep, plan: Plan, scale, lse, delta, do, dq, dk,
                     continue                                    # the forward skipped this tile too
                 j0c, j1c = max(j0, lo), min(j1, hi)             # the part of the key block it saw
                 backward_tile(qs[h], k, kT, vT, keep_h, plan, scale, lse[h], delta[h], do[h], dq[h], i0, i1,
-                              j0c, j1c, dk_j[j0c - j0:j1c - j0], dv_j[j0c - j0:j1c - j0], buf, tile)
+                              j0c, j1c, dk_j[j0c - j0:j1c - j0], dv_j[j0c - j0:j1c - j0], buf, tile, softcap)
 
 
 def backward_tile(qs, k, kT, vT, keep, plan, scale, lse, delta, do, dq, i0, i1, j0, j1, dk_j, dv_j,
-                  buf, tile=None) -> None:
+                  buf, tile=None, softcap=None) -> None:
     """One tile's share of dq, dk, dv; each line undoes one line of :func:`forward_rows`. ``tile``: the tile
     step whose ``exp_rows`` rebuilds the weights (default the numpy one)."""
     tile = tile_step("numpy") if tile is None else tile
@@ -608,6 +614,8 @@ def backward_tile(qs, k, kT, vT, keep, plan, scale, lse, delta, do, dq, i0, i1, 
     qs_i, do_i = qs[i0:i1], do[i0:i1]                           # (bq, d_k) q · scale, (bq, d_v)
     # forward: s = q kⱼᵀ · scale, masked scores -inf
     s = np.matmul(qs_i, kT[:, j0:j1], out=buf.tile(buf.s, bq, bk))          # (bq, bk)
+    # forward: s = cap · tanh(s / cap) (with a soft-cap), before the mask
+    slope = cap_slope(cap_scores(s, softcap), softcap)                      # (bq, bk) 1 − tanh², or None
     masked = plan.tile_drop(i0, i1, j0, j1, keep, buf)
     if masked is not None:
         col, drop = masked
@@ -620,6 +628,8 @@ def backward_tile(qs, k, kT, vT, keep, plan, scale, lse, delta, do, dq, i0, i1, 
     # forward: a = softmax(s), so ds = a · (da - Σ_j a·da), and Σ_j a·da = delta
     da -= delta[i0:i1, None]
     ds = np.multiply(da, a, out=da)                             # (bq, bk) zero wherever the score was masked
+    if slope is not None:
+        ds *= slope                                             # (bq, bk) back through the cap
     # forward: s = q kᵀ · scale, so dq = ds k · scale and dk = dsᵀ q · scale
     dq_i = np.matmul(ds, k[j0:j1], out=buf.dq[:bq])             # (bq, d_k)
     dq_i *= scale

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..kernels._checks import as_positive_int
+from ..kernels._checks import as_positive_float, as_positive_int
 from .positions import Learned, PositionScheme, check_scheme, scheme_from_json
 
 
@@ -23,6 +23,8 @@ class AttentionConfig:
     n_ctx: int = 1024          # positions the model has rows for (GPT-2's W_P), or is trained for
     positions: PositionScheme = field(default_factory=Learned)   # Learned(), Sinusoidal(), RoPE(θ), ALiBi()
     window: int | None = None  # sliding window: each query sees the last `window` keys (with a causal mask)
+    scale: float | None = None     # multiplies the scores; None = 1/√d_head (Gemma-2: query_pre_attn_scalar^-½)
+    softcap: float | None = None   # scores capped to softcap · tanh(s / softcap) (Gemma-2); None = no cap
 
     def __post_init__(self):
         for name in ("d_model", "n_heads", "n_ctx"):
@@ -40,6 +42,9 @@ class AttentionConfig:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads}): "
                              "each key/value head serves a whole group of query heads")
         as_positive_int("window", self.window, allow_none=True)
+        for name in ("scale", "softcap"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, as_positive_float(name, getattr(self, name)))
         check_scheme(self.positions).check(self.d_model, self.d_head)
 
     @property
@@ -53,6 +58,11 @@ class AttentionConfig:
         return 2 * self.d_model * self.d_head * (self.n_heads + self.n_kv_heads)
 
     @property
+    def options(self) -> dict:
+        """What the layer passes to :func:`attnlab.kernels.attention` besides q, k, v: window, scale, softcap."""
+        return {"window": self.window, "scale": self.scale, "softcap": self.softcap}
+
+    @property
     def n_params_with_bias(self) -> int:
         """Plus the four bias rows: b_Q of n_heads·d_head, b_K and b_V of n_kv_heads·d_head, b_O of d_model."""
         return self.n_params + (self.n_heads + 2 * self.n_kv_heads) * self.d_head + self.d_model
@@ -60,7 +70,7 @@ class AttentionConfig:
     def to_json(self) -> dict:
         return {"d_model": self.d_model, "n_heads": self.n_heads, "d_head": self.d_head,
                 "n_kv_heads": self.n_kv_heads, "n_ctx": self.n_ctx, "positions": self.positions.to_json(),
-                "window": self.window}
+                "window": self.window, "scale": self.scale, "softcap": self.softcap}
 
     @classmethod
     def from_json(cls, data: dict) -> "AttentionConfig":

@@ -216,7 +216,7 @@ def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook):
         k, v = cache.append(k, v)                    # (..., h_kv, n_k, d_head) each: every token so far
     try:
         opts = dict(mask=mask, bias=_bias(p, bias, q.shape[-2], k.shape[-2], q.dtype), is_causal=is_causal,
-                    window=p.config.window)
+                    **p.config.options)             # window, scale, softcap
         if hook.wants("hook_scores") or hook.wants("hook_pattern"):
             heads = _attention_on_the_grid(q, k, v, opts, hook, finite=cache is None)   # (..., h, n, d_head)
         elif cache is None:
@@ -316,7 +316,7 @@ def multihead_attention_forward(p: MultiHeadAttention, x, *, mask=None, bias=Non
     q, k, v = _project(p, x)                               # (..., h, n, d_head), (..., h_kv, n, d_head) × 2
     n = q.shape[-2]
     heads, attn = attention_forward(q, k, v, mask=mask, bias=_bias(p, bias, n, n, q.dtype), is_causal=is_causal,
-                                    window=p.config.window)   # (..., h, n, d_head)
+                                    **p.config.options)   # (..., h, n, d_head)
     merged, y = _output(p, heads)                          # (..., n, h·d_head), (..., n, d_model)
     return y, SavedLayer(x=x, merged=merged, attn=attn)
 
@@ -345,6 +345,16 @@ def multihead_attention_backward(p: MultiHeadAttention, saved: SavedLayer, dy):
     ValueError
         When ``dy`` does not have the shape of ``x``.
     """
+    dx, grads, _ = multihead_attention_backward_named(p, saved, dy)
+    return dx, grads
+
+
+def multihead_attention_backward_named(p: MultiHeadAttention, saved: SavedLayer, dy):
+    """:func:`multihead_attention_backward`, and the gradients of the layer's named activations (the hooks of
+    :func:`multihead_attention`): ``(dx, grads, named)`` with ``named`` holding dL/d ``hook_q`` (..., h, n,
+    d_head), ``hook_k``, ``hook_v`` (..., h_kv, n, d_head), ``hook_z`` (..., h, n, d_head) and ``hook_result``
+    (..., h, n, d_model, a read-only broadcast of dy): what attribution patching multiplies by an activation's
+    change."""
     x = saved.x                                            # (..., n, d_model)
     dy = as_float_array("dy", dy)
     if dy.shape != x.shape:
@@ -357,7 +367,11 @@ def multihead_attention_backward(p: MultiHeadAttention, saved: SavedLayer, dy):
     db_O = dy2.sum(0)                                      # (d_model,)
     d_merged = dy @ p.W_O.T                                # (..., n, h·d_head)
     # forward: heads = attention(q, k, v); dk, dv summed over each group of query heads
-    dq, dk, dv = attention_backward(saved.attn, split_heads(d_merged, c.n_heads))   # (..., h|h_kv, n, d_head)
+    dz = split_heads(d_merged, c.n_heads)                  # (..., h, n, d_head) dL/d hook_z
+    dq, dk, dv = attention_backward(saved.attn, dz)        # (..., h|h_kv, n, d_head)
+    # forward: y = Σ_h result_h + b_O, so every head's result gets dy itself
+    d_result = np.broadcast_to(dy[..., None, :, :], (*dy.shape[:-2], c.n_heads, *dy.shape[-2:]))   # (..., h, n, d)
+    named = {"hook_q": dq, "hook_k": dk, "hook_v": dv, "hook_z": dz, "hook_result": d_result}
     # forward: q = rotate(q), k = rotate(k); a rotation's transpose is the inverse rotation (RoPE; else nothing)
     dq, dk = c.positions.rotate(dq, start=0, inverse=True), c.positions.rotate(dk, start=0, inverse=True)
     # forward: q = split_heads(x @ W_Q + b_Q), likewise k and v
@@ -369,7 +383,7 @@ def multihead_attention_backward(p: MultiHeadAttention, saved: SavedLayer, dy):
         grads[f"W_{name}"] = x2.T @ d_lin.reshape(-1, w)   # (d_model, w)
         grads[f"b_{name}"] = d_lin.reshape(-1, w).sum(0)   # (w,)
         dx += d_lin @ getattr(p, f"W_{name}").T            # (..., n, d_model)
-    return dx, MultiHeadAttention(**grads, W_O=dW_O, b_O=db_O, config=c)
+    return dx, MultiHeadAttention(**grads, W_O=dW_O, b_O=db_O, config=c), named
 
 
 def _output(p: MultiHeadAttention, heads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

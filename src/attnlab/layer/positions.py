@@ -78,11 +78,14 @@ def sinusoidal_positions(n: int, d_model: int, *, start: int = 0, dtype=np.float
     return pe.astype(dtype, copy=False)
 
 
-def rope(x, *, start: int = 0, inverse: bool = False, theta: float = ROPE_BASE, scaling=None) -> np.ndarray:
+def rope(x, *, start: int = 0, inverse: bool = False, theta: float = ROPE_BASE, scaling=None,
+         rotary_dim: int | None = None) -> np.ndarray:
     """Rotate q or k (..., n, d_head) at positions ``start … start + n − 1`` (Su et al., 2021).
 
     Features (2i, 2i+1) form a pair, turned by the angle ``pos · θ_i`` with ``θ_i = theta^(−2i/d_head)``
-    (theta = 10,000 in the paper); ``scaling`` as :class:`RoPE` takes it.
+    (theta = 10,000 in the paper); ``scaling`` as :class:`RoPE` takes it. ``rotary_dim`` (even, at most
+    d_head) rotates only the first rotary_dim features, with ``θ_i = theta^(−2i/rotary_dim)``, and passes
+    the rest through (partial rotation: GPT-NeoX's ``rotary_pct``, GPT-J's ``rotary_dim``).
     A rotation keeps lengths, and rotating q by m·θ and k by n·θ turns their dot product by (m − n)·θ: the
     score sees only the offset. ``inverse=True`` rotates back, which is also RoPE's backward pass (the
     transpose of a rotation is its inverse).
@@ -95,8 +98,14 @@ def rope(x, *, start: int = 0, inverse: bool = False, theta: float = ROPE_BASE, 
     """
     x = as_float_array("x", x, min_ndim=2)
     n, d_head = x.shape[-2:]
-    if d_head % 2:
-        raise ValueError(f"rope needs an even head width (features rotate in pairs), got d_head {d_head}")
+    d_rot = d_head if rotary_dim is None else rotary_dim
+    if d_rot % 2 or d_rot > d_head:
+        raise ValueError(f"rope needs an even head width (features rotate in pairs; or an even rotary_dim of at "
+                         f"most d_head), got d_head {d_head}, rotary_dim {rotary_dim}")
+    if d_rot < d_head:                                        # partial rotation: the rest passes through
+        out = x.copy()                                        # (..., n, d_head)
+        out[..., :d_rot] = rope(x[..., :d_rot], start=start, inverse=inverse, theta=theta, scaling=scaling)
+        return out
     cos, sin = _rope_turns(n, start, d_head, theta, _hashable(scaling), bool(inverse), x.dtype)   # (n, d_head/2, 2)
     pairs = x.reshape(*x.shape[:-1], d_head // 2, 2)          # (..., n, d_head/2, 2) features (2i, 2i+1)
     out = pairs * cos                                         # (..., n, d_head/2, 2) (x_2i cos, x_2i+1 cos)
@@ -255,6 +264,7 @@ class RoPE(PositionScheme):
     per pair) stretches the slow frequencies; None leaves them."""
     theta: float = ROPE_BASE
     scaling: tuple | None = None   # sorted (key, value) pairs of the scaling dict: hashable, frozen
+    rotary_dim: int | None = None  # rotate only the first rotary_dim features of a head; None = all of them
     name = "rope"
 
     def __post_init__(self):
@@ -265,17 +275,21 @@ class RoPE(PositionScheme):
         if self.scaling is not None:
             kind = dict(self.scaling).get("rope_type", dict(self.scaling).get("type"))
             as_choice("scaling rope_type", kind, ("linear", "llama3", "factors"))
+        if self.rotary_dim is not None and (as_positive_int("rotary_dim", self.rotary_dim) % 2):
+            raise ValueError(f"rotary_dim must be even (features rotate in pairs), got {self.rotary_dim}")
 
     def check(self, d_model: int, d_head: int) -> None:
-        if d_head % 2:
+        if d_head % 2 and self.rotary_dim is None:
             raise ValueError(f"rope needs an even d_head (features rotate in pairs), got {d_head}")
+        if self.rotary_dim is not None and self.rotary_dim > d_head:
+            raise ValueError(f"rotary_dim ({self.rotary_dim}) must be at most d_head ({d_head})")
 
     def rotate(self, x: np.ndarray, *, start: int, inverse: bool = False) -> np.ndarray:
-        return rope(x, start=start, inverse=inverse, theta=self.theta, scaling=self.scaling)
+        return rope(x, start=start, inverse=inverse, theta=self.theta, scaling=self.scaling, rotary_dim=self.rotary_dim)
 
     def to_json(self) -> dict:
-        return {"name": self.name, "theta": self.theta,
-                "scaling": None if self.scaling is None else dict(self.scaling)}
+        out = {"name": self.name, "theta": self.theta, "scaling": None if self.scaling is None else dict(self.scaling)}
+        return out if self.rotary_dim is None else {**out, "rotary_dim": self.rotary_dim}
 
 
 @dataclass(frozen=True)

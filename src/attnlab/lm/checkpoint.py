@@ -20,22 +20,26 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from .._io import atomic_folder, folder_file
 from ..layer.positions import scheme_from_json
 from ..stack.transformer import ModelConfig, Transformer
-from ..text.tokens import Vocab
+from ..text.tokens import HFTokenizer, Vocab, json_folder_tokenizer
 from .model import FAMILY, lm_config
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 STATE = "training.safetensors"          # Adam's state beside a training checkpoint (attnlab.lm.resume)
-FILES = (CONFIG, WEIGHTS, STATE)        # a checkpoint folder's files: a save replaces them as one set
+TOKENIZER = "tokenizer.json"            # a fine-tuned model's own tokenizer (Hugging Face's tokenizers format)
+FILES = (CONFIG, WEIGHTS, STATE, TOKENIZER)   # a checkpoint folder's files: a save replaces them as one set
 
 
 def checkpoint_json(config: ModelConfig, vocab: Vocab, step: int | None = None) -> str:
     """The text of config.json (``step``: the training steps taken, for a checkpoint saved while training)."""
-    data = {"model_type": FAMILY, "model": config.to_json(),
-            "vocab": {"level": vocab.level, "symbols": list(vocab.symbols)}}
+    words = {"tokenizer": TOKENIZER} if isinstance(vocab, HFTokenizer) else \
+        {"level": vocab.level, "symbols": list(vocab.symbols)}
+    data = {"model_type": FAMILY, "model": config.to_json(), "vocab": words}
     return json.dumps(data if step is None else dict(data, step=step), indent=1, sort_keys=True, ensure_ascii=False)
 
 
@@ -51,16 +55,21 @@ def write_checkpoint(model: Transformer, vocab: Vocab, folder: Path, step: int |
     """config.json and model.safetensors into ``folder`` (a save's temporary folder)."""
     from safetensors.numpy import save_file
 
-    if model.config.vocab_size != vocab.size:
+    if isinstance(vocab, HFTokenizer):                 # a fine-tuned model: its tokenizer.json beside it
+        vocab.tokenizer.save(str(folder / TOKENIZER))
+    elif model.config.vocab_size != vocab.size:
         raise ValueError(f"the model has vocab_size {model.config.vocab_size}, the vocabulary {vocab.size} symbols")
     meta = checkpoint_json(model.config, vocab, step)
     (folder / CONFIG).write_text(meta, encoding="utf-8")
-    save_file(model.params(), str(folder / WEIGHTS), metadata={"attnlab": meta})
+    # safetensors writes an array's buffer as it lies: a loaded checkpoint's transposed views (W_Q = q_proj.T)
+    # must be laid out in C order first, or they come back scrambled
+    save_file({k: np.ascontiguousarray(v) for k, v in model.params().items()}, str(folder / WEIGHTS),
+              metadata={"attnlab": meta})
 
 
 def load_checkpoint(directory, *, config: ModelConfig | None = None,
                     vocab: Vocab | None = None) -> tuple[Transformer, Vocab]:
-    """The model and vocabulary saved in ``directory``.
+    """The model and vocabulary saved in ``directory`` (a fine-tuned model's: its tokenizer.json).
 
     Raises
     ------
@@ -95,7 +104,9 @@ def load_checkpoint(directory, *, config: ModelConfig | None = None,
     if config is not None and config != saved:
         raise ValueError(f"the checkpoint in {directory} was made with a different configuration: "
                          f"{config_difference(saved, config)}")
-    if vocab is not None and vocab != saved_vocab:
+    if saved_vocab is None:                            # a fine-tuned model's tokenizer.json
+        saved_vocab = json_folder_tokenizer(directory)
+    elif vocab is not None and vocab != saved_vocab:
         raise ValueError(f"the checkpoint in {directory} was made with a different vocabulary: "
                          f"{saved_vocab.size} {saved_vocab.level}s in the checkpoint, {vocab.size} {vocab.level}s "
                          "here, or the same number with different symbols")
@@ -135,6 +146,8 @@ def parse_checkpoint_json(text: str, where) -> tuple[ModelConfig, Vocab]:
             old = dict(model)
             old["positions"] = scheme_from_json(old.get("positions", "learned"))
             config = lm_config(old.pop("vocab_size"), **old)
+        if data["vocab"].get("tokenizer") == TOKENIZER:
+            return config, None                         # the folder's tokenizer.json
         return config, Vocab(tuple(data["vocab"]["symbols"]), data["vocab"]["level"])
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{where} is not an attnlab checkpoint config ({type(e).__name__}: {e})") from None

@@ -6,12 +6,14 @@
     loss = cross-entropy of the next token
 
 RoPE and ALiBi add nothing to x: they act inside attention (rotated q and k; a bias on the scores).
-There is no MLP and no layer norm: the guide's attention and nothing else, so what the model learns
-beyond the bigram floor it learns by looking back. The model is a :class:`attnlab.stack.transformer.Transformer`
-(:func:`lm_config` states its shape); it runs through the stack's ``forward`` and ``generate`` like
-GPT-2 does. The backward pass is written by hand, each line naming the forward line it undoes; each
-layer's backward reuses what its forward kept (:func:`attnlab.layer.multihead.multihead_attention_forward`
-and ``multihead_attention_backward``).
+By default there is no MLP and no layer norm: the guide's attention and nothing else, so what the model
+learns beyond the bigram floor it learns by looking back; ``lm_config(block="gpt")`` gives nanoGPT's
+blocks instead. The model is a :class:`attnlab.stack.transformer.Transformer` (:func:`lm_config` states its
+shape); it runs through the stack's ``forward`` and ``generate`` like GPT-2 does.
+
+:func:`loss_and_grad` is the one loss and gradient of every model the stack runs (this LM, GPT-2, BERT,
+the Llama family): the backward is written by hand beside each forward (:mod:`attnlab.stack.backward`),
+each line naming the forward line it undoes.
 """
 
 from __future__ import annotations
@@ -20,119 +22,154 @@ import numpy as np
 
 from ..kernels._checks import as_token_ids
 from ..layer.config import AttentionConfig
-from ..layer.multihead import multihead_attention_backward, multihead_attention_forward
 from ..layer.positions import Learned, PositionScheme
-from ..stack.transformer import ATTENTION_PARAMS, ModelConfig, Transformer, embed, forward
+from ..stack.layers import LayerNorm
+from ..stack.backward import backward, check_grad_names, forward_saved
+from ..stack.transformer import ModelConfig, Transformer, check_ids, forward
 
 FAMILY = "attnlab"
 
 
+BLOCK_PRESETS = ("attention", "gpt")   # attention-only blocks (the guide's), or nanoGPT's
+
+
 def lm_config(vocab_size: int, *, d_model: int = 64, n_heads: int = 4, n_layers: int = 2, n_ctx: int = 64,
               positions: PositionScheme | None = None, d_head: int | None = None,
-              n_kv_heads: int | None = None) -> ModelConfig:
-    """The shape of attnlab's own LM: attention-only causal blocks, no norms, an untied unembedding with a
-    bias. Defaults are small enough to train in numpy in a minute; d_head defaults to d_model / n_heads,
-    positions to :class:`~attnlab.layer.positions.Learned`."""
+              n_kv_heads: int | None = None, block: str = "attention") -> ModelConfig:
+    """The shape of attnlab's own LM: causal blocks and an untied unembedding with a bias. Defaults are small
+    enough to train in numpy in a minute; d_head defaults to d_model / n_heads, positions to
+    :class:`~attnlab.layer.positions.Learned`.
+
+    ``block`` "attention" (the default): attention-only blocks, no norms, the guide's attention and nothing
+    else. "gpt": GPT-2's blocks as nanoGPT trains them: pre-norm LayerNorm, an MLP 4 × d_model wide with
+    GPT-2's GELU (tanh form), a final norm before the unembedding.
+    """
+    if block not in BLOCK_PRESETS:
+        raise ValueError(f"block must be one of {BLOCK_PRESETS}, got {block!r}")
     attention = AttentionConfig(d_model=d_model, n_heads=n_heads, d_head=d_head, n_kv_heads=n_kv_heads,
                                 n_ctx=n_ctx, positions=Learned() if positions is None else positions)
-    return ModelConfig(vocab_size=vocab_size, n_layers=n_layers, attention=attention, family=FAMILY)
+    gpt = dict(d_mlp=4 * d_model, activation="gelu_new", norm=LayerNorm) if block == "gpt" else {}
+    return ModelConfig(vocab_size=vocab_size, n_layers=n_layers, attention=attention, family=FAMILY, **gpt)
 
 
-def check_trainable(model: Transformer) -> None:
-    """:func:`loss_and_grad` writes the backward of attnlab's own LM: attention-only blocks without norms,
-    token types or a tied unembedding."""
+IGNORE = -100   # a target that is not scored (transformers' ignore_index): a masked-LM's unmasked positions
+
+
+def check_model(model: Transformer) -> None:
     if not isinstance(model, Transformer):
         raise TypeError(f"model must be a Transformer, got {type(model).__name__}")
     c = model.config
-    extra = [what for what, has in (("an MLP", c.d_mlp is not None), ("norms", c.norm is not None),
-                                    ("token types", c.n_types > 0), ("tied embeddings", c.tied_embeddings),
-                                    ("no logits", not c.has_logits), ("no causal mask", not c.is_causal))
-             if has]
+    extra = [what for what, has in (("an embedding scale", c.embed_scale != 1.0),
+                                    ("a logit soft-cap", c.logit_softcap is not None)) if has]
     if extra:
-        raise ValueError(f"loss_and_grad trains attention-only decoders (attnlab's own LM); this model has "
-                         f"{', '.join(extra)}")
+        raise ValueError(f"loss_and_grad has no backward for {' or '.join(extra)} yet; this model has it")
 
 
 def cross_entropy(logits: np.ndarray, targets: np.ndarray) -> tuple[float, np.ndarray]:
-    """Mean of −log p(target) over every position, and its gradient with respect to the logits."""
+    """Mean of −log p(target) over every scored position (targets other than :data:`IGNORE`), and its
+    gradient with respect to the logits."""
+    keep = targets != IGNORE                                             # (...) scored positions
+    safe = np.where(keep, targets, 0)                                    # (...)
     z = logits - logits.max(-1, keepdims=True)                           # (..., vocab) softmax sees differences
     log_p = z - np.log(np.exp(z).sum(-1, keepdims=True))                 # (..., vocab) log-softmax
-    picked = np.take_along_axis(log_p, targets[..., None], -1)[..., 0]   # (...) log p of each target
+    picked = np.take_along_axis(log_p, safe[..., None], -1)[..., 0]      # (...) log p of each target
     dlogits = np.exp(log_p)                                              # (..., vocab) predicted probabilities
-    np.put_along_axis(dlogits, targets[..., None], np.take_along_axis(dlogits, targets[..., None], -1) - 1, -1)
-    return float(-picked.mean()), dlogits / targets.size                 # predicted minus correct, over N
+    np.put_along_axis(dlogits, safe[..., None], np.take_along_axis(dlogits, safe[..., None], -1) - 1, -1)
+    count = int(keep.sum())
+    if count < keep.size:
+        dlogits *= keep[..., None]                                       # unscored positions add nothing
+    return float(-(picked * keep).sum() / count), dlogits / count        # predicted minus correct, over N
 
 
-def loss(model: Transformer, ids, targets) -> float:
+def unembed(model: Transformer, x: np.ndarray) -> np.ndarray:
+    """Logits (..., n, vocab) of the last hidden state x (..., n, d_model): ``x W_U + b_U``, or ``x W_Eᵀ`` with
+    tied embeddings. An encoder without a head (BERT) is scored against its word embeddings too, as
+    BertForMaskedLM's decoder is tied to them (its transform layer and bias are not part of attnlab's BERT)."""
+    if model.W_U is not None:
+        return x @ model.W_U + model.b_U                                 # (..., n, vocab)
+    return x @ model.W_E.T                                               # (..., n, vocab)
+
+
+def unembed_backward(model: Transformer, x: np.ndarray, dlogits: np.ndarray):
+    """Backward of :func:`unembed`: ``(dx, grads)`` from dL/dlogits (..., n, vocab), grads holding dL/dW_U and
+    dL/db_U, or the unembedding's part of dL/dW_E when it is tied (the embedding adds its own)."""
+    V, d = model.config.vocab_size, model.config.d_model
+    dlogits2 = dlogits.reshape(-1, V)                                    # (N, vocab)
+    if model.W_U is not None:
+        # forward: logits = x @ W_U + b_U
+        grads = {"W_U": x.reshape(-1, d).T @ dlogits2, "b_U": dlogits2.sum(0)}   # (d_model, vocab), (vocab,)
+        return dlogits @ model.W_U.T, grads                              # (..., n, d_model)
+    # forward: logits = x @ W_Eᵀ
+    return dlogits @ model.W_E, {"W_E": dlogits2.T @ x.reshape(-1, d)}   # (..., n, d_model), (vocab, d_model)
+
+
+def loss(model: Transformer, ids, targets, *, token_types=None) -> float:
     """Cross-entropy of ``targets`` (..., n) given ``ids`` (..., n), in nats per token."""
-    logits = forward(model, ids).logits                                  # (..., n, vocab)
-    return cross_entropy(logits, check_targets(targets, logits.shape[:-1], model.config.vocab_size))[0]
+    check_model(model)
+    hidden = forward(model, ids, token_types=token_types).hidden_states[-1]   # (..., n, d_model)
+    return cross_entropy(unembed(model, hidden), check_targets(targets, hidden.shape[:-1], model.config.vocab_size))[0]
 
 
 def check_targets(targets, shape: tuple, vocab_size: int) -> np.ndarray:
-    """``targets`` as token ids of the vocabulary, with the shape of the ids they follow."""
-    targets = as_token_ids("targets", targets, vocab_size)
-    if targets.shape != shape:
-        raise ValueError(f"targets must have the shape of ids {shape}, got {targets.shape}")
-    return targets
+    """``targets`` as token ids of the vocabulary (or :data:`IGNORE`), with the shape of the ids they follow,
+    at least one of them scored."""
+    arr = np.asarray(targets)
+    skip = arr == IGNORE if arr.dtype.kind in "iu" else np.zeros(arr.shape, bool)
+    checked = as_token_ids("targets", np.where(skip, 0, arr) if skip.any() else arr, vocab_size)
+    if checked.shape != shape:
+        raise ValueError(f"targets must have the shape of ids {shape}, got {checked.shape}")
+    if skip.all():
+        raise ValueError(f"targets are all {IGNORE} (not scored): at least one position must have a target")
+    return np.where(skip, IGNORE, checked)
 
 
-def loss_and_grad(model: Transformer, ids, targets) -> tuple[float, dict[str, np.ndarray]]:
-    """The cross-entropy loss of ``targets`` given ``ids``, and its gradient with respect to every parameter.
+def loss_and_grad(model: Transformer, ids, targets, *, grad_names=(), token_types=None
+                  ) -> tuple[float, dict[str, np.ndarray]]:
+    """The cross-entropy loss of ``targets`` given ``ids``, and its gradient with respect to every parameter
+    and to the named activations ``grad_names``: one forward pass, one backward pass.
 
-    One forward pass keeps each layer's saved forward (:func:`attnlab.layer.multihead.multihead_attention_forward`); the
-    backward then walks the layers in reverse, the residual passing dx straight through.
+    Every family the stack runs: attnlab's own LM, GPT-2 (tied), BERT (post-norm; its masked-LM loss, the
+    unmasked positions' targets :data:`IGNORE`, scored as :func:`unembed` says), the Llama family (RMSNorm,
+    gated MLP, grouped KV heads, RoPE). The forward keeps what each piece's backward needs
+    (:func:`attnlab.stack.backward.forward_saved`); the backward walks it in reverse
+    (:func:`attnlab.stack.backward.backward`).
 
     Parameters
     ----------
     model : Transformer
-        attnlab's own LM (see :func:`lm_config`): attention-only blocks.
     ids, targets : int arrays (..., n)
-        Token ids and the token expected at each position (usually ids shifted by one).
+        Token ids and the token expected at each position (next-token: ids shifted by one; masked-LM: the
+        hidden token where masked, :data:`IGNORE` elsewhere).
+    grad_names : list of str
+        Activations to differentiate too, by their hook names (``blocks.3.attn.hook_z``,
+        ``blocks.0.hook_resid_pre``, …; see :func:`attnlab.stack.hooks.hook_names`; not the (n, n_k) grids).
+    token_types : int array (..., n), optional
+        Segment ids for models with a token-type table (BERT).
 
     Returns
     -------
     loss : float
-        Mean −log p(target) over every position, in nats per token (as :func:`loss`).
+        Mean −log p(target) over the scored positions, in nats per token (as :func:`loss`).
     grads : dict
-        dL/d(every parameter), by the names of :meth:`Transformer.params` and in their shapes.
+        dL/d(every parameter), by the names of :meth:`Transformer.params` and in their shapes, then
+        dL/d(each activation of ``grad_names``) in the activation's shape.
 
     Raises
     ------
     ValueError, TypeError
-        When ids or targets are not token ids of the vocabulary, or their shapes differ, or the model is
-        not attention-only.
+        When ids or targets are not token ids of the vocabulary, or their shapes differ, or a name of
+        ``grad_names`` is not an activation the backward gives.
     """
-    check_trainable(model)
-    c = model.config
-    ids = as_token_ids("ids", ids, c.vocab_size)
-    targets = check_targets(targets, ids.shape, c.vocab_size)
-    n = ids.shape[-1]
-    layers = [b.attn for b in model.blocks]
-    x = embed(model, ids)                                                # (..., n, d_model) residual stream
-    saved = []                                                           # each layer's forward, for its backward
-    for layer in layers:
-        y, s = multihead_attention_forward(layer, x, is_causal=True)     # (..., n, d_model)
-        x = x + y                                                        # (..., n, d_model)
-        saved.append(s)
-    value, dlogits = cross_entropy(x @ model.W_U + model.b_U, targets)   # (..., n, vocab)
-    # forward: logits = x_L @ W_U + b_U
-    V, d = c.vocab_size, c.d_model
-    dW_U = x.reshape(-1, d).T @ dlogits.reshape(-1, V)                   # (d_model, vocab)
-    db_U = dlogits.reshape(-1, V).sum(0)                                 # (vocab,)
-    dx = dlogits @ model.W_U.T                                           # (..., n, d_model)
-    grads = {}
-    for i, layer, s in zip(reversed(range(len(layers))), reversed(layers), reversed(saved)):
-        # forward: x_out = x + multihead_attention(layer, x): the residual passes dx straight through
-        dx_attn, g = multihead_attention_backward(layer, s, dx)          # (..., n, d_model), layer grads
-        dx += dx_attn                                                    # (..., n, d_model)
-        grads.update({f"blocks.{i}.attn.{k}": getattr(g, k) for k in ATTENTION_PARAMS})
-    # forward: x_0 = W_E[ids] + W_P[0 … n−1]
-    dW_E = np.zeros_like(model.W_E)                                      # (vocab, d_model)
-    np.add.at(dW_E, ids.reshape(-1), dx.reshape(-1, d))                  # each token's row gets its positions'
-    grads.update(W_E=dW_E, W_U=dW_U, b_U=db_U)
-    if model.W_P is not None:
-        dW_P = np.zeros_like(model.W_P)                                  # (n_ctx, d_model)
-        dW_P[:n] = dx.reshape(-1, n, d).sum(0)                           # (n, d_model) summed over the batch
-        grads["W_P"] = dW_P
-    return value, {name: grads[name] for name in model.params()}         # in the order of the parameters
+    check_model(model)
+    ids = check_ids(model, ids)                                          # (..., n)
+    targets = check_targets(targets, ids.shape, model.config.vocab_size)
+    names = check_grad_names(model, grad_names)
+    tape = forward_saved(model, ids, token_types=token_types)
+    x = tape.hidden                                                      # (..., n, d_model)
+    value, dlogits = cross_entropy(unembed(model, x), targets)           # (..., n, vocab)
+    dx, head = unembed_backward(model, x, dlogits)                       # (..., n, d_model)
+    grads, named = backward(model, tape, dx, grad_names=names)
+    if "W_E" in head:
+        grads["W_E"] += head.pop("W_E")
+    grads.update(head)
+    return value, {**{name: grads[name] for name in model.params()}, **named}

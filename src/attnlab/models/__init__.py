@@ -8,7 +8,7 @@ forward pass and returns every layer's attention weights as an :class:`attnlab.A
 hidden states. safetensors and tokenizers are imported only when a model is loaded.
 """
 
-from . import bert, gpt2, llama, own  # noqa: F401  each registers its family
+from . import bert, gemma2, gpt2, gpt_neox, llama, own, phi3  # noqa: F401  each registers its family
 from .attend import Attended, attend, random_heads
 from .checkpoint import read_safetensors
 from .families import FAMILIES, MINILM, Family, load_model, load_network, minilm_path, register

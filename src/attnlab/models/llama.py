@@ -45,9 +45,10 @@ MODEL_TYPES = ("llama", "mistral", "qwen2")
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
-def rope_scheme(config: dict, source: str) -> RoPE:
+def rope_scheme(config: dict, source: str, d_head: int | None = None) -> RoPE:
     """RoPE with the config's base θ and, for ``rope_type`` "llama3", its frequency scaling; any other
-    scaling type is refused, naming it."""
+    scaling type is refused, naming it. With ``d_head``, a ``partial_rotary_factor`` below 1 (Phi-3,
+    GPT-NeoX) rotates only the first ``d_head · factor`` features of each head."""
     params = config.get("rope_parameters")                       # transformers 5: one dict
     if params is None:                                           # transformers 4: two fields
         scaling = config.get("rope_scaling")
@@ -60,8 +61,14 @@ def rope_scheme(config: dict, source: str) -> RoPE:
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
         raise ValueError(f"{source}: config.json field 'rope_theta' must be a positive number, got {theta!r}")
     kind = params.get("rope_type", params.get("type", "default"))
+    factor = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1 or (
+            factor < 1 and d_head is None):
+        raise ValueError(f"{source}: config.json field 'partial_rotary_factor' must be in (0, 1] (1 for this "
+                         f"family), got {factor!r}")
+    rotary_dim = None if factor == 1 or d_head is None else int(d_head * factor)
     if kind in (None, "default"):
-        return RoPE(float(theta))
+        return RoPE(float(theta), rotary_dim=rotary_dim)
     if kind != "llama3":
         raise ValueError(f"{source}: config.json asks for rope_type {kind!r} (in 'rope_scaling' or "
                          f"'rope_parameters'); attnlab reads 'default' and 'llama3'")
@@ -71,7 +78,7 @@ def rope_scheme(config: dict, source: str) -> RoPE:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
             raise ValueError(f"{source}: config.json's llama3 rope scaling needs a positive {key!r}, got {v!r}")
         scaling[key] = float(v)
-    return RoPE(float(theta), scaling=scaling)
+    return RoPE(float(theta), scaling=scaling, rotary_dim=rotary_dim)
 
 
 def sliding_window(config: dict, source: str) -> int | None:
@@ -122,16 +129,42 @@ def attention_biases(config: dict) -> tuple[bool, bool]:
     return config.get("model_type") == "qwen2" or every, every
 
 
-def half_to_pairs(n_heads: int, d_head: int) -> np.ndarray:
-    """Column order taking each head from rotate_half's layout (i pairs with i + d_head/2) to attnlab's
-    (2i pairs with 2i+1): (n_heads·d_head,).
+def half_to_pairs(n_heads: int, d_head: int, rotary_dim: int | None = None) -> np.ndarray:
+    """Column order taking each head from rotate_half's layout (i pairs with i + r/2) to attnlab's
+    (2i pairs with 2i+1): (n_heads·d_head,). With ``rotary_dim`` r < d_head only the first r features of a
+    head rotate; the rest keep their places.
 
     >>> half_to_pairs(2, 4)
     array([0, 2, 1, 3, 4, 6, 5, 7])
+    >>> half_to_pairs(1, 6, rotary_dim=4)
+    array([0, 2, 1, 3, 4, 5])
     """
-    half = d_head // 2
-    one = np.stack([np.arange(half), np.arange(half) + half], axis=1).ravel()   # (d_head,) 0, d/2, 1, d/2+1, …
+    r = d_head if rotary_dim is None else rotary_dim
+    half = r // 2
+    rot = np.stack([np.arange(half), np.arange(half) + half], axis=1).ravel()   # (r,) 0, r/2, 1, r/2+1, …
+    one = np.concatenate([rot, np.arange(r, d_head)])                           # (d_head,)
     return (np.arange(n_heads)[:, None] * d_head + one).ravel()                 # (n_heads·d_head,)
+
+
+def rope_attention(q: tuple, k: tuple, v: tuple, o: tuple, a: AttentionConfig, *,
+                   pairs: bool = False) -> MultiHeadAttention:
+    """The layer from Hugging Face's (weight (d_in, d_out), bias) pairs of q, k, v and o, W_Q's and W_K's
+    columns (and b_Q's, b_K's) taken from rotate_half's layout into RoPE pairs, head by head (only the first
+    rotary_dim features of a head with partial rotation); ``pairs``: the columns already pair (GGUF)."""
+    r = getattr(a.positions, "rotary_dim", None)
+    if pairs:
+        q_order = k_order = slice(None)
+    else:
+        q_order, k_order = half_to_pairs(a.n_heads, a.d_head, r), half_to_pairs(a.n_kv_heads, a.d_head, r)
+    return MultiHeadAttention(q[0][:, q_order], k[0][:, k_order], v[0], o[0], q[1][q_order], k[1][k_order], v[1],
+                              o[1], config=a)
+
+
+def gated_mlp(t: Tensors, cfg: ModelConfig, gate: str, up: str, down: str) -> GatedMLP:
+    """The linears ``gate``, ``up`` and ``down``, no biases: W_gate, W_in (d_model, d_mlp), W_out (d_mlp, d_model)."""
+    d, d_mlp = cfg.d_model, cfg.d_mlp
+    return GatedMLP(t.linear(gate, d, d_mlp)[0], t.linear(up, d, d_mlp)[0], t.linear(down, d_mlp, d)[0],
+                    cfg.activation)
 
 
 @dataclass(frozen=True)
@@ -177,48 +210,49 @@ def llama_from_tensors(tensors: Tensors, cfg: ModelConfig, *, qkv_bias: bool = F
                        names: TensorNames = HF_NAMES, why: str | None = None) -> Transformer:
     """The model from a checkpoint's tensors, named as ``names`` says, every shape checked against the config
     (``why``: the config fields the shapes come from, for messages)."""
-    a, d, d_mlp = cfg.attention, cfg.d_model, cfg.d_mlp
+    a, d = cfg.attention, cfg.d_model
     width, width_kv = a.n_heads * a.d_head, a.n_kv_heads * a.d_head
-    why = why or (f"hidden_size={d}, num_attention_heads={a.n_heads}, num_key_value_heads={a.n_kv_heads}, "
-                  f"head_dim={a.d_head}, intermediate_size={d_mlp}")
-    t = tensors.for_config(prefix=names.prefix, layers=names.layers, n_layers=cfg.n_layers,
-                           field=names.n_layers_field, why=why)
+    t = llama_layout(tensors, cfg, names, why)
     t.take(names.q.format(i=0) + ".weight", (width, d))   # the shapes first: head_dim sizes the arrays below
-    if names.rope_pairs:
-        q_order = k_order = slice(None)
-    else:
-        q_order, k_order = half_to_pairs(a.n_heads, a.d_head), half_to_pairs(a.n_kv_heads, a.d_head)
-
-    def linear(name: str, d_in: int, d_out: int, bias: bool) -> tuple[np.ndarray, np.ndarray]:
-        w = t.take(f"{name}.weight", (d_out, d_in)).T              # (in, out): a view of torch's (out, in)
-        b = t.take(f"{name}.bias", (d_out,)) if bias else np.zeros(d_out, w.dtype)   # (out,)
-        return w, b
 
     def block(i: int) -> PreNormBlock:
-        W_Q, b_Q = linear(names.q.format(i=i), d, width, qkv_bias)
-        W_K, b_K = linear(names.k.format(i=i), d, width_kv, qkv_bias)
-        W_V, b_V = linear(names.v.format(i=i), d, width_kv, qkv_bias)
-        W_O, b_O = linear(names.o.format(i=i), width, d, o_bias)
-        # W_Q (d_model, n_heads·d_head), W_K (d_model, n_kv_heads·d_head): each head's columns in RoPE pairs
-        attn = MultiHeadAttention(W_Q[:, q_order], W_K[:, k_order], W_V, W_O, b_Q[q_order], b_K[k_order], b_V, b_O,
-                                  config=a)
-        # W_gate, W_up (d_model, d_mlp), W_down (d_mlp, d_model)
-        mlp = GatedMLP(linear(names.gate.format(i=i), d, d_mlp, False)[0],
-                       linear(names.up.format(i=i), d, d_mlp, False)[0],
-                       linear(names.down.format(i=i), d_mlp, d, False)[0], cfg.activation)
-        return PreNormBlock(attn=attn, ln_1=norm(names.ln_1.format(i=i)), mlp=mlp,
-                            ln_2=norm(names.ln_2.format(i=i)))
+        name = lambda part: getattr(names, part).format(i=i)        # noqa: E731
+        attn = rope_attention(*(t.linear(name(n), d, w, bias=qkv_bias) for n, w in (("q", width), ("k", width_kv),
+                                                                                   ("v", width_kv))),
+                              t.linear(name("o"), width, d, bias=o_bias), a, pairs=names.rope_pairs)
+        mlp = gated_mlp(t, cfg, name("gate"), name("up"), name("down"))
+        return PreNormBlock(attn=attn, ln_1=norm(name("ln_1")), mlp=mlp, ln_2=norm(name("ln_2")))
 
     def norm(prefix: str) -> RMSNorm:
         return RMSNorm.load(t, prefix, d_model=d, eps=cfg.norm_eps)
 
-    W_E = t.take(names.embed, (cfg.vocab_size, d), f"vocab_size={cfg.vocab_size}, {t.why}")   # (vocab, d) first,
-    W_U = b_U = None                                                    # while nothing else is held
-    if not cfg.tied_embeddings:
-        W_U = t.take(names.unembed, (cfg.vocab_size, d), f"vocab_size={cfg.vocab_size}, {t.why}").T   # (d, vocab)
-        b_U = np.zeros(cfg.vocab_size, W_U.dtype)                       # (vocab,)
+    return llama_layout_model(t, cfg, block, norm, names)
+
+
+def llama_layout(tensors: Tensors, cfg: ModelConfig, names: TensorNames = HF_NAMES, why: str | None = None) -> Tensors:
+    """The tensors of a folder in Llama's layout (``model.layers.{i}.…``, or ``names``), their layer count
+    checked against the config, the config's sizes named in every shape error (Llama, Gemma-2, Phi-3)."""
+    a = cfg.attention
+    why = why or (f"hidden_size={cfg.d_model}, num_attention_heads={a.n_heads}, num_key_value_heads="
+                  f"{a.n_kv_heads}, head_dim={a.d_head}, intermediate_size={cfg.d_mlp}")
+    return tensors.for_config(prefix=names.prefix, layers=names.layers, n_layers=cfg.n_layers,
+                              field=names.n_layers_field, why=why)
+
+
+def llama_layout_model(t: Tensors, cfg: ModelConfig, block, norm, names: TensorNames = HF_NAMES) -> Transformer:
+    """The model of a Llama-layout folder from its ``block(i)`` and ``norm(prefix)``: the embedding (first,
+    while nothing else is held), the blocks, the final norm and the unembedding (unless tied)."""
+    W_E = t.take(names.embed, (cfg.vocab_size, cfg.d_model), f"vocab_size={cfg.vocab_size}, {t.why}")   # (vocab, d)
     return Transformer(config=cfg, W_E=W_E, blocks=tuple(block(i) for i in range(cfg.n_layers)),
-                       ln_final=norm(names.final_norm), W_U=W_U, b_U=b_U)
+                       ln_final=norm(names.final_norm), **unembedding(t, cfg, names.unembed))
+
+
+def unembedding(t: Tensors, cfg: ModelConfig, name: str = "lm_head.weight") -> dict:
+    """``W_U`` (d_model, vocab) from ``name`` and a zero ``b_U`` (vocab,), or neither with tied embeddings."""
+    if cfg.tied_embeddings:
+        return {}
+    W_U = t.take(name, (cfg.vocab_size, cfg.d_model), f"vocab_size={cfg.vocab_size}, {t.why}").T   # (d, vocab)
+    return {"W_U": W_U, "b_U": np.zeros(cfg.vocab_size, W_U.dtype)}
 
 
 def load_llama(folder: Path, config: dict) -> Transformer:

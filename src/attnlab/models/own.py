@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..lm.checkpoint import load_checkpoint
+from ..lm.checkpoint import TOKENIZER, load_checkpoint
 from ..lm.model import FAMILY
 from ..stack.transformer import Transformer
-from ..text.tokens import Vocab
+from ..text.tokens import Vocab, json_folder_tokenizer
 from .families import Family, register
 
 
@@ -25,6 +25,8 @@ def load_own(folder: Path, config: dict) -> Transformer:
 
 
 def own_vocab(folder: Path, config: dict) -> Vocab:
+    if (config.get("vocab") or {}).get("tokenizer") == TOKENIZER:
+        return json_folder_tokenizer(folder)               # a fine-tuned model (attnlab train --from)
     try:
         return Vocab(tuple(config["vocab"]["symbols"]), config["vocab"]["level"])
     except (KeyError, TypeError) as e:

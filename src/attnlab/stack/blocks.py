@@ -13,6 +13,12 @@ how to draw it at random. :meth:`Block.slots` states a kind's slots once; the pa
 ``param_names``, ``from_params``, ``init`` and the shape checks of :class:`~attnlab.stack.transformer.Transformer`)
 walks them, and the hook names too. A new kind is one more class here, registered in :data:`BLOCKS`.
 
+Each kind's backward sits beside its forward (llm.c's pairs): ``forward_saved`` runs the residual lines
+without hooks or a cache and keeps each part's saved forward (the parts' own ``forward``/``backward``
+pairs, :mod:`attnlab.stack.layers` and :func:`attnlab.layer.multihead.multihead_attention_forward`);
+``backward`` undoes them line by line, bottom to top, and records the gradient at each named point it
+passes (the hook names, block-relative) for attribution patching.
+
 Hooks are at the same named points in every kind (see :mod:`attnlab.stack.hooks`): ``hook_resid_pre``,
 the parts' own (``ln_1.hook_scale``, ``attn.hook_q``, ``mlp.hook_pre``, …), ``hook_attn_out`` and
 ``hook_mlp_out`` (what each sublayer adds to the stream), ``hook_resid_mid`` (the stream between the two
@@ -28,7 +34,8 @@ import numpy as np
 
 from ..layer.config import AttentionConfig
 from ..layer.hookpoints import NO_HOOKS
-from ..layer.multihead import MultiHeadAttention, multihead_attention, param_shapes
+from ..layer.multihead import (MultiHeadAttention, multihead_attention, multihead_attention_backward_named,
+                               multihead_attention_forward, param_shapes)
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,38 @@ def mlp_slot(c) -> Slot | None:
 def _norm(norm, name: str, x: np.ndarray, hook) -> np.ndarray:
     """``norm(x)`` with its hooks, or x where the model has no norms."""
     return x if norm is None else norm(x, hook.scoped(name + "."))
+
+
+# the backward's helpers: each part's forward keeps its own saved state in ``saved[field]``; its backward
+# puts the part's gradients into ``grads`` ("ln_1.weight", …) and the gradients at its points into ``named``
+
+def _keep(block, field: str, x: np.ndarray, saved: dict, **options) -> np.ndarray:
+    """Part ``field`` of the block on x, its saved forward in ``saved[field]``; x itself where it is None."""
+    part = getattr(block, field)
+    if part is None:
+        return x
+    if field == "attn":
+        y, saved[field] = multihead_attention_forward(part, x, **options)
+    else:
+        y, saved[field] = part.forward(x)
+    return y
+
+
+def _undo(block, field: str, saved: dict, dy: np.ndarray, grads: dict, named: dict) -> np.ndarray:
+    """Backward of :func:`_keep`: dL/dx from dL/dy; dy itself where the part is None."""
+    part = getattr(block, field)
+    if part is None:
+        return dy
+    if field == "attn":
+        dx, g, points = multihead_attention_backward_named(part, saved[field], dy)
+        g = g.params()
+        named.update({f"attn.{k}": v for k, v in points.items()})
+    else:
+        if field.startswith("ln"):
+            named[f"{field}.hook_normalized"] = dy
+        dx, g = part.backward(saved[field], dy)
+    grads.update({f"{field}.{k}": v for k, v in g.items()})
+    return dx
 
 
 class Block:
@@ -140,6 +179,16 @@ class Block:
         """What the attention of this block reads, given the block's input x (..., n, d_model)."""
         return _norm(self.ln_1, "ln_1", x, NO_HOOKS)
 
+    def forward_saved(self, x: np.ndarray, *, is_causal: bool):
+        """The block's residual lines on x (..., n, d_model) without hooks or a cache: ``(x_out, saved)``,
+        saved holding each part's saved forward by field name, for :meth:`backward`."""
+        raise NotImplementedError
+
+    def backward(self, saved: dict, dx: np.ndarray):
+        """Backward of :meth:`forward_saved`: ``(dx_in, grads, named)`` from dL/dx_out, grads by the names
+        of :meth:`params`, named the gradients at the block's points ("hook_resid_pre", "attn.hook_z", …)."""
+        raise NotImplementedError
+
     def attend(self, x: np.ndarray, hook, *, is_causal: bool, cache, mask=None) -> np.ndarray:
         """The attention sublayer on x (..., n, d_model), its hooks under ``attn.``; ``mask`` (B, 1, 1, n_k)
         True = a real key (a padded batch's keys), ANDed with the causal mask."""
@@ -173,6 +222,26 @@ class PreNormBlock(Block):
             x = x + h("hook_mlp_out", self.mlp(_norm(self.ln_2, "ln_2", x, h), h.scoped("mlp.")))
         return h("hook_resid_post", x)                                                     # (..., n, d_model)
 
+    def forward_saved(self, x: np.ndarray, *, is_causal: bool):
+        s = {}
+        x = x + _keep(self, "attn", _keep(self, "ln_1", x, s), s, is_causal=is_causal)    # (..., n, d_model)
+        if self.mlp is not None:
+            x = x + _keep(self, "mlp", _keep(self, "ln_2", x, s), s)                       # (..., n, d_model)
+        return x, s
+
+    def backward(self, saved: dict, dx: np.ndarray):
+        g, named = {}, {"hook_resid_post": dx}
+        if self.mlp is not None:
+            # forward: x = x + mlp(ln_2(x)): the residual passes dx through, the MLP adds its part
+            named["hook_mlp_out"] = dx
+            dx = dx + _undo(self, "ln_2", saved, _undo(self, "mlp", saved, dx, g, named), g, named)
+            named["hook_resid_mid"] = dx
+        # forward: x = x + attn(ln_1(x))
+        named["hook_attn_out"] = dx
+        dx = dx + _undo(self, "ln_1", saved, _undo(self, "attn", saved, dx, g, named), g, named)
+        named["hook_resid_pre"] = dx
+        return dx, g, named
+
 
 @dataclass(frozen=True, eq=False)
 class PostNormBlock(Block):
@@ -196,6 +265,28 @@ class PostNormBlock(Block):
             x = h("hook_resid_mid", x)
             x = _norm(self.ln_2, "ln_2", x + h("hook_mlp_out", self.mlp(x, h.scoped("mlp."))), h)
         return h("hook_resid_post", x)                                                     # (..., n, d_model)
+
+    def forward_saved(self, x: np.ndarray, *, is_causal: bool):
+        s = {}
+        x = _keep(self, "ln_1", x + _keep(self, "attn", x, s, is_causal=is_causal), s)    # (..., n, d_model)
+        if self.mlp is not None:
+            x = _keep(self, "ln_2", x + _keep(self, "mlp", x, s), s)                       # (..., n, d_model)
+        return x, s
+
+    def backward(self, saved: dict, dx: np.ndarray):
+        g, named = {}, {"hook_resid_post": dx}
+        if self.mlp is not None:
+            # forward: x = ln_2(x + mlp(x))
+            dx = _undo(self, "ln_2", saved, dx, g, named)
+            named["hook_mlp_out"] = dx
+            dx = dx + _undo(self, "mlp", saved, dx, g, named)
+            named["hook_resid_mid"] = dx
+        # forward: x = ln_1(x + attn(x))
+        dx = _undo(self, "ln_1", saved, dx, g, named)
+        named["hook_attn_out"] = dx
+        dx = dx + _undo(self, "attn", saved, dx, g, named)
+        named["hook_resid_pre"] = dx
+        return dx, g, named
 
     def attention_input(self, x: np.ndarray) -> np.ndarray:
         return x
@@ -221,6 +312,23 @@ class ParallelBlock(Block):
         if self.mlp is not None:
             y = y + h("hook_mlp_out", self.mlp(_norm(self.ln_2, "ln_2", x, h), h.scoped("mlp.")))
         return h("hook_resid_post", x + y)                                                 # (..., n, d_model)
+
+    def forward_saved(self, x: np.ndarray, *, is_causal: bool):
+        s = {}
+        y = _keep(self, "attn", _keep(self, "ln_1", x, s), s, is_causal=is_causal)        # (..., n, d_model)
+        if self.mlp is not None:
+            y = y + _keep(self, "mlp", _keep(self, "ln_2", x, s), s)                       # (..., n, d_model)
+        return x + y, s
+
+    def backward(self, saved: dict, dx: np.ndarray):
+        # forward: x = x + attn(ln_1(x)) + mlp(ln_2(x)): dx reaches all three terms
+        g, named = {}, {"hook_resid_post": dx, "hook_attn_out": dx}
+        dx_in = dx + _undo(self, "ln_1", saved, _undo(self, "attn", saved, dx, g, named), g, named)
+        if self.mlp is not None:
+            named["hook_mlp_out"] = dx
+            dx_in = dx_in + _undo(self, "ln_2", saved, _undo(self, "mlp", saved, dx, g, named), g, named)
+        named["hook_resid_pre"] = dx_in
+        return dx_in, g, named
 
 
 @dataclass(frozen=True, eq=False)
@@ -252,6 +360,29 @@ class SandwichBlock(Block):
             y = self.mlp(_norm(self.ln_2, "ln_2", x, h), h.scoped("mlp."))
             x = x + h("hook_mlp_out", _norm(self.ln_2_post, "ln_2_post", y, h))
         return h("hook_resid_post", x)                                                     # (..., n, d_model)
+
+    def forward_saved(self, x: np.ndarray, *, is_causal: bool):
+        s = {}
+        y = _keep(self, "attn", _keep(self, "ln_1", x, s), s, is_causal=is_causal)        # (..., n, d_model)
+        x = x + _keep(self, "ln_1_post", y, s)                                             # (..., n, d_model)
+        if self.mlp is not None:
+            x = x + _keep(self, "ln_2_post", _keep(self, "mlp", _keep(self, "ln_2", x, s), s), s)
+        return x, s
+
+    def backward(self, saved: dict, dx: np.ndarray):
+        g, named = {}, {"hook_resid_post": dx}
+        if self.mlp is not None:
+            # forward: x = x + ln_2_post(mlp(ln_2(x)))
+            named["hook_mlp_out"] = dx
+            dm = _undo(self, "mlp", saved, _undo(self, "ln_2_post", saved, dx, g, named), g, named)
+            dx = dx + _undo(self, "ln_2", saved, dm, g, named)
+            named["hook_resid_mid"] = dx
+        # forward: x = x + ln_1_post(attn(ln_1(x)))
+        named["hook_attn_out"] = dx
+        dy = _undo(self, "attn", saved, _undo(self, "ln_1_post", saved, dx, g, named), g, named)
+        dx = dx + _undo(self, "ln_1", saved, dy, g, named)
+        named["hook_resid_pre"] = dx
+        return dx, g, named
 
 
 BLOCKS = {cls.name: cls for cls in (PreNormBlock, PostNormBlock, ParallelBlock, SandwichBlock)}   # name -> kind

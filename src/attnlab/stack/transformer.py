@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..kernels._checks import as_positive_int, as_stop_ids, as_token_ids, check_flag, check_rng
+from ..kernels._checks import as_positive_float, as_positive_int, as_stop_ids, as_token_ids, cap_scores, check_flag, check_rng
 from ..kernels.matmul import as_weight
 from ..layer.cache import KVCache
 from ..layer.config import AttentionConfig
@@ -55,6 +55,10 @@ class ModelConfig:
     has_logits: bool = True         # False for an encoder without a language-model head
     n_types: int = 0                # rows of the token-type (segment) table W_T (BERT: 2); 0 = none
     embed_norm: bool = False        # a norm on the embeddings (BERT)
+    embed_scale: float = 1.0        # the token rows are multiplied by it (Gemma: √d_model)
+    logit_softcap: float | None = None   # logits capped to cap · tanh(logits / cap) (Gemma-2); None = no cap
+    layers: tuple = ()              # one AttentionConfig per layer where they differ (Gemma-2's alternating
+    #                                 windows), each with attention's sizes; () = every layer has `attention`
     family: str = field(default="", compare=False)
     eos_ids: tuple[int, ...] = field(default=(), compare=False)   # config.json's eos_token_id: the ids that end
     #                                 a text, generate's stop; () = none (attnlab's own folders)
@@ -79,9 +83,26 @@ class ModelConfig:
             raise ValueError("embed_norm=True needs a norm")
         if isinstance(self.n_types, bool) or not isinstance(self.n_types, int) or self.n_types < 0:
             raise ValueError(f"n_types must be an int >= 0, got {self.n_types!r}")
+        as_positive_float("embed_scale", self.embed_scale)
+        if self.logit_softcap is not None:
+            as_positive_float("logit_softcap", self.logit_softcap)
+        self._check_layers()
         if not isinstance(self.eos_ids, tuple):
             raise TypeError(f"eos_ids must be a tuple of token ids, got {type(self.eos_ids).__name__}")
         as_stop_ids("eos_ids", self.eos_ids, self.vocab_size)
+
+    def _check_layers(self) -> None:
+        layers = self.layers
+        if not isinstance(layers, tuple) or not all(isinstance(a, AttentionConfig) for a in layers):
+            raise TypeError(f"layers must be a tuple of AttentionConfig (one per layer) or (), got {layers!r}")
+        if layers and len(layers) != self.n_layers:
+            raise ValueError(f"layers must hold one AttentionConfig per layer ({self.n_layers}), got {len(layers)}")
+        sizes = ("d_model", "n_heads", "n_kv_heads", "d_head", "n_ctx")
+        for i, a in enumerate(layers):
+            if any(getattr(a, k) != getattr(self.attention, k) for k in sizes) or a.positions != self.attention.positions:
+                raise ValueError(f"layers[{i}] must share attention's sizes and positions ({', '.join(sizes)}); "
+                                 f"only window, scale and softcap may differ by layer: got {a}, attention is "
+                                 f"{self.attention}")
 
     @property
     def d_model(self) -> int:
@@ -102,7 +123,7 @@ class ModelConfig:
 
     def layer_attention(self, i: int) -> AttentionConfig:
         """The attention config of layer i."""
-        return self.attention
+        return self.layers[i] if self.layers else self.attention
 
     def to_json(self) -> dict:
         return {"vocab_size": self.vocab_size, "n_layers": self.n_layers, "attention": self.attention.to_json(),
@@ -110,7 +131,8 @@ class ModelConfig:
                 "norm": None if self.norm is None else self.norm.name, "norm_eps": self.norm_eps,
                 "block": self.block.name, "is_causal": self.is_causal, "tied_embeddings": self.tied_embeddings,
                 "has_logits": self.has_logits, "n_types": self.n_types, "embed_norm": self.embed_norm,
-                "family": self.family}
+                "embed_scale": self.embed_scale, "logit_softcap": self.logit_softcap,
+                "layers": [a.to_json() for a in self.layers], "family": self.family}
 
     @classmethod
     def from_json(cls, data: dict) -> "ModelConfig":
@@ -118,6 +140,7 @@ class ModelConfig:
         try:
             data = dict(data)
             data["attention"] = AttentionConfig.from_json(data["attention"])
+            data["layers"] = tuple(AttentionConfig.from_json(a) for a in data.get("layers", ()))
             norm = data.get("norm")
             if norm is not None and norm not in NORMS:
                 raise ValueError(f"norm must be one of {sorted(NORMS)}, got {norm!r}")
@@ -305,6 +328,8 @@ def embed(model: Transformer, ids: np.ndarray, *, start: int = 0, token_types=No
     batch's), plus token-type rows, normalised where the model says so."""
     c, n = model.config, ids.shape[-1]
     x = hook("hook_embed", model.W_E[ids])                              # (..., n, d_model)
+    if c.embed_scale != 1.0:
+        x = x * x.dtype.type(c.embed_scale)                             # (..., n, d_model) Gemma's √d_model
     pos = c.attention.positions.embed(model.W_P, n, start=start, d_model=c.d_model, dtype=model.dtype)
     if pos is not None and position_ids is not None:
         pos = pos[position_ids]                                         # (..., n, d_model) each row its own
@@ -320,6 +345,60 @@ def embed(model: Transformer, ids: np.ndarray, *, start: int = 0, token_types=No
     if model.ln_embed is not None:
         x = model.ln_embed(x, hook.scoped("ln_embed."))                 # (..., n, d_model)
     return x
+
+
+@dataclass(frozen=True, eq=False)
+class SavedEmbedding:
+    """What :func:`embed_forward` keeps for :func:`embed_backward`: the rows it read, and the norm's own."""
+    ids: np.ndarray                  # (..., n)
+    types: np.ndarray | None         # (..., n) token types, with a token-type table
+    start: int                       # the first position
+    norm: tuple | None               # ln_embed's saved forward
+
+
+def embed_forward(model: Transformer, ids: np.ndarray, *, start: int = 0, token_types=None):
+    """:func:`embed` (without hooks), and what :func:`embed_backward` needs: ``(x, saved)``."""
+    c, n = model.config, ids.shape[-1]
+    x = model.W_E[ids]                                                  # (..., n, d_model)
+    pos = c.attention.positions.embed(model.W_P, n, start=start, d_model=c.d_model, dtype=model.dtype)
+    if pos is not None:
+        x = x + pos                                                     # (..., n, d_model)
+    types = None
+    if model.W_T is not None:
+        types = np.zeros_like(ids) if token_types is None else as_token_ids("token_types", token_types, c.n_types)
+        if types.shape != ids.shape:
+            raise ValueError(f"token_types must have shape {ids.shape} like ids, got {types.shape}")
+        x = x + model.W_T[types]                                        # (..., n, d_model)
+    elif token_types is not None:
+        raise ValueError("token_types given, but the model has no token-type table (n_types 0)")
+    norm = None
+    if model.ln_embed is not None:
+        x, norm = model.ln_embed.forward(x)                             # (..., n, d_model)
+    return x, SavedEmbedding(ids=ids, types=types, start=start, norm=norm)
+
+
+def embed_backward(model: Transformer, saved: SavedEmbedding, dx: np.ndarray) -> dict[str, np.ndarray]:
+    """Backward of :func:`embed_forward`: dL/dW_E (a row per token id, summed over its uses), dL/dW_P,
+    dL/dW_T and the embedding norm's, by the names of :meth:`Transformer.params`, from dL/dx (..., n, d_model)."""
+    d, grads = model.config.d_model, {}
+    if model.ln_embed is not None:
+        # forward: x = ln_embed(x)
+        dx, g = model.ln_embed.backward(saved.norm, dx)                 # (..., n, d_model)
+        grads.update({f"ln_embed.{k}": v for k, v in g.items()})
+    rows = dx.reshape(-1, d)                                            # (N, d_model)
+    # forward: x = W_E[ids]: each id's row gathers the gradient of every place it was read
+    grads["W_E"] = np.zeros_like(model.W_E)                             # (vocab, d_model)
+    np.add.at(grads["W_E"], saved.ids.reshape(-1), rows)
+    if model.W_P is not None:
+        # forward: x += W_P[start … start + n − 1], the same rows for every sequence of the batch
+        n = saved.ids.shape[-1]
+        grads["W_P"] = np.zeros_like(model.W_P)                         # (n_ctx, d_model)
+        grads["W_P"][saved.start:saved.start + n] = dx.reshape(-1, n, d).sum(0)   # (n, d_model)
+    if model.W_T is not None:
+        # forward: x += W_T[types]
+        grads["W_T"] = np.zeros_like(model.W_T)                         # (n_types, d_model)
+        np.add.at(grads["W_T"], saved.types.reshape(-1), rows)
+    return grads
 
 
 def hook_names(model: Transformer) -> list[str]:
@@ -389,9 +468,7 @@ def forward(model: Transformer, ids, *, caches: list[KVCache] | None = None, tok
     if model.ln_final is not None:
         x = model.ln_final(x, h.scoped("ln_final."))                    # (..., n, d_model)
         hidden[-1] = x                                                  # as transformers returns it
-    logits = None
-    if c.has_logits:
-        logits = x @ model.W_E.T if c.tied_embeddings else x @ model.W_U + model.b_U   # (..., n, vocab)
+    logits = logits_of(model, x) if c.has_logits else None              # (..., n, vocab)
     attentions = [a.astype(x.dtype, copy=False) for a in weights] if return_weights else None
     return ModelOutput(logits=logits, hidden_states=hidden, attentions=attentions)
 
@@ -410,6 +487,14 @@ def padding(attention_mask, ids: np.ndarray, caches) -> tuple[np.ndarray | None,
     if not m.any(-1).all():
         raise ValueError("attention_mask has a row with no real token")
     return m[..., None, None, :], np.maximum(np.cumsum(m, -1) - 1, 0)
+
+
+def logits_of(model: Transformer, x: np.ndarray) -> np.ndarray:
+    """The logits (..., vocab) of the last stream x (..., d_model), after the final norm: ``x W_Eᵀ`` (tied) or
+    ``x W_U + b_U``, soft-capped where the config says (Gemma-2's final_logit_softcapping)."""
+    c = model.config
+    logits = x @ model.W_E.T if c.tied_embeddings else x @ model.W_U + model.b_U   # (..., vocab)
+    return cap_scores(logits, c.logit_softcap)                          # (..., vocab) in place: a fresh array
 
 
 def _keeping(fn, weights: list, i: int):

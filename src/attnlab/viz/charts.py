@@ -246,6 +246,33 @@ def save_vectors(path, panels, *, title: str | None = None) -> None:
     _save(fig, path)
 
 
+def save_token_bars(path, tokens, panels, *, title: str | None = None) -> None:
+    """One bar per token in each panel, panels stacked, the tokens on a shared axis: e.g. one head's attention
+    weight on each token above how much leaving that token out changes the prediction.
+
+    Parameters
+    ----------
+    tokens : sequence of n labels
+    panels : sequence of (panel title, (n,) values); NaN draws no bar
+    """
+    tokens, panels = [str(t) for t in tokens], list(panels)
+    if not panels:
+        raise ValueError("panels must hold at least one (title, values) panel, got none")
+    fig = _figure(max(6.6, 0.55 * len(tokens) + 1.5), 1.9 * len(panels) + 0.6)
+    axes = fig.subplots(len(panels), 1, squeeze=False, sharex=True)[:, 0]
+    for ax, colour, (panel_title, values) in zip(axes, COLOURS, panels):
+        v = np.asarray(values, dtype=float).ravel()                    # (n,)
+        if v.shape != (len(tokens),):
+            raise ValueError(f"panel {panel_title!r} must hold one value per token ({len(tokens)}), got {v.shape}")
+        ax.bar(np.arange(len(v)), np.nan_to_num(v), color=colour)
+        ax.set_title(panel_title, fontsize=9, loc="left")
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[-1].set_xticks(np.arange(len(tokens)), tokens, rotation=45, ha="right", fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    _save(fig, path)
+
+
 def save_shapes(path, steps, *, title: str | None = None) -> None:
     """Matrix products as boxes, left × right = result, one row per product; each box's sides are
     log2(size) + 1, so 5 and 768 both fit, and its true shape is written in it.

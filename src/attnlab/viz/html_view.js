@@ -347,6 +347,9 @@
     if (window.parent === window) return;
     const post = () => window.parent.postMessage({ attnlabViewHeight: document.documentElement.scrollHeight }, "*");
     new ResizeObserver(post).observe(document.body);
+    window.addEventListener("message", (e) => {       // the page asks again if it missed the first answer
+      if (e.source === window.parent && e.data && e.data.attnlabAskHeight) post();
+    });
     post();
   }
 

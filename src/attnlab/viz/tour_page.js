@@ -190,6 +190,10 @@
       const h = e.data && e.data.attnlabViewHeight;
       if (e.source === frame.contentWindow && Number.isFinite(h) && h > 0) frame.style.height = `${Math.ceil(h) + 4}px`;
     });
+    // The view may have drawn (and told its height) before this listener existed: ask it, now and on load.
+    const ask = () => frame.contentWindow && frame.contentWindow.postMessage({ attnlabAskHeight: true }, "*");
+    frame.addEventListener("load", ask);
+    ask();
   }
 
   try {

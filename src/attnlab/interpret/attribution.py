@@ -1,0 +1,117 @@
+"""Attribution patching (Nanda, 2023; Syed et al., 2023): activation patching's first-order estimate, for every
+head and every residual position at once, from one forward and one backward pass.
+
+Activation patching (:func:`attnlab.interpret.patch`) runs the corrupted text once per piece, with that
+piece of the clean run put back. Its effect on the metric m (the logit difference answer − wrong at the
+last position) is, to first order around the corrupted run,
+
+    m(corrupt with a_clean put back) − m(corrupt)  ≈  ∂m/∂a |corrupt · (a_clean − a_corrupt)
+
+so one backward pass of m on the corrupted run (:func:`attnlab.stack.backward.backward`, which gives the
+gradient at every named activation) and the two runs' activations give every piece's estimate at once:
+per head, the product summed over its positions and d_head (``hook_z``); per layer and position, summed
+over d_model (``hook_resid_pre``). Divided by m(clean) − m(corrupt), as :class:`Patching` reports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..lm.model import unembed, unembed_backward
+from ..stack.backward import backward, forward_saved
+from ..stack.hooks import run_with_cache
+from ..stack.transformer import Transformer, check_decoder
+from .interventions import Patching, check_patch_args, logit_diff
+
+
+@dataclass(frozen=True, eq=False)
+class Attribution:
+    """Attribution patching's estimates, in :class:`Patching`'s units (the share of the clean logit
+    difference restored)."""
+    clean: float                # logit difference answer − wrong at the last position, clean run
+    corrupt: float              # the same, corrupted run
+    heads: np.ndarray           # (n_layers, n_heads) estimated share restored by one head's clean z
+    resid: np.ndarray           # (n_layers, n) estimated share restored by one layer's clean residual at one position
+
+
+def attribute(model: Transformer, clean_ids, corrupt_ids, *, answer: int, wrong: int) -> Attribution:
+    """Attribution patching of every head (``hook_z``) and every layer's residual stream at every position
+    (``hook_resid_pre``): clean run recorded, corrupted run forward and backward, once each.
+
+    Parameters
+    ----------
+    clean_ids, corrupt_ids : int arrays (n,)
+        Two texts of the same number of tokens.
+    answer, wrong : int
+        Token ids; the metric is logits[-1, answer] − logits[-1, wrong].
+
+    Raises
+    ------
+    ValueError, TypeError
+        As :func:`attnlab.interpret.patch` does.
+    """
+    check_decoder(model, "attribution patching")
+    clean_ids, corrupt_ids = check_patch_args(model, clean_ids, corrupt_ids, answer, wrong)
+    c = model.config
+    names = [f"blocks.{i}.{h}" for i in range(c.n_layers) for h in ("attn.hook_z", "hook_resid_pre")]
+    clean_out, clean_acts = run_with_cache(model, clean_ids, names)
+    _, corrupt_acts = run_with_cache(model, corrupt_ids, names)
+    tape = forward_saved(model, corrupt_ids)
+    logits = unembed(model, tape.hidden)                                # (n, vocab)
+    clean, corrupt = logit_diff(clean_out.logits, answer, wrong), logit_diff(logits, answer, wrong)
+    if clean == corrupt:
+        raise ValueError("the clean and corrupted texts give the same logit difference: nothing to restore")
+    # forward: m = logits[-1, answer] − logits[-1, wrong]
+    dlogits = np.zeros_like(logits)                                     # (n, vocab)
+    dlogits[-1, answer] += 1
+    dlogits[-1, wrong] -= 1
+    dx, _ = unembed_backward(model, tape.hidden, dlogits)               # (n, d_model)
+    _, grads = backward(model, tape, dx, grad_names=names)
+    diff = {k: clean_acts[k].astype(np.float64) - corrupt_acts[k] for k in names}
+    heads = np.array([(grads[f"blocks.{i}.attn.hook_z"] * diff[f"blocks.{i}.attn.hook_z"]).sum((-2, -1))
+                      for i in range(c.n_layers)])                      # (n_layers, n_heads)
+    resid = np.array([(grads[f"blocks.{i}.hook_resid_pre"] * diff[f"blocks.{i}.hook_resid_pre"]).sum(-1)
+                      for i in range(c.n_layers)])                      # (n_layers, n)
+    scale = clean - corrupt
+    return Attribution(clean=clean, corrupt=corrupt, heads=heads / scale, resid=resid / scale)
+
+
+def rank_correlation(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman's ρ of two arrays of the same shape: the correlation of their ranks (ties share the mean rank).
+
+    >>> rank_correlation(np.array([1.0, 2.0, 3.0]), np.array([10.0, 30.0, 20.0]))
+    0.5
+    """
+    def ranks(x):
+        x = np.asarray(x, np.float64).ravel()
+        order = np.argsort(x, kind="stable")
+        r = np.empty(x.size)
+        r[order] = np.arange(x.size)
+        for v in np.unique(x):                      # ties: the mean of their ranks
+            tie = x == v
+            r[tie] = r[tie].mean()
+        return r
+    ra, rb = ranks(a), ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    denom = np.sqrt((ra * ra).sum() * (rb * rb).sum())
+    return float((ra * rb).sum() / denom) if denom > 0 else float("nan")
+
+
+@dataclass(frozen=True, eq=False)
+class Agreement:
+    """How attribution patching's estimates compare with activation patching's measurements."""
+    heads_rho: float            # Spearman's ρ over every (layer, head)
+    resid_rho: float            # over every (layer, position)
+    disagree: list              # the heads where they differ most: (layer, head, measured, estimated)
+
+
+def compare(patching: Patching, attribution: Attribution, *, top: int = 5) -> Agreement:
+    """Rank correlations of the two methods, and the ``top`` heads where their shares differ most."""
+    gap = np.abs(patching.heads - attribution.heads)                    # (n_layers, n_heads)
+    worst = np.argsort(gap, axis=None)[::-1][:top]
+    disagree = [(int(i), int(j), float(patching.heads[i, j]), float(attribution.heads[i, j]))
+                for i, j in zip(*np.unravel_index(worst, gap.shape))]
+    return Agreement(heads_rho=rank_correlation(patching.heads, attribution.heads),
+                     resid_rho=rank_correlation(patching.resid, attribution.resid), disagree=disagree)
