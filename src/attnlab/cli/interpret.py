@@ -110,8 +110,12 @@ def add_commands(sub) -> None:
     add_json_flag(p)
     p.set_defaults(func=cmd_lens)
 
-    p = sub.add_parser("ioi", help="indirect-object identification (Wang et al., 2022): logit differences, direct "
-                       "logit attribution, patching and path patching per head")
+    p = add_command(sub, "ioi", help="indirect-object identification (Wang et al., 2022): logit differences, direct "
+                    "logit attribution, patching and path patching per head",
+                    beyond="docs/interpret.md",
+                    shows="Shows indirect-object identification on a decoder: each prompt's logit difference, every "
+                          "head's direct logit attribution, patching and path patching, and the name-mover-like heads",
+                    examples=("attnlab ioi --prompts 4 --path-top 3   # SmolLM2, the default; minutes on 2 cores",))
     p.add_argument("--model", default="smollm2", help=MODEL_HELP + " (default smollm2)")
     p.add_argument("--prompts", type=int, default=8, help="clean/corrupted pairs (default 8)")
     p.add_argument("--seed", type=seed_arg, default=0, help="seed of the names drawn (default 0)")
