@@ -321,6 +321,20 @@ def check_ids(model: Transformer, ids, *, start: int = 0, name: str = "ids") -> 
     return arr
 
 
+def type_ids(model: Transformer, ids: np.ndarray, token_types) -> np.ndarray | None:
+    """The token types (..., n) of a model with a token-type table (all 0 when none are given), else None;
+    token types given to a model without the table are refused."""
+    if model.W_T is None:
+        if token_types is not None:
+            raise ValueError("token_types given, but the model has no token-type table (n_types 0)")
+        return None
+    c = model.config
+    types = np.zeros_like(ids) if token_types is None else as_token_ids("token_types", token_types, c.n_types)
+    if types.shape != ids.shape:
+        raise ValueError(f"token_types must have shape {ids.shape} like ids, got {types.shape}")
+    return types                                                        # (..., n)
+
+
 def embed(model: Transformer, ids: np.ndarray, *, start: int = 0, token_types=None, hook=NO_HOOKS,
           position_ids=None) -> np.ndarray:
     """The first block's input (..., n, d_model): token rows (``hook_embed``), plus position rows (learned or
@@ -335,13 +349,9 @@ def embed(model: Transformer, ids: np.ndarray, *, start: int = 0, token_types=No
         pos = pos[position_ids]                                         # (..., n, d_model) each row its own
     if pos is not None:
         x = x + hook("hook_pos_embed", pos)                             # (..., n, d_model)
-    if model.W_T is not None:
-        types = np.zeros_like(ids) if token_types is None else as_token_ids("token_types", token_types, c.n_types)
-        if types.shape != ids.shape:
-            raise ValueError(f"token_types must have shape {ids.shape} like ids, got {types.shape}")
+    types = type_ids(model, ids, token_types)                            # (..., n) or None
+    if types is not None:
         x = x + model.W_T[types]                                        # (..., n, d_model)
-    elif token_types is not None:
-        raise ValueError("token_types given, but the model has no token-type table (n_types 0)")
     if model.ln_embed is not None:
         x = model.ln_embed(x, hook.scoped("ln_embed."))                 # (..., n, d_model)
     return x
@@ -363,14 +373,9 @@ def embed_forward(model: Transformer, ids: np.ndarray, *, start: int = 0, token_
     pos = c.attention.positions.embed(model.W_P, n, start=start, d_model=c.d_model, dtype=model.dtype)
     if pos is not None:
         x = x + pos                                                     # (..., n, d_model)
-    types = None
-    if model.W_T is not None:
-        types = np.zeros_like(ids) if token_types is None else as_token_ids("token_types", token_types, c.n_types)
-        if types.shape != ids.shape:
-            raise ValueError(f"token_types must have shape {ids.shape} like ids, got {types.shape}")
+    types = type_ids(model, ids, token_types)                            # (..., n) or None
+    if types is not None:
         x = x + model.W_T[types]                                        # (..., n, d_model)
-    elif token_types is not None:
-        raise ValueError("token_types given, but the model has no token-type table (n_types 0)")
     norm = None
     if model.ln_embed is not None:
         x, norm = model.ln_embed.forward(x)                             # (..., n, d_model)
