@@ -53,15 +53,15 @@ def numba_on(monkeypatch):
 @pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize("n_tokens", [1, 3, 20])          # the kernel (<= 8 tokens) and the chunked path
 def test_product_equals_the_dequantized_float32_product(tmp_path, rng, numba_on, qtype, n_tokens):
-    w = (rng.standard_normal((96, 64)) * 0.05).astype(np.float32)          # (d_out, d_in)
+    w = (rng.standard_normal((99, 64)) * 0.05).astype(np.float32)          # (d_out, d_in): 24 groups of 4 and 3
     raw, d_in = written(tmp_path, {"w": w}, qtype)["w"]
     W = QuantizedMatrix(raw, qtype, d_in)
-    assert W.shape == (64, 96) and d_in == 64
+    assert W.shape == (64, 99) and d_in == 64
     exact = dequantize(raw, GGMLQuantizationType[qtype])                   # (d_out, d_in) float32
     x = rng.standard_normal((n_tokens, 64)).astype(np.float32)             # (N, d_in)
     ref = x.astype(np.float64) @ exact.T.astype(np.float64)                # (N, d_out)
     got = x @ W
-    assert got.shape == (n_tokens, 96) and got.dtype == np.float32
+    assert got.shape == (n_tokens, 99) and got.dtype == np.float32
     assert rel_err(got, ref) < 1e-6
     assert rel_err(got, x @ exact.T) < 1e-5                                # the float32 path's logits
     assert rel_err(x[0] @ W, ref[0]) < 1e-6                                # (d_in,) in, (d_out,) out
@@ -75,8 +75,9 @@ def test_kernel_rebuilds_exactly_the_values_gguf_does(tmp_path, rng, numba_on, q
     raw, d_in = written(tmp_path, {"w": w}, qtype)["w"]
     W = QuantizedMatrix(raw, qtype, d_in)
     out = np.empty((8, 128), np.float32)
-    _quant_fused.dequantize(qtype, W.qs, W.d, W.m, out)
+    _quant_fused.dequantize(qtype, W.qs, W.d, W.m, np.arange(8), out)
     np.testing.assert_array_equal(out, dequantize(raw, GGMLQuantizationType[qtype]))
+    np.testing.assert_array_equal(W.raw(), raw)                             # the planes hold the file's bytes
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -113,6 +114,8 @@ def test_side_by_side_weights_multiply_as_each_one(tmp_path, rng, numba_on):
     x = rng.standard_normal((1, 64)).astype(np.float32)
     np.testing.assert_allclose(x @ fused, np.concatenate([x @ p for p in parts], axis=-1), rtol=1e-6, atol=1e-7)
     assert fuse_columns(*parts[:2], np.zeros((64, 32), np.float32))[0] is None
+    odd = QuantizedMatrix(written(tmp_path, {"o": ws["k"][:30]}, "Q4_1")["o"][0], "Q4_1", 64)
+    assert fuse_columns(parts[0], odd)[0] is None                         # 30 rows end inside a group of 4
 
 
 def test_bad_arguments_name_what_was_expected(tmp_path, rng, numba_on):

@@ -29,6 +29,7 @@ from . import _kernels
 # the types with a fused kernel, and each one's values per byte of payload (4-bit: two per byte)
 KERNEL_TYPES = {"Q4_0": 2, "Q4_1": 2, "Q8_0": 1}
 SCRATCH_BYTES = 4 * 2**20          # a prefill dequantizes this much float32 at a time (fits L2/L3)
+GROUP = 4                          # rows whose blocks lie side by side (attnlab.kernels._quant_fused.GROUP)
 
 
 @functools.cache
@@ -48,7 +49,10 @@ def dequantize_rows(raw: np.ndarray, qtype: str) -> np.ndarray:
 
 
 class QuantizedMatrix:
-    """A weight W (d_in, d_out) stored as GGUF rows: one row of blocks per output, ``raw`` (d_out, bytes).
+    """A weight W (d_in, d_out) kept as GGUF blocks: one row of blocks per output, in the planes the kernels
+    read (:mod:`attnlab.kernels._quant_fused`): the values ``qs`` (G, n_blocks, GROUP, bytes), the float32
+    scales ``d`` and minima ``m`` (G, n_blocks, GROUP; m None for the types without one), the rows in groups
+    of GROUP side by side (the last group padded with zero rows). The file's bytes are not kept.
 
     ``x @ W`` for x (..., d_in) gives (..., d_out) in float32, as ``x @ dequantize(raw).T`` does.
     """
@@ -62,16 +66,22 @@ class QuantizedMatrix:
         if raw.dtype != np.uint8 or raw.ndim != 2 or d_in % block or raw.shape[1] != d_in // block * nbytes:
             raise ValueError(f"raw must be uint8 (d_out, {d_in // block} blocks × {nbytes} bytes) for d_in {d_in} "
                              f"in {qtype} ({block} values per block), got {raw.dtype} {raw.shape}")
-        self.raws, self.qtype, self.d_in, self.d_out = (raw,), qtype, d_in, raw.shape[0]
         blocks = raw.reshape(raw.shape[0], d_in // block, nbytes)            # (d_out, n_blocks, bytes) a view
-        payload = block // KERNEL_TYPES[qtype]                                # bytes of the values
-        header = nbytes - payload                                             # float16 d (and m)
-        halves = np.ascontiguousarray(blocks[..., :header]).view(np.float16).astype(np.float32)
-        self.d = np.ascontiguousarray(halves[..., 0])                        # (d_out, n_blocks) scales
-        self.m = (np.ascontiguousarray(halves[..., 1]) if header // 2 > 1     # (d_out, n_blocks) minima (Q4_1),
-                  else np.zeros_like(self.d))                                # 0 for the types without one
-        self.qs = np.ascontiguousarray(blocks[..., header:])                 # (d_out, n_blocks, payload) the values
-        #         alone, contiguous: a strided view of the blocks kept LLVM from vectorising the kernel
+        header = nbytes - block // KERNEL_TYPES[qtype]                        # float16 d (and m) before the values
+        halves = blocks[..., :header].copy().view(np.float16)                # (d_out, n_blocks, 1 or 2)
+        values = blocks[..., header:]                                        # (d_out, n_blocks, payload)
+        self._set(qtype, d_in, raw.shape[0], grouped(values.view(np.int8) if qtype == "Q8_0" else values),
+                  grouped(halves[..., 0].astype(np.float32)),
+                  grouped(halves[..., 1].astype(np.float32)) if header == 4 else None)
+
+    def _set(self, qtype, d_in, d_out, qs, d, m) -> None:
+        self.qtype, self.d_in, self.d_out, self.qs, self.d, self.m = qtype, d_in, d_out, qs, d, m
+
+    @classmethod
+    def _of(cls, qtype, d_in, d_out, qs, d, m) -> "QuantizedMatrix":
+        w = object.__new__(cls)
+        w._set(qtype, d_in, d_out, qs, d, m)
+        return w
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -87,8 +97,8 @@ class QuantizedMatrix:
 
     @property
     def nbytes(self) -> int:
-        """Bytes a product reads: the values and their float32 scales (and minima)."""
-        return int(self.qs.nbytes + self.d.nbytes + (self.m.nbytes if self.qtype == "Q4_1" else 0))
+        """Bytes it holds, which a product reads: the values and their float32 scales (and minima)."""
+        return int(self.qs.nbytes + self.d.nbytes + (0 if self.m is None else self.m.nbytes))
 
     @property
     def size(self) -> int:
@@ -102,6 +112,10 @@ class QuantizedMatrix:
     def __repr__(self) -> str:
         return f"QuantizedMatrix({self.qtype}, shape={self.shape})"
 
+    def rows(self, plane: str) -> np.ndarray:
+        """One plane (``"qs"``, ``"d"``, ``"m"``) with a row per output, (d_out, n_blocks, ...): a copy."""
+        return ungrouped(getattr(self, plane), self.d_out)
+
     def __getitem__(self, key):
         """``W[:, cols]``: the weight of the columns ``cols`` (outputs; a slice or an index array), its rows of
         blocks copied; ``W[:, :]`` is W itself. Anything else needs the float32 array (``np.asarray(W)``)."""
@@ -111,20 +125,25 @@ class QuantizedMatrix:
         cols = key[1]
         if isinstance(cols, slice) and cols == slice(None):
             return self
-        part = object.__new__(type(self))
-        part.qtype, part.d_in = self.qtype, self.d_in
-        part.raws = (np.concatenate(self.raws)[cols],)
-        part.qs, part.d, part.m = self.qs[cols].copy(), self.d[cols].copy(), self.m[cols].copy()
-        part.d_out = part.d.shape[0]
-        return part
+        planes = [None if getattr(self, p) is None else grouped(self.rows(p)[cols]) for p in ("qs", "d", "m")]
+        return self._of(self.qtype, self.d_in, len(np.arange(self.d_out)[cols]), *planes)
 
     def finite(self) -> bool:
         """Whether every value is finite: the float16 scales (and minima) are (the values are integers)."""
-        return bool(np.isfinite(self.d).all() and np.isfinite(self.m).all())
+        return bool(np.isfinite(self.d).all() and (self.m is None or np.isfinite(self.m).all()))
+
+    def raw(self) -> np.ndarray:
+        """The GGUF bytes (d_out, bytes) of the rows, rebuilt from the planes (the scales back in float16,
+        which they came from exactly)."""
+        parts = [self.rows("d").astype(np.float16)[..., None].view(np.uint8)]      # (d_out, n_blocks, 2)
+        if self.m is not None:
+            parts.append(self.rows("m").astype(np.float16)[..., None].view(np.uint8))
+        parts.append(self.rows("qs").view(np.uint8))                                # (d_out, n_blocks, payload)
+        return np.concatenate(parts, axis=-1).reshape(self.d_out, -1)
 
     def dequantize(self) -> np.ndarray:
         """The float32 weight (d_in, d_out), by ``gguf.quants``."""
-        return np.concatenate([dequantize_rows(raw, self.qtype) for raw in self.raws]).T
+        return dequantize_rows(self.raw(), self.qtype).T
 
     def __array__(self, dtype=None, copy=None):
         out = self.dequantize()
@@ -135,12 +154,14 @@ class QuantizedMatrix:
         if x.ndim < 1 or x.shape[-1] != self.d_in:
             raise ValueError(f"x @ W needs x (..., {self.d_in}), got shape {x.shape}")
         lead = x.shape[:-1]
-        x2 = np.ascontiguousarray(x.reshape(-1, self.d_in), dtype=np.float32)   # (N, d_in)
-        out = np.empty((x2.shape[0], self.d_out), np.float32)                 # (N, d_out)
-        fused = None if _kernels.numba_disabled() else fused_kernels()
+        x2 = x.reshape(-1, self.d_in)
+        if x2.dtype != np.float32 or not x2.flags.c_contiguous:
+            x2 = np.ascontiguousarray(x2, dtype=np.float32)                  # (N, d_in)
+        fused = fused_kernels()
         if fused is None:
-            out[:] = x2 @ self.dequantize()
-        elif x2.shape[0] <= fused.MAX_TOKENS:
+            return (x2 @ self.dequantize()).reshape(*lead, self.d_out)
+        out = np.empty((x2.shape[0], self.d_out), np.float32)                 # (N, d_out)
+        if x2.shape[0] <= fused.MAX_TOKENS:
             fused.matvec(self.qtype, self.qs, self.d, self.m, x2, out, kernel_threads()["threads"])
         else:
             self._matmul_chunks(fused, x2, out)
@@ -153,26 +174,41 @@ class QuantizedMatrix:
         for r0 in range(0, self.d_out, rows):
             r1 = min(r0 + rows, self.d_out)
             w = scratch[:r1 - r0]                                           # (rows, d_in)
-            fused.dequantize(self.qtype, self.qs[r0:r1], self.d[r0:r1], self.m[r0:r1], w)
+            fused.dequantize(self.qtype, self.qs, self.d, self.m, np.arange(r0, r1), w)
             np.matmul(x2, w.T, out=out[:, r0:r1])                           # (N, rows)
 
     @classmethod
     def fuse_columns(cls, ws):
-        """Weights side by side (d_in, Σ d_out_i) of one type and width: their rows stacked in one weight, and
-        each of ``ws`` then reads its own rows of it (views: the values are held once)."""
-        if len({(w.qtype, w.d_in) for w in ws}) != 1:
+        """Weights side by side (d_in, Σ d_out_i) of one type and width, each a whole number of groups: their
+        rows stacked in one weight, and each of ``ws`` then reads its own groups of it (views: the values are
+        held once). None when they differ in type or width, or a weight's rows end inside a group."""
+        if len({(w.qtype, w.d_in) for w in ws}) != 1 or any(w.d_out % GROUP for w in ws):
             return None
-        fused = object.__new__(cls)
-        fused.qtype, fused.d_in, fused.d_out = ws[0].qtype, ws[0].d_in, sum(w.d_out for w in ws)
-        fused.raws = tuple(raw for w in ws for raw in w.raws)
-        for plane in ("qs", "d", "m"):
-            setattr(fused, plane, np.concatenate([getattr(w, plane) for w in ws]))   # (Σ d_out_i, ...)
-        r0 = 0
+        planes = [None if ws[0].m is None and p == "m" else np.concatenate([getattr(w, p) for w in ws])
+                  for p in ("qs", "d", "m")]                                 # (Σ G_i, ...)
+        fused = cls._of(ws[0].qtype, ws[0].d_in, sum(w.d_out for w in ws), *planes)
+        g0 = 0
         for w in ws:
-            for plane in ("qs", "d", "m"):
-                setattr(w, plane, getattr(fused, plane)[r0:r0 + w.d_out])           # contiguous row views
-            r0 += w.d_out
+            g1 = g0 + w.d_out // GROUP
+            w._set(w.qtype, w.d_in, w.d_out, *(None if p is None else p[g0:g1] for p in planes))   # views
+            g0 = g1
         return fused
+
+
+def grouped(plane: np.ndarray) -> np.ndarray:
+    """A plane (R, n_blocks, ...) with a row per output as the kernels read it, (G, n_blocks, GROUP, ...):
+    rows in groups of GROUP side by side, the last group padded with zero rows."""
+    pad = -plane.shape[0] % GROUP
+    if pad:
+        plane = np.concatenate([plane, np.zeros((pad, *plane.shape[1:]), plane.dtype)])
+    g = plane.reshape(plane.shape[0] // GROUP, GROUP, *plane.shape[1:])   # (G, GROUP, n_blocks, ...)
+    return np.ascontiguousarray(np.swapaxes(g, 1, 2))                      # (G, n_blocks, GROUP, ...)
+
+
+def ungrouped(plane: np.ndarray, n_rows: int) -> np.ndarray:
+    """The inverse of :func:`grouped`: (G, n_blocks, GROUP, ...) -> (n_rows, n_blocks, ...), a copy."""
+    g = np.swapaxes(plane, 1, 2)                                           # (G, GROUP, n_blocks, ...)
+    return g.reshape(-1, *g.shape[2:])[:n_rows].copy()
 
 
 class QuantizedRows:
@@ -223,13 +259,16 @@ class QuantizedRows:
         ids = np.asarray(ids)
         if ids.dtype.kind not in "iu":
             raise TypeError(f"a quantized table is indexed by integer ids, got dtype {ids.dtype}")
-        flat = ids.ravel()
+        flat = ids.ravel().astype(np.int64)
         m, fused = self.matrix, fused_kernels()
+        if flat.size and not (-m.d_out <= flat.min() and flat.max() < m.d_out):
+            raise IndexError(f"ids must lie in [-{m.d_out}, {m.d_out}), got {flat.min()} … {flat.max()}")
+        flat %= m.d_out
         if fused is None:
-            rows = dequantize_rows(np.concatenate(m.raws)[flat], self.qtype)   # (n, d) by gguf.quants
-        else:                                                              # from the kept planes, so the file's
-            rows = np.empty((flat.size, m.d_in), np.float32)                # pages need not stay resident
-            fused.dequantize(self.qtype, m.qs[flat], m.d[flat], m.m[flat], rows)   # (n, d) the same values
+            rows = dequantize_rows(m.raw()[flat], self.qtype)                   # (n, d) by gguf.quants
+        else:
+            rows = np.empty((flat.size, m.d_in), np.float32)                    # (n, d) the same values
+            fused.dequantize(self.qtype, m.qs, m.d, m.m, flat, rows)
         return rows.reshape(*ids.shape, self.shape[1])                       # (..., d)
 
     def __array__(self, dtype=None, copy=None):
