@@ -19,7 +19,8 @@ The products take each block's scale and minimum out of its sum, Σ_t x_t·w_t =
 - the sum over a block runs in a small accumulator, one lane per position in the block
   (``acc[k, t] += d·(x_t·q_t + x_{t+16}·q_{t+16})``), reduced once per row, not once per block;
 - the four rows of a group share each load of x (one row at a time: 2.4× slower per weight);
-- the minima's term is a separate dot over the blocks with ``xs``, x summed per block once per call.
+- the minima's term is a separate dot over the blocks with ``xs``, x summed per block once per call
+  (inside the kernel: one numba call per product).
 
 Compiled ``nogil=True`` and ``cache=True`` (kept in ``__pycache__``; a second process compiles nothing). The
 groups run on the calling thread or split over numba's threads (``parallel=True``, one range of groups per
@@ -56,11 +57,26 @@ def _high(byte):
 
 
 @numba.njit(**SUM)
-def _nibbles_groups(qs, d, m, m_scale, off, x, xs, out, g0, g1):
+def _block_sums(x, n_blocks):
+    """(N, n_blocks): x (N, n_blocks·block) summed over each block."""
+    block = x.shape[1] // n_blocks
+    xs = np.empty((x.shape[0], n_blocks), np.float32)
+    for n in range(x.shape[0]):
+        for b in range(n_blocks):
+            total = np.float32(0.0)
+            for t in range(block):
+                total += x[n, b * block + t]
+            xs[n, b] = total
+    return xs
+
+
+@numba.njit(**SUM)
+def _nibbles_groups(qs, d, m, m_scale, off, x, out, g0, g1):
     """out[n, r] = Σ_i x[n, i]·w[r, i] for the rows of groups g0 … g1 − 1 of a 4-bit type: qs (G, n_blocks, 4,
-    16) bytes, d and m (G, n_blocks, 4), w = d·(q − off) + m_scale·m; x (N, n_blocks·32), xs (N, n_blocks)
-    x summed over each block, out (N, R) (a last group's rows past R are padding, not written)."""
+    16) bytes, d and m (G, n_blocks, 4), w = d·(q − off) + m_scale·m; x (N, n_blocks·32), out (N, R) (a last
+    group's rows past R are padding, not written)."""
     n_blocks, n_rows = qs.shape[1], out.shape[1]
+    xs = _block_sums(x, n_blocks)                            # (N, n_blocks) x summed over each block
     acc = np.empty((GROUP, 16), np.float32)                  # (rows, lanes): one lane per byte of a block
     for g in range(g0, g1):
         qg, dg, mg = qs[g], d[g], m[g]                          # (n_blocks, 4, 16), (n_blocks, 4) x 2
@@ -106,26 +122,12 @@ def _int8_groups(qs, d, x, out, g0, g1):
                 out[n, g * GROUP + k] = acc[k].sum()
 
 
-@numba.njit(**SUM)
-def _block_sums(x, n_blocks):
-    """(N, n_blocks): x (N, n_blocks·block) summed over each block."""
-    block = x.shape[1] // n_blocks
-    xs = np.empty((x.shape[0], n_blocks), np.float32)
-    for n in range(x.shape[0]):
-        for b in range(n_blocks):
-            total = np.float32(0.0)
-            for t in range(block):
-                total += x[n, b * block + t]
-            xs[n, b] = total
-    return xs
-
-
 @numba.njit(parallel=True, **SUM)
-def _nibbles_parallel(qs, d, m, m_scale, off, x, xs, out, chunks):
+def _nibbles_parallel(qs, d, m, m_scale, off, x, out, chunks):
     """:func:`_nibbles_groups` over ``chunks`` ranges of groups on numba's threads."""
     step = -(-qs.shape[0] // chunks)
     for c in prange(chunks):
-        _nibbles_groups(qs, d, m, m_scale, off, x, xs, out, c * step, min(qs.shape[0], (c + 1) * step))
+        _nibbles_groups(qs, d, m, m_scale, off, x, out, c * step, min(qs.shape[0], (c + 1) * step))
 
 
 @numba.njit(parallel=True, **SUM)
@@ -179,11 +181,10 @@ def matvec(qtype: str, qs, d, m, x, out, threads: int = 1) -> None:
             _int8_groups(qs, d, x, out, 0, groups)
         return
     m, m_scale, off = _nibble_args(qtype, d, m)
-    xs = _block_sums(x, qs.shape[1])                         # (N, n_blocks)
     if threads > 1:
-        _nibbles_parallel(qs, d, m, m_scale, off, x, xs, out, threads)
+        _nibbles_parallel(qs, d, m, m_scale, off, x, out, threads)
     else:
-        _nibbles_groups(qs, d, m, m_scale, off, x, xs, out, 0, groups)
+        _nibbles_groups(qs, d, m, m_scale, off, x, out, 0, groups)
 
 
 def dequantize(qtype: str, qs, d, m, rows, w) -> None:
