@@ -261,3 +261,71 @@ def test_quantized_is_for_gguf_sources_only():
         load_model("minilm", quantized=True)
     with pytest.raises(TypeError, match="quantized must be True or False"):
         load_model("smollm2", quantized="yes")
+
+
+def tiny_gguf_writer():
+    """tests/test_gguf.py's writer of tiny llama GGUF files (the tests are not a package: loaded by path)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("_test_gguf", Path(__file__).with_name("test_gguf.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.write_gguf
+
+
+def test_rows_table_multiplies_from_the_left_as_its_float32_table(tmp_path, rng, numba_on):
+    """``y @ W.T`` (a backward pass through ``x @ W``): the dequantized rows, a block of rows at a time."""
+    w = (rng.standard_normal((70, 64)) * 0.05).astype(np.float32)          # (d_out, d_in)
+    raw, d_in = written(tmp_path, {"w": w}, "Q4_1")["w"]
+    W = QuantizedMatrix(raw, "Q4_1", d_in)
+    y = rng.standard_normal((2, 3, 70)).astype(np.float32)
+    exact = dequantize(raw, GGMLQuantizationType.Q4_1)                     # (d_out, d_in)
+    got = y @ W.T
+    assert got.shape == (2, 3, 64)
+    assert rel_err(got, y.astype(np.float64) @ exact.astype(np.float64)) < 1e-6
+    with pytest.raises(ValueError, match=r"y @ W needs y \(\.\.\., 70\)"):
+        np.ones(64, np.float32) @ W.T
+
+
+@pytest.mark.parametrize("command", [["lens", "abc"], ["attend", "abc", "--summary"],
+                                     ["detect", "abc", "--top", "1"]])
+def test_commands_that_run_a_model_take_quantized(tmp_path, capsys, numba_on, command):
+    """``--quantized`` on a command that runs a model: the same report as the float32 load of the same file
+    (a Q8_0 GGUF written by GGUFWriter), to the printed digits."""
+    pytest.importorskip("tokenizers")
+    import json
+
+    from attnlab.cli import main
+
+    path = tmp_path / "tiny.gguf"
+    tiny_gguf_writer()(path, qtype=GGMLQuantizationType.Q8_0)
+    outs = []
+    for extra in ([], ["--quantized"]):
+        assert main([*command, "--model", str(path), "--json", *extra]) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    assert_same_report(*outs)
+
+
+def assert_same_report(a, b, where="report"):
+    """Two JSON reports equal, their numbers within 1e-5 (the quantized products round in another order)."""
+    assert type(a) is type(b) or {type(a), type(b)} <= {int, float}, where
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            assert_same_report(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_report(x, y, f"{where}[{i}]")
+    elif isinstance(a, (int, float)) and not isinstance(a, bool):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6), where
+    else:
+        assert a == b, where
+
+
+def test_quantized_flag_refuses_a_source_that_is_not_gguf(capsys):
+    from attnlab.cli import main
+
+    assert main(["lens", "abc", "--model", "induction", "--quantized"]) == 2
+    assert "quantized=True keeps a GGUF file's blocks" in capsys.readouterr().err

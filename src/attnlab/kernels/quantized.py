@@ -271,6 +271,21 @@ class QuantizedRows:
             fused.dequantize(self.qtype, m.qs, m.d, m.m, flat, rows)
         return rows.reshape(*ids.shape, self.shape[1])                       # (..., d)
 
+    def __rmatmul__(self, y):
+        """``y @ W`` for y (..., n_rows): (..., d) in float32 (a backward pass through ``x @ W.T``), the rows
+        dequantized a block at a time into float32 scratch, one BLAS product each."""
+        y = np.asarray(y)
+        m = self.matrix
+        if y.ndim < 1 or y.shape[-1] != m.d_out:
+            raise ValueError(f"y @ W needs y (..., {m.d_out}), got shape {y.shape}")
+        y2 = np.ascontiguousarray(y.reshape(-1, m.d_out), dtype=np.float32)    # (N, n_rows)
+        out = np.zeros((y2.shape[0], m.d_in), np.float32)                       # (N, d)
+        step = max(1, SCRATCH_BYTES // (4 * m.d_in))
+        for r0 in range(0, m.d_out, step):
+            rows = self[np.arange(r0, min(r0 + step, m.d_out))]                  # (rows, d) float32
+            out += y2[:, r0:r0 + rows.shape[0]] @ rows                          # (N, d)
+        return out.reshape(*y.shape[:-1], m.d_in)
+
     def __array__(self, dtype=None, copy=None):
         out = self.matrix.dequantize().T
         return out if dtype is None else out.astype(dtype)
