@@ -50,9 +50,9 @@ def dequantize_rows(raw: np.ndarray, qtype: str) -> np.ndarray:
 
 class QuantizedMatrix:
     """A weight W (d_in, d_out) kept as GGUF blocks: one row of blocks per output, in the planes the kernels
-    read (:mod:`attnlab.kernels._quant_fused`): the values ``qs`` (G, n_blocks, GROUP, bytes), the float32
+    read (:mod:`attnlab.kernels._quant_fused`): the values ``qs`` (G, n_blocks, GROUP, bytes), the float16
     scales ``d`` and minima ``m`` (G, n_blocks, GROUP; m None for the types without one), the rows in groups
-    of GROUP side by side (the last group padded with zero rows). The file's bytes are not kept.
+    of GROUP side by side (the last group padded with zero rows): the file's bytes, rearranged.
 
     ``x @ W`` for x (..., d_in) gives (..., d_out) in float32, as ``x @ dequantize(raw).T`` does.
     """
@@ -71,8 +71,7 @@ class QuantizedMatrix:
         halves = blocks[..., :header].copy().view(np.float16)                # (d_out, n_blocks, 1 or 2)
         values = blocks[..., header:]                                        # (d_out, n_blocks, payload)
         self._set(qtype, d_in, raw.shape[0], grouped(values.view(np.int8) if qtype == "Q8_0" else values),
-                  grouped(halves[..., 0].astype(np.float32)),
-                  grouped(halves[..., 1].astype(np.float32)) if header == 4 else None)
+                  grouped(halves[..., 0]), grouped(halves[..., 1]) if header == 4 else None)
 
     def _set(self, qtype, d_in, d_out, qs, d, m) -> None:
         self.qtype, self.d_in, self.d_out, self.qs, self.d, self.m = qtype, d_in, d_out, qs, d, m
@@ -97,7 +96,7 @@ class QuantizedMatrix:
 
     @property
     def nbytes(self) -> int:
-        """Bytes it holds, which a product reads: the values and their float32 scales (and minima)."""
+        """Bytes it holds, which a product reads: the values and their float16 scales (and minima)."""
         return int(self.qs.nbytes + self.d.nbytes + (0 if self.m is None else self.m.nbytes))
 
     @property
@@ -133,11 +132,10 @@ class QuantizedMatrix:
         return bool(np.isfinite(self.d).all() and (self.m is None or np.isfinite(self.m).all()))
 
     def raw(self) -> np.ndarray:
-        """The GGUF bytes (d_out, bytes) of the rows, rebuilt from the planes (the scales back in float16,
-        which they came from exactly)."""
-        parts = [self.rows("d").astype(np.float16)[..., None].view(np.uint8)]      # (d_out, n_blocks, 2)
+        """The GGUF bytes (d_out, bytes) of the rows, rebuilt from the planes."""
+        parts = [self.rows("d")[..., None].view(np.uint8)]                         # (d_out, n_blocks, 2)
         if self.m is not None:
-            parts.append(self.rows("m").astype(np.float16)[..., None].view(np.uint8))
+            parts.append(self.rows("m")[..., None].view(np.uint8))
         parts.append(self.rows("qs").view(np.uint8))                                # (d_out, n_blocks, payload)
         return np.concatenate(parts, axis=-1).reshape(self.d_out, -1)
 

@@ -133,8 +133,9 @@ class TensorInfo:
 
 class GGUFTensors(Mapping):
     """The file's tensors by name, each dequantized only when it is asked for (and not kept). Once a
-    quantized tensor is unpacked, its pages of the mapped file are handed back to the kernel (read-only, so
-    they would simply be read again), and the file's bytes never add to the model's memory."""
+    tensor is read (unpacked, or copied out if it is float32), its pages of the mapped file are handed back to
+    the kernel (read-only, so they would simply be read again): the model holds no view of the mapping, which
+    closes with the file, and the file's bytes never add to the model's memory."""
 
     def __init__(self, path: Path, infos: dict, mapped, quantized: bool = False):
         self.path, self.infos, self.mapped, self.quantized = path, infos, mapped, quantized
@@ -147,8 +148,9 @@ class GGUFTensors(Mapping):
                 release_pages(self.mapped, info.offset, info.data.nbytes)
                 return w                 # (d_out, d_in) a QuantizedRows; .T the QuantizedMatrix (d_in, d_out)
         w = dequantize_tensor(self.path, info)
-        if not np.shares_memory(w, info.data):
-            release_pages(self.mapped, info.offset, info.data.nbytes)
+        if np.shares_memory(w, info.data):
+            w = w.copy()                 # a float32 tensor: copied, so the model holds nothing of the mapping
+        release_pages(self.mapped, info.offset, info.data.nbytes)
         return w
 
     def __iter__(self):
