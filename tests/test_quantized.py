@@ -20,6 +20,26 @@ TYPES = sorted(KERNEL_TYPES)
 FILES = itertools.count()
 
 
+def width(qtype: str) -> int:
+    """The narrowest d_in a test uses in ``qtype``: a K-quant's super-block is 256 values, the others' 32."""
+    return max(64, gguf.constants.GGML_QUANT_SIZES[GGMLQuantizationType[qtype]][0])
+
+
+def encoded(w: np.ndarray, t) -> np.ndarray:
+    """``w`` (d_out, d_in) as bytes of type ``t``: ``gguf.quants.quantize`` where gguf has a quantizer; for a
+    K-quant it has none, so random values, scales and minima, each super-block's float16 d and dmin (its first
+    4 bytes, as gguf.quants reads them) scaled to w's size."""
+    try:
+        return quantize(w, t)
+    except NotImplementedError:
+        block, nbytes = gguf.constants.GGML_QUANT_SIZES[t]
+        rng = np.random.default_rng(w.size)
+        raw = rng.integers(0, 256, (w.shape[0], w.shape[1] // block, nbytes), dtype=np.uint8)
+        scale = np.float16(np.abs(w).mean() / 300)
+        raw[..., :4] = np.array([scale, scale], np.float16).view(np.uint8)
+        return raw.reshape(w.shape[0], -1)
+
+
 def written(tmp_path, tensors: dict, qtype: str) -> dict:
     """``tensors`` (name -> float32 (d_out, d_in)) written to a GGUF file in ``qtype`` and read back: name ->
     (raw bytes (d_out, bytes), d_in), as the file holds them."""
@@ -27,7 +47,7 @@ def written(tmp_path, tensors: dict, qtype: str) -> dict:
     writer = gguf.GGUFWriter(str(path), "llama")
     t = GGMLQuantizationType[qtype]
     for name, w in tensors.items():
-        writer.add_tensor(name, quantize(w, t), raw_dtype=t)               # shape from the bytes
+        writer.add_tensor(name, encoded(w, t), raw_dtype=t)                # shape from the bytes
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -53,12 +73,13 @@ def numba_on(monkeypatch):
 @pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize("n_tokens", [1, 3, 20])          # the kernel (<= 8 tokens) and the chunked path
 def test_product_equals_the_dequantized_float32_product(tmp_path, rng, numba_on, qtype, n_tokens):
-    w = (rng.standard_normal((99, 64)) * 0.05).astype(np.float32)          # (d_out, d_in): 24 groups of 4 and 3
+    n = width(qtype)
+    w = (rng.standard_normal((99, n)) * 0.05).astype(np.float32)           # (d_out, d_in): 24 groups of 4 and 3
     raw, d_in = written(tmp_path, {"w": w}, qtype)["w"]
     W = QuantizedMatrix(raw, qtype, d_in)
-    assert W.shape == (64, 99) and d_in == 64
+    assert W.shape == (n, 99) and d_in == n
     exact = dequantize(raw, GGMLQuantizationType[qtype])                   # (d_out, d_in) float32
-    x = rng.standard_normal((n_tokens, 64)).astype(np.float32)             # (N, d_in)
+    x = rng.standard_normal((n_tokens, n)).astype(np.float32)              # (N, d_in)
     ref = x.astype(np.float64) @ exact.T.astype(np.float64)                # (N, d_out)
     got = x @ W
     assert got.shape == (n_tokens, 99) and got.dtype == np.float32
@@ -71,21 +92,24 @@ def test_product_equals_the_dequantized_float32_product(tmp_path, rng, numba_on,
 def test_kernel_rebuilds_exactly_the_values_gguf_does(tmp_path, rng, numba_on, qtype):
     from attnlab.kernels import _quant_fused
 
-    w = (rng.standard_normal((8, 128)) * 3).astype(np.float32)
+    n = 2 * width(qtype)
+    w = (rng.standard_normal((7, n)) * 3).astype(np.float32)
     raw, d_in = written(tmp_path, {"w": w}, qtype)["w"]
     W = QuantizedMatrix(raw, qtype, d_in)
-    out = np.empty((8, 128), np.float32)
-    _quant_fused.dequantize(qtype, W.qs, W.d, W.m, np.arange(8), out)
-    np.testing.assert_array_equal(out, dequantize(raw, GGMLQuantizationType[qtype]))
-    np.testing.assert_array_equal(W.raw(), raw)                             # the planes hold the file's bytes
+    exact = dequantize(raw, GGMLQuantizationType[qtype])                   # (7, n)
+    out = np.empty((7, n), np.float32)
+    _quant_fused.dequantize(qtype, W.qs, W.d, W.m, np.arange(7), out)
+    np.testing.assert_array_equal(out, exact)                              # numba, from the planes
+    np.testing.assert_array_equal(W.dequantize().T, exact)                 # numpy, from the planes
+    np.testing.assert_array_equal(W.dequantize(np.array([6, 2])).T, exact[[6, 2]])
 
 
 @pytest.mark.parametrize("qtype", TYPES)
 def test_numpy_path_without_numba_gives_the_same_product(tmp_path, rng, monkeypatch, qtype):
-    w = (rng.standard_normal((40, 64)) * 0.05).astype(np.float32)
+    w = (rng.standard_normal((40, width(qtype))) * 0.05).astype(np.float32)
     raw, d_in = written(tmp_path, {"w": w}, qtype)["w"]
     W = QuantizedMatrix(raw, qtype, d_in)
-    x = rng.standard_normal((2, 5, 64)).astype(np.float32)                 # leading axes kept
+    x = rng.standard_normal((2, 5, d_in)).astype(np.float32)               # leading axes kept
     monkeypatch.setenv("ATTNLAB_NO_NUMBA", "1")
     exact = dequantize(raw, GGMLQuantizationType[qtype])
     np.testing.assert_allclose(x @ W, x @ exact.T, rtol=1e-6, atol=1e-6)
@@ -181,9 +205,10 @@ def test_quantized_model_logits_equal_the_float32_model(tmp_path, rng, numba_on,
     from attnlab.stack.layers import RMSNorm
     from attnlab.stack.transformer import ModelConfig, Transformer, forward, new_caches
 
-    att = AttentionConfig(d_model=64, n_heads=4, n_kv_heads=2, d_head=16, n_ctx=64, positions=RoPE(10000.0))
-    cfg = ModelConfig(vocab_size=100, n_layers=2, attention=att, d_mlp=96, activation="silu", mlp="gated",
-                      norm=RMSNorm, tied_embeddings=True)
+    n = width(qtype)                                       # a K-quant's rows: 256 values at least
+    att = AttentionConfig(d_model=n, n_heads=4, n_kv_heads=2, d_head=n // 4, n_ctx=64, positions=RoPE(10000.0))
+    cfg = ModelConfig(vocab_size=100, n_layers=2, attention=att, d_mlp=96 if n == 64 else n, activation="silu",
+                      mlp="gated", norm=RMSNorm, tied_embeddings=True)
     quant, exact = quantized_and_float(Transformer.init(cfg, rng=rng, std=0.1), tmp_path, qtype)
     assert quant.blocks[0].attn.W_QKV is not None and quant.blocks[0].mlp.W_gate_in is not None
     ids = rng.integers(0, 100, 12)
@@ -214,10 +239,10 @@ def test_parallel_and_serial_rows_give_the_same_product(tmp_path, rng, numba_on,
     from attnlab.kernels import _quant_fused
     from attnlab.kernels.quantized import kernel_threads
 
-    w = (rng.standard_normal((100, 64)) * 0.05).astype(np.float32)
+    w = (rng.standard_normal((100, width(qtype))) * 0.05).astype(np.float32)
     raw, d_in = written(tmp_path, {"w": w}, qtype)["w"]
     W = QuantizedMatrix(raw, qtype, d_in)
-    x = rng.standard_normal((2, 64)).astype(np.float32)
+    x = rng.standard_normal((2, d_in)).astype(np.float32)
     serial, parallel = np.empty((2, 100), np.float32), np.empty((2, 100), np.float32)
     _quant_fused.matvec(qtype, W.qs, W.d, W.m, x, serial, 1)
     _quant_fused.matvec(qtype, W.qs, W.d, W.m, x, parallel, 3)             # 3 ranges of 34, 34, 32 rows

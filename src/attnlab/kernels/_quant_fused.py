@@ -36,7 +36,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import prange, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from .quantized import GROUP    # rows whose blocks lie side by side (each load of x serves this many rows)
 
@@ -48,7 +48,7 @@ LOW, SHIFT = np.uint8(15), np.uint8(4)
 
 
 @intrinsic
-def _f32(typingctx, bits):
+def _half(typingctx, bits):
     """The float16 whose bits are ``bits`` (uint16) as float32, exactly (LLVM's fpext: F16C's vcvtph2ps on
     x86; numba has no float16 type, so the scales travel as their bits)."""
     if bits != types.uint16:
@@ -57,6 +57,18 @@ def _f32(typingctx, bits):
     def codegen(context, builder, signature, args):
         return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
     return types.float32(types.uint16), codegen
+
+
+def _f32(scale):
+    """A scale as float32: a float16's bits (uint16) converted, a float32 (the K-quants' scales) as it is."""
+
+
+@overload(_f32, inline="always")
+def _f32_impl(scale):
+    if scale == types.uint16:
+        return lambda scale: _half(scale)
+    if scale == types.float32:
+        return lambda scale: scale
 
 
 @numba.njit(inline="always", **FLAGS)
@@ -178,12 +190,13 @@ def _int8_dequantize(qs, d, rows, w):
 
 
 def _bits(plane):
-    """A float16 plane's bits (uint16, a view), as the kernels take it; None stays None."""
-    return None if plane is None else plane.view(np.uint16)
+    """A float16 plane's bits (uint16, a view), as the kernels take it; float32 and None as they are."""
+    return plane.view(np.uint16) if plane is not None and plane.dtype == np.float16 else plane
 
 
 def _nibble_args(qtype: str, d, m):
-    """(m, m_scale, off): Q4_0 w = d·(q − 8) (no minima: d stands in for m, scaled by 0); Q4_1 w = d·q + m."""
+    """(m, m_scale, off): Q4_0 w = d·(q − 8) (no minima: d stands in for m, scaled by 0); Q4_1 and Q4_K
+    (its 32-value sub-blocks, m the negated minimum) w = d·q + m."""
     if qtype == "Q4_0":
         return d, np.float32(0.0), np.float32(8.0)
     return m, np.float32(1.0), np.float32(0.0)

@@ -2,19 +2,24 @@
 
 llama.cpp stores a weight as rows of blocks: Q8_0 is 32 int8 values and one float16 scale ``d`` (w = d·q),
 Q4_0 32 four-bit values and ``d`` (w = d·(q − 8)), Q4_1 32 four-bit values, ``d`` and a minimum ``m``
-(w = d·q + m). The block sizes and byte sizes come from ``gguf.constants.GGML_QUANT_SIZES`` and the
-dequantization itself from ``gguf.quants`` (the numpy path, and the reference the tests hold the kernel to).
+(w = d·q + m); the K-quant Q4_K a super-block of 256 four-bit values in 8 sub-blocks of 32, each with a 6-bit
+scale and minimum of the super-block's float16 d and dmin (w = (d·sc)·q − dmin·mn). The block sizes and byte
+sizes come from ``gguf.constants.GGML_QUANT_SIZES``, Q4_K's packed scales are unpacked by ``gguf.quants``, and
+``gguf.quants.dequantize`` is the reference the tests hold every path to, bit for bit.
 
 :class:`QuantizedMatrix` is a weight (d_in, d_out) the stack multiplies as it does an array, ``x @ W``:
-numpy hands the product to ``W.__rmatmul__`` (``__array_ufunc__ = None``). With numba (the extra
-``attnlab[fast]``) a kernel dequantizes each block and multiplies it in one pass, over the rows in parallel
-(:mod:`attnlab.kernels._quant_fused`), so a decode step reads 0.6 byte per weight (Q4_1) instead of 4; its
-products are those of the dequantized float32 values, in another order. Without numba (or with
-``ATTNLAB_NO_NUMBA=1``) each product dequantizes the weight with ``gguf.quants`` first (a float32 copy per
-call: slow, but the same values); :func:`load_quantized` warns once and keeps float32 instead.
+numpy hands the product to ``W.__rmatmul__`` (``__array_ufunc__ = None``). It holds the file's bytes
+rearranged into planes (values, scales, minima; rows in groups of four side by side), not a float32 copy:
+SmolLM2's 98 MB Q4_1 file is 97 MB of planes (Q4_K: its sub-blocks' scales and minima are kept as float32, 0.75
+byte per weight against the file's 0.56). With numba (the extra ``attnlab[fast]``) a kernel dequantizes each
+block and multiplies it in one pass, over the rows in parallel (:mod:`attnlab.kernels._quant_fused`), so a
+decode step reads 0.6 byte per weight (Q4_1) instead of 4; its products are those of the dequantized float32
+values, in another order. Without numba (or with ``ATTNLAB_NO_NUMBA=1``) each product dequantizes the weight
+with numpy first (a float32 copy per call: slow, but the same values); :func:`weight_from_gguf` warns once
+and keeps float32 instead.
 
 Many tokens at once (a prefill) dequantize row blocks into a float32 scratch and multiply them with BLAS:
-the dequantization is paid once per call, not once per token.
+the dequantization is paid once per call, not once per token. ``y @ W.T`` (a backward pass) does the same.
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ import numpy as np
 
 from . import _kernels
 
-# the types with a fused kernel, and each one's values per byte of payload (4-bit: two per byte)
-KERNEL_TYPES = {"Q4_0": 2, "Q4_1": 2, "Q8_0": 1}
+# the types with a fused kernel, and each one's values per byte of payload (4-bit: two per byte); the
+# K-quant Q4_K multiplies as 32-value sub-blocks of Q4_1's form (its scales and minima float32)
+KERNEL_TYPES = {"Q4_0": 2, "Q4_1": 2, "Q8_0": 1, "Q4_K": 2}
 SCRATCH_BYTES = 4 * 2**20          # a prefill dequantizes this much float32 at a time (fits L2/L3)
 GROUP = 4                          # rows whose blocks lie side by side (attnlab.kernels._quant_fused.GROUP)
 
@@ -66,12 +72,8 @@ class QuantizedMatrix:
         if raw.dtype != np.uint8 or raw.ndim != 2 or d_in % block or raw.shape[1] != d_in // block * nbytes:
             raise ValueError(f"raw must be uint8 (d_out, {d_in // block} blocks × {nbytes} bytes) for d_in {d_in} "
                              f"in {qtype} ({block} values per block), got {raw.dtype} {raw.shape}")
-        blocks = raw.reshape(raw.shape[0], d_in // block, nbytes)            # (d_out, n_blocks, bytes) a view
-        header = nbytes - block // KERNEL_TYPES[qtype]                        # float16 d (and m) before the values
-        halves = blocks[..., :header].copy().view(np.float16)                # (d_out, n_blocks, 1 or 2)
-        values = blocks[..., header:]                                        # (d_out, n_blocks, payload)
-        self._set(qtype, d_in, raw.shape[0], grouped(values.view(np.int8) if qtype == "Q8_0" else values),
-                  grouped(halves[..., 0]), grouped(halves[..., 1]) if header == 4 else None)
+        qs, d, m = (k_quant_planes if qtype == "Q4_K" else block_planes)(raw, qtype, d_in)
+        self._set(qtype, d_in, raw.shape[0], grouped(qs), grouped(d), None if m is None else grouped(m))
 
     def _set(self, qtype, d_in, d_out, qs, d, m) -> None:
         self.qtype, self.d_in, self.d_out, self.qs, self.d, self.m = qtype, d_in, d_out, qs, d, m
@@ -131,17 +133,18 @@ class QuantizedMatrix:
         """Whether every value is finite: the float16 scales (and minima) are (the values are integers)."""
         return bool(np.isfinite(self.d).all() and (self.m is None or np.isfinite(self.m).all()))
 
-    def raw(self) -> np.ndarray:
-        """The GGUF bytes (d_out, bytes) of the rows, rebuilt from the planes."""
-        parts = [self.rows("d")[..., None].view(np.uint8)]                         # (d_out, n_blocks, 2)
-        if self.m is not None:
-            parts.append(self.rows("m")[..., None].view(np.uint8))
-        parts.append(self.rows("qs").view(np.uint8))                                # (d_out, n_blocks, payload)
-        return np.concatenate(parts, axis=-1).reshape(self.d_out, -1)
-
-    def dequantize(self) -> np.ndarray:
-        """The float32 weight (d_in, d_out), by ``gguf.quants``."""
-        return dequantize_rows(self.raw(), self.qtype).T
+    def dequantize(self, rows=None) -> np.ndarray:
+        """The float32 weight (d_in, d_out), or its columns ``rows`` (int array) only, (d_in, len(rows)):
+        the values ``gguf.quants`` rebuilds, bit for bit, by numpy from the planes (d·(q − off) + m)."""
+        keep = slice(None) if rows is None else rows
+        qs, d = self.rows("qs")[keep], self.rows("d")[keep].astype(np.float32)        # (R, n_blocks, ...)
+        if self.qtype == "Q8_0":
+            w = qs.astype(np.float32) * d[..., None]                                   # (R, n_blocks, 32)
+        else:
+            q = np.concatenate([qs & np.uint8(15), qs >> np.uint8(4)], axis=-1).astype(np.float32)
+            w = d[..., None] * (q - np.float32(8.0)) if self.qtype == "Q4_0" else \
+                d[..., None] * q + self.rows("m")[keep].astype(np.float32)[..., None]    # (R, n_blocks, 32)
+        return w.reshape(w.shape[0], self.d_in).T                                      # (d_in, R)
 
     def __array__(self, dtype=None, copy=None):
         out = self.dequantize()
@@ -191,6 +194,41 @@ class QuantizedMatrix:
             w._set(w.qtype, w.d_in, w.d_out, *(None if p is None else p[g0:g1] for p in planes))   # views
             g0 = g1
         return fused
+
+
+def block_planes(raw: np.ndarray, qtype: str, d_in: int):
+    """(qs, d, m) with a row per output of Q4_0, Q4_1 or Q8_0 bytes ``raw`` (d_out, bytes): each block's
+    float16 scale (and minimum) before its values, as ``gguf.quants`` reads them (m None without one)."""
+    block, nbytes = quant_sizes(qtype)
+    blocks = raw.reshape(raw.shape[0], d_in // block, nbytes)            # (d_out, n_blocks, bytes) a view
+    header = nbytes - block // KERNEL_TYPES[qtype]                        # float16 d (and m) before the values
+    halves = blocks[..., :header].copy().view(np.float16)                # (d_out, n_blocks, 1 or 2)
+    values = blocks[..., header:]                                        # (d_out, n_blocks, payload)
+    return (values.view(np.int8) if qtype == "Q8_0" else values), halves[..., 0], \
+        (halves[..., 1] if header == 4 else None)
+
+
+def k_quant_planes(raw: np.ndarray, qtype: str, d_in: int):
+    """(qs, d, m) of Q4_K bytes ``raw`` (d_out, bytes) as 32-value blocks of Q4_1's form: a super-block of 256
+    values holds float16 d and dmin, 6-bit scales and minima of its 8 sub-blocks (unpacked by
+    ``gguf.quants.Q4_K.get_scale_min``) and 4-bit values q, w = (d·sc)·q − dmin·mn, computed in float32 as
+    ``gguf.quants`` does. d = d·sc and m = −dmin·mn (float32); each sub-block's values repacked as Q4_1 packs
+    them (byte t: value t low, t + 16 high; Q4_K packs 64 values in 32 bytes, t and t + 32)."""
+    from gguf.quants import Q4_K
+
+    block, nbytes = quant_sizes(qtype)                                   # 256 values, 144 bytes
+    n = raw.shape[0] * (d_in // block)
+    blocks = raw.reshape(n, nbytes)                                      # (super-blocks, bytes)
+    d, dmin = blocks[:, :4].copy().view(np.float16).astype(np.float32).T   # (n,) each
+    sc, mn = Q4_K.get_scale_min(blocks[:, 4:4 + Q4_K.K_SCALE_SIZE])      # (n, 8) each
+    values = blocks[:, 4 + Q4_K.K_SCALE_SIZE:].reshape(n, block // 64, 1, 32)   # (n, 4, 1, 32) bytes
+    q = (values >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & np.uint8(15)
+    q = q.reshape(n, block // 32, 32)                                    # (n, 8, 32) each sub-block's values
+    qs = q[..., :16] | (q[..., 16:] << np.uint8(4))                      # (n, 8, 16) Q4_1's packing
+    scales = d[:, None] * sc.astype(np.float32)                          # (n, 8) as gguf computes them
+    minima = -(dmin[:, None] * mn.astype(np.float32))                    # (n, 8) w = scale·q + minimum
+    rows = raw.shape[0]
+    return qs.reshape(rows, -1, 16), scales.reshape(rows, -1), minima.reshape(rows, -1)
 
 
 def grouped(plane: np.ndarray) -> np.ndarray:
@@ -263,7 +301,7 @@ class QuantizedRows:
             raise IndexError(f"ids must lie in [-{m.d_out}, {m.d_out}), got {flat.min()} … {flat.max()}")
         flat %= m.d_out
         if fused is None:
-            rows = dequantize_rows(m.raw()[flat], self.qtype)                   # (n, d) by gguf.quants
+            rows = m.dequantize(flat).T                                         # (n, d) by numpy
         else:
             rows = np.empty((flat.size, m.d_in), np.float32)                    # (n, d) the same values
             fused.dequantize(self.qtype, m.qs, m.d, m.m, flat, rows)
