@@ -163,12 +163,14 @@ def _int8_parallel(qs, d, x, out, chunks):
         _int8_groups(qs, d, x, out, c * step, min(qs.shape[0], (c + 1) * step))
 
 
-@numba.njit(parallel=True, **EXACT)
+@numba.njit(**EXACT)
 def _nibbles_dequantize(qs, d, m, m_scale, off, rows, w):
     """w (len(rows), n_blocks·32) float32 = the values of ``rows``, d·(q − off) + m_scale·m, as
-    ``gguf.quants`` rebuilds them."""
+    ``gguf.quants`` rebuilds them. On the calling thread: BLAS multiplies the result on every core next, and
+    numba's threads, spinning after a parallel region, would take cores from BLAS's (a 512-token prefill ran
+    1.8x slower)."""
     n_blocks = qs.shape[1]
-    for i in prange(rows.shape[0]):
+    for i in range(rows.shape[0]):
         g, k = rows[i] // GROUP, rows[i] % GROUP
         for b in range(n_blocks):
             db, mb, base = _f32(d[g, b, k]), m_scale * _f32(m[g, b, k]), b * 32
@@ -178,10 +180,10 @@ def _nibbles_dequantize(qs, d, m, m_scale, off, rows, w):
                 w[i, base + 16 + t] = db * (_high(byte) - off) + mb
 
 
-@numba.njit(parallel=True, **EXACT)
+@numba.njit(**EXACT)
 def _int8_dequantize(qs, d, rows, w):
     n_blocks = qs.shape[1]
-    for i in prange(rows.shape[0]):
+    for i in range(rows.shape[0]):
         g, k = rows[i] // GROUP, rows[i] % GROUP
         for b in range(n_blocks):
             db = _f32(d[g, b, k])
