@@ -4,7 +4,7 @@
     PYTHONPATH=src python benchmarks/quantized_decode.py [--rounds 21] [--cores 2] [--context 64]
 
 One process, the contenders alternating (each round in a rotated order), medians of the per-round ratios:
-attnlab quantized on the kernel's threads (kernel_threads(): measured once here), on 1 and 2 numba threads
+attnlab quantized on the kernel's threads (kernel_threads(): measured once here), on 1 … cores numba threads
 forced, attnlab float32, and llama.cpp on the same file and threads when ``llama_cpp`` (llama-cpp-python) is
 importable (skipped cleanly when not; it is never built here, see docs/speed.md). Also printed: the time of
 the quantized products within a step, the resident memory the quantized load adds (before the float32 load),
@@ -94,8 +94,10 @@ def main() -> None:
         dq, df = Decoder(q, args.context), Decoder(f32, args.context)
         lq, lf = dq.step(), df.step()
         err = float(np.linalg.norm(lq - lf) / np.linalg.norm(lf))
-        contenders = {"quantized": dq.step, "quantized 1 thread": forced(1, dq.step),
-                      "quantized 2 threads": forced(2, dq.step), "float32": df.step}
+        contenders = {"quantized": dq.step}
+        for n in range(1, (args.cores or 2) + 1):
+            contenders[f"quantized {n} thread{'s' * (n > 1)}"] = forced(n, dq.step)
+        contenders["float32"] = df.step
         llama = llama_cpp_step(path, args.cores)
         if llama is not None:
             contenders["llama.cpp"] = llama

@@ -104,15 +104,14 @@ def _nibbles_groups(qs, d, m, m_scale, off, x, out, g0, g1):
     group's rows past R are padding, not written)."""
     n_blocks, n_rows = qs.shape[1], out.shape[1]
     xs = _block_sums(x, n_blocks)                            # (N, n_blocks) x summed over each block
-    acc = np.empty((GROUP + 1, 16), np.float32)              # (rows, lanes): one lane per byte of a block;
-    for g in range(g0, g1):                                  # the last row: the minima's terms, a lane per row
+    acc = np.empty((GROUP, 16), np.float32)                  # (rows, lanes): one lane per byte of a block
+    tail = np.empty(GROUP, np.float32)                       # (rows,) the minima's terms
+    for g in range(g0, g1):
         qg, dg, mg = qs[g], d[g], m[g]                          # (n_blocks, 4, 16), (n_blocks, 4) x 2
         for n in range(x.shape[0]):
             xn = x[n]
             acc[:] = 0.0
             for b in range(n_blocks):
-                for k in range(GROUP):                          # Σ_b (m_scale·m_b − off·d_b)·xs_b
-                    acc[GROUP, k] += (m_scale * _f32(mg[b, k]) - off * _f32(dg[b, k])) * xs[n, b]
                 d0, d1, d2, d3 = _f32(dg[b, 0]), _f32(dg[b, 1]), _f32(dg[b, 2]), _f32(dg[b, 3])
                 for t in range(16):
                     lo, hi = xn[b * 32 + t], xn[b * 32 + 16 + t]
@@ -121,8 +120,12 @@ def _nibbles_groups(qs, d, m, m_scale, off, x, out, g0, g1):
                     acc[1, t] += d1 * (lo * _low(c1) + hi * _high(c1))
                     acc[2, t] += d2 * (lo * _low(c2) + hi * _high(c2))
                     acc[3, t] += d3 * (lo * _low(c3) + hi * _high(c3))
+            tail[:] = 0.0
+            for b in range(n_blocks):                           # Σ_b (m_scale·m_b − off·d_b)·xs_b, a lane per row
+                for k in range(GROUP):
+                    tail[k] += (m_scale * _f32(mg[b, k]) - off * _f32(dg[b, k])) * xs[n, b]
             for k in range(min(GROUP, n_rows - g * GROUP)):
-                out[n, g * GROUP + k] = acc[k].sum() + acc[GROUP, k]
+                out[n, g * GROUP + k] = acc[k].sum() + tail[k]
 
 
 @numba.njit(**SUM)
