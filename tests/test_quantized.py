@@ -113,6 +113,7 @@ def test_numpy_path_without_numba_gives_the_same_product(tmp_path, rng, monkeypa
     monkeypatch.setenv("ATTNLAB_NO_NUMBA", "1")
     exact = dequantize(raw, GGMLQuantizationType[qtype])
     np.testing.assert_allclose(x @ W, x @ exact.T, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(W.T[np.array([[39, 0], [5, -1]])], exact[[[39, 0], [5, 39]]])   # rows looked up
 
 
 def test_rows_table_looks_up_and_unembeds(tmp_path, rng, numba_on):
