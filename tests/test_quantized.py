@@ -355,3 +355,22 @@ def test_quantized_flag_refuses_a_source_that_is_not_gguf(capsys):
 
     assert main(["lens", "abc", "--model", "induction", "--quantized"]) == 2
     assert "quantized=True keeps a GGUF file's blocks" in capsys.readouterr().err
+
+
+def test_load_model_quantized_without_numba_keeps_float32_and_says_so(tmp_path, monkeypatch):
+    """Without the kernel (ATTNLAB_NO_NUMBA), ``quantized=True`` loads the float32 weights, with one warning."""
+    pytest.importorskip("tokenizers")
+    from attnlab.kernels import quantized
+    from attnlab.models import load_model
+    from attnlab.stack.transformer import forward
+
+    path = tmp_path / "tiny.gguf"
+    tiny_gguf_writer()(path, qtype=GGMLQuantizationType.Q4_1)
+    exact, _ = load_model(str(path))
+    monkeypatch.setenv("ATTNLAB_NO_NUMBA", "1")
+    monkeypatch.setattr(quantized, "_warned", [])
+    with pytest.warns(RuntimeWarning, match="quantized weights need numba"):
+        model, _ = load_model(str(path), quantized=True)
+    assert isinstance(model.blocks[0].mlp.W_out, np.ndarray)
+    ids = np.arange(1, 20) * 7 % 264
+    np.testing.assert_array_equal(forward(model, ids).logits, forward(exact, ids).logits)

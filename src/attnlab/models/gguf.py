@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..kernels.quantized import KERNEL_TYPES, is_quantized, weight_from_gguf
+from ..kernels.quantized import KERNEL_TYPES, weight_from_gguf
 from ..text.tokens import HFTokenizer
 from .checkpoint import Tensors
 
@@ -144,9 +144,8 @@ class GGUFTensors(Mapping):
         info = self.infos[name]
         if self.quantized and len(info.shape) == 2 and info.tensor_type.name in KERNEL_TYPES:
             w = weight_from_gguf(np.asarray(info.data), info.tensor_type.name, info.shape[0], rows=True)
-            if is_quantized(w):          # its values and scales copied out: the file's pages are not needed
-                release_pages(self.mapped, info.offset, info.data.nbytes)
-                return w                 # (d_out, d_in) a QuantizedRows; .T the QuantizedMatrix (d_in, d_out)
+            release_pages(self.mapped, info.offset, info.data.nbytes)   # its bytes copied out: not needed
+            return w   # (d_out, d_in): a QuantizedRows (.T the QuantizedMatrix (d_in, d_out)), or float32 without numba
         w = dequantize_tensor(self.path, info)
         if np.shares_memory(w, info.data):
             w = w.copy()                 # a float32 tensor: copied, so the model holds nothing of the mapping
