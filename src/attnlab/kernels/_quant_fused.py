@@ -45,6 +45,7 @@ FLAGS = dict(nogil=True, cache=True, boundscheck=False)
 SUM = dict(FLAGS, fastmath={"reassoc", "nsz", "contract"})    # sums in any order, multiply-adds fused
 EXACT = dict(FLAGS, fastmath={"nsz"})                         # the dequantized values: gguf's own roundings
 LOW, SHIFT = np.uint8(15), np.uint8(4)
+ZERO, ONE, EIGHT = np.float32(0.0), np.float32(1.0), np.float32(8.0)
 
 
 @intrinsic
@@ -195,7 +196,7 @@ def _int8_dequantize(qs, d, rows, w):
 
 
 def _bits(plane):
-    """A float16 plane's bits (uint16, a view), as the kernels take it; float32 and None as they are."""
+    """A float16 plane's bits (uint16, a view), as the kernels take it; uint16, float32 and None as they are."""
     return plane.view(np.uint16) if plane is not None and plane.dtype == np.float16 else plane
 
 
@@ -203,8 +204,8 @@ def _nibble_args(qtype: str, d, m):
     """(m, m_scale, off): Q4_0 w = d·(q − 8) (no minima: d stands in for m, scaled by 0); Q4_1 and Q4_K
     (its 32-value sub-blocks, m the negated minimum) w = d·q + m."""
     if qtype == "Q4_0":
-        return d, np.float32(0.0), np.float32(8.0)
-    return m, np.float32(1.0), np.float32(0.0)
+        return d, ZERO, EIGHT
+    return m, ONE, ZERO
 
 
 def matvec(qtype: str, qs, d, m, x, out, threads: int = 1) -> None:
@@ -212,7 +213,8 @@ def matvec(qtype: str, qs, d, m, x, out, threads: int = 1) -> None:
     float16), N <= MAX_TOKENS, over ``threads`` of numba's threads (1: on the calling thread, no parallel
     region)."""
     groups = qs.shape[0]
-    d, m = _bits(d), _bits(m)
+    if d.dtype == np.float16:
+        d, m = _bits(d), _bits(m)
     if qtype == "Q8_0":
         if threads > 1:
             _int8_parallel(qs, d, x, out, threads)

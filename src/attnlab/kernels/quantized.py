@@ -77,6 +77,9 @@ class QuantizedMatrix:
 
     def _set(self, qtype, d_in, d_out, qs, d, m) -> None:
         self.qtype, self.d_in, self.d_out, self.qs, self.d, self.m = qtype, d_in, d_out, qs, d, m
+        # the planes as the kernels take them (float16 as its bits, uint16 views), made once, not per product
+        self.kernel_planes = (qs, *(p.view(np.uint16) if p is not None and p.dtype == np.float16 else p
+                                    for p in (d, m)))
 
     @classmethod
     def _of(cls, qtype, d_in, d_out, qs, d, m) -> "QuantizedMatrix":
@@ -163,7 +166,7 @@ class QuantizedMatrix:
             return (x2 @ self.dequantize()).reshape(*lead, self.d_out)
         out = np.empty((x2.shape[0], self.d_out), np.float32)                 # (N, d_out)
         if x2.shape[0] <= fused.MAX_TOKENS:
-            fused.matvec(self.qtype, self.qs, self.d, self.m, x2, out, kernel_threads()["threads"])
+            fused.matvec(self.qtype, *self.kernel_planes, x2, out, kernel_threads()["threads"])
         else:
             self._matmul_chunks(fused, x2, out)
         return out.reshape(*lead, self.d_out)                         # (..., d_out)
@@ -175,7 +178,7 @@ class QuantizedMatrix:
         for r0 in range(0, self.d_out, rows):
             r1 = min(r0 + rows, self.d_out)
             w = scratch[:r1 - r0]                                           # (rows, d_in)
-            fused.dequantize(self.qtype, self.qs, self.d, self.m, np.arange(r0, r1), w)
+            fused.dequantize(self.qtype, *self.kernel_planes, np.arange(r0, r1), w)
             np.matmul(x2, w.T, out=out[:, r0:r1])                           # (N, rows)
 
     @classmethod
@@ -304,7 +307,7 @@ class QuantizedRows:
             rows = m.dequantize(flat).T                                         # (n, d) by numpy
         else:
             rows = np.empty((flat.size, m.d_in), np.float32)                    # (n, d) the same values
-            fused.dequantize(self.qtype, m.qs, m.d, m.m, flat, rows)
+            fused.dequantize(self.qtype, *m.kernel_planes, flat, rows)
         return rows.reshape(*ids.shape, self.shape[1])                       # (..., d)
 
     def __rmatmul__(self, y):
