@@ -88,6 +88,16 @@ def test_product_equals_the_dequantized_float32_product(tmp_path, rng, numba_on,
     assert rel_err(x[0] @ W, ref[0]) < 1e-6                                # (d_in,) in, (d_out,) out
 
 
+def test_planes_are_grouped_as_the_kernels_read_them(numba_on):
+    from attnlab.kernels import _quant_fused, quantized
+
+    assert quantized.GROUP == _quant_fused.GROUP
+    plane = np.arange(6 * 3).reshape(6, 3)                                 # (rows, blocks)
+    g = quantized.grouped(plane)                                           # (2 groups, 3 blocks, 4 rows)
+    assert g.shape == (2, 3, 4) and g[1, 2, 1] == plane[5, 2] and (g[1, :, 2:] == 0).all()
+    np.testing.assert_array_equal(quantized.ungrouped(g, 6), plane)
+
+
 @pytest.mark.parametrize("qtype", TYPES)
 def test_kernel_rebuilds_exactly_the_values_gguf_does(tmp_path, rng, numba_on, qtype):
     from attnlab.kernels import _quant_fused

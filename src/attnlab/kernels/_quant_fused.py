@@ -38,9 +38,8 @@ from llvmlite import ir
 from numba import prange, types
 from numba.extending import intrinsic, overload
 
-from .quantized import GROUP    # rows whose blocks lie side by side (each load of x serves this many rows)
-
 MAX_TOKENS = 8      # up to this many tokens per product run the fused kernel; more: dequantize, then BLAS
+GROUP = 4           # rows whose blocks lie side by side: the kernels below are written out for four rows
 FLAGS = dict(nogil=True, cache=True, boundscheck=False)
 SUM = dict(FLAGS, fastmath={"reassoc", "nsz", "contract"})    # sums in any order, multiply-adds fused
 EXACT = dict(FLAGS, fastmath={"nsz"})                         # the dequantized values: gguf's own roundings

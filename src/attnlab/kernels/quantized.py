@@ -35,7 +35,7 @@ from . import _kernels
 # K-quant Q4_K multiplies as 32-value sub-blocks of Q4_1's form (its scales and minima float32)
 KERNEL_TYPES = {"Q4_0": 2, "Q4_1": 2, "Q8_0": 1, "Q4_K": 2}
 SCRATCH_BYTES = 4 * 2**20          # a prefill dequantizes this much float32 at a time (fits L2/L3)
-GROUP = 4                          # rows whose blocks lie side by side (attnlab.kernels._quant_fused.GROUP)
+GROUP = 4          # rows whose blocks lie side by side: _quant_fused.GROUP (the kernels, numba), tested equal
 
 
 @functools.cache
