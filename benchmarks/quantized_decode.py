@@ -30,17 +30,21 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * resource.getpagesize() / 1e6
 
 
-def rounds_of(contenders: dict, rounds: int) -> dict:
-    """name -> per-round seconds: one warm-up each, then ``rounds`` rounds calling every contender once, the
-    order rotated each round."""
+def rounds_of(contenders: dict, rounds: int) -> tuple[dict, dict]:
+    """(name -> per-round seconds, name -> per-round CPU seconds of the process, every thread): one warm-up
+    each, then ``rounds`` rounds calling every contender once, the order rotated each round. CPU time does
+    not count the time a thread waited for a core, so on a shared machine it tells the work apart from the
+    queue (a spinning thread's wait counts as work)."""
     names = list(contenders)
     for f in contenders.values():
         f()
-    times = {n: [] for n in names}
+    wall, cpu = {n: [] for n in names}, {n: [] for n in names}
     for r in range(rounds):
         for n in names[r % len(names):] + names[:r % len(names)]:
-            times[n].append(bench.time_call(contenders[n]))
-    return {n: np.array(t) for n, t in times.items()}
+            c0 = time.process_time()
+            wall[n].append(bench.time_call(contenders[n]))
+            cpu[n].append(time.process_time() - c0)
+    return {n: np.array(t) for n, t in wall.items()}, {n: np.array(t) for n, t in cpu.items()}
 
 
 def forced(threads: int, step):
@@ -101,7 +105,7 @@ def main() -> None:
         llama = llama_cpp_step(path, args.cores)
         if llama is not None:
             contenders["llama.cpp"] = llama
-        t = rounds_of(contenders, args.rounds)
+        t, c = rounds_of(contenders, args.rounds)
         products = product_ms(dq.step)
     print(f"file {path.stat().st_size / 1e6:.0f} MB; the quantized load added {loaded - before:.0f} MB resident "
           f"({quantized.QuantizedMatrix.__name__} planes: "
@@ -110,9 +114,9 @@ def main() -> None:
     print(f"{args.rounds} rounds, rotated order; ms/token medians; ratios are medians of per-round ratios")
     ref = "llama.cpp" if llama is not None else "float32"
     for name, s in t.items():
-        r = s / t[ref]
+        r, rc = s / t[ref], c[name] / c[ref]
         print(f"  {name:22s} {1e3 * np.median(s):7.1f} ms/token   {np.median(r):5.2f}x {ref} "
-              f"[{r.min():.2f}-{r.max():.2f}]")
+              f"[{r.min():.2f}-{r.max():.2f}]   CPU {1e3 * np.median(c[name]):7.1f} ms, {np.median(rc):5.2f}x")
     print(f"  of a quantized step, {products:.1f} ms in the quantized products")
     if llama is None:
         print("llama.cpp: llama_cpp not importable (pip install llama-cpp-python builds it: see docs/speed.md)")
