@@ -27,16 +27,19 @@ def width(qtype: str) -> int:
 
 def encoded(w: np.ndarray, t) -> np.ndarray:
     """``w`` (d_out, d_in) as bytes of type ``t``: ``gguf.quants.quantize`` where gguf has a quantizer; for a
-    K-quant it has none, so random values, scales and minima, each super-block's float16 d and dmin (its first
-    4 bytes, as gguf.quants reads them) scaled to w's size."""
+    K-quant it has none, so random values, scales and minima, each super-block's float16 d (and dmin) scaled to
+    w's size (where gguf.quants reads them: Q4_K's first 4 bytes, Q6_K's last 2)."""
     try:
         return quantize(w, t)
     except NotImplementedError:
         block, nbytes = gguf.constants.GGML_QUANT_SIZES[t]
         rng = np.random.default_rng(w.size)
         raw = rng.integers(0, 256, (w.shape[0], w.shape[1] // block, nbytes), dtype=np.uint8)
-        scale = np.float16(np.abs(w).mean() / 300)
-        raw[..., :4] = np.array([scale, scale], np.float16).view(np.uint8)
+        if t == GGMLQuantizationType.Q6_K:                                  # d last, after int8 scales
+            raw[..., -2:] = np.array([np.abs(w).mean() / 600], np.float16).view(np.uint8)
+        else:                                                                # Q4_K: d and dmin first
+            scale = np.float16(np.abs(w).mean() / 300)
+            raw[..., :4] = np.array([scale, scale], np.float16).view(np.uint8)
         return raw.reshape(w.shape[0], -1)
 
 

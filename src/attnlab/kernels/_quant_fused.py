@@ -130,9 +130,10 @@ def _nibbles_groups(qs, d, m, m_scale, off, x, out, g0, g1):
 
 @numba.njit(**SUM)
 def _int8_groups(qs, d, x, out, g0, g1):
-    """out[n, r] = Σ_i x[n, i]·w[r, i] for the rows of groups g0 … g1 − 1 of Q8_0: qs (G, n_blocks, 4, 32)
-    int8, d (G, n_blocks, 4), w = q·d."""
-    n_blocks, n_rows = qs.shape[1], out.shape[1]
+    """out[n, r] = Σ_i x[n, i]·w[r, i] for the rows of groups g0 … g1 − 1 of int8 values in blocks of 32:
+    qs (G, n_blocks, 4, 32) int8, d (G, n_blocks, 4, S) a scale per 32 / S values (Q8_0: S = 1, its float16
+    bits; Q6_K: S = 2, float32), w = q·d."""
+    n_blocks, n_rows, last = qs.shape[1], out.shape[1], d.shape[3] - 1
     acc = np.empty((GROUP, 32), np.float32)                  # (rows, lanes)
     for g in range(g0, g1):
         qg, dg = qs[g], d[g]
@@ -140,8 +141,24 @@ def _int8_groups(qs, d, x, out, g0, g1):
             xn = x[n]
             acc[:] = 0.0
             for b in range(n_blocks):
-                d0, d1, d2, d3 = _f32(dg[b, 0]), _f32(dg[b, 1]), _f32(dg[b, 2]), _f32(dg[b, 3])
-                for t in range(32):
+                d0, d1, d2, d3 = _f32(dg[b, 0, 0]), _f32(dg[b, 1, 0]), _f32(dg[b, 2, 0]), _f32(dg[b, 3, 0])
+                if last == 0:                                   # one scale per block (Q8_0): one pass of 32
+                    for t in range(32):
+                        xt = xn[b * 32 + t]
+                        acc[0, t] += d0 * (xt * np.float32(qg[b, 0, t]))
+                        acc[1, t] += d1 * (xt * np.float32(qg[b, 1, t]))
+                        acc[2, t] += d2 * (xt * np.float32(qg[b, 2, t]))
+                        acc[3, t] += d3 * (xt * np.float32(qg[b, 3, t]))
+                    continue
+                for t in range(16):                             # the block's first half: its first scale
+                    xt = xn[b * 32 + t]
+                    acc[0, t] += d0 * (xt * np.float32(qg[b, 0, t]))
+                    acc[1, t] += d1 * (xt * np.float32(qg[b, 1, t]))
+                    acc[2, t] += d2 * (xt * np.float32(qg[b, 2, t]))
+                    acc[3, t] += d3 * (xt * np.float32(qg[b, 3, t]))
+                d0, d1, d2, d3 = (_f32(dg[b, 0, last]), _f32(dg[b, 1, last]), _f32(dg[b, 2, last]),
+                                  _f32(dg[b, 3, last]))
+                for t in range(16, 32):                         # its second half: its last scale
                     xt = xn[b * 32 + t]
                     acc[0, t] += d0 * (xt * np.float32(qg[b, 0, t]))
                     acc[1, t] += d1 * (xt * np.float32(qg[b, 1, t]))
@@ -185,13 +202,14 @@ def _nibbles_dequantize(qs, d, m, m_scale, off, rows, w):
 
 @numba.njit(**EXACT)
 def _int8_dequantize(qs, d, rows, w):
-    n_blocks = qs.shape[1]
+    n_blocks, last = qs.shape[1], d.shape[3] - 1
     for i in range(rows.shape[0]):
         g, k = rows[i] // GROUP, rows[i] % GROUP
         for b in range(n_blocks):
-            db = _f32(d[g, b, k])
-            for t in range(32):
-                w[i, b * 32 + t] = np.float32(qs[g, b, k, t]) * db
+            lo, hi = _f32(d[g, b, k, 0]), _f32(d[g, b, k, last])
+            for t in range(16):
+                w[i, b * 32 + t] = np.float32(qs[g, b, k, t]) * lo
+                w[i, b * 32 + 16 + t] = np.float32(qs[g, b, k, 16 + t]) * hi
 
 
 def _bits(plane):
@@ -214,7 +232,7 @@ def matvec(qtype: str, qs, d, m, x, out, threads: int = 1) -> None:
     groups = qs.shape[0]
     if d.dtype == np.float16:
         d, m = _bits(d), _bits(m)
-    if qtype == "Q8_0":
+    if qtype in ("Q8_0", "Q6_K"):
         if threads > 1:
             _int8_parallel(qs, d, x, out, threads)
         else:
@@ -230,7 +248,7 @@ def matvec(qtype: str, qs, d, m, x, out, threads: int = 1) -> None:
 def dequantize(qtype: str, qs, d, m, rows, w) -> None:
     """w (len(rows), d_in) float32 = the rows ``rows`` (int64) of a quantized weight in grouped planes."""
     d, m = _bits(d), _bits(m)
-    if qtype == "Q8_0":
+    if qtype in ("Q8_0", "Q6_K"):
         _int8_dequantize(qs, d, rows, w)
     else:
         _nibbles_dequantize(qs, d, *_nibble_args(qtype, d, m), rows, w)

@@ -3,15 +3,18 @@
 llama.cpp stores a weight as rows of blocks: Q8_0 is 32 int8 values and one float16 scale ``d`` (w = d·q),
 Q4_0 32 four-bit values and ``d`` (w = d·(q − 8)), Q4_1 32 four-bit values, ``d`` and a minimum ``m``
 (w = d·q + m); the K-quant Q4_K a super-block of 256 four-bit values in 8 sub-blocks of 32, each with a 6-bit
-scale and minimum of the super-block's float16 d and dmin (w = (d·sc)·q − dmin·mn). The block sizes and byte
-sizes come from ``gguf.constants.GGML_QUANT_SIZES``, Q4_K's packed scales are unpacked by ``gguf.quants``, and
-``gguf.quants.dequantize`` is the reference the tests hold every path to, bit for bit.
+scale and minimum of the super-block's float16 d and dmin (w = (d·sc)·q − dmin·mn), and Q6_K 256 six-bit
+values in 16 sub-blocks of 16, each with an int8 scale of the float16 d (w = (d·sc)·(q − 32)). The block
+sizes and byte sizes come from ``gguf.constants.GGML_QUANT_SIZES``, Q4_K's packed scales and Q6_K's values
+are unpacked by ``gguf.quants``, and ``gguf.quants.dequantize`` is the reference the tests hold every path
+to, bit for bit.
 
 :class:`QuantizedMatrix` is a weight (d_in, d_out) the stack multiplies as it does an array, ``x @ W``:
 numpy hands the product to ``W.__rmatmul__`` (``__array_ufunc__ = None``). It holds the file's bytes
 rearranged into planes (values, scales, minima; rows in groups of four side by side), not a float32 copy:
-SmolLM2's 98 MB Q4_1 file is 97 MB of planes (Q4_K: its sub-blocks' scales and minima are kept as float32, 0.75
-byte per weight against the file's 0.56). With numba (the extra ``attnlab[fast]``) a kernel dequantizes each
+SmolLM2's 98 MB Q4_1 file is 97 MB of planes. The K-quants' sub-block scales are products computed in
+float32, so they stay float32: Q4_K takes 0.75 byte per weight against the file's 0.56, Q6_K (its values
+unpacked to int8) 1.25 against 0.82; still a third of float32's 4 bytes or less. With numba (the extra ``attnlab[fast]``) a kernel dequantizes each
 block and multiplies it in one pass, over the rows in parallel (:mod:`attnlab.kernels._quant_fused`), so a
 decode step reads 0.6 byte per weight (Q4_1) instead of 4; its products are those of the dequantized float32
 values, in another order. Without numba (or with ``ATTNLAB_NO_NUMBA=1``) each product dequantizes the weight
@@ -32,8 +35,9 @@ import numpy as np
 from . import _kernels
 
 # the types with a fused kernel, and each one's values per byte of payload (4-bit: two per byte); the
-# K-quant Q4_K multiplies as 32-value sub-blocks of Q4_1's form (its scales and minima float32)
-KERNEL_TYPES = {"Q4_0": 2, "Q4_1": 2, "Q8_0": 1, "Q4_K": 2}
+# K-quants multiply as 32-value blocks of Q4_1's form (Q4_K) or Q8_0's with a scale per 16 (Q6_K)
+KERNEL_TYPES = {"Q4_0": 2, "Q4_1": 2, "Q8_0": 1, "Q4_K": 2, "Q6_K": 1}
+INT8_TYPES = ("Q8_0", "Q6_K")      # kept as int8 values (Q6_K's 6-bit values unpacked: 1 byte each)
 SCRATCH_BYTES = 4 * 2**20          # a prefill dequantizes this much float32 at a time (fits L2/L3)
 GROUP = 4          # rows whose blocks lie side by side: _quant_fused.GROUP (the kernels, numba), tested equal
 
@@ -72,7 +76,7 @@ class QuantizedMatrix:
         if raw.dtype != np.uint8 or raw.ndim != 2 or d_in % block or raw.shape[1] != d_in // block * nbytes:
             raise ValueError(f"raw must be uint8 (d_out, {d_in // block} blocks × {nbytes} bytes) for d_in {d_in} "
                              f"in {qtype} ({block} values per block), got {raw.dtype} {raw.shape}")
-        qs, d, m = (k_quant_planes if qtype == "Q4_K" else block_planes)(raw, qtype, d_in)
+        qs, d, m = {"Q4_K": k_quant_planes, "Q6_K": q6_k_planes}.get(qtype, block_planes)(raw, qtype, d_in)
         self._set(qtype, d_in, raw.shape[0], grouped(qs), grouped(d), None if m is None else grouped(m))
 
     def _set(self, qtype, d_in, d_out, qs, d, m) -> None:
@@ -141,8 +145,9 @@ class QuantizedMatrix:
         the values ``gguf.quants`` rebuilds, bit for bit, by numpy from the planes (d·(q − off) + m)."""
         keep = slice(None) if rows is None else rows
         qs, d = self.rows("qs")[keep], self.rows("d")[keep].astype(np.float32)        # (R, n_blocks, ...)
-        if self.qtype == "Q8_0":
-            w = qs.astype(np.float32) * d[..., None]                                   # (R, n_blocks, 32)
+        if self.qtype in INT8_TYPES:                                                   # d (R, n_blocks, 1 or 2)
+            q = qs.astype(np.float32).reshape(*d.shape, -1)                            # (R, n_blocks, 1 or 2, ...)
+            w = q * d[..., None]                                                       # (R, n_blocks, 1 or 2, ...)
         else:
             q = np.concatenate([qs & np.uint8(15), qs >> np.uint8(4)], axis=-1).astype(np.float32)
             w = d[..., None] * (q - np.float32(8.0)) if self.qtype == "Q4_0" else \
@@ -207,8 +212,9 @@ def block_planes(raw: np.ndarray, qtype: str, d_in: int):
     header = nbytes - block // KERNEL_TYPES[qtype]                        # float16 d (and m) before the values
     halves = blocks[..., :header].copy().view(np.float16)                # (d_out, n_blocks, 1 or 2)
     values = blocks[..., header:]                                        # (d_out, n_blocks, payload)
-    return (values.view(np.int8) if qtype == "Q8_0" else values), halves[..., 0], \
-        (halves[..., 1] if header == 4 else None)
+    if qtype == "Q8_0":                                       # d (d_out, n_blocks, 1): one scale per block
+        return values.view(np.int8), halves[..., :1], None
+    return values, halves[..., 0], (halves[..., 1] if header == 4 else None)
 
 
 def k_quant_planes(raw: np.ndarray, qtype: str, d_in: int):
@@ -232,6 +238,30 @@ def k_quant_planes(raw: np.ndarray, qtype: str, d_in: int):
     minima = -(dmin[:, None] * mn.astype(np.float32))                    # (n, 8) w = scale·q + minimum
     rows = raw.shape[0]
     return qs.reshape(rows, -1, 16), scales.reshape(rows, -1), minima.reshape(rows, -1)
+
+
+def q6_k_planes(raw: np.ndarray, qtype: str, d_in: int):
+    """(qs, d, None) of Q6_K bytes ``raw`` (d_out, bytes) as int8 blocks of 32 values with a scale per 16: a
+    super-block of 256 values holds their low 4 bits, their high 2 bits, 16 int8 scales and a float16 d, in
+    the order ``gguf.quants.Q6_K`` reads them; w = (d·sc)·(q − 32). The values come from gguf itself
+    (``Q6_K.dequantize_blocks`` of the blocks with d = 1 and every scale 1 gives q − 32, exact small integers),
+    the scales d·sc are computed in float32 as gguf does."""
+    from gguf.constants import QK_K
+    from gguf.quants import Q6_K
+
+    block, nbytes = quant_sizes(qtype)                                   # 256 values, 210 bytes
+    n = raw.shape[0] * (d_in // block)
+    blocks = raw.reshape(n, nbytes)                                      # (super-blocks, bytes)
+    scales_at = QK_K // 2 + QK_K // 4                                    # after the values' low and high bits
+    unit = blocks.copy()
+    unit[:, scales_at:scales_at + QK_K // 16] = 1                        # every scale 1
+    unit[:, scales_at + QK_K // 16:] = np.array([1.0], np.float16).view(np.uint8)   # d = 1
+    q = Q6_K.dequantize_blocks(unit).astype(np.int8)                     # (n, 256) q − 32, exact
+    d = blocks[:, scales_at + QK_K // 16:].copy().view(np.float16).astype(np.float32)   # (n, 1)
+    sc = blocks[:, scales_at:scales_at + QK_K // 16].view(np.int8).astype(np.float32)  # (n, 16)
+    scales = d * sc                                                      # (n, 16) as gguf computes them
+    rows = raw.shape[0]
+    return q.reshape(rows, -1, 32), scales.reshape(rows, -1, 2), None
 
 
 def grouped(plane: np.ndarray) -> np.ndarray:

@@ -340,7 +340,7 @@ def special_id(file: GGUFFile, which: str, vocab_size: int) -> int | None:
 
 def load_gguf(model, families: dict, *, with_tokenizer: bool = True, quantized: bool = False):
     """``(model, tokenizer)`` (tokenizer None unless asked) of ``"smollm2"`` or a ``.gguf`` file; ``quantized``:
-    Q4_0, Q4_1, Q8_0 and Q4_K weights kept in their type (:func:`attnlab.kernels.quantized.weight_from_gguf`)."""
+    Q4_0, Q4_1, Q8_0, Q4_K and Q6_K weights kept in their type (:func:`attnlab.kernels.quantized.weight_from_gguf`)."""
     file = dataclasses.replace(open_gguf(model), quantized=quantized)
     network = family_for(file, families).load_gguf(file)
     return network, (gguf_tokenizer(file) if with_tokenizer else None)
