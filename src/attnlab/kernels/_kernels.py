@@ -12,6 +12,7 @@ environment variable ``ATTNLAB_NO_NUMBA=1`` makes every call take the numpy path
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 NO_NUMBA_ENV = "ATTNLAB_NO_NUMBA"
-LOG2E = 1 / np.log(2)
+LOG2E = 1 / math.log(2)          # a Python float: float32 arrays times it stay float32 (NEP 50), where
+                                 # an np.float64 made numpy cast through 128 KiB buffers and compute in float64
 
 
 @dataclass(frozen=True)
