@@ -26,14 +26,16 @@ def takes_decode_path(c: Checked) -> bool:
             and not c.causal_hides_keys)
 
 
-def decode_attention(c: Checked) -> np.ndarray:
-    """The decode step's output (..., h, 1, d_v) in the compute dtype: the fused kernel when numba is there
-    and the key/value heads' leading axes are the query's (no broadcasting), else numpy.
+def decode_attention(c: Checked, kernel: str | None = None) -> np.ndarray:
+    """The decode step's output (..., h, 1, d_v) in the compute dtype: the fused kernel when ``kernel`` is
+    "fused" (None: :func:`attnlab.kernels._kernels.tile_kernel` decides) and the key/value heads' leading axes
+    are the query's (no broadcasting), else numpy.
 
     Every key is visible, so the row max is finite and the sum is at least 1; the output is divided by the
     sum instead of the weights.
     """
-    if (_kernels.tile_kernel() == "fused" and c.q.shape[:-3] == c.k.shape[:-3] == c.v.shape[:-3] and c.q.ndim >= 3
+    kernel = _kernels.tile_kernel() if kernel is None else kernel
+    if (kernel == "fused" and c.q.shape[:-3] == c.k.shape[:-3] == c.v.shape[:-3] and c.q.ndim >= 3
             and c.q.shape[-1] > 0):                      # d_head 0 (the uniform average) stays with numpy
         return _decode_fused(c)
     g = c.groups

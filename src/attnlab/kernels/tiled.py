@@ -37,6 +37,7 @@ with BLAS pinned to one thread per worker two cores run two tiles at once).
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -344,13 +345,20 @@ def forward_blocks(c: Checked, workers: int) -> tuple[int, int]:
 def tiled_forward(c: Checked, plan: Plan, *, workers=None, kernel=None) -> tuple[np.ndarray, np.ndarray]:
     """The online softmax over every (batch, head) and query block; returns (out, lse) in the compute dtype,
     (..., h, n_q, d_v) and (..., h, n_q). ``kernel``: "fused" (numba) or "numpy"; None asks
-    :func:`attnlab.kernels._kernels.tile_kernel` (what :func:`attnlab.kernels.attention.choose_path` passes down)."""
+    :func:`attnlab.kernels._kernels.tile_kernel` and counts the call's time toward loading numba (the front door,
+    :func:`attnlab.kernels.attention.choose_path`, decides and counts for itself)."""
+    if kernel is None:
+        scores = int(np.prod(c.batch, dtype=np.int64)) * plan.n_q * plan.n_k
+        kernel, t0 = _kernels.tile_kernel(scores), time.perf_counter()
+        result = tiled_forward(c, plan, workers=workers, kernel=kernel)
+        _kernels.pay_rent(kernel, time.perf_counter() - t0, scores)
+        return result
     g = group_view(c)
     d_k, d_v = g.q.shape[-1], g.v.shape[-1]
-    tile = tile_step(_kernels.tile_kernel() if kernel is None else kernel)
+    tile = tile_step(kernel)
     out = np.empty((*g.batch, plan.n_q, d_v), g.q.dtype)    # (..., h_kv, g, n_q, d_v)
     lse = np.empty((*g.batch, plan.n_q), g.q.dtype)         # (..., h_kv, g, n_q)
-    # head by head, so a worker transposes each key head once; biggest blocks first within a head
+    # head by head, so a worker finds each key head's largest norm once; biggest blocks first within a head
     items = [(idx, i0, i1) for idx in np.ndindex(g.batch)
              for i0, i1 in sorted(plan.query_blocks(), key=lambda b: -plan.n_scores(*b))]
 
