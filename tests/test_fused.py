@@ -378,3 +378,22 @@ def test_the_tiled_backward_matches_the_float64_reference_on_both_kernels(rng, k
         for g, r, name in zip(grads, ref, "qkv"):
             assert g.dtype == dtype
             np.testing.assert_allclose(g, r, rtol=rtol, atol=rtol, err_msg=f"d{name} {dtype.__name__}")
+
+
+@pytest.mark.parametrize("h, h_kv, softcap", [(12, 12, None), (9, 3, None), (4, 2, 5.0)])
+def test_fused_decode_on_a_cache_view_equals_the_numpy_path(rng, h, h_kv, softcap):
+    """A KV cache hands out views of a longer buffer (numba's layout "A"): the fused decode step reads them in
+    place, as fast as contiguous arrays, and gives the numpy path's output."""
+    pytest.importorskip("numba")
+    from attnlab.kernels import decode
+    from attnlab.layer.cache import KVCache
+
+    q = rng.standard_normal((2, h, 1, 16)).astype(np.float32) * 2        # (B, h, 1, d)
+    k, v = (rng.standard_normal((2, h_kv, 37, 16)).astype(np.float32) for _ in range(2))
+    keys, values = KVCache.empty(h_kv, 64, 16, batch_shape=(2,)).append(k, v)   # (B, h_kv, 37, d) views
+    assert not keys.flags.c_contiguous
+    c = check_attention_args(q, keys, values, softcap=softcap)
+    _kernels.load_fused()
+    fused, plain = decode.decode_attention(c, "fused"), decode.decode_attention(c, "numpy")
+    np.testing.assert_allclose(fused, plain, rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(fused, reference(q, k, v, softcap=softcap), rtol=2e-6, atol=2e-6)
