@@ -361,6 +361,20 @@ def test_a_big_batch_on_the_naive_path_splits_over_threads_and_matches(rng, monk
     assert naive.split_rows(check_attention_args(q, k, v), 2) == []
 
 
+def test_the_naive_batch_runs_in_chunks_that_fit_the_cache(rng, monkeypatch, tile_kernel):
+    from attnlab.kernels import naive
+    q, k, v = (rng.normal(size=(7, 3, 8, 4)) for _ in range(3))               # one row's grid: 3·8·8·8 = 1.5 KiB
+    c = check_attention_args(q, k, v, is_causal=True)
+    monkeypatch.setattr(naive, "l2_cache_bytes", lambda: 2 * 1536)             # two rows' grids fit
+    assert naive.split_rows(c, 1) == [(0, 2), (2, 4), (4, 6), (6, 7)]          # on one worker too
+    np.testing.assert_allclose(naive.naive_attention_out(c, tile_kernel, workers=1),
+                               reference(q, k, v, is_causal=True), rtol=1e-12, atol=1e-12)
+    monkeypatch.setattr(naive, "l2_cache_bytes", lambda: 100)                 # not even one row: one at a time
+    assert len(naive.split_rows(c, 1)) == 7
+    monkeypatch.setattr(naive, "l2_cache_bytes", lambda: 2**30)               # all of it fits: one call
+    assert naive.split_rows(c, 1) == []
+
+
 @pytest.mark.parametrize("kind", MASK_KINDS)
 def test_the_tiled_backward_matches_the_float64_reference_on_both_kernels(rng, kind, tile_kernel):
     """The backward rebuilds each tile's weights as exp(s - lse): numpy's exp, or one fused pass."""
