@@ -63,10 +63,13 @@ BACKWARD_BLOCKS = (128, 2048)
 SHIFT_SLACK = 30.0
 # The forward's extra peak memory, its output included, stays within EXTRA_PEAK times the output (the issue's
 # goal): its tile shrinks until every worker's scratch fits beside the output (see forward_blocks), but not
-# below MIN_BLOCK a side, where a tile's fixed cost (two GEMM calls, the tile step, Python) outweighs its work
-# and the scratch is small in absolute terms (2 workers' 128 × 128 tiles: 0.2 MiB).
+# below MIN_BLOCK a side. A tile's fixed cost (two GEMM calls, the tile step, some 15-20 µs of Python) weighs
+# against its work, which shrinks with the square of the side: 128 × 128 tiles (2 MFLOP, ~20 µs of BLAS)
+# took 1.15-1.32x the time of 256 × 256 at n = 256 … 2048 on 2 workers (benchmarks/tile_sizes.py), where the
+# scratch is small in absolute terms (2 workers' 256 × 256 tiles: 0.75 MiB). A slower machine (AVX2) spends
+# longer on the same work, so the fixed cost weighs less there.
 EXTRA_PEAK = 1.5
-MIN_BLOCK = 128
+MIN_BLOCK = 256
 # A causal block's diagonal tile runs in strips of 128 rows (see Plan.tiles). A strip costs a fixed
 # overhead (two GEMM calls, the tile step, Python) and wastes about rows²/2 · d_head of hidden scores, so
 # the best height grows as the overhead weighs more: against 64 rows with the fused kernel, 2 workers,
