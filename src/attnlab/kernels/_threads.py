@@ -82,14 +82,17 @@ def blas_info() -> list[dict]:
 def run_items(items: list, work, new_scratch, workers=None) -> None:
     """Call ``work(item, scratch)`` for every item, over ``workers`` threads (default: the usable cores)
     with BLAS pinned to one thread each; each thread allocates its scratch once. Runs on the calling
-    thread when one worker suffices or threadpoolctl is missing."""
+    thread when one worker suffices or threadpoolctl is missing; one worker pins BLAS too (7 µs): the items'
+    small products on BLAS's own threads ran 6x slower (12 heads × 256 tokens, causal: 18.6 against 3.1 ms
+    on a loaded 2-core machine)."""
     workers = usable_cores() if workers is None else as_positive_int("workers", workers)
     workers = min(workers, len(items))
-    limiter = blas_limiter() if workers > 1 else None
-    if limiter is None:
+    limiter = blas_limiter()
+    if workers == 1 or limiter is None:
         buf = new_scratch()
-        for item in items:
-            work(item, buf)
+        with contextlib.nullcontext() if limiter is None else limiter.limit(limits=1, user_api="blas"):
+            for item in items:
+                work(item, buf)
         return
     todo, lock = iter(items), threading.Lock()
 
