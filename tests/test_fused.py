@@ -411,3 +411,37 @@ def test_fused_decode_on_a_cache_view_equals_the_numpy_path(rng, h, h_kv, softca
     fused, plain = decode.decode_attention(c, "fused"), decode.decode_attention(c, "numpy")
     np.testing.assert_allclose(fused, plain, rtol=2e-6, atol=2e-6)
     np.testing.assert_allclose(fused, reference(q, k, v, softcap=softcap), rtol=2e-6, atol=2e-6)
+
+
+def test_the_decode_step_races_its_two_kernels_then_keeps_the_faster(rng, monkeypatch):
+    """decode_step times the first DECODE_TRIALS calls of each kernel on one kind of step, then runs the faster
+    median; a different kind of step (here a context of another power of two) races anew."""
+    from attnlab.kernels import decode
+    ran = []
+    cost = {"fused": 5, "numpy": 2}                                           # fake seconds per call
+    now = [0.0]
+
+    def fake(c, kernel=None):
+        ran.append(kernel)
+        now[0] += cost[kernel]
+        return kernel
+
+    monkeypatch.setattr(decode, "decode_attention", fake)
+    monkeypatch.setattr(decode.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(decode, "RACES", {})
+    q = rng.standard_normal((1, 4, 1, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 4, 20, 8)).astype(np.float32)
+    c = check_attention_args(q, k, k)
+    for _ in range(2 * decode.DECODE_TRIALS + 3):
+        decode.decode_step(c, "fused")
+    trials = ["fused"] * decode.DECODE_TRIALS + ["numpy"] * decode.DECODE_TRIALS
+    assert ran == trials + ["numpy"] * 3                                     # numpy was faster: kept
+    assert list(decode.RACES.values()) == ["numpy"]
+    ran.clear()
+    assert decode.decode_step(c, "numpy") == "numpy" and ran == ["numpy"]  # numba off or not loaded: numpy
+    ran.clear()
+    cost["fused"] = 1                                                         # a longer context: another race
+    c2 = check_attention_args(q, np.concatenate([k] * 3, axis=2), np.concatenate([k] * 3, axis=2))
+    for _ in range(2 * decode.DECODE_TRIALS + 2):
+        decode.decode_step(c2, "fused")
+    assert ran == trials + ["fused"] * 2
