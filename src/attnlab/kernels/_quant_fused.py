@@ -1,73 +1,89 @@
 """The quantized matrix-vector kernels (numba, the optional extra ``attnlab[fast]``): dequantize a block and
 multiply it in one pass, rows in parallel.
 
-The values are those ``gguf.quants`` rebuilds (``d·(q − 8)`` for Q4_0, ``d·q + m`` for Q4_1, ``q·d`` for
-Q8_0): the dequantizing kernels rebuild them bit for bit (float32, the same operations, no contraction into
-FMAs), and the products take each block's scale out of its sum (the same values, rounded in another order;
-``reassoc`` lets LLVM split the sums over vector lanes). A 4-bit block's 16 bytes hold its values 0–15 in their low nibbles and 16–31 in
-their high ones, as ``gguf.quants`` unpacks them (the tests hold the kernels to ``gguf.quants.dequantize``).
+The weights arrive as planes laid out for these kernels (:class:`attnlab.kernels.quantized.QuantizedMatrix`
+builds them from the GGUF bytes): rows in groups of GROUP = 4, each block's values of the group's rows side
+by side, ``qs`` (G, n_blocks, 4, bytes), and their float16 scales ``d`` and minima ``m`` (G, n_blocks, 4), as
+the file holds them (converted to float32 in the kernel, exactly). A
+product then reads memory in one sequential stream (four rows read side by side from their own places in a
+row-major layout ran at 5 GB/s from DRAM on an AVX-512 EPYC, the grouped planes at 15 GB/s).
+
+The values are those ``gguf.quants`` rebuilds, ``d·(q − off) + m`` (Q4_0: off 8, no m; Q4_1: off 0; Q8_0:
+``q·d``, q int8): the dequantizing kernels rebuild them bit for bit (float32, the same operations, no
+contraction into FMAs). A 4-bit block's 16 bytes hold its values 0–15 in their low nibbles and 16–31 in their
+high ones, as ``gguf.quants`` unpacks them (the tests hold the kernels to ``gguf.quants.dequantize``).
+
+The products take each block's scale and minimum out of its sum, Σ_t x_t·w_t = d·Σ_t x_t·q_t + (m − off·d)·Σ_t x_t
+(the same values, rounded in another order), written so that LLVM vectorises them:
+
+- the nibbles are masked and shifted as ``uint8`` (numba would widen them to 64-bit integers, 8 to a vector);
+- the sum over a block runs in a small accumulator, one lane per position in the block
+  (``acc[k, t] += d·(x_t·q_t + x_{t+16}·q_{t+16})``), reduced once per row, not once per block;
+- the four rows of a group share each load of x (one row at a time: 2.4× slower per weight);
+- the minima's term is a separate dot over the blocks with ``xs``, x summed per block once per call
+  (inside the kernel: one numba call per product).
 
 Compiled ``nogil=True`` and ``cache=True`` (kept in ``__pycache__``; a second process compiles nothing). The
-rows run on the calling thread or split over numba's threads (``parallel=True``, one range of rows per
+groups run on the calling thread or split over numba's threads (``parallel=True``, one range of groups per
 thread): :func:`attnlab.kernels.quantized.kernel_threads` times both once per process, on the machine it runs
-on, and keeps the faster. (On a 2-core EPYC shared with other work, numba's OpenMP threads made a
-SmolLM2 decode step's products 10x slower than one thread: they spin while they wait.)
+on, and keeps the faster. (On a 2-core EPYC shared with other work, numba's OpenMP threads can make a
+product 10x slower than one thread: they spin while they wait.)
 """
 
 from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import prange
+from llvmlite import ir
+from numba import prange, types
+from numba.extending import intrinsic, overload
 
 MAX_TOKENS = 8      # up to this many tokens per product run the fused kernel; more: dequantize, then BLAS
-FLAGS = dict(nogil=True, cache=True, boundscheck=False, fastmath={"reassoc", "nsz"})
+GROUP = 4           # rows whose blocks lie side by side: the kernels below are written out for four rows
+FLAGS = dict(nogil=True, cache=True, boundscheck=False)
+SUM = dict(FLAGS, fastmath={"reassoc", "nsz", "contract"})    # sums in any order, multiply-adds fused
+EXACT = dict(FLAGS, fastmath={"nsz"})                         # the dequantized values: gguf's own roundings
+LOW, SHIFT = np.uint8(15), np.uint8(4)
+ZERO, ONE, EIGHT = np.float32(0.0), np.float32(1.0), np.float32(8.0)
 
 
-@numba.njit(**FLAGS)
-def _nibbles_rows(qs, d, m, off, x, xs, out, r0, r1):
-    """out[n, r] = Σ_i x[n, i] · w[r, i] for rows r0 … r1 − 1 of a 4-bit type: qs (R, n_blocks, half) bytes,
-    d and m (R, n_blocks), w = d·(q − off) + m; x (N, n_blocks·2·half), xs (N, n_blocks) x's sum over each
-    block, out (N, R).
+@intrinsic
+def _half(typingctx, bits):
+    """The float16 whose bits are ``bits`` (uint16) as float32, exactly (LLVM's fpext: F16C's vcvtph2ps on
+    x86; numba has no float16 type, so the scales travel as their bits)."""
+    if bits != types.uint16:
+        return None
 
-    Per block, Σ_t x_t·w_t = d·(Σ_t x_t·q_t − off·Σ_t x_t) + m·Σ_t x_t: the block's own sum of x·q (one
-    conversion and one multiply-add per value), then its scale, 30% faster than rebuilding each w_t first;
-    the same values, rounded in another order (the tests hold it to the float32 product within 1e-6)."""
-    n_blocks, half = qs.shape[1], qs.shape[2]
-    mask, four = np.uint8(15), np.uint8(4)
-    for r in range(r0, r1):
-        q = qs[r]
-        for n in range(x.shape[0]):
-            acc = np.float32(0.0)
-            for b in range(n_blocks):
-                base = b * 2 * half
-                part = np.float32(0.0)
-                for t in range(half):
-                    byte = q[b, t]
-                    part += x[n, base + t] * np.float32(byte & mask) + x[n, base + half + t] * np.float32(byte >> four)
-                acc += d[r, b] * (part - off * xs[n, b]) + m[r, b] * xs[n, b]
-            out[n, r] = acc
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+    return types.float32(types.uint16), codegen
 
 
-@numba.njit(**FLAGS)
-def _int8_rows(qs, d, x, out, r0, r1):
-    """out[n, r] = Σ_i x[n, i] · w[r, i] for rows r0 … r1 − 1 of Q8_0: qs (R, n_blocks, block) int8,
-    d (R, n_blocks), w = q·d, as d·Σ_t x_t·q_t per block."""
-    n_blocks, block = qs.shape[1], qs.shape[2]
-    for r in range(r0, r1):
-        q = qs[r]
-        for n in range(x.shape[0]):
-            acc = np.float32(0.0)
-            for b in range(n_blocks):
-                base = b * block
-                part = np.float32(0.0)
-                for t in range(block):
-                    part += x[n, base + t] * np.float32(q[b, t])
-                acc += d[r, b] * part
-            out[n, r] = acc
+def _f32(scale):
+    """A scale as float32: a float16's bits (uint16) converted, a float32 (the K-quants' scales) as it is."""
 
 
-@numba.njit(**FLAGS)
+@overload(_f32, inline="always")
+def _f32_impl(scale):
+    if scale == types.uint16:
+        return lambda scale: _half(scale)
+    if scale == types.float32:
+        return lambda scale: scale
+
+
+@numba.njit(inline="always", **FLAGS)
+def _low(byte):
+    """The low nibble of a byte as float32 (masked as uint8: numba would widen it to a 64-bit integer)."""
+    return np.float32(np.uint8(byte & LOW))
+
+
+@numba.njit(inline="always", **FLAGS)
+def _high(byte):
+    """The high nibble of a byte as float32."""
+    return np.float32(np.uint8(byte >> SHIFT))
+
+
+@numba.njit(**SUM)
 def _block_sums(x, n_blocks):
     """(N, n_blocks): x (N, n_blocks·block) summed over each block."""
     block = x.shape[1] // n_blocks
@@ -81,73 +97,158 @@ def _block_sums(x, n_blocks):
     return xs
 
 
-@numba.njit(parallel=True, **FLAGS)
-def _nibbles_parallel(qs, d, m, off, x, xs, out, chunks):
-    """:func:`_nibbles_rows` over ``chunks`` row ranges on numba's threads."""
-    n_rows = qs.shape[0]
-    step = (n_rows + chunks - 1) // chunks
+@numba.njit(**SUM)
+def _nibbles_groups(qs, d, m, m_scale, off, x, out, g0, g1):
+    """out[n, r] = Σ_i x[n, i]·w[r, i] for the rows of groups g0 … g1 − 1 of a 4-bit type: qs (G, n_blocks, 4,
+    16) bytes, d and m (G, n_blocks, 4), w = d·(q − off) + m_scale·m; x (N, n_blocks·32), out (N, R) (a last
+    group's rows past R are padding, not written)."""
+    n_blocks, n_rows = qs.shape[1], out.shape[1]
+    xs = _block_sums(x, n_blocks)                            # (N, n_blocks) x summed over each block
+    acc = np.empty((GROUP, 16), np.float32)                  # (rows, lanes): one lane per byte of a block
+    tail = np.empty(GROUP, np.float32)                       # (rows,) the minima's terms
+    for g in range(g0, g1):
+        qg, dg, mg = qs[g], d[g], m[g]                          # (n_blocks, 4, 16), (n_blocks, 4) x 2
+        for n in range(x.shape[0]):
+            xn = x[n]
+            acc[:] = 0.0
+            for b in range(n_blocks):
+                d0, d1, d2, d3 = _f32(dg[b, 0]), _f32(dg[b, 1]), _f32(dg[b, 2]), _f32(dg[b, 3])
+                for t in range(16):
+                    lo, hi = xn[b * 32 + t], xn[b * 32 + 16 + t]
+                    c0, c1, c2, c3 = qg[b, 0, t], qg[b, 1, t], qg[b, 2, t], qg[b, 3, t]
+                    acc[0, t] += d0 * (lo * _low(c0) + hi * _high(c0))
+                    acc[1, t] += d1 * (lo * _low(c1) + hi * _high(c1))
+                    acc[2, t] += d2 * (lo * _low(c2) + hi * _high(c2))
+                    acc[3, t] += d3 * (lo * _low(c3) + hi * _high(c3))
+            tail[:] = 0.0
+            for b in range(n_blocks):                           # Σ_b (m_scale·m_b − off·d_b)·xs_b, a lane per row
+                for k in range(GROUP):
+                    tail[k] += (m_scale * _f32(mg[b, k]) - off * _f32(dg[b, k])) * xs[n, b]
+            for k in range(min(GROUP, n_rows - g * GROUP)):
+                out[n, g * GROUP + k] = acc[k].sum() + tail[k]
+
+
+@numba.njit(**SUM)
+def _int8_groups(qs, d, x, out, g0, g1):
+    """out[n, r] = Σ_i x[n, i]·w[r, i] for the rows of groups g0 … g1 − 1 of int8 values in blocks of 32:
+    qs (G, n_blocks, 4, 32) int8, d (G, n_blocks, 4, S) a scale per 32 / S values (Q8_0: S = 1, its float16
+    bits; Q6_K: S = 2, float32), w = q·d."""
+    n_blocks, n_rows, last = qs.shape[1], out.shape[1], d.shape[3] - 1
+    acc = np.empty((GROUP, 32), np.float32)                  # (rows, lanes)
+    for g in range(g0, g1):
+        qg, dg = qs[g], d[g]
+        for n in range(x.shape[0]):
+            xn = x[n]
+            acc[:] = 0.0
+            for b in range(n_blocks):
+                d0, d1, d2, d3 = _f32(dg[b, 0, 0]), _f32(dg[b, 1, 0]), _f32(dg[b, 2, 0]), _f32(dg[b, 3, 0])
+                if last == 0:                                   # one scale per block (Q8_0): one pass of 32
+                    for t in range(32):
+                        xt = xn[b * 32 + t]
+                        acc[0, t] += d0 * (xt * np.float32(qg[b, 0, t]))
+                        acc[1, t] += d1 * (xt * np.float32(qg[b, 1, t]))
+                        acc[2, t] += d2 * (xt * np.float32(qg[b, 2, t]))
+                        acc[3, t] += d3 * (xt * np.float32(qg[b, 3, t]))
+                    continue
+                for t in range(16):                             # the block's first half: its first scale
+                    xt = xn[b * 32 + t]
+                    acc[0, t] += d0 * (xt * np.float32(qg[b, 0, t]))
+                    acc[1, t] += d1 * (xt * np.float32(qg[b, 1, t]))
+                    acc[2, t] += d2 * (xt * np.float32(qg[b, 2, t]))
+                    acc[3, t] += d3 * (xt * np.float32(qg[b, 3, t]))
+                d0, d1, d2, d3 = (_f32(dg[b, 0, last]), _f32(dg[b, 1, last]), _f32(dg[b, 2, last]),
+                                  _f32(dg[b, 3, last]))
+                for t in range(16, 32):                         # its second half: its last scale
+                    xt = xn[b * 32 + t]
+                    acc[0, t] += d0 * (xt * np.float32(qg[b, 0, t]))
+                    acc[1, t] += d1 * (xt * np.float32(qg[b, 1, t]))
+                    acc[2, t] += d2 * (xt * np.float32(qg[b, 2, t]))
+                    acc[3, t] += d3 * (xt * np.float32(qg[b, 3, t]))
+            for k in range(min(GROUP, n_rows - g * GROUP)):
+                out[n, g * GROUP + k] = acc[k].sum()
+
+
+@numba.njit(parallel=True, **SUM)
+def _nibbles_parallel(qs, d, m, m_scale, off, x, out, chunks):
+    """:func:`_nibbles_groups` over ``chunks`` ranges of groups on numba's threads."""
+    step = -(-qs.shape[0] // chunks)
     for c in prange(chunks):
-        _nibbles_rows(qs, d, m, off, x, xs, out, c * step, min(n_rows, (c + 1) * step))
+        _nibbles_groups(qs, d, m, m_scale, off, x, out, c * step, min(qs.shape[0], (c + 1) * step))
 
 
-@numba.njit(parallel=True, **FLAGS)
+@numba.njit(parallel=True, **SUM)
 def _int8_parallel(qs, d, x, out, chunks):
-    n_rows = qs.shape[0]
-    step = (n_rows + chunks - 1) // chunks
+    step = -(-qs.shape[0] // chunks)
     for c in prange(chunks):
-        _int8_rows(qs, d, x, out, c * step, min(n_rows, (c + 1) * step))
+        _int8_groups(qs, d, x, out, c * step, min(qs.shape[0], (c + 1) * step))
 
 
-@numba.njit(parallel=True, **FLAGS)
-def _nibbles_dequantize(qs, d, m, off, w):
-    """w (R, n_blocks·2·half) float32 = the rows' values, as :func:`_nibbles_matvec` rebuilds them."""
-    n_rows, n_blocks, half = qs.shape
-    for r in prange(n_rows):
+@numba.njit(**EXACT)
+def _nibbles_dequantize(qs, d, m, m_scale, off, rows, w):
+    """w (len(rows), n_blocks·32) float32 = the values of ``rows``, d·(q − off) + m_scale·m, as
+    ``gguf.quants`` rebuilds them. On the calling thread: BLAS multiplies the result on every core next, and
+    numba's threads, spinning after a parallel region, would take cores from BLAS's (a 512-token prefill ran
+    1.8x slower)."""
+    n_blocks = qs.shape[1]
+    for i in range(rows.shape[0]):
+        g, k = rows[i] // GROUP, rows[i] % GROUP
         for b in range(n_blocks):
-            db, mb, base = d[r, b], m[r, b], b * 2 * half
-            for t in range(half):
-                byte = qs[r, b, t]
-                w[r, base + t] = db * (np.float32(byte & 15) - off) + mb
-                w[r, base + half + t] = db * (np.float32(byte >> 4) - off) + mb
+            db, mb, base = _f32(d[g, b, k]), m_scale * _f32(m[g, b, k]), b * 32
+            for t in range(16):
+                byte = qs[g, b, k, t]
+                w[i, base + t] = db * (_low(byte) - off) + mb
+                w[i, base + 16 + t] = db * (_high(byte) - off) + mb
 
 
-@numba.njit(parallel=True, **FLAGS)
-def _int8_dequantize(qs, d, w):
-    n_rows, n_blocks, block = qs.shape
-    for r in prange(n_rows):
+@numba.njit(**EXACT)
+def _int8_dequantize(qs, d, rows, w):
+    n_blocks, last = qs.shape[1], d.shape[3] - 1
+    for i in range(rows.shape[0]):
+        g, k = rows[i] // GROUP, rows[i] % GROUP
         for b in range(n_blocks):
-            db, base = d[r, b], b * block
-            for t in range(block):
-                w[r, base + t] = np.float32(qs[r, b, t]) * db
+            lo, hi = _f32(d[g, b, k, 0]), _f32(d[g, b, k, last])
+            for t in range(16):
+                w[i, b * 32 + t] = np.float32(qs[g, b, k, t]) * lo
+                w[i, b * 32 + 16 + t] = np.float32(qs[g, b, k, 16 + t]) * hi
 
 
-def _nibble_args(qtype: str, qs, d, m):
-    """Q4_0: w = d·(q − 8) (its m is 0, which adds nothing); Q4_1: w = d·q + m."""
-    return qs, d, m, np.float32(8.0 if qtype == "Q4_0" else 0.0)
+def _bits(plane):
+    """A float16 plane's bits (uint16, a view), as the kernels take it; uint16, float32 and None as they are."""
+    return plane.view(np.uint16) if plane is not None and plane.dtype == np.float16 else plane
+
+
+def _nibble_args(qtype: str, d, m):
+    """(m, m_scale, off): Q4_0 w = d·(q − 8) (no minima: d stands in for m, scaled by 0); Q4_1 and Q4_K
+    (its 32-value sub-blocks, m the negated minimum) w = d·q + m."""
+    if qtype == "Q4_0":
+        return d, ZERO, EIGHT
+    return m, ONE, ZERO
 
 
 def matvec(qtype: str, qs, d, m, x, out, threads: int = 1) -> None:
-    """out (N, R) = x (N, d_in) times the rows (R, d_in) of a quantized weight, N <= MAX_TOKENS, over
-    ``threads`` of numba's threads (1: on the calling thread, no parallel region)."""
-    rows = qs.shape[0]
-    if qtype == "Q8_0":
-        q8 = qs.view(np.int8)
+    """out (N, R) = x (N, d_in) times the rows (R, d_in) of a quantized weight in grouped planes (d and m
+    float16), N <= MAX_TOKENS, over ``threads`` of numba's threads (1: on the calling thread, no parallel
+    region)."""
+    groups = qs.shape[0]
+    if d.dtype == np.float16:
+        d, m = _bits(d), _bits(m)
+    if qtype in ("Q8_0", "Q6_K"):
         if threads > 1:
-            _int8_parallel(q8, d, x, out, threads)
+            _int8_parallel(qs, d, x, out, threads)
         else:
-            _int8_rows(q8, d, x, out, 0, rows)
+            _int8_groups(qs, d, x, out, 0, groups)
         return
-    qs, d, m, off = _nibble_args(qtype, qs, d, m)
-    xs = _block_sums(x, d.shape[1])                          # (N, n_blocks)
+    m, m_scale, off = _nibble_args(qtype, d, m)
     if threads > 1:
-        _nibbles_parallel(qs, d, m, off, x, xs, out, threads)
+        _nibbles_parallel(qs, d, m, m_scale, off, x, out, threads)
     else:
-        _nibbles_rows(qs, d, m, off, x, xs, out, 0, rows)
+        _nibbles_groups(qs, d, m, m_scale, off, x, out, 0, groups)
 
 
-def dequantize(qtype: str, qs, d, m, w) -> None:
-    """w (R, d_in) float32 = the rows of a quantized weight."""
-    if qtype == "Q8_0":
-        _int8_dequantize(qs.view(np.int8), d, w)
+def dequantize(qtype: str, qs, d, m, rows, w) -> None:
+    """w (len(rows), d_in) float32 = the rows ``rows`` (int64) of a quantized weight in grouped planes."""
+    d, m = _bits(d), _bits(m)
+    if qtype in ("Q8_0", "Q6_K"):
+        _int8_dequantize(qs, d, rows, w)
     else:
-        _nibbles_dequantize(*_nibble_args(qtype, qs, d, m), w)
+        _nibbles_dequantize(qs, d, *_nibble_args(qtype, d, m), rows, w)

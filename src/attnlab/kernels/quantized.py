@@ -2,19 +2,27 @@
 
 llama.cpp stores a weight as rows of blocks: Q8_0 is 32 int8 values and one float16 scale ``d`` (w = d·q),
 Q4_0 32 four-bit values and ``d`` (w = d·(q − 8)), Q4_1 32 four-bit values, ``d`` and a minimum ``m``
-(w = d·q + m). The block sizes and byte sizes come from ``gguf.constants.GGML_QUANT_SIZES`` and the
-dequantization itself from ``gguf.quants`` (the numpy path, and the reference the tests hold the kernel to).
+(w = d·q + m); the K-quant Q4_K a super-block of 256 four-bit values in 8 sub-blocks of 32, each with a 6-bit
+scale and minimum of the super-block's float16 d and dmin (w = (d·sc)·q − dmin·mn), and Q6_K 256 six-bit
+values in 16 sub-blocks of 16, each with an int8 scale of the float16 d (w = (d·sc)·(q − 32)). The block
+sizes and byte sizes come from ``gguf.constants.GGML_QUANT_SIZES``, Q4_K's packed scales and Q6_K's values
+are unpacked by ``gguf.quants``, and ``gguf.quants.dequantize`` is the reference the tests hold every path
+to, bit for bit.
 
 :class:`QuantizedMatrix` is a weight (d_in, d_out) the stack multiplies as it does an array, ``x @ W``:
-numpy hands the product to ``W.__rmatmul__`` (``__array_ufunc__ = None``). With numba (the extra
-``attnlab[fast]``) a kernel dequantizes each block and multiplies it in one pass, over the rows in parallel
-(:mod:`attnlab.kernels._quant_fused`), so a decode step reads 0.6 byte per weight (Q4_1) instead of 4; its
-products are those of the dequantized float32 values, in another order. Without numba (or with
-``ATTNLAB_NO_NUMBA=1``) each product dequantizes the weight with ``gguf.quants`` first (a float32 copy per
-call: slow, but the same values); :func:`load_quantized` warns once and keeps float32 instead.
+numpy hands the product to ``W.__rmatmul__`` (``__array_ufunc__ = None``). It holds the file's bytes
+rearranged into planes (values, scales, minima; rows in groups of four side by side), not a float32 copy:
+SmolLM2's 98 MB Q4_1 file is 97 MB of planes. The K-quants' sub-block scales are products computed in
+float32, so they stay float32: Q4_K takes 0.75 byte per weight against the file's 0.56, Q6_K (its values
+unpacked to int8) 1.25 against 0.82; still a third of float32's 4 bytes or less. With numba (the extra ``attnlab[fast]``) a kernel dequantizes each
+block and multiplies it in one pass, over the rows in parallel (:mod:`attnlab.kernels._quant_fused`), so a
+decode step reads 0.6 byte per weight (Q4_1) instead of 4; its products are those of the dequantized float32
+values, in another order. Without numba (or with ``ATTNLAB_NO_NUMBA=1``) each product dequantizes the weight
+with numpy first (a float32 copy per call: slow, but the same values); :func:`weight_from_gguf` warns once
+and keeps float32 instead.
 
 Many tokens at once (a prefill) dequantize row blocks into a float32 scratch and multiply them with BLAS:
-the dequantization is paid once per call, not once per token.
+the dequantization is paid once per call, not once per token. ``y @ W.T`` (a backward pass) does the same.
 """
 
 from __future__ import annotations
@@ -26,9 +34,12 @@ import numpy as np
 
 from . import _kernels
 
-# the types with a fused kernel, and each one's values per byte of payload (4-bit: two per byte)
-KERNEL_TYPES = {"Q4_0": 2, "Q4_1": 2, "Q8_0": 1}
+# the types with a fused kernel, and each one's values per byte of payload (4-bit: two per byte); the
+# K-quants multiply as 32-value blocks of Q4_1's form (Q4_K) or Q8_0's with a scale per 16 (Q6_K)
+KERNEL_TYPES = {"Q4_0": 2, "Q4_1": 2, "Q8_0": 1, "Q4_K": 2, "Q6_K": 1}
+INT8_TYPES = ("Q8_0", "Q6_K")      # kept as int8 values (Q6_K's 6-bit values unpacked: 1 byte each)
 SCRATCH_BYTES = 4 * 2**20          # a prefill dequantizes this much float32 at a time (fits L2/L3)
+GROUP = 4          # rows whose blocks lie side by side: _quant_fused.GROUP (the kernels, numba), tested equal
 
 
 @functools.cache
@@ -48,7 +59,10 @@ def dequantize_rows(raw: np.ndarray, qtype: str) -> np.ndarray:
 
 
 class QuantizedMatrix:
-    """A weight W (d_in, d_out) stored as GGUF rows: one row of blocks per output, ``raw`` (d_out, bytes).
+    """A weight W (d_in, d_out) kept as GGUF blocks: one row of blocks per output, in the planes the kernels
+    read (:mod:`attnlab.kernels._quant_fused`): the values ``qs`` (G, n_blocks, GROUP, bytes), the float16
+    scales ``d`` and minima ``m`` (G, n_blocks, GROUP; m None for the types without one), the rows in groups
+    of GROUP side by side (the last group padded with zero rows): the file's bytes, rearranged.
 
     ``x @ W`` for x (..., d_in) gives (..., d_out) in float32, as ``x @ dequantize(raw).T`` does.
     """
@@ -62,16 +76,20 @@ class QuantizedMatrix:
         if raw.dtype != np.uint8 or raw.ndim != 2 or d_in % block or raw.shape[1] != d_in // block * nbytes:
             raise ValueError(f"raw must be uint8 (d_out, {d_in // block} blocks × {nbytes} bytes) for d_in {d_in} "
                              f"in {qtype} ({block} values per block), got {raw.dtype} {raw.shape}")
-        self.raws, self.qtype, self.d_in, self.d_out = (raw,), qtype, d_in, raw.shape[0]
-        blocks = raw.reshape(raw.shape[0], d_in // block, nbytes)            # (d_out, n_blocks, bytes) a view
-        payload = block // KERNEL_TYPES[qtype]                                # bytes of the values
-        header = nbytes - payload                                             # float16 d (and m)
-        halves = np.ascontiguousarray(blocks[..., :header]).view(np.float16).astype(np.float32)
-        self.d = np.ascontiguousarray(halves[..., 0])                        # (d_out, n_blocks) scales
-        self.m = (np.ascontiguousarray(halves[..., 1]) if header // 2 > 1     # (d_out, n_blocks) minima (Q4_1),
-                  else np.zeros_like(self.d))                                # 0 for the types without one
-        self.qs = np.ascontiguousarray(blocks[..., header:])                 # (d_out, n_blocks, payload) the values
-        #         alone, contiguous: a strided view of the blocks kept LLVM from vectorising the kernel
+        qs, d, m = {"Q4_K": k_quant_planes, "Q6_K": q6_k_planes}.get(qtype, block_planes)(raw, qtype, d_in)
+        self._set(qtype, d_in, raw.shape[0], grouped(qs), grouped(d), None if m is None else grouped(m))
+
+    def _set(self, qtype, d_in, d_out, qs, d, m) -> None:
+        self.qtype, self.d_in, self.d_out, self.qs, self.d, self.m = qtype, d_in, d_out, qs, d, m
+        # the planes as the kernels take them (float16 as its bits, uint16 views), made once, not per product
+        self.kernel_planes = (qs, *(p.view(np.uint16) if p is not None and p.dtype == np.float16 else p
+                                    for p in (d, m)))
+
+    @classmethod
+    def _of(cls, qtype, d_in, d_out, qs, d, m) -> "QuantizedMatrix":
+        w = object.__new__(cls)
+        w._set(qtype, d_in, d_out, qs, d, m)
+        return w
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -87,8 +105,8 @@ class QuantizedMatrix:
 
     @property
     def nbytes(self) -> int:
-        """Bytes a product reads: the values and their float32 scales (and minima)."""
-        return int(self.qs.nbytes + self.d.nbytes + (self.m.nbytes if self.qtype == "Q4_1" else 0))
+        """Bytes it holds, which a product reads: the values and their float16 scales (and minima)."""
+        return int(self.qs.nbytes + self.d.nbytes + (0 if self.m is None else self.m.nbytes))
 
     @property
     def size(self) -> int:
@@ -102,6 +120,10 @@ class QuantizedMatrix:
     def __repr__(self) -> str:
         return f"QuantizedMatrix({self.qtype}, shape={self.shape})"
 
+    def rows(self, plane: str) -> np.ndarray:
+        """One plane (``"qs"``, ``"d"``, ``"m"``) with a row per output, (d_out, n_blocks, ...): a copy."""
+        return ungrouped(getattr(self, plane), self.d_out)
+
     def __getitem__(self, key):
         """``W[:, cols]``: the weight of the columns ``cols`` (outputs; a slice or an index array), its rows of
         blocks copied; ``W[:, :]`` is W itself. Anything else needs the float32 array (``np.asarray(W)``)."""
@@ -111,20 +133,26 @@ class QuantizedMatrix:
         cols = key[1]
         if isinstance(cols, slice) and cols == slice(None):
             return self
-        part = object.__new__(type(self))
-        part.qtype, part.d_in = self.qtype, self.d_in
-        part.raws = (np.concatenate(self.raws)[cols],)
-        part.qs, part.d, part.m = self.qs[cols].copy(), self.d[cols].copy(), self.m[cols].copy()
-        part.d_out = part.d.shape[0]
-        return part
+        planes = [None if getattr(self, p) is None else grouped(self.rows(p)[cols]) for p in ("qs", "d", "m")]
+        return self._of(self.qtype, self.d_in, len(np.arange(self.d_out)[cols]), *planes)
 
     def finite(self) -> bool:
         """Whether every value is finite: the float16 scales (and minima) are (the values are integers)."""
-        return bool(np.isfinite(self.d).all() and np.isfinite(self.m).all())
+        return bool(np.isfinite(self.d).all() and (self.m is None or np.isfinite(self.m).all()))
 
-    def dequantize(self) -> np.ndarray:
-        """The float32 weight (d_in, d_out), by ``gguf.quants``."""
-        return np.concatenate([dequantize_rows(raw, self.qtype) for raw in self.raws]).T
+    def dequantize(self, rows=None) -> np.ndarray:
+        """The float32 weight (d_in, d_out), or its columns ``rows`` (int array) only, (d_in, len(rows)):
+        the values ``gguf.quants`` rebuilds, bit for bit, by numpy from the planes (d·(q − off) + m)."""
+        keep = slice(None) if rows is None else rows
+        qs, d = self.rows("qs")[keep], self.rows("d")[keep].astype(np.float32)        # (R, n_blocks, ...)
+        if self.qtype in INT8_TYPES:                                                   # d (R, n_blocks, 1 or 2)
+            q = qs.astype(np.float32).reshape(*d.shape, -1)                            # (R, n_blocks, 1 or 2, ...)
+            w = q * d[..., None]                                                       # (R, n_blocks, 1 or 2, ...)
+        else:
+            q = np.concatenate([qs & np.uint8(15), qs >> np.uint8(4)], axis=-1).astype(np.float32)
+            w = d[..., None] * (q - np.float32(8.0)) if self.qtype == "Q4_0" else \
+                d[..., None] * q + self.rows("m")[keep].astype(np.float32)[..., None]    # (R, n_blocks, 32)
+        return w.reshape(w.shape[0], self.d_in).T                                      # (d_in, R)
 
     def __array__(self, dtype=None, copy=None):
         out = self.dequantize()
@@ -135,13 +163,15 @@ class QuantizedMatrix:
         if x.ndim < 1 or x.shape[-1] != self.d_in:
             raise ValueError(f"x @ W needs x (..., {self.d_in}), got shape {x.shape}")
         lead = x.shape[:-1]
-        x2 = np.ascontiguousarray(x.reshape(-1, self.d_in), dtype=np.float32)   # (N, d_in)
-        out = np.empty((x2.shape[0], self.d_out), np.float32)                 # (N, d_out)
-        fused = None if _kernels.numba_disabled() else fused_kernels()
+        x2 = x.reshape(-1, self.d_in)
+        if x2.dtype != np.float32 or not x2.flags.c_contiguous:
+            x2 = np.ascontiguousarray(x2, dtype=np.float32)                  # (N, d_in)
+        fused = fused_kernels()
         if fused is None:
-            out[:] = x2 @ self.dequantize()
-        elif x2.shape[0] <= fused.MAX_TOKENS:
-            fused.matvec(self.qtype, self.qs, self.d, self.m, x2, out, kernel_threads()["threads"])
+            return (x2 @ self.dequantize()).reshape(*lead, self.d_out)
+        out = np.empty((x2.shape[0], self.d_out), np.float32)                 # (N, d_out)
+        if x2.shape[0] <= fused.MAX_TOKENS:
+            fused.matvec(self.qtype, *self.kernel_planes, x2, out, kernel_threads()["threads"])
         else:
             self._matmul_chunks(fused, x2, out)
         return out.reshape(*lead, self.d_out)                         # (..., d_out)
@@ -153,26 +183,101 @@ class QuantizedMatrix:
         for r0 in range(0, self.d_out, rows):
             r1 = min(r0 + rows, self.d_out)
             w = scratch[:r1 - r0]                                           # (rows, d_in)
-            fused.dequantize(self.qtype, self.qs[r0:r1], self.d[r0:r1], self.m[r0:r1], w)
+            fused.dequantize(self.qtype, *self.kernel_planes, np.arange(r0, r1), w)
             np.matmul(x2, w.T, out=out[:, r0:r1])                           # (N, rows)
 
     @classmethod
     def fuse_columns(cls, ws):
-        """Weights side by side (d_in, Σ d_out_i) of one type and width: their rows stacked in one weight, and
-        each of ``ws`` then reads its own rows of it (views: the values are held once)."""
-        if len({(w.qtype, w.d_in) for w in ws}) != 1:
+        """Weights side by side (d_in, Σ d_out_i) of one type and width, each a whole number of groups: their
+        rows stacked in one weight, and each of ``ws`` then reads its own groups of it (views: the values are
+        held once). None when they differ in type or width, or a weight's rows end inside a group."""
+        if len({(w.qtype, w.d_in) for w in ws}) != 1 or any(w.d_out % GROUP for w in ws):
             return None
-        fused = object.__new__(cls)
-        fused.qtype, fused.d_in, fused.d_out = ws[0].qtype, ws[0].d_in, sum(w.d_out for w in ws)
-        fused.raws = tuple(raw for w in ws for raw in w.raws)
-        for plane in ("qs", "d", "m"):
-            setattr(fused, plane, np.concatenate([getattr(w, plane) for w in ws]))   # (Σ d_out_i, ...)
-        r0 = 0
+        planes = [None if ws[0].m is None and p == "m" else np.concatenate([getattr(w, p) for w in ws])
+                  for p in ("qs", "d", "m")]                                 # (Σ G_i, ...)
+        fused = cls._of(ws[0].qtype, ws[0].d_in, sum(w.d_out for w in ws), *planes)
+        g0 = 0
         for w in ws:
-            for plane in ("qs", "d", "m"):
-                setattr(w, plane, getattr(fused, plane)[r0:r0 + w.d_out])           # contiguous row views
-            r0 += w.d_out
+            g1 = g0 + w.d_out // GROUP
+            w._set(w.qtype, w.d_in, w.d_out, *(None if p is None else p[g0:g1] for p in planes))   # views
+            g0 = g1
         return fused
+
+
+def block_planes(raw: np.ndarray, qtype: str, d_in: int):
+    """(qs, d, m) with a row per output of Q4_0, Q4_1 or Q8_0 bytes ``raw`` (d_out, bytes): each block's
+    float16 scale (and minimum) before its values, as ``gguf.quants`` reads them (m None without one)."""
+    block, nbytes = quant_sizes(qtype)
+    blocks = raw.reshape(raw.shape[0], d_in // block, nbytes)            # (d_out, n_blocks, bytes) a view
+    header = nbytes - block // KERNEL_TYPES[qtype]                        # float16 d (and m) before the values
+    halves = blocks[..., :header].copy().view(np.float16)                # (d_out, n_blocks, 1 or 2)
+    values = blocks[..., header:]                                        # (d_out, n_blocks, payload)
+    if qtype == "Q8_0":                                       # d (d_out, n_blocks, 1): one scale per block
+        return values.view(np.int8), halves[..., :1], None
+    return values, halves[..., 0], (halves[..., 1] if header == 4 else None)
+
+
+def k_quant_planes(raw: np.ndarray, qtype: str, d_in: int):
+    """(qs, d, m) of Q4_K bytes ``raw`` (d_out, bytes) as 32-value blocks of Q4_1's form: a super-block of 256
+    values holds float16 d and dmin, 6-bit scales and minima of its 8 sub-blocks (unpacked by
+    ``gguf.quants.Q4_K.get_scale_min``) and 4-bit values q, w = (d·sc)·q − dmin·mn, computed in float32 as
+    ``gguf.quants`` does. d = d·sc and m = −dmin·mn (float32); each sub-block's values repacked as Q4_1 packs
+    them (byte t: value t low, t + 16 high; Q4_K packs 64 values in 32 bytes, t and t + 32)."""
+    from gguf.quants import Q4_K
+
+    block, nbytes = quant_sizes(qtype)                                   # 256 values, 144 bytes
+    n = raw.shape[0] * (d_in // block)
+    blocks = raw.reshape(n, nbytes)                                      # (super-blocks, bytes)
+    d, dmin = blocks[:, :4].copy().view(np.float16).astype(np.float32).T   # (n,) each
+    sc, mn = Q4_K.get_scale_min(blocks[:, 4:4 + Q4_K.K_SCALE_SIZE])      # (n, 8) each
+    values = blocks[:, 4 + Q4_K.K_SCALE_SIZE:].reshape(n, block // 64, 1, 32)   # (n, 4, 1, 32) bytes
+    q = (values >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & np.uint8(15)
+    q = q.reshape(n, block // 32, 32)                                    # (n, 8, 32) each sub-block's values
+    qs = q[..., :16] | (q[..., 16:] << np.uint8(4))                      # (n, 8, 16) Q4_1's packing
+    scales = d[:, None] * sc.astype(np.float32)                          # (n, 8) as gguf computes them
+    minima = -(dmin[:, None] * mn.astype(np.float32))                    # (n, 8) w = scale·q + minimum
+    rows = raw.shape[0]
+    return qs.reshape(rows, -1, 16), scales.reshape(rows, -1), minima.reshape(rows, -1)
+
+
+def q6_k_planes(raw: np.ndarray, qtype: str, d_in: int):
+    """(qs, d, None) of Q6_K bytes ``raw`` (d_out, bytes) as int8 blocks of 32 values with a scale per 16: a
+    super-block of 256 values holds their low 4 bits, their high 2 bits, 16 int8 scales and a float16 d, in
+    the order ``gguf.quants.Q6_K`` reads them; w = (d·sc)·(q − 32). The values come from gguf itself
+    (``Q6_K.dequantize_blocks`` of the blocks with d = 1 and every scale 1 gives q − 32, exact small integers),
+    the scales d·sc are computed in float32 as gguf does."""
+    from gguf.constants import QK_K
+    from gguf.quants import Q6_K
+
+    block, nbytes = quant_sizes(qtype)                                   # 256 values, 210 bytes
+    n = raw.shape[0] * (d_in // block)
+    blocks = raw.reshape(n, nbytes)                                      # (super-blocks, bytes)
+    scales_at = QK_K // 2 + QK_K // 4                                    # after the values' low and high bits
+    unit = blocks.copy()
+    unit[:, scales_at:scales_at + QK_K // 16] = 1                        # every scale 1
+    unit[:, scales_at + QK_K // 16:] = np.array([1.0], np.float16).view(np.uint8)   # d = 1
+    q = Q6_K.dequantize_blocks(unit).astype(np.int8)                     # (n, 256) q − 32, exact
+    d = blocks[:, scales_at + QK_K // 16:].copy().view(np.float16).astype(np.float32)   # (n, 1)
+    sc = blocks[:, scales_at:scales_at + QK_K // 16].view(np.int8).astype(np.float32)  # (n, 16)
+    scales = d * sc                                                      # (n, 16) as gguf computes them
+    rows = raw.shape[0]
+    return q.reshape(rows, -1, 32), scales.reshape(rows, -1, 2), None
+
+
+def grouped(plane: np.ndarray) -> np.ndarray:
+    """A plane (R, n_blocks, ...) with a row per output as the kernels read it, (G, n_blocks, GROUP, ...):
+    rows in groups of GROUP side by side, the last group padded with zero rows."""
+    pad = -plane.shape[0] % GROUP
+    if pad:
+        plane = np.concatenate([plane, np.zeros((pad, *plane.shape[1:]), plane.dtype)])
+    g = plane.reshape(plane.shape[0] // GROUP, GROUP, *plane.shape[1:])   # (G, GROUP, n_blocks, ...)
+    return np.ascontiguousarray(np.swapaxes(g, 1, 2))                      # (G, n_blocks, GROUP, ...)
+
+
+def ungrouped(plane: np.ndarray, n_rows: int) -> np.ndarray:
+    """The inverse of :func:`grouped`: (G, n_blocks, GROUP, ...) -> (n_rows, n_blocks, ...), a copy."""
+    g = np.swapaxes(plane, 1, 2)                                           # (G, GROUP, n_blocks, ...)
+    return g.reshape(-1, *g.shape[2:])[:n_rows].copy()
 
 
 class QuantizedRows:
@@ -223,14 +328,32 @@ class QuantizedRows:
         ids = np.asarray(ids)
         if ids.dtype.kind not in "iu":
             raise TypeError(f"a quantized table is indexed by integer ids, got dtype {ids.dtype}")
-        flat = ids.ravel()
+        flat = ids.ravel().astype(np.int64)
         m, fused = self.matrix, fused_kernels()
+        if flat.size and not (-m.d_out <= flat.min() and flat.max() < m.d_out):
+            raise IndexError(f"ids must lie in [-{m.d_out}, {m.d_out}), got {flat.min()} … {flat.max()}")
+        flat %= m.d_out
         if fused is None:
-            rows = dequantize_rows(np.concatenate(m.raws)[flat], self.qtype)   # (n, d) by gguf.quants
-        else:                                                              # from the kept planes, so the file's
-            rows = np.empty((flat.size, m.d_in), np.float32)                # pages need not stay resident
-            fused.dequantize(self.qtype, m.qs[flat], m.d[flat], m.m[flat], rows)   # (n, d) the same values
+            rows = m.dequantize(flat).T                                         # (n, d) by numpy
+        else:
+            rows = np.empty((flat.size, m.d_in), np.float32)                    # (n, d) the same values
+            fused.dequantize(self.qtype, *m.kernel_planes, flat, rows)
         return rows.reshape(*ids.shape, self.shape[1])                       # (..., d)
+
+    def __rmatmul__(self, y):
+        """``y @ W`` for y (..., n_rows): (..., d) in float32 (a backward pass through ``x @ W.T``), the rows
+        dequantized a block at a time into float32 scratch, one BLAS product each."""
+        y = np.asarray(y)
+        m = self.matrix
+        if y.ndim < 1 or y.shape[-1] != m.d_out:
+            raise ValueError(f"y @ W needs y (..., {m.d_out}), got shape {y.shape}")
+        y2 = np.ascontiguousarray(y.reshape(-1, m.d_out), dtype=np.float32)    # (N, n_rows)
+        out = np.zeros((y2.shape[0], m.d_in), np.float32)                       # (N, d)
+        step = max(1, SCRATCH_BYTES // (4 * m.d_in))
+        for r0 in range(0, m.d_out, step):
+            rows = self[np.arange(r0, min(r0 + step, m.d_out))]                  # (rows, d) float32
+            out += y2[:, r0:r0 + rows.shape[0]] @ rows                          # (N, d)
+        return out.reshape(*y.shape[:-1], m.d_in)
 
     def __array__(self, dtype=None, copy=None):
         out = self.matrix.dequantize().T

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..kernels.quantized import KERNEL_TYPES, is_quantized, weight_from_gguf
+from ..kernels.quantized import KERNEL_TYPES, weight_from_gguf
 from ..text.tokens import HFTokenizer
 from .checkpoint import Tensors
 
@@ -133,8 +133,9 @@ class TensorInfo:
 
 class GGUFTensors(Mapping):
     """The file's tensors by name, each dequantized only when it is asked for (and not kept). Once a
-    quantized tensor is unpacked, its pages of the mapped file are handed back to the kernel (read-only, so
-    they would simply be read again), and the file's bytes never add to the model's memory."""
+    tensor is read (unpacked, or copied out if it is float32), its pages of the mapped file are handed back to
+    the kernel (read-only, so they would simply be read again): the model holds no view of the mapping, which
+    closes with the file, and the file's bytes never add to the model's memory."""
 
     def __init__(self, path: Path, infos: dict, mapped, quantized: bool = False):
         self.path, self.infos, self.mapped, self.quantized = path, infos, mapped, quantized
@@ -143,12 +144,12 @@ class GGUFTensors(Mapping):
         info = self.infos[name]
         if self.quantized and len(info.shape) == 2 and info.tensor_type.name in KERNEL_TYPES:
             w = weight_from_gguf(np.asarray(info.data), info.tensor_type.name, info.shape[0], rows=True)
-            if is_quantized(w):          # its values and scales copied out: the file's pages are not needed
-                release_pages(self.mapped, info.offset, info.data.nbytes)
-                return w                 # (d_out, d_in) a QuantizedRows; .T the QuantizedMatrix (d_in, d_out)
+            release_pages(self.mapped, info.offset, info.data.nbytes)   # its bytes copied out: not needed
+            return w   # (d_out, d_in): a QuantizedRows (.T the QuantizedMatrix (d_in, d_out)), or float32 without numba
         w = dequantize_tensor(self.path, info)
-        if not np.shares_memory(w, info.data):
-            release_pages(self.mapped, info.offset, info.data.nbytes)
+        if np.shares_memory(w, info.data):
+            w = w.copy()                 # a float32 tensor: copied, so the model holds nothing of the mapping
+        release_pages(self.mapped, info.offset, info.data.nbytes)
         return w
 
     def __iter__(self):
@@ -339,7 +340,7 @@ def special_id(file: GGUFFile, which: str, vocab_size: int) -> int | None:
 
 def load_gguf(model, families: dict, *, with_tokenizer: bool = True, quantized: bool = False):
     """``(model, tokenizer)`` (tokenizer None unless asked) of ``"smollm2"`` or a ``.gguf`` file; ``quantized``:
-    Q4_0, Q4_1 and Q8_0 weights kept in their type (:func:`attnlab.kernels.quantized.weight_from_gguf`)."""
+    Q4_0, Q4_1, Q8_0, Q4_K and Q6_K weights kept in their type (:func:`attnlab.kernels.quantized.weight_from_gguf`)."""
     file = dataclasses.replace(open_gguf(model), quantized=quantized)
     network = family_for(file, families).load_gguf(file)
     return network, (gguf_tokenizer(file) if with_tokenizer else None)
