@@ -346,6 +346,28 @@ def test_commands_that_run_a_model_take_quantized(tmp_path, capsys, numba_on, co
     assert_same_report(*outs)
 
 
+
+def test_scan_takes_quantized(tmp_path, capsys, numba_on):
+    """``scan --quantized`` (each process loads the GGUF quantized): the same means as the float32 scan."""
+    pytest.importorskip("tokenizers")
+    import json
+
+    from attnlab.cli import main
+
+    path, corpus = tmp_path / "tiny.gguf", tmp_path / "corpus.txt"
+    tiny_gguf_writer()(path, qtype=GGMLQuantizationType.Q8_0)
+    corpus.write_text("abc cab\nbca abc bca\n", encoding="utf-8")
+    outs = []
+    for extra in ([], ["--quantized"]):
+        assert main(["scan", str(corpus), "--workers", "0", "--model", str(path), "--json", *extra]) == 0
+        out = json.loads(capsys.readouterr().out)
+        outs.append({k: out[k] for k in ("lines", "tokens", "means")})
+    assert outs[0]["lines"] == 2 and outs[0]["tokens"] > 0
+    assert_same_report(*outs)
+    from attnlab.interpret.scan import _loaded
+    model, _ = _loaded(str(path), True)                                     # what the quantized scan ran
+    assert any(isinstance(w, QuantizedMatrix) for w in model.params().values())
+
 def assert_same_report(a, b, where="report"):
     """Two JSON reports equal, their numbers within 1e-5 (the quantized products round in another order)."""
     assert type(a) is type(b) or {type(a), type(b)} <= {int, float}, where

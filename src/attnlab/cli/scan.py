@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from ._app import add_command, add_json_flag, print_json, stderr_progress
+from .generate import add_quantized_flag
 
 
 def add_scan(sub) -> None:
@@ -25,6 +26,7 @@ def add_scan(sub) -> None:
                    "0 = no Dask, scan in this process")
     p.add_argument("--chunk", type=int, default=16, help="lines per task (default 16)")
     p.add_argument("--out", metavar="DIR", help="write a layer × head heatmap per statistic here")
+    add_quantized_flag(p)
     add_json_flag(p)
     p.set_defaults(func=cmd_scan)
 
@@ -45,7 +47,7 @@ def cmd_scan(args) -> int:
     with _client(args) as client, stderr_progress(TextColumn("scanning"), BarColumn(), MofNCompleteColumn(),
                                                   TimeRemainingColumn()) as bar:
         task = bar.add_task("scan", total=len(lines))
-        sums = scan_corpus(args.model, lines, client=client, chunk_size=args.chunk,
+        sums = scan_corpus(args.model, lines, client=client, chunk_size=args.chunk, quantized=args.quantized,
                            on_progress=lambda done, total: bar.update(task, completed=done))
     seconds = time.perf_counter() - t0
     means = sums.means()

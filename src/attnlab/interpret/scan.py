@@ -146,17 +146,18 @@ def scan_lines(model, tokenizer, lines) -> ScanSums:
 
 
 @functools.lru_cache(maxsize=2)
-def _loaded(model_name: str):
-    """The model and tokenizer, loaded once per process (each Dask worker keeps its own)."""
+def _loaded(model_name: str, quantized: bool = False):
+    """The model and tokenizer, loaded once per process (each Dask worker keeps its own); ``quantized``: a
+    GGUF file's weights kept in their types (``load_model(..., quantized=True)``)."""
     from ..models import load_model
     from .trained import resolve
-    return load_model(resolve(model_name))
+    return load_model(resolve(model_name), quantized=quantized)
 
 
-def scan_chunk(model_name: str, lines: list[str]) -> ScanSums:
+def scan_chunk(model_name: str, lines: list[str], quantized: bool = False) -> ScanSums:
     """One chunk, where it runs (a Dask worker or here)."""
     from ..kernels._threads import one_blas_thread
-    model, tokenizer = _loaded(model_name)
+    model, tokenizer = _loaded(model_name, quantized)
     with one_blas_thread():
         return scan_lines(model, tokenizer, lines)
 
@@ -188,9 +189,10 @@ def scan_cluster(n_workers: int):
 
 
 def scan_corpus(model_name: str, lines: list[str], *, client=None, chunk_size: int = 16,
-                on_progress=None) -> ScanSums:
+                on_progress=None, quantized: bool = False) -> ScanSums:
     """Scan every line; ``client`` (a ``distributed.Client``) runs chunks of ``chunk_size`` lines on its
-    workers, None runs them in this process. ``on_progress(lines_done, lines_total)`` after each chunk."""
+    workers, None runs them in this process. ``on_progress(lines_done, lines_total)`` after each chunk.
+    ``quantized``: each process loads a GGUF model with its weights kept in their types."""
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     if not lines:
@@ -198,9 +200,9 @@ def scan_corpus(model_name: str, lines: list[str], *, client=None, chunk_size: i
     parts, total, done = chunks(lines, chunk_size), len(lines), 0
     out = ScanSums()
     if client is None:
-        _loaded(model_name)                                   # a bad model fails before the first chunk
+        _loaded(model_name, quantized)                        # a bad model fails before the first chunk
         for part in parts:
-            out.add(scan_chunk(model_name, part))
+            out.add(scan_chunk(model_name, part, quantized))
             done += len(part)
             if on_progress:
                 on_progress(done, total)
@@ -208,7 +210,7 @@ def scan_corpus(model_name: str, lines: list[str], *, client=None, chunk_size: i
     from distributed import as_completed
     n_workers = max(1, len(client.scheduler_info()["workers"]))
     pending = iter(parts)
-    running = as_completed([client.submit(scan_chunk, model_name, p, pure=False)
+    running = as_completed([client.submit(scan_chunk, model_name, p, quantized, pure=False)
                             for p in (next(pending, None) for _ in range(2 * n_workers)) if p is not None],
                            with_results=True)
     for future, part_sums in running:
