@@ -15,7 +15,7 @@ import numpy as np
 from ..kernels._checks import (as_float_array, as_positive_int, check_attention_args, check_finite, check_rng, fold,
                                surely_fits, unfold)
 from ..kernels.attention import Saved, attention, attention_backward, attention_forward
-from ..kernels.matmul import as_weight, fuse_columns
+from ..kernels.matmul import as_weight, fuse_columns, streamed
 from .cache import KVCache
 from .config import AttentionConfig
 from .hookpoints import NO_HOOKS, KeepPattern
@@ -55,9 +55,10 @@ class MultiHeadAttention:
     b_V: np.ndarray   # (h_kv·d_head,)
     b_O: np.ndarray   # (d_model,)
     config: AttentionConfig
-    # quantized W_Q | W_K | W_V side by side (d_model, (h + 2·h_kv)·d_head): one product projects q, k and v
-    # (attnlab.kernels.matmul); None for float arrays, which are multiplied one by one
+    # W_Q | W_K | W_V side by side (d_model, (h + 2·h_kv)·d_head), and b_Q | b_K | b_V: one product projects q, k
+    # and v (attnlab.kernels.matmul). Float weights are views of its columns; None when the three differ in type
     W_QKV: object | None = field(init=False, repr=False, default=None)
+    b_QKV: np.ndarray | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self):
         if not isinstance(self.config, AttentionConfig):
@@ -71,7 +72,12 @@ class MultiHeadAttention:
                 c = self.config
                 raise ValueError(f"{name} has shape {got}, the config (d_model {c.d_model}, n_heads {c.n_heads}, "
                                  f"n_kv_heads {c.n_kv_heads}, d_head {c.d_head}) asks for {shape}")
-        object.__setattr__(self, "W_QKV", fuse_columns(self.W_Q, self.W_K, self.W_V)[0])
+        object.__setattr__(self, "W_O", streamed(self.W_O))         # in the layout x @ W_O streams fastest
+        for fused, names in (("W_QKV", ("W_Q", "W_K", "W_V")), ("b_QKV", ("b_Q", "b_K", "b_V"))):
+            whole, parts = fuse_columns(*(getattr(self, n) for n in names))
+            object.__setattr__(self, fused, whole)
+            for name, part in zip(names, parts):
+                object.__setattr__(self, name, part)
 
     @classmethod
     def init(cls, config: AttentionConfig, *, rng: np.random.Generator, std: float = 0.02,
@@ -402,7 +408,7 @@ def _project(p: MultiHeadAttention, x: np.ndarray, *, start: int = 0):
         k = split_heads(x @ p.W_K + p.b_K, h_kv)        # (..., h_kv, n, d_head)
         v = split_heads(x @ p.W_V + p.b_V, h_kv)        # (..., h_kv, n, d_head)
         return c.positions.rotate(q, start=start), c.positions.rotate(k, start=start), v
-    b_qkv = np.concatenate([p.b_Q, p.b_K, p.b_V])   # ((h + 2·h_kv)·d_head,)
+    b_qkv = np.concatenate([p.b_Q, p.b_K, p.b_V]) if p.b_QKV is None else p.b_QKV   # ((h + 2·h_kv)·d_head,)
     qkv = split_heads(x @ p.W_QKV + b_qkv, h + 2 * h_kv)   # (..., h + 2·h_kv, n, d_head) one product
     qk = c.positions.rotate(qkv[..., :h + h_kv, :, :], start=start)   # (..., h + h_kv, n, d_head) as attention
     return qk[..., :h, :, :], qk[..., h:, :, :], qkv[..., h + h_kv:, :, :]   # sees them; v (..., h_kv, n, d_head)

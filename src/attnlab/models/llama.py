@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..kernels.matmul import streamed
 from ..layer.config import AttentionConfig
 from ..stack.layers import GatedMLP, RMSNorm, activation_name
 from ..layer.multihead import MultiHeadAttention
@@ -243,6 +244,8 @@ def llama_layout_model(t: Tensors, cfg: ModelConfig, block, norm, names: TensorN
     """The model of a Llama-layout folder from its ``block(i)`` and ``norm(prefix)``: the embedding (first,
     while nothing else is held), the blocks, the final norm and the unembedding (unless tied)."""
     W_E = t.take(names.embed, (cfg.vocab_size, cfg.d_model), f"vocab_size={cfg.vocab_size}, {t.why}")   # (vocab, d)
+    if cfg.tied_embeddings and isinstance(W_E, np.ndarray):   # laid out for the logits x W_Eᵀ now, while nothing else is held
+        W_E = streamed(W_E.T).T                                                                  # (vocab, d)
     return Transformer(config=cfg, W_E=W_E, blocks=tuple(block(i) for i in range(cfg.n_layers)),
                        ln_final=norm(names.final_norm), **unembedding(t, cfg, names.unembed))
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..kernels.matmul import fuse_columns
+from ..kernels.matmul import fuse_columns, streamed
 from ..layer.hookpoints import NO_HOOKS
 
 # erfc(z) for z >= 0 as t·exp(-z² + P(t)), t = 1/(1 + z/2): Numerical Recipes' Chebyshev fit (Press et al.,
@@ -277,6 +277,10 @@ class MLP:
     PARAMS = ("W_in", "b_in", "W_out", "b_out")
     HOOKS = ("hook_pre", "hook_post")   # the hidden layer before and after the nonlinearity, (..., n, d_mlp)
 
+    def __post_init__(self):
+        for name in ("W_in", "W_out"):                   # in the layout x @ W streams fastest (kernels.matmul)
+            object.__setattr__(self, name, streamed(getattr(self, name)))
+
     def __call__(self, x: np.ndarray, hook=NO_HOOKS) -> np.ndarray:
         pre = hook("hook_pre", x @ self.W_in + self.b_in)                   # (..., n, d_mlp)
         hidden = hook("hook_post", ACTIVATIONS[self.activation](pre))       # (..., n, d_mlp)
@@ -331,15 +335,17 @@ class GatedMLP:
     W_in: np.ndarray     # (d_model, d_mlp)
     W_out: np.ndarray    # (d_mlp, d_model)
     activation: str      # a key of ACTIVATIONS
-    # quantized W_gate | W_in side by side (d_model, 2·d_mlp): one product for both (attnlab.kernels.matmul);
-    # None for float arrays
+    # W_gate | W_in side by side (d_model, 2·d_mlp): one product for both (attnlab.kernels.matmul); float weights
+    # are views of its columns; None when the two differ in type
     W_gate_in: object | None = field(init=False, repr=False, default=None)
     name = "gated"       # its key in MLPS
     PARAMS = ("W_gate", "W_in", "W_out")
     HOOKS = ("hook_pre", "hook_post")   # the gate before its nonlinearity; the hidden layer, gated, (..., n, d_mlp)
 
     def __post_init__(self):
-        object.__setattr__(self, "W_gate_in", fuse_columns(self.W_gate, self.W_in)[0])
+        fused, (W_gate, W_in) = fuse_columns(self.W_gate, self.W_in)
+        for name, value in (("W_gate_in", fused), ("W_gate", W_gate), ("W_in", W_in), ("W_out", streamed(self.W_out))):
+            object.__setattr__(self, name, value)
 
     def __call__(self, x: np.ndarray, hook=NO_HOOKS) -> np.ndarray:
         if self.W_gate_in is None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..kernels._checks import as_positive_float, as_positive_int, as_stop_ids, as_token_ids, cap_scores, check_flag, check_rng
-from ..kernels.matmul import as_weight
+from ..kernels.matmul import as_weight, streamed
 from ..layer.cache import KVCache
 from ..layer.config import AttentionConfig
 from ..layer.hookpoints import NO_HOOKS, Hooks
@@ -189,6 +189,12 @@ class Transformer:
                 raise ValueError(f"{name} has shape {got}, the config (vocab_size {c.vocab_size}, d_model "
                                  f"{c.d_model}, n_ctx {c.n_ctx}, {c.attention.positions.name} positions) asks for "
                                  f"{shape}")
+        # the unembedding (W_U, or W_Eᵀ when tied) in the layout x @ W streams fastest (attnlab.kernels.matmul;
+        # a row lookup W_E[ids] does not mind either layout)
+        if c.tied_embeddings and c.has_logits and isinstance(self.W_E, np.ndarray):
+            object.__setattr__(self, "W_E", streamed(self.W_E.T).T)        # (vocab, d_model)
+        elif self.W_U is not None:
+            object.__setattr__(self, "W_U", streamed(self.W_U))             # (d_model, vocab)
         for name, want in (("ln_embed", c.embed_norm), ("ln_final", c.final_norm)):
             _check_norm(name, getattr(self, name), want, c)
         for i, b in enumerate(self.blocks):
