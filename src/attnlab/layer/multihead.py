@@ -34,6 +34,11 @@ def split_heads(x: np.ndarray, n_heads: int) -> np.ndarray:
     return np.swapaxes(x, -2, -3)                        # (..., h, n, d_head)
 
 
+def _heads(x: np.ndarray, n_heads: int) -> np.ndarray:
+    """:func:`split_heads` without its checks, for the layer's own arrays (a decode step pays for every call)."""
+    return np.swapaxes(x.reshape(*x.shape[:-1], n_heads, x.shape[-1] // n_heads), -2, -3)   # (..., h, n, d_head)
+
+
 def merge_heads(x: np.ndarray) -> np.ndarray:
     """(..., n_heads, n, d_head) -> (..., n, n_heads·d_head): heads side by side."""
     if np.ndim(x) < 3:
@@ -394,8 +399,11 @@ def multihead_attention_backward_named(p: MultiHeadAttention, saved: SavedLayer,
 
 def _output(p: MultiHeadAttention, heads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The heads (..., h, n, d_head) side by side, and the layer's output ``merged W_O + b_O``."""
-    merged = merge_heads(heads)                      # (..., n, h·d_head)
-    return merged, merged @ p.W_O + p.b_O            # (..., n, h·d_head), (..., n, d_model)
+    *lead, h, n, d_head = heads.shape
+    merged = np.swapaxes(heads, -2, -3).reshape(*lead, n, h * d_head)   # (..., n, h·d_head) merge_heads, unchecked
+    y = merged @ p.W_O                               # (..., n, d_model)
+    y += p.b_O
+    return merged, y                                 # (..., n, h·d_head), (..., n, d_model)
 
 
 def _project(p: MultiHeadAttention, x: np.ndarray, *, start: int = 0):
@@ -404,12 +412,12 @@ def _project(p: MultiHeadAttention, x: np.ndarray, *, start: int = 0):
     c = p.config
     h, h_kv = c.n_heads, c.n_kv_heads
     if p.W_QKV is None:
-        q = split_heads(x @ p.W_Q + p.b_Q, h)           # (..., h, n, d_head)
-        k = split_heads(x @ p.W_K + p.b_K, h_kv)        # (..., h_kv, n, d_head)
-        v = split_heads(x @ p.W_V + p.b_V, h_kv)        # (..., h_kv, n, d_head)
+        q = _heads(x @ p.W_Q + p.b_Q, h)                # (..., h, n, d_head)
+        k = _heads(x @ p.W_K + p.b_K, h_kv)             # (..., h_kv, n, d_head)
+        v = _heads(x @ p.W_V + p.b_V, h_kv)             # (..., h_kv, n, d_head)
         return c.positions.rotate(q, start=start), c.positions.rotate(k, start=start), v
     b_qkv = np.concatenate([p.b_Q, p.b_K, p.b_V]) if p.b_QKV is None else p.b_QKV   # ((h + 2·h_kv)·d_head,)
-    qkv = split_heads(x @ p.W_QKV + b_qkv, h + 2 * h_kv)   # (..., h + 2·h_kv, n, d_head) one product
+    qkv = _heads(x @ p.W_QKV + b_qkv, h + 2 * h_kv)  # (..., h + 2·h_kv, n, d_head) one product
     qk = c.positions.rotate(qkv[..., :h + h_kv, :, :], start=start)   # (..., h + h_kv, n, d_head) as attention
     return qk[..., :h, :, :], qk[..., h:, :, :], qkv[..., h + h_kv:, :, :]   # sees them; v (..., h_kv, n, d_head)
 

@@ -12,6 +12,7 @@ forward that keeps nothing.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -65,8 +66,17 @@ def silu(x: np.ndarray) -> np.ndarray:
     >>> silu(np.array([-1.0, 0.0, 1.0], np.float32)).round(4)
     array([-0.2689,  0.    ,  0.7311], dtype=float32)
     """
-    with np.errstate(over="ignore"):                     # e^(−x) overflows to inf for x < −88: x/inf = −0
-        return x / (1 + np.exp(-x))
+    x = np.asarray(x)
+    if x.dtype.itemsize < 4:                             # float16: in float32, where e^(−x) has the room
+        return silu(x.astype(np.float32)).astype(x.dtype)
+    e = np.exp(np.minimum(-x, _exp_cap(x.dtype)))        # (...) e^(−x), held below overflow: x / e^cap rounds to
+    return x / (1 + e)                                   # (...)  about −0 as x / inf would (no warning, no errstate)
+
+
+@functools.cache
+def _exp_cap(dtype) -> float:
+    """The largest power e^t that does not overflow ``dtype`` (88 for float32)."""
+    return float(np.floor(np.log(np.finfo(dtype).max))) if np.dtype(dtype).kind == "f" else 88.0
 
 
 def relu(x: np.ndarray) -> np.ndarray:
@@ -204,10 +214,16 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, hook=NO_HOOKS) -> np
     >>> rms_norm(np.array([[3.0, 4.0]]), np.ones(2), 0.0).round(4)     # rms of (3, 4) is √12.5
     array([[0.8485, 1.1314]])
     """
-    x32 = x.astype(np.result_type(x, np.float32), copy=False)
-    ms = np.add.reduce(x32 * x32, axis=-1, keepdims=True) / x.shape[-1]   # (..., 1) mean of squares (ndarray.mean's
-    scale = hook("hook_scale", np.sqrt(ms + eps))            # (..., 1)     Python wrapper cost a decode step more)
-    return hook("hook_normalized", (x32 / scale).astype(x.dtype, copy=False) * weight)   # (..., d_model)
+    x32 = x if x.dtype.itemsize >= 4 else x.astype(np.float32)   # float16 squares in float32
+    ms = np.add.reduce(x32 * x32, axis=-1, keepdims=True)       # (..., 1) d · mean of squares (ndarray.mean's
+    ms *= 1 / x.shape[-1]                                       # (..., 1)    Python wrapper cost a decode step more)
+    ms += eps
+    scale = hook("hook_scale", np.sqrt(ms, out=ms))             # (..., 1)
+    y = x32 / scale                                             # (..., d_model)
+    if y.dtype != x.dtype:
+        y = y.astype(x.dtype)
+    y *= weight
+    return hook("hook_normalized", y)                           # (..., d_model)
 
 
 def rms_norm_forward(x: np.ndarray, weight: np.ndarray, eps: float):
