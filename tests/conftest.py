@@ -53,6 +53,46 @@ def torch_reference():
     return module
 
 
+class Cli:
+    """Runs ``attnlab`` in-process and reads what it printed (the CLI tests' one helper)."""
+
+    def __init__(self, capsys, prefix=()):
+        self.capsys, self.prefix = capsys, tuple(prefix)
+
+    def _argv(self, argv):
+        return [*self.prefix, *map(str, argv)]
+
+    def json(self, *argv):
+        """The --json output of a run that must succeed."""
+        import json
+        from attnlab.cli import main
+
+        assert main([*self._argv(argv), "--json"]) == 0, self.capsys.readouterr().err
+        return json.loads(self.capsys.readouterr().out)
+
+    def text(self, *argv):
+        """The printed text of a run that must succeed."""
+        from attnlab.cli import main
+
+        assert main(self._argv(argv)) == 0, self.capsys.readouterr().err
+        return self.capsys.readouterr().out
+
+    def error(self, argv, match):
+        """A run that must fail as bad input does: exit 2, one line on stderr naming ``match``, no traceback."""
+        from attnlab.cli import main
+
+        assert main(self._argv(argv)) == 2, argv
+        err = self.capsys.readouterr().err
+        assert err.startswith("attnlab: error:") and err.count("\n") == 1 and "Traceback" not in err, err
+        assert match in err, err
+        return err
+
+
+@pytest.fixture
+def cli(capsys):
+    return Cli(capsys)
+
+
 # A test-only writer of GPT-2 checkpoints in the Hugging Face layout, with safetensors' numpy API (no torch).
 
 GPT2_MERGES = ["Ġ c", "a t", "Ġc at", "Ġ s", "Ġs at", "Ġ t", "h e", "Ġt he"]   # so " cat" is one token

