@@ -149,6 +149,39 @@ def smollm2_gguf_path():
     return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def transformers_model(path):
+    """transformers' own model of the same GGUF file (``from_pretrained(folder, gguf_file=name)``, float32, SDPA
+    attention), and torch; ``(None, None)`` when transformers (or torch) cannot be imported."""
+    import os
+
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        return None, None
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")                 # the file is local: never the network
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
+                                                           attn_implementation="sdpa").eval()
+    return hf, torch
+
+
+def prefill_pair(model, hf, torch, ids: np.ndarray, rounds: int, *, logits_to_keep: int) -> dict:
+    """attnlab's ``forward`` over the prompt ``ids`` against transformers' forward (``torch.no_grad``), the
+    same ``logits_to_keep`` (1: a prefill for generation, as transformers' ``generate`` runs it; 0: every
+    position's logits), alternating: ms of each and the median of per-round ratios attnlab / transformers."""
+    from ..stack.transformer import forward
+
+    t_ids = torch.tensor(ids)[None]                              # (1, n)
+
+    def theirs():
+        with torch.no_grad():
+            hf(t_ids, logits_to_keep=logits_to_keep)
+
+    p = bench.paired(lambda: forward(model, ids, logits_to_keep=logits_to_keep), theirs, rounds)
+    return {"attnlab_ms": p.a_ms, "transformers_ms": p.b_ms, "ratio": p.ratio, "ratio_min": p.ratio_min,
+            "ratio_max": p.ratio_max, "logits_to_keep": logits_to_keep}
+
+
 def llama_cpp_step(path, threads: int):
     """One llama.cpp decode step on the same file and threads, as a callable (None when ``llama_cpp``, the
     package llama-cpp-python, cannot be imported). It is never built here: see docs/speed.md."""

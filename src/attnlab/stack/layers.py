@@ -69,8 +69,11 @@ def silu(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x)
     if x.dtype.itemsize < 4:                             # float16: in float32, where e^(−x) has the room
         return silu(x.astype(np.float32)).astype(x.dtype)
-    e = np.exp(np.minimum(-x, _exp_cap(x.dtype)))        # (...) e^(−x), held below overflow: x / e^cap rounds to
-    return x / (1 + e)                                   # (...)  about −0 as x / inf would (no warning, no errstate)
+    e = np.negative(x, out=np.empty(x.shape, x.dtype))   # (...) one buffer, every step in place (a prefill's
+    np.minimum(e, _exp_cap(x.dtype), out=e)              #        (512, 1536) temporaries cost page faults each);
+    np.exp(e, out=e)                                     # e^(−x) held below overflow: x / e^cap rounds to about −0
+    e += 1                                               # as x / inf would (no warning, no errstate)
+    return np.divide(x, e, out=e)                        # (...) x / (1 + e^(−x))
 
 
 @functools.cache
@@ -215,8 +218,8 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, hook=NO_HOOKS) -> np
     array([[0.8485, 1.1314]])
     """
     x32 = x if x.dtype.itemsize >= 4 else x.astype(np.float32)   # float16 squares in float32
-    ms = np.add.reduce(x32 * x32, axis=-1, keepdims=True)       # (..., 1) d · mean of squares (ndarray.mean's
-    ms *= 1 / x.shape[-1]                                       # (..., 1)    Python wrapper cost a decode step more)
+    ms = np.vecdot(x32, x32)[..., None]                         # (..., 1) d · mean of squares, no (..., d) temporary
+    ms *= 1 / x.shape[-1]                                       # (..., 1) (ndarray.mean's Python wrapper cost more)
     ms += eps
     scale = hook("hook_scale", np.sqrt(ms, out=ms))             # (..., 1)
     y = x32 / scale                                             # (..., d_model)
@@ -371,7 +374,9 @@ class GatedMLP:
             both = x @ self.W_gate_in                                               # (..., n, 2·d_mlp) one product
             gate, up = both[..., :d_mlp], both[..., d_mlp:]                         # (..., n, d_mlp) each
         pre = hook("hook_pre", gate)                                                # (..., n, d_mlp)
-        hidden = hook("hook_post", ACTIVATIONS[self.activation](pre) * up)          # (..., n, d_mlp)
+        hidden = ACTIVATIONS[self.activation](pre)                                  # (..., n, d_mlp) a new array
+        hidden *= up
+        hidden = hook("hook_post", hidden)                                          # (..., n, d_mlp)
         return hidden @ self.W_out                                                  # (..., n, d_model)
 
     @staticmethod
