@@ -34,9 +34,11 @@ import numpy as np
 from ._checks import as_float_array
 
 STREAMED_BYTES = 2**20       # a weight this large is read from memory, not cache, by a decode step
-PROBE_SHAPE = (1024, 4096)   # gemv_order's probe: a float32 weight of 16 MiB,
+PROBE_SHAPE = (512, 8192)    # gemv_order's probe: a float32 weight of 16 MiB, many outputs per input as a
+#                              decoder's unembedding and MLP up-projections have (where the layouts differ),
 PROBE_COPIES = 4             # four of them read in turn (64 MiB, past the last-level cache)
-PROBE_ROUNDS = 5
+PROBE_ROUNDS = 7
+PROBE_MARGIN = 0.9           # "F" only when it takes < 0.9× the time of "C": noise keeps the layout weights start in
 
 
 def as_weight(name: str, w):
@@ -50,11 +52,20 @@ def as_weight(name: str, w):
 @functools.cache
 def gemv_order() -> str:
     """"C" or "F": the layout of a (d_in, d_out) float32 W in which ``x @ W`` for one row x streams faster on
-    this machine, with the BLAS threads of the first call; measured once per process (about 0.1 s).
+    this machine's BLAS; measured once per process (about 0.2 s), on one BLAS thread (the kernel's own speed:
+    two threads on a shared machine wait on each other, and the measurement with them flipped between runs).
 
     Each probe buffer is read in both layouts (the same bytes: (d_in, d_out) C-contiguous, and the transpose
     of a (d_out, d_in) C-contiguous one), alternating which goes first; the median of the per-round ratios
-    decides, ties to "C"."""
+    decides, "C" (the layout weights are drawn in) unless "F" is faster by PROBE_MARGIN."""
+    from ._threads import one_blas_thread
+
+    with one_blas_thread():
+        return "F" if _probe_ratio() < PROBE_MARGIN else "C"
+
+
+def _probe_ratio() -> float:
+    """The median over PROBE_ROUNDS of (time of the F layout) / (time of the C layout) for the probe."""
     d_in, d_out = PROBE_SHAPE
     bufs = [np.full(d_in * d_out, 1.0 / d_in, np.float32) for _ in range(PROBE_COPIES)]
     c_form = [b.reshape(d_in, d_out) for b in bufs]                 # (d_in, d_out) C-contiguous
@@ -77,7 +88,7 @@ def gemv_order() -> str:
             c = seconds(c_form)
             f = seconds(f_form)
         ratios.append(f / c)
-    return "F" if float(np.median(ratios)) < 1.0 else "C"
+    return float(np.median(ratios))
 
 
 def order_for(shape: tuple, dtype) -> str:
