@@ -241,7 +241,7 @@ def run_model_bench(name: str = "smollm2", *, rounds: int = 11, cores: int | Non
     q = smollm2_file_model(path, quantized=True)
     from ..kernels.matmul import gemv_order
 
-    out = {"model": name, "file": str(path), "rounds": rounds, "gemv_order": gemv_order(),
+    out = {"model": name, "file": str(path), "rounds": rounds, "gemv_order": {"wide": gemv_order(), "tall": gemv_order(tall=True)},
            "quantized_kernel": quantized.has_kernel(),
            "quantized_threads": quantized.kernel_threads() if quantized.has_kernel() else None}
     with bench.on_cores(cores):
@@ -275,7 +275,8 @@ def model_table(r: dict) -> list[str]:
     lines = [f"CPU: {m['cpu']}; SIMD: {m['simd']}; BLAS: {bench.blas_kernel(m['blas'])}; numba: {m['numba'] or 'not installed'}"
              f"; load average {r['load_average']}",
              f"model: {r['model']} ({r['file']}); {r['rounds']} rounds, alternating, medians of per-round ratios; "
-             f"weights streamed in {r['gemv_order']} order (measured here: attnlab.kernels.matmul.gemv_order)",
+             f"weights streamed in {r['gemv_order']['wide']} order when wide, {r['gemv_order']['tall']} when tall "
+             f"(measured here: attnlab.kernels.matmul.gemv_order)",
              "",
              f"decode float32    {f['ms_per_token']:8.1f} ms/token   bound {f['bound_ms']:.1f} ms ({f['weight_mb']:.0f} MB at "
              f"{f['stream_gb_s']:.1f} GB/s)   ratio {f['ratio_to_bound']:.2f}x [{f['ratio_min']:.2f}-{f['ratio_max']:.2f}]",
