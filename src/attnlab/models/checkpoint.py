@@ -325,8 +325,8 @@ class Tensors:
 
     def strip_prefix(self, prefix: str) -> "Tensors":
         """The same tensors with ``prefix`` removed where present (``bert.``, ``transformer.``)."""
-        if not any(k.startswith(prefix) for k in self.arrays):
-            return self
+        if not prefix or not any(k.startswith(prefix) for k in self.arrays):
+            return self                   # as they are: a lazy mapping (a GGUF file's) stays lazy, none held
         return Tensors({k.removeprefix(prefix): v for k, v in self.arrays.items()}, self.source, self.why,
                        self.header)
 
