@@ -214,7 +214,6 @@ def llama_from_tensors(tensors: Tensors, cfg: ModelConfig, *, qkv_bias: bool = F
     a, d = cfg.attention, cfg.d_model
     width, width_kv = a.n_heads * a.d_head, a.n_kv_heads * a.d_head
     t = llama_layout(tensors, cfg, names, why)
-    t.take(names.q.format(i=0) + ".weight", (width, d))   # the shapes first: head_dim sizes the arrays below
 
     def block(i: int) -> PreNormBlock:
         name = lambda part: getattr(names, part).format(i=i)        # noqa: E731
