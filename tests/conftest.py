@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from attnlab.kernels._kernels import NO_NUMBA_ENV
+from attnlab.kernels._kernels import NO_NUMBA_ENV, load_fused
 
 
 @pytest.fixture(params=["numpy", "fused"])
@@ -11,6 +11,7 @@ def tile_kernel(request, monkeypatch):
     if request.param == "fused":
         pytest.importorskip("numba")
         monkeypatch.delenv(NO_NUMBA_ENV, raising=False)
+        load_fused()                    # loaded now, not when the numpy path has spent what loading costs
     else:
         monkeypatch.setenv(NO_NUMBA_ENV, "1")
     return request.param

@@ -20,6 +20,21 @@ def tiny(monkeypatch):
     monkeypatch.setattr(bench, "gemm_gflops", lambda: 100.0)
     monkeypatch.setattr(bench, "blas_contention", lambda: {"blas_threads": 2, "all_threads_ms": 40.0,
                                                            "one_thread_ms": 20.0, "ratio": 2.0})
+    monkeypatch.setattr(bench, "first_call_row", lambda: FIRST_CALL)      # its own test runs the subprocesses
+
+
+FIRST_CALL = {"n": 1024, "first_over_second_mib": 5.0, "runs": {
+    "default": {"first": {"rss_mib": 7.0, "ms": 90.0}, "second": {"rss_mib": 2.0, "ms": 60.0}, "kernel": "numpy"}}}
+
+
+def test_first_call_row_measures_a_fresh_process():
+    f = bench.first_call_row(n=200)
+    default = f["runs"]["default"]
+    assert default["kernel"] == "numpy"                      # a short call in a fresh process loads no numba
+    assert f["first_over_second_mib"] == default["first"]["rss_mib"] - default["second"]["rss_mib"] < 50
+    if "numba loaded first" in f["runs"]:
+        loaded = f["runs"]["numba loaded first"]
+        assert loaded["kernel"] == "fused" and loaded["load numba"]["rss_mib"] > 20    # numba's import alone
 
 
 def test_blas_contention_times_the_same_product_on_all_threads_and_one():
@@ -150,7 +165,7 @@ def test_bench_sizes_and_cores(tiny, monkeypatch):
     assert seen == [(1, 1)] * 4 and r["machine"]["cores"] == 1 and r["cores_asked"] == 1
     assert [b["num_threads"] for b in r["machine"]["blas"] if b["user_api"] == "blas"] in ([], [1])
     assert os.sched_getaffinity(0) == before and torch.get_num_threads() == threads      # restored
-    assert bench.n_steps(quick=True, sizes=[32, 48]) == 2 + 4 + 1 + 1 + 1
+    assert bench.n_steps(quick=True, sizes=[32, 48]) == 1 + 2 + 4 + 1 + 1 + 1
 
 
 def test_on_cores_restores_after_an_error():
@@ -167,8 +182,8 @@ def test_on_cores_restores_after_an_error():
 def test_n_steps_counts_the_steps_run_bench_announces(tiny):
     steps = []
     bench.run_bench(quick=True, progress=steps.append, repeat=1)
-    assert bench.n_steps(quick=True) == len(steps) == 2 + 2 + 1 + 1 + 1   # GEMM twice, 64 causal/full, batch,
-    #                                                                      decode, backward
+    assert bench.n_steps(quick=True) == len(steps) == 1 + 2 + 2 + 1 + 1 + 1   # first call, GEMM twice, 64
+    #                                                                          causal/full, batch, decode, backward
 
 
 def test_goal_table_judges_each_goal_by_its_worst_figure():
@@ -184,7 +199,11 @@ def test_goal_table_judges_each_goal_by_its_worst_figure():
     assert goals["decode step at contexts 1024 and 4096"]["met"] is None          # torch missing: no verdict
     assert goals["share of numpy's GEMM rate at n >= 4096"]["worst"] == 0.65
     assert goals["backward (forward + backward)"]["met"] is True
-    assert goals["memory of the tiled forward: extra peak (output included) / output"]["met"] is None   # no rows
+    assert goals["memory of the tiled forward from n = 1024: extra peak (output included) / output"]["met"] is None
+    assert goals["first call in a fresh process"]["met"] is None                 # not measured: no verdict
+    r["first_call"] = FIRST_CALL
+    first = {g["case"].split(",")[0]: g for g in bench.goal_table(r)}["first call in a fresh process"]
+    assert first["figures"] == {"n=1024 causal": 5.0} and first["met"] is True
 
 
 def test_goal_table_judges_memory_against_the_output():
@@ -192,6 +211,6 @@ def test_goal_table_judges_memory_against_the_output():
                                   "output_mib": 4.0, "extra_mib": extra}
     r = {"forward": [row(64, "naive, numpy softmax (exp)", 40.0), row(1024, "tiled, fused", 5.0),
                      row(2048, "tiled, fused", 6.4)], "batch": [], "decode": [], "backward": []}
-    memory = bench.goal_table(r)[-1]
+    memory = next(g for g in bench.goal_table(r) if g["case"].startswith("memory"))
     assert memory["figures"] == {"n=1024 full": 1.25, "n=2048 full": 1.6}            # the naive row is not judged
     assert memory["worst"] == 1.6 and memory["met"] is False

@@ -141,7 +141,8 @@ def test_decode_path_is_taken_only_when_it_computes_what_was_asked(rng, monkeypa
     from attnlab.kernels._checks import check_attention_args
     from attnlab.kernels.naive import naive_attention
     calls = []
-    monkeypatch.setattr(decode, "decode_attention", lambda c, _f=decode.decode_attention: calls.append(1) or _f(c))
+    monkeypatch.setattr(decode, "decode_attention",
+                        lambda c, kernel=None, _f=decode.decode_attention: calls.append(1) or _f(c, kernel))
     q, k, v = rng.normal(size=(2, 1, 4)), rng.normal(size=(2, 6, 4)), rng.normal(size=(2, 6, 3))
     attention(q, k, v, is_causal=True)
     assert len(calls) == 1

@@ -119,7 +119,8 @@ def test_attention_takes_the_tiled_path_with_groups_above_the_crossover(rng, mon
 def test_decode_path_with_groups(rng, monkeypatch):
     calls = []
     decode = attention_module.decode
-    monkeypatch.setattr(decode, "decode_attention", lambda c, _f=decode.decode_attention: calls.append(1) or _f(c))
+    monkeypatch.setattr(decode, "decode_attention",
+                        lambda c, kernel=None, _f=decode.decode_attention: calls.append(1) or _f(c, kernel))
     q, k, v = qkv(rng, n_q=1, n_k=9)
     for dtype, tol in ((np.float64, 1e-12), (np.float32, 1e-6)):
         got = attention(*(x.astype(dtype) for x in (q, k, v)), is_causal=True)

@@ -58,7 +58,7 @@ def test_fused_decode_kernel_equals_the_numpy_path(rng, monkeypatch, dtype, tol,
     v = rng.standard_normal((*batch, h_kv, n_k, 8)).astype(dtype)
     c = check_attention_args(q, k, v)
     monkeypatch.delenv("ATTNLAB_NO_NUMBA", raising=False)
-    assert _kernels.tile_kernel() == "fused"
+    assert _kernels.load_fused() is not None and _kernels.tile_kernel() == "fused"
     fused = decode.decode_attention(c)
     monkeypatch.setenv("ATTNLAB_NO_NUMBA", "1")
     np.testing.assert_allclose(fused, decode.decode_attention(c), rtol=tol, atol=tol)

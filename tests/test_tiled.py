@@ -129,6 +129,42 @@ def test_memory_stays_far_below_the_grid(tile_kernel, rng):
     del out
 
 
+@pytest.mark.parametrize("n, is_causal", [(1024, True), (1024, False), (2048, True)])
+def test_forward_extra_peak_stays_within_one_and_a_half_outputs(tile_kernel, rng, n, is_causal):
+    """The issue's memory goal, from n = 1024 up: the forward allocates its output, its lse and the workers'
+    scratch, which shrinks its tiles to fit half an output (tiled.forward_blocks); tracemalloc sees numpy's
+    allocations, in every thread."""
+    q, k, v = (rng.standard_normal((1, 12, n, 64), dtype=np.float32) for _ in range(3))   # (B, h, n, d_head)
+    tiled_attention(q, k, v, is_causal=is_causal, workers=2)                 # warm up (numba, the pool)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        out = tiled_attention(q, k, v, is_causal=is_causal, workers=2)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert out.nbytes < peak <= tiled.EXTRA_PEAK * out.nbytes
+    np.testing.assert_allclose(out[0, :2], naive(q[0, :2], k[0, :2], v[0, :2], is_causal=is_causal)[0],
+                               rtol=2e-5, atol=2e-6)
+
+
+def test_forward_blocks_shrink_to_the_memory_budget_and_no_further(rng):
+    def blocks(n, heads=12, workers=2):
+        q = np.zeros((heads, n, 64), np.float32)                             # (h, n, d_head)
+        return tiled.forward_blocks(check_attention_args(q, q, q), workers)
+
+    assert blocks(8192) == (tiled.BLOCK_Q, tiled.BLOCK_K)                   # a big output: the full tile
+    assert blocks(1024) == (256, 512)           # 2 × 512 × 512 × 4 bytes exceed half of 3 MiB: queries halved
+    assert blocks(1024, workers=1) == (512, 512)                            # one worker's scratch fits
+    assert blocks(4096, heads=1, workers=1) == (256, 256)                  # 1 MiB of output: 256 × 256 fits half
+    assert blocks(64, heads=1) == (64, 64)                                  # never above the grid
+    assert blocks(4096, heads=1, workers=64) == (tiled.MIN_BLOCK, tiled.MIN_BLOCK)   # and never below the floor
+    for n, heads, workers in [(1024, 12, 2), (2048, 12, 2), (4096, 1, 1), (8192, 3, 2)]:
+        bq, bk = blocks(n, heads, workers)
+        scratch = workers * tiled.Scratch.forward_bytes(bq, bk, 64, 64, 4)
+        assert scratch + heads * n * (64 + 1) * 4 <= tiled.EXTRA_PEAK * heads * n * 64 * 4
+
+
 # ---------------------------------------------------------------------------- dispatch
 
 

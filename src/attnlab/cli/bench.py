@@ -139,6 +139,20 @@ def print_table(r: dict) -> None:
     for b in r["backward"]:
         print(f"{b['n']:>11} {tag(b):>4} {b['attnlab_ms']:>10.1f} {fmt(b['torch_ms']):>9} {ratio_text(b):>17} "
               f"{fmt(b['naive_ms']):>9}")
+    print_first_call(r.get("first_call"))
+
+
+def print_first_call(f: dict | None) -> None:
+    """A fresh process's first attention call against its second (resident memory), by default and with numba
+    loaded first."""
+    if not f:
+        return
+    print()
+    print(f"first call in a fresh process (n = {f['n']}, causal, resident memory added and time of each step):")
+    for name, run in f["runs"].items():
+        steps = "; ".join(f"{step} +{s['rss_mib']:.1f} MiB {s['ms']:.0f} ms" for step, s in run.items()
+                          if step != "kernel")
+        print(f"  {name}: {steps} (kernel {run['kernel']})")
 
 
 def print_goals(r: dict) -> None:

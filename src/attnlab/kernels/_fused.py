@@ -211,6 +211,11 @@ def decode_groups(q, k, v, scale2, out, s, cap2):
     s (g, n_k) scratch. Each cached key and value is read once for its whole group (the g dot products of
     a key are taken together), every key is visible (the decode path's condition), so a row's max is
     finite and its sum at least 1.
+
+    A cache's keys and values arrive as views of a longer buffer (numba's layout "A": strides known only at
+    run time), where the loops over d_k and d_v did not vectorise (12 heads × 1024 keys: 0.82 against 0.32 ms
+    contiguous); each head is taken as a C-contiguous view (``np.ascontiguousarray`` copies nothing when
+    its rows are contiguous, as a cache's are), which runs as fast as contiguous input.
     """
     n_b, h_kv, g, d_k = q.shape
     n_k, d_v = k.shape[2], v.shape[3]
@@ -218,11 +223,15 @@ def decode_groups(q, k, v, scale2, out, s, cap2):
     zero = scale2 - scale2                                  # 0 in the dtype (scale2 is finite)
     for b in range(n_b):
         for h in range(h_kv):
+            qh = np.ascontiguousarray(q[b, h])              # (g, d_k) views in C layout, no copies when
+            kh = np.ascontiguousarray(k[b, h])              # (n_k, d_k) each head's rows are contiguous
+            vh = np.ascontiguousarray(v[b, h])              # (n_k, d_v)
+            oh = out[b, h]                                  # (g, d_v)
             for j in range(n_k):                            # key j once, for the g query heads
                 for i in range(g):
                     acc = zero
                     for t in range(d_k):
-                        acc += q[b, h, i, t] * k[b, h, j, t]
+                        acc += qh[i, t] * kh[j, t]
                     s[i, j] = acc * scale2                  # base-2 scores
                     if cap2 > 0:
                         s[i, j] = cap2 * np.tanh(s[i, j] / cap2)   # soft-capped (Gemma-2)
@@ -230,13 +239,13 @@ def decode_groups(q, k, v, scale2, out, s, cap2):
                 total[i] = exp_row(s[i], row_max(s[i], -np.inf))   # s[i] = 2^(s - max), in place
             for i in range(g):
                 for t in range(d_v):
-                    out[b, h, i, t] = 0
+                    oh[i, t] = 0
             for j in range(n_k):                            # value j once, for the g query heads
                 for i in range(g):
                     p = s[i, j]
                     for t in range(d_v):
-                        out[b, h, i, t] += p * v[b, h, j, t]
+                        oh[i, t] += p * vh[j, t]
             for i in range(g):
                 inv = (total[i] - total[i] + 1) / total[i]
                 for t in range(d_v):
-                    out[b, h, i, t] *= inv
+                    oh[i, t] *= inv

@@ -7,19 +7,32 @@ tile-sized array once per process, on the machine it runs on, and the tiled kern
 
 The fused kernel (:mod:`attnlab.kernels._fused`, the optional extra ``attnlab[fast]``) needs numba; setting the
 environment variable ``ATTNLAB_NO_NUMBA=1`` makes every call take the numpy path as if numba were missing.
+
+Loading numba is not free: in a fresh process, importing it and loading its first kernel's machine code from
+the on-disk cache cost some 0.5-2 s and 110-140 MiB of resident memory (``benchmarks/first_call.py``), more than
+a short call's whole run. So the fused kernels load the way one decides between renting and buying (the
+ski-rental rule): calls run on the numpy path, which needs nothing loaded, until the time they have spent there
+(with the present call's estimated time) reaches what loading numba costs (``NUMBA_LOAD_SECONDS``); then numba
+loads and every later call is fused. Whatever the machine, the numpy path's extra time is then at most about
+what loading would have cost, and a process that makes only short calls never pays for numba at all.
+:func:`load_fused` loads it at once (``attnlab bench`` does, so that every row it times runs one kernel).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
+import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
 NO_NUMBA_ENV = "ATTNLAB_NO_NUMBA"
-LOG2E = 1 / np.log(2)
+LOG2E = 1 / math.log(2)          # a Python float: float32 arrays times it stay float32 (NEP 50), where
+                                 # an np.float64 made numpy cast through 128 KiB buffers and compute in float64
 
 
 @dataclass(frozen=True)
@@ -68,6 +81,32 @@ def numba_disabled() -> bool:
     return os.environ.get(NO_NUMBA_ENV, "").strip().lower() not in ("", "0", "false", "no")
 
 
+# What loading numba costs a fresh process, as the rent-or-buy rule counts it: importing numba, then loading
+# the first kernel's machine code from numba's cache (its CPU target and LLVM's JIT are built then), measured
+# 0.25-0.95 s and 0.3-0.95 s on the 2-core EPYC under varying load (benchmarks/first_call.py). An estimate,
+# not a choice tuned to one machine: an error in it moves the switch earlier or later, never past twice the
+# cost of the better choice.
+NUMBA_LOAD_SECONDS = 0.5
+FUSED_MODULE = __package__ + "._fused"
+
+
+@dataclass
+class Rent:
+    """The numpy path's time on work the fused kernels would do, in this process, until numba loads."""
+    seconds: float = 0.0
+    scores: int = 0                 # how many attention scores that time covered (for the rate per score)
+
+    def seconds_per_score(self) -> float:
+        """The numpy path's measured time per score here; before any call, numpy's exponential (each score
+        passes through one), a lower bound."""
+        if self.scores:
+            return self.seconds / self.scores
+        return 1e-9 * min(numpy_exp().ns_per_element.values())
+
+
+RENT = Rent()
+
+
 @functools.cache
 def fused_module():
     """:mod:`attnlab.kernels._fused` (imports numba, ~0.3 s the first time), or None when numba cannot be imported."""
@@ -78,18 +117,57 @@ def fused_module():
     return _fused
 
 
+@functools.cache
+def numba_installed() -> bool:
+    """Whether numba can be imported, without importing it (looked up once per process)."""
+    return importlib.util.find_spec("numba") is not None
+
+
+def fused_loaded() -> bool:
+    """Whether the fused kernels are loaded in this process (by the rent-or-buy rule, :func:`load_fused`, or
+    any code that imported :mod:`attnlab.kernels._fused`)."""
+    return sys.modules.get(FUSED_MODULE) is not None
+
+
+def load_fused():
+    """Load the fused kernels now (numba's import; each kernel's machine code loads on its first call):
+    the module, or None when numba cannot be imported."""
+    return fused_module()
+
+
+def pay_rent(kernel: str, seconds: float, scores: int) -> None:
+    """Count a call's time on the numpy path toward loading numba (nothing once it is loaded, or without it)."""
+    if kernel == "numpy" and not fused_loaded():
+        RENT.seconds += seconds
+        RENT.scores += scores
+
+
 def numba_version() -> str | None:
     """numba's version when it can be imported, else None."""
     module = fused_module()
     return None if module is None else module.numba.__version__
 
 
-def tile_kernel() -> str:
-    """Which per-tile kernel the tiled path runs: ``"fused"`` (numba: shift, exponential and row sum in one
-    pass) when numba is installed and not disabled, else ``"numpy"``."""
-    if numba_disabled() or fused_module() is None:
+def tile_kernel(scores: int = 0) -> str:
+    """Which kernel a call of ``scores`` attention scores runs: ``"fused"`` (numba: shift, exponential and row
+    sum in one pass) when numba is installed, not disabled, and loaded, or worth loading now by the
+    rent-or-buy rule (the numpy path's time so far, plus this call's estimate, reaches NUMBA_LOAD_SECONDS);
+    else ``"numpy"``."""
+    if numba_disabled():
         return "numpy"
+    if not fused_loaded():
+        if not numba_installed():
+            return "numpy"
+        if RENT.seconds + scores * RENT.seconds_per_score() < NUMBA_LOAD_SECONDS:
+            return "numpy"
+        if load_fused() is None:
+            return "numpy"
     return "fused"
+
+
+def kernel_in_use() -> str:
+    """The kernel calls run on now, loading nothing: "fused" when loaded (and not disabled), else "numpy"."""
+    return "fused" if fused_loaded() and not numba_disabled() else "numpy"
 
 
 def kernel_name(kernel: str) -> str:

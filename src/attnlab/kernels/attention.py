@@ -11,6 +11,7 @@ checked inputs (:mod:`attnlab.kernels._checks`) and gives the same result.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,17 +48,20 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Path:
-    """Which path a call takes: ``name`` "naive", "tiled" or "decode", and for the tiled and naive paths their
-    ``kernel``, "fused" (numba) or "numpy" (:func:`attnlab.kernels._kernels.tile_kernel`; the naive path's softmax
-    is fused only without a bias)."""
+    """Which path a call takes: ``name`` "naive", "tiled" or "decode", and its ``kernel``, "fused" (numba) or
+    "numpy" (:func:`attnlab.kernels._kernels.tile_kernel`; the naive path's softmax is fused only without a
+    bias); ``scores``: how many scores the call computes at most, what the rent-or-buy rule counts."""
     name: str
     kernel: str = "numpy"
+    scores: int = 0
 
     def __str__(self) -> str:
         if self.name == "tiled":
             return f"tiled, {_kernels.kernel_name(self.kernel)}"
         if self.name == "naive" and self.kernel == "fused":
             return "naive, fused softmax (numba, polynomial exp2, one pass per row)"
+        if self.name == "decode" and self.kernel == "fused":
+            return "decode, fused (numba, one call for every head and its group) or numpy, the faster measured here"
         return f"{self.name}, numpy softmax (exp)"
 
 
@@ -65,12 +69,15 @@ def choose_path(c, *, training: bool = False, weights: bool = False) -> Path:
     """The one place that decides which path runs, for checked inputs ``c``; ``training``: the forward of
     a training step (attention_forward), which has no decode path; ``weights``: the whole grid of weights is
     asked for (attention_weights), which only the naive path holds. Logs the choice at DEBUG level."""
+    scores = c.q.shape[-2] * c.k.shape[-2]
+    for n in c.batch:
+        scores *= n                                      # (a product of Python ints: no numpy call)
     if not weights and takes_tiled_path(c.q, c.k, bias=c.bias):
-        path = Path("tiled", _kernels.tile_kernel())
+        path = Path("tiled", _kernels.tile_kernel(scores), scores)
     elif not (weights or training) and decode.takes_decode_path(c):
-        path = Path("decode")
+        path = Path("decode", _kernels.tile_kernel(scores), scores)
     else:
-        path = Path("naive", _kernels.tile_kernel() if c.bias is None else "numpy")
+        path = Path("naive", _kernels.tile_kernel(scores) if c.bias is None else "numpy", scores)
     if log.isEnabledFor(logging.DEBUG):
         log.debug("attention path: %s; q %s, k %s", path, c.q.shape, c.k.shape)
     return path
@@ -152,12 +159,14 @@ def attention(query, key, value, *, mask=None, bias=None, is_causal=False, windo
     c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, window=window,
                              q_offset=q_offset, scale=scale, softcap=softcap, require_finite=check_finite)
     path = choose_path(c)
+    t0 = time.perf_counter()
     if path.name == "tiled":
         out, _ = tiled.tiled_forward(c, tiled.make_plan(c), kernel=path.kernel)     # (..., h, n_q, d_v)
     elif path.name == "decode":
-        out = decode.decode_attention(c)                 # (..., h, 1, d_v)
+        out = decode.decode_step(c, path.kernel)         # (..., h, 1, d_v)
     else:
         out = naive.naive_attention_out(c, path.kernel)  # (..., h, n_q, d_v)
+    _kernels.pay_rent(path.kernel, time.perf_counter() - t0, path.scores)
     return out.astype(c.out_dtype, copy=False)
 
 
@@ -192,7 +201,10 @@ def attention_weights(query, key, *, mask=None, bias=None, is_causal=False, wind
     c = check_attention_args(query, key, key, mask=mask, bias=bias, is_causal=is_causal, window=window,
                              q_offset=q_offset, scale=scale, softcap=softcap)
     path = choose_path(c, weights=True)
-    return naive.naive_weights(c, path.kernel).astype(c.out_dtype, copy=False)      # (..., h, n_q, n_k)
+    t0 = time.perf_counter()
+    a = naive.naive_weights(c, path.kernel)              # (..., h, n_q, n_k)
+    _kernels.pay_rent(path.kernel, time.perf_counter() - t0, path.scores)
+    return a.astype(c.out_dtype, copy=False)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -228,10 +240,12 @@ def attention_forward(query, key, value, *, mask=None, bias=None, is_causal=Fals
     c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, window=window,
                              q_offset=q_offset, scale=scale, softcap=softcap)
     path = choose_path(c, training=True)
+    t0 = time.perf_counter()
     if path.name == "tiled":
         out, saved = tiled.tiled_forward_saved(c, (query, key, value), kernel=path.kernel)   # (..., h, n_q, d_v)
     else:
         out, saved = naive.naive_forward(c, (query, key, value), path.kernel)   # (..., h, n_q, d_v), NaiveSaved
+    _kernels.pay_rent(path.kernel, time.perf_counter() - t0, path.scores)
     return out.astype(c.out_dtype, copy=False), saved
 
 

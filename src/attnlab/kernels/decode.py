@@ -9,9 +9,21 @@ With numba (the extra ``attnlab[fast]``) the whole step is one call of a fused k
 (:func:`attnlab.kernels._fused.decode_groups`): scores, the softmax and the weighted sum of every key/value
 head and its group, each cached key and value read once, no temporaries; numpy takes seven calls and two
 (h, n_k) temporaries. ``ATTNLAB_NO_NUMBA=1`` (or numba missing) keeps the numpy path.
+
+Which of the two is faster depends on the machine and the shape, so :func:`decode_step` (what the front door
+calls) measures it: the fused kernel has no per-call overhead, while numpy's matrix-vector products (BLAS)
+stream a long context faster when each key/value head serves one query head (12 heads × 1024 keys on one
+core of the EPYC: 0.23 against 0.31 ms), and the fused kernel wins when it serves a group (9 on 3 heads:
+0.16 against 0.24 ms) or the context is short (64 keys: 0.02 against 0.03 ms). The first
+``DECODE_TRIALS`` calls of each kind of step (the heads, group, widths, dtype and the context's power of
+two) run the fused kernel, the next as many numpy, each timed; the later ones run the faster median. Generation calls the same kind
+of step hundreds of times, so the race costs a few calls.
 """
 
 from __future__ import annotations
+
+import math
+import time
 
 import numpy as np
 
@@ -26,15 +38,56 @@ def takes_decode_path(c: Checked) -> bool:
             and not c.causal_hides_keys)
 
 
-def decode_attention(c: Checked) -> np.ndarray:
-    """The decode step's output (..., h, 1, d_v) in the compute dtype: the fused kernel when numba is there
-    and the key/value heads' leading axes are the query's (no broadcasting), else numpy.
+# Calls of each kind of step that each kernel runs, timed, before the faster one is kept: on a loaded machine
+# one call of 0.2 ms can take twice that, and five give a median that holds.
+DECODE_TRIALS = 5
+# Per kind of step ((lead, h_kv, groups, d_k, d_v, dtype, n_k's bit length)): the kernel that won, or each
+# kernel's measured seconds while they race.
+RACES: dict[tuple, str | dict[str, list[float]]] = {}
+
+
+def decode_step(c: Checked, kernel: str) -> np.ndarray:
+    """The front door's decode step (..., h, 1, d_v): with ``kernel`` "fused", whichever of the fused and numpy
+    kernels ran this kind of step faster here (DECODE_TRIALS timed calls of each, fused first); with "numpy",
+    numpy. The bookkeeping calls no numpy function."""
+    if kernel != "fused" or not fused_fits(c):
+        return decode_attention(c, "numpy")
+    key = (c.q.shape[:-3], c.k.shape[-3], c.groups, c.q.shape[-1], c.v.shape[-1], c.q.dtype,
+           c.k.shape[-2].bit_length())
+    race = RACES.setdefault(key, {"fused": [], "numpy": []})
+    if isinstance(race, str):
+        return decode_attention(c, race)
+    pick = "fused" if len(race["fused"]) < DECODE_TRIALS else "numpy"
+    t0 = time.perf_counter()
+    out = decode_attention(c, pick)
+    race[pick].append(time.perf_counter() - t0)
+    if len(race["numpy"]) == DECODE_TRIALS:
+        RACES[key] = "fused" if median(race["fused"]) <= median(race["numpy"]) else "numpy"
+    return out
+
+
+def median(xs: list[float]) -> float:
+    """The median of a short list, in Python (no numpy call on the decode step's path)."""
+    s = sorted(xs)
+    return (s[(len(s) - 1) // 2] + s[len(s) // 2]) / 2
+
+
+def fused_fits(c: Checked) -> bool:
+    """Whether the fused kernel takes these inputs: the key/value heads' leading axes are the query's (no
+    broadcasting), and d_head > 0 (d_head 0, the uniform average, stays with numpy)."""
+    return c.q.shape[:-3] == c.k.shape[:-3] == c.v.shape[:-3] and c.q.ndim >= 3 and c.q.shape[-1] > 0
+
+
+def decode_attention(c: Checked, kernel: str | None = None) -> np.ndarray:
+    """The decode step's output (..., h, 1, d_v) in the compute dtype: the fused kernel when ``kernel`` is
+    "fused" (None: :func:`attnlab.kernels._kernels.tile_kernel` decides) and the key/value heads' leading axes
+    are the query's (no broadcasting), else numpy.
 
     Every key is visible, so the row max is finite and the sum is at least 1; the output is divided by the
     sum instead of the weights.
     """
-    if (_kernels.tile_kernel() == "fused" and c.q.shape[:-3] == c.k.shape[:-3] == c.v.shape[:-3] and c.q.ndim >= 3
-            and c.q.shape[-1] > 0):                      # d_head 0 (the uniform average) stays with numpy
+    kernel = _kernels.tile_kernel() if kernel is None else kernel
+    if kernel == "fused" and fused_fits(c):
         return _decode_fused(c)
     g = c.groups
     qs = fold(c.q * c.scale, g)                          # (..., h_kv, g, d_k) scaled once, not the scores
@@ -51,7 +104,7 @@ def _decode_fused(c: Checked) -> np.ndarray:
     """:func:`decode_attention` by :func:`attnlab.kernels._fused.decode_groups`: (..., h, 1, d_v)."""
     *lead, h, _, d_k = c.q.shape
     h_kv, n_k, d_v = c.k.shape[-3], c.k.shape[-2], c.v.shape[-1]
-    g, n_b = h // h_kv, int(np.prod(lead, dtype=np.int64))   # n_b given, not -1: d_k = 0 has no size to infer
+    g, n_b = h // h_kv, math.prod(lead)                  # n_b given, not -1: d_k = 0 has no size to infer
     q = c.q.reshape(n_b, h_kv, g, d_k)                   # (B, h_kv, g, d_k) the query heads of each group
     k = c.k.reshape(n_b, h_kv, n_k, d_k)                 # (B, h_kv, n_k, d_k) views of the cache
     v = c.v.reshape(n_b, h_kv, n_k, d_v)                 # (B, h_kv, n_k, d_v)

@@ -23,10 +23,13 @@ Backward, FlashAttention-2's: the forward keeps only ``out`` and ``lse`` (one nu
 backward rebuilds each tile's weights as ``exp(s - lse)`` and never holds the grid either.
 
 Grouped-query attention: the query heads of a group walk the same key/value head, a view of it (K and V
-are never repeated); a worker transposes each key head once for all the query heads it serves, and the
-backward sums dk, dv over the group in place.
+are never repeated); the backward's worker transposes each key head once for all the query heads it
+serves, and sums dk, dv over the group in place.
 
-Each worker holds O(block_q · block_k + n · d) scratch. Work is split over threads by (batch, head)
+Memory: the forward allocates its output and lse, and per worker one tile of scores, the scaled query
+block and one tile's p v (O(block_q · (block_k + d))): the running numerator is the output itself. The
+default tile shrinks until all that stays within ``EXTRA_PEAK`` (1.5) times the output
+(:func:`forward_blocks`). Work is split over threads by (batch, head)
 and query block (:func:`attnlab.kernels._threads.run_items`: numpy releases the GIL inside matmul and ufuncs, so
 with BLAS pinned to one thread per worker two cores run two tiles at once).
 """
@@ -34,6 +37,7 @@ with BLAS pinned to one thread per worker two cores run two tiles at once).
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -42,12 +46,13 @@ from ._checks import (Checked, as_float_array, as_int, as_positive_int, cap_scor
                       check_dout, fold, grads_like, unfold)
 from . import _kernels
 from ._kernels import LOG2E
-from ._threads import run_items
+from ._threads import run_items, usable_cores
 
 # Tiles of 512 × 512: OpenBLAS (SkylakeX kernel, one thread) runs q·kᵀ (512×64 by 64×512) and p·v
 # (512×512 by 512×64) at 125-140 GFLOP/s, against 110-120 for 128 × 2048; the tile (1 MiB of float32)
-# stays in a core's L2 (2 MiB) for exp2 and p·v. Single-threaded, n = 512 … 4096, time against torch SDPA:
+# stays in a core's L2 (1 MiB on Zen 4 and Skylake-SP) for exp2 and p·v. Single-threaded, n = 512 … 4096, time against torch SDPA:
 # 128 × 2048 1.27-1.41x, 256 × 512 1.18-1.39x, 512 × 512 1.16-1.38x (causal with the strips below).
+# These are the largest tiles: the forward's shrink to its memory budget (forward_blocks, EXTRA_PEAK).
 BLOCK_Q = 512
 BLOCK_K = 512
 # The backward's default tiles (block_q, block_k): its five GEMMs per tile ran 3-15% faster at
@@ -56,6 +61,15 @@ BACKWARD_BLOCKS = (128, 2048)
 # A row's exp(s - shift) stays below e^30 ≈ 1e13: l and acc stay far from float32's 3e38 for any
 # realistic n · |v|, and terms that underflow weigh below e^-57 of the largest.
 SHIFT_SLACK = 30.0
+# The forward's extra peak memory, its output included, stays within EXTRA_PEAK times the output (the issue's
+# goal): its tile shrinks until every worker's scratch fits beside the output (see forward_blocks), but not
+# below MIN_BLOCK a side. A tile's fixed cost (two GEMM calls, the tile step, some 15-20 µs of Python) weighs
+# against its work, which shrinks with the square of the side: 128 × 128 tiles (2 MFLOP, ~20 µs of BLAS)
+# took 1.15-1.32x the time of 256 × 256 at n = 256 … 2048 on 2 workers (benchmarks/tile_sizes.py), where the
+# scratch is small in absolute terms (2 workers' 256 × 256 tiles: 0.75 MiB). A slower machine (AVX2) spends
+# longer on the same work, so the fixed cost weighs less there.
+EXTRA_PEAK = 1.5
+MIN_BLOCK = 256
 # A causal block's diagonal tile runs in strips of 128 rows (see Plan.tiles). A strip costs a fixed
 # overhead (two GEMM calls, the tile step, Python) and wastes about rows²/2 · d_head of hidden scores, so
 # the best height grows as the overhead weighs more: against 64 rows with the fused kernel, 2 workers,
@@ -157,8 +171,8 @@ class Plan:
             return None
         if c > 0 and keep is None and self.window is None:
             # key j0 + c + jj sits 1 + jj - ii after query i0 + ii: always the same triangle, jj >= ii
-            return c, buf.triangle[:i1 - i0, :j1 - j0 - c]                 # (bq, bk - c)
-        drop = buf.tile(buf.drop, i1 - i0, j1 - j0 - c)                   # (bq, bk - c)
+            return c, buf.triangle(i1 - i0, j1 - j0 - c)                   # (bq, bk - c)
+        drop = buf.drop(i1 - i0, j1 - j0 - c)                              # (bq, bk - c)
         if self.is_causal:
             self.hidden(np.arange(i0, i1), np.arange(j0 + c, j1), out=drop)   # (bq, bk - c)
             if keep is not None:
@@ -170,37 +184,70 @@ class Plan:
 
 class Scratch:
     """One worker's buffers, allocated once and reused for every tile (allocating per tile costs
-    page faults). ``tile(buf, rows, cols)`` hands out a contiguous (rows, cols) view of a flat buffer."""
+    page faults). ``tile(buf, rows, cols)`` hands out a contiguous (rows, cols) view of a flat buffer.
+
+    The forward's buffers are those :meth:`forward_bytes` counts: one tile of scores, the scaled query block
+    and one tile's p v. Its running numerator is the output itself, its keys are read as ``k.T`` (a BLAS
+    transpose flag, measured 1-2% slower than a transposed copy: not worth d_k · n_k per worker), and the
+    masks' buffers are made on the first tile that needs one (the fused kernel's causal diagonal needs
+    none). The backward adds its own (``backward=True``)."""
 
     def __init__(self, plan: Plan, d_k: int, d_v: int, dtype, *, backward: bool = False):
         bq, bk = min(plan.block_q, plan.n_q), min(plan.block_k, plan.n_k)
         self.s = np.empty(bq * bk, dtype)               # scores, then weights, of one tile
-        self.drop = np.empty(bq * bk, bool)             # the tile's mask
-        self.triangle = np.triu(np.ones((bq, bq), bool))  # the causal diagonal's mask, True = dropped
-        self.ones = np.ones(bk, dtype)                  # row sums as a matrix-vector product: 4x numpy's sum
         self.qs = np.empty((bq, d_k), dtype)            # the query block, scaled
-        self.acc = np.empty((bq, d_v), dtype)           # running numerator
+        self.pv = np.empty((bq, d_v), dtype)            # one tile's p v, added to the running numerator
         self.l = np.empty(bq, dtype)                    # running sum
-        self.pv = np.empty((bq, d_v), dtype)            # one tile's p v
-        self.kT = np.empty((d_k, plan.n_k), dtype)      # the current head's keys, transposed: q @ kT is
-                                                        # ~15% faster in OpenBLAS than q @ k.T
-        self.head = None                                # which (batch, head) kT holds
+        self.ones = np.ones(bk, dtype)                  # row sums as a matrix-vector product: 4x numpy's sum
+        self._drop = np.empty(0, bool)                  # a tile's mask, grown on first use
+        self._triangle = np.empty((0, 0), bool)         # the causal diagonal's mask, True = dropped, grown
+        self.head = None                                # which (batch, head) key_norm (and kT) belong to
         self.key_norm = np.inf                          # the current head's largest ‖k_j‖
         if backward:
             self.dp = np.empty(bq * bk, dtype)          # dL/da, then dL/ds, of one tile
             self.dq = np.empty((bq, d_k), dtype)        # one tile's ds k
             self.tmp_k = np.empty((bk, max(d_k, d_v)), dtype)   # one tile's aᵀ dout or dsᵀ q
-            self.vT = np.empty((d_v, plan.n_k), dtype)  # the current head's values, transposed
+            self.kT = np.empty((d_k, plan.n_k), dtype)  # the current head's keys and values, transposed
+            self.vT = np.empty((d_v, plan.n_k), dtype)
+
+    @staticmethod
+    def forward_bytes(block_q: int, block_k: int, d_k: int, d_v: int, itemsize: int) -> int:
+        """What one worker's forward scratch holds, in bytes, for tiles of block_q × block_k (the masks'
+        buffers aside: a dense mask's is block_q · block_k bools, the numpy kernel's causal triangle at most
+        DIAGONAL_ROWS² bools when block_q <= block_k)."""
+        return itemsize * (block_q * block_k + block_q * (d_k + d_v + 1) + block_k)
 
     def tile(self, buf: np.ndarray, rows: int, cols: int) -> np.ndarray:
         return buf[:rows * cols].reshape(rows, cols)
 
-    def keys_transposed(self, head, k: np.ndarray) -> np.ndarray:
-        """kᵀ (d_k, n_k) of ``head``, copied once per head that this worker visits; sets ``key_norm``."""
+    def drop(self, rows: int, cols: int) -> np.ndarray:
+        """A (rows, cols) bool buffer for a tile's mask."""
+        if self._drop.size < rows * cols:
+            self._drop = np.empty(rows * cols, bool)
+        return self.tile(self._drop, rows, cols)
+
+    def triangle(self, rows: int, cols: int) -> np.ndarray:
+        """(rows, cols) bool, True where column jj >= row ii: the causal diagonal's dropped scores."""
+        if self._triangle.shape[0] < rows or self._triangle.shape[1] < cols:
+            size = max(rows, cols, *self._triangle.shape)
+            self._triangle = np.empty((size, size), bool)       # (size, size) row by row: np.triu and a
+            for i in range(size):                                # broadcast >= allocate 3-9x the triangle
+                self._triangle[i, :i], self._triangle[i, i:] = False, True     # in temporaries
+        return self._triangle[:rows, :cols]
+
+    def key_norm_of(self, head, k: np.ndarray) -> float:
+        """max_j ‖k_j‖ of ``head`` (n_k, d_k), computed once per head that this worker visits."""
         if self.head != head:
-            np.copyto(self.kT, k.T)
             self.key_norm = max_row_norm(k)
             self.head = head
+        return self.key_norm
+
+    def keys_transposed(self, head, k: np.ndarray) -> np.ndarray:
+        """kᵀ (d_k, n_k) of ``head``, copied once per head that this worker visits (the backward's); sets
+        ``key_norm``."""
+        if self.head != head:
+            np.copyto(self.kT, k.T)
+        self.key_norm_of(head, k)
         return self.kT
 
 
@@ -261,38 +308,68 @@ def tiled_attention(query, key, value, *, mask=None, is_causal=False, window=Non
     """
     c = check_attention_args(query, key, value, mask=mask, is_causal=is_causal, window=window, q_offset=q_offset,
                              scale=scale, softcap=softcap, require_finite=check_finite)
-    out, lse = tiled_forward(c, make_plan(c, block_q=block_q, block_k=block_k), workers=workers)
+    out, lse = tiled_forward(c, make_plan(c, block_q=block_q, block_k=block_k, workers=workers), workers=workers)
     out = out.astype(c.out_dtype, copy=False)
     return (out, lse) if return_lse else out
 
 
-def make_plan(c: Checked, *, block_q=None, block_k=None, default=None) -> Plan:
+def make_plan(c: Checked, *, block_q=None, block_k=None, default=None, workers=None) -> Plan:
     """The tiles for c's shapes and causal mask; a block size left None takes its ``default`` (the module's
-    BLOCK_Q, BLOCK_K, read at call time)."""
-    default = (BLOCK_Q, BLOCK_K) if default is None else default
-    return Plan(n_q=c.q.shape[-2], n_k=c.k.shape[-2], block_q=default[0] if block_q is None else block_q,
+    BLOCK_Q, BLOCK_K, read at call time), and the forward's default (``default`` None) shrinks to the memory
+    budget (:func:`forward_blocks`; ``workers`` as the forward will run)."""
+    n_q, n_k = c.q.shape[-2], c.k.shape[-2]
+    if default is None:
+        default = forward_blocks(c, usable_cores() if workers is None else as_positive_int("workers", workers))
+    return Plan(n_q=n_q, n_k=n_k, block_q=default[0] if block_q is None else block_q,
                 block_k=default[1] if block_k is None else block_k, is_causal=c.is_causal, window=c.window,
                 q_offset=c.q_offset)
+
+
+def forward_blocks(c: Checked, workers: int) -> tuple[int, int]:
+    """The forward's tile (block_q, block_k): BLOCK_Q × BLOCK_K (at most n_q × n_k), halved along its longer
+    side, queries first, while the workers' scratch together exceeds what ``EXTRA_PEAK`` leaves beside the
+    output and lse, down to ``MIN_BLOCK`` a side."""
+    n_q, n_k, d_k, d_v = c.q.shape[-2], c.k.shape[-2], c.q.shape[-1], c.v.shape[-1]
+    heads, item = int(np.prod(c.batch, dtype=np.int64)), c.q.dtype.itemsize
+    out_bytes = heads * n_q * d_v * item                               # the output
+    budget = (EXTRA_PEAK - 1) * out_bytes - heads * n_q * item         # what the output and lse leave
+    bq, bk = min(BLOCK_Q, max(n_q, 1)), min(BLOCK_K, max(n_k, 1))
+    while max(bq, bk) > MIN_BLOCK:
+        busy = min(workers, heads * -(-n_q // bq))                      # workers that get a work item
+        if busy * (Scratch.forward_bytes(bq, bk, d_k, d_v, item) + DIAGONAL_ROWS**2) <= budget:
+            break
+        if bq >= bk:
+            bq = max(MIN_BLOCK, bq // 2)
+        else:
+            bk = max(MIN_BLOCK, bk // 2)
+    return bq, bk
 
 
 def tiled_forward(c: Checked, plan: Plan, *, workers=None, kernel=None) -> tuple[np.ndarray, np.ndarray]:
     """The online softmax over every (batch, head) and query block; returns (out, lse) in the compute dtype,
     (..., h, n_q, d_v) and (..., h, n_q). ``kernel``: "fused" (numba) or "numpy"; None asks
-    :func:`attnlab.kernels._kernels.tile_kernel` (what :func:`attnlab.kernels.attention.choose_path` passes down)."""
+    :func:`attnlab.kernels._kernels.tile_kernel` and counts the call's time toward loading numba (the front door,
+    :func:`attnlab.kernels.attention.choose_path`, decides and counts for itself)."""
+    if kernel is None:
+        scores = int(np.prod(c.batch, dtype=np.int64)) * plan.n_q * plan.n_k
+        kernel, t0 = _kernels.tile_kernel(scores), time.perf_counter()
+        result = tiled_forward(c, plan, workers=workers, kernel=kernel)
+        _kernels.pay_rent(kernel, time.perf_counter() - t0, scores)
+        return result
     g = group_view(c)
     d_k, d_v = g.q.shape[-1], g.v.shape[-1]
-    tile = tile_step(_kernels.tile_kernel() if kernel is None else kernel)
+    tile = tile_step(kernel)
     out = np.empty((*g.batch, plan.n_q, d_v), g.q.dtype)    # (..., h_kv, g, n_q, d_v)
     lse = np.empty((*g.batch, plan.n_q), g.q.dtype)         # (..., h_kv, g, n_q)
-    # head by head, so a worker transposes each key head once; biggest blocks first within a head
+    # head by head, so a worker finds each key head's largest norm once; biggest blocks first within a head
     items = [(idx, i0, i1) for idx in np.ndindex(g.batch)
              for i0, i1 in sorted(plan.query_blocks(), key=lambda b: -plan.n_scores(*b))]
 
     def work(item, buf):
         idx, i0, i1 = item
-        forward_rows(g.q[idx], buf.keys_transposed(g.key_head(idx), g.k[idx]), g.v[idx],
-                     None if g.keep is None else g.keep[idx], plan, c.scale, i0, i1, out[idx], lse[idx], buf, tile,
-                     softcap=c.softcap)
+        buf.key_norm_of(g.key_head(idx), g.k[idx])
+        forward_rows(g.q[idx], g.k[idx], g.v[idx], None if g.keep is None else g.keep[idx], plan, c.scale, i0, i1,
+                     out[idx], lse[idx], buf, tile, softcap=c.softcap)
 
     run_items(items, work, lambda: Scratch(plan, d_k, d_v, g.q.dtype), workers)
     return out.reshape(*c.batch, plan.n_q, d_v), lse.reshape(*c.batch, plan.n_q)   # (..., h, n_q, d_v), (..., h, n_q)
@@ -340,7 +417,7 @@ class FusedTile:
 
     def __call__(self, s, plan, r0, r1, j0, j1, keep, m, shift, l, acc, first, bounded, buf):
         if keep is not None:
-            drop = np.logical_not(keep[r0:r1, j0:j1], out=buf.tile(buf.drop, r1 - r0, j1 - j0))   # (br, bk)
+            drop = np.logical_not(keep[r0:r1, j0:j1], out=buf.drop(r1 - r0, j1 - j0))   # (br, bk)
             np.copyto(s, -np.inf, where=drop)                   # (br, bk) the dense mask's dropped scores
         far = plan.n_q + plan.n_k + 1                           # no bound
         hi0 = r0 + plan.offset + 1 - j0 if plan.is_causal else far          # row r sees columns < hi0 + r
@@ -367,11 +444,12 @@ def tile_step(kernel: str):
     raise ValueError(f"kernel must be 'fused' or 'numpy', got {kernel!r}")
 
 
-def forward_rows(q, kT, v, keep, plan: Plan, scale: float, i0: int, i1: int, out, lse, buf: Scratch,
+def forward_rows(q, k, v, keep, plan: Plan, scale: float, i0: int, i1: int, out, lse, buf: Scratch,
                  tile=None, softcap: float | None = None) -> None:
     """Rows i0:i1 of one (batch, head): the online softmax over the key blocks they may see.
 
-    q (n_q, d_k), kT (d_k, n_k), v (n_k, d_v), keep (n_q, n_k) or None; writes out[i0:i1], lse[i0:i1].
+    q (n_q, d_k), k (n_k, d_k), v (n_k, d_v), keep (n_q, n_k) or None; writes out[i0:i1] (the running
+    numerator ``acc`` until the last tile) and lse[i0:i1]; ``buf.key_norm`` is this head's largest ‖k_j‖.
     ``tile`` is the tile step (:class:`NumpyTile` or :class:`FusedTile`; default the numpy one). ``softcap``
     caps each tile's scores (``cap · tanh(s / cap)``, in the tile's unit) before the mask.
 
@@ -393,14 +471,14 @@ def forward_rows(q, kT, v, keep, plan: Plan, scale: float, i0: int, i1: int, out
     m = np.full(bq, -np.inf, q.dtype)                           # (bq,) running max of s
     shift = np.zeros(bq, q.dtype)                               # (bq,) what the exponential's argument lost
     l = buf.l[:bq]                                              # (bq,) running sum Σ exp(s - shift)
-    acc = buf.acc[:bq]                                          # (bq, d_v) running numerator
+    acc = out[i0:i1]                                            # (bq, d_v) running numerator, in place
     tiles = plan.tiles(i0, i1)
     if not tiles:
         l.fill(0)                                               # no key at all: out = 0, lse = -inf
         acc.fill(0)
     for r0, r1, j0, j1 in tiles:
         rows, first = slice(r0 - i0, r1 - i0), j0 == tiles[0][2]    # the tile's rows; is it their first?
-        s = np.matmul(qs[rows], kT[:, j0:j1], out=buf.tile(buf.s, r1 - r0, j1 - j0))   # (br, bk) s · unit
+        s = np.matmul(qs[rows], k[j0:j1].T, out=buf.tile(buf.s, r1 - r0, j1 - j0))     # (br, bk) s · unit
         cap_scores(s, cap_u)                                    # (br, bk) cap · tanh(s / cap), or s
         p = tile(s, plan, r0, r1, j0, j1, keep, m[rows], shift[rows], l[rows], acc[rows], first, bounded, buf)
         if first:
@@ -408,7 +486,7 @@ def forward_rows(q, kT, v, keep, plan: Plan, scale: float, i0: int, i1: int, out
         else:
             acc[rows] += np.matmul(p, v[j0:j1], out=buf.pv[:r1 - r0])   # (br, d_v) acc += p vⱼ
     seen = l > 0                                                # (bq,) False: the query saw no key
-    np.divide(acc, np.where(seen, l, 1)[:, None], out=out[i0:i1])          # (bq, d_v) out = acc / l, or 0
+    np.divide(acc, np.where(seen, l, 1)[:, None], out=acc)     # (bq, d_v) out = acc / l, or 0
     lse_u = shift + tile.log(np.where(seen, l, 1))              # (bq,) log Σ_j exp(s) in the unit's base
     lse[i0:i1] = np.where(seen, lse_u / unit, -np.inf)          # (bq,) lse = log Σ_j exp(s)
 
@@ -545,7 +623,7 @@ def tiled_forward_saved(c: Checked, inputs: tuple, *, block_q=None, block_k=None
     """The forward of a training step: ``out`` (..., h, n_q, d_v) in the compute dtype, and what
     :func:`tiled_backward` needs. The backward's plan has the same grid and mask, in its own default tiles
     (``BACKWARD_BLOCKS``) where none was given."""
-    plan = make_plan(c, block_q=block_q, block_k=block_k)
+    plan = make_plan(c, block_q=block_q, block_k=block_k, workers=workers)
     back = make_plan(c, block_q=block_q, block_k=block_k, default=BACKWARD_BLOCKS)
     out, lse = tiled_forward(c, plan, workers=workers, kernel=kernel)   # (..., h, n_q, d_v), (..., h, n_q)
     return out, TiledSaved(c=c, inputs=inputs, out=out, lse=lse, plan=back, kernel=kernel)
