@@ -46,7 +46,7 @@ def test_checkpoint_from_before_the_stack_still_loads(tmp_path, rng):
                             "positions": "rope"}, "vocab": {"level": "char", "symbols": list("abcde")}}
     text = json.dumps(old_config)
     (tmp_path / "config.json").write_text(text)
-    save_file({k.replace(".attn.", ".").replace("blocks.", "layers."): v for k, v in m.params().items()},
+    save_file({k.replace(".attn.", ".").replace("blocks.", "layers."): np.ascontiguousarray(v) for k, v in m.params().items()},
               str(tmp_path / "model.safetensors"), metadata={"attnlab": text})
     back, vocab = load_checkpoint(tmp_path)
     assert back.config == m.config and vocab == VOCAB

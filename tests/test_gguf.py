@@ -244,7 +244,8 @@ def test_no_such_file_and_a_missing_package(capsys, tmp_path, monkeypatch):
 
 
 def test_the_model_is_dequantized_one_tensor_at_a_time(tmp_path, monkeypatch):
-    """Every tensor is unpacked exactly once, and the model holds the very arrays that returned: no copy."""
+    """Every tensor is unpacked exactly once, and the model holds the very arrays that returned (no copy) but
+    for the projections it multiplies as one (W_Q | W_K | W_V, W_gate | W_in): one copy each, side by side."""
     from attnlab.models import gguf as source
     path = write_gguf(tmp_path / "q.gguf", qtype=Q.Q8_0)
     seen, real = [], source.dequantize_tensor
@@ -253,8 +254,11 @@ def test_the_model_is_dequantized_one_tensor_at_a_time(tmp_path, monkeypatch):
     names = [name for name, _ in seen]
     assert len(names) == len(set(names)) == 2 + 2 * 9          # embeddings, final norm, 2 layers of 9 tensors
     got = dict(seen)
-    assert np.shares_memory(model.blocks[1].mlp.W_in, got["blk.1.ffn_up.weight"])
-    assert np.shares_memory(model.blocks[0].attn.W_Q, got["blk.0.attn_q.weight"])
+    assert np.shares_memory(model.blocks[1].mlp.W_out, got["blk.1.ffn_down.weight"])
+    assert np.shares_memory(model.blocks[0].attn.W_O, got["blk.0.attn_output.weight"])
+    mlp, attn = model.blocks[1].mlp, model.blocks[0].attn
+    assert np.shares_memory(mlp.W_in, mlp.W_gate_in) and np.array_equal(mlp.W_in, got["blk.1.ffn_up.weight"].T)
+    assert np.shares_memory(attn.W_Q, attn.W_QKV) and np.array_equal(attn.W_Q, got["blk.0.attn_q.weight"].T)
     assert np.shares_memory(model.W_E, got["token_embd.weight"])
 
 

@@ -38,7 +38,7 @@ def test_decode_calls_per_layer_do_not_depend_on_the_head_count(shaped, kernel, 
         assert max(c[kind] for c in counts.values()) - min(c[kind] for c in counts.values()) <= 4, counts
     two, four = decode_calls(Decoder(shaped(6, 2, 2), 8)), decode_calls(Decoder(shaped(6, 2, 4), 8))
     per_layer = (four["numpy_numba"] - two["numpy_numba"]) / 2           # what one more layer adds
-    assert per_layer <= 80, per_layer                                 # 69 when written: norms, checks, the kernels
+    assert per_layer <= 55, per_layer                     # 69 when written, 50 after issue 21: norms, checks, the kernels
 
 
 def test_weight_bytes_counts_each_weight_once(shaped):

@@ -9,6 +9,12 @@
   dispatcher), but not operators such as ``@`` or ``+`` (those go straight to C). It does not depend on the
   head count (the per-head work is inside the matmuls and the fused decode kernel).
 
+- Prefill: 512 tokens through the model with the last position's logits only (``logits_to_keep=1``, what a
+  prefill for generation needs and transformers' ``generate`` asks for), float32 and quantized, and against
+  transformers' own model of the same GGUF file (float32, SDPA, ``logits_to_keep=1``, torch on the same threads)
+  when transformers is importable.
+- llama.cpp's decode ms/token on the same file and threads when ``llama_cpp`` (llama-cpp-python) is importable.
+
 Every ratio is measured in one process, alternating, as :func:`attnlab.cli.bench_harness.paired` does.
 """
 
@@ -149,6 +155,59 @@ def smollm2_gguf_path():
     return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def transformers_model(path):
+    """transformers' own model of the same GGUF file (``from_pretrained(folder, gguf_file=name)``, float32, SDPA
+    attention), and torch; ``(None, None)`` when transformers (or torch) cannot be imported."""
+    import os
+
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        return None, None
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")                 # the file is local: never the network
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
+                                                           attn_implementation="sdpa").eval()
+    return hf, torch
+
+
+def prefill_pair(model, hf, torch, ids: np.ndarray, rounds: int, *, logits_to_keep: int) -> dict:
+    """attnlab's ``forward`` over the prompt ``ids`` against transformers' forward (``torch.no_grad``), the
+    same ``logits_to_keep`` (1: a prefill for generation, as transformers' ``generate`` runs it; 0: every
+    position's logits), alternating: ms of each and the median of per-round ratios attnlab / transformers."""
+    from ..stack.transformer import forward
+
+    t_ids = torch.tensor(ids)[None]                              # (1, n)
+
+    def theirs():
+        with torch.no_grad():
+            hf(t_ids, logits_to_keep=logits_to_keep)
+
+    p = bench.paired(lambda: forward(model, ids, logits_to_keep=logits_to_keep), theirs, rounds)
+    return {"attnlab_ms": p.a_ms, "transformers_ms": p.b_ms, "ratio": p.ratio, "ratio_min": p.ratio_min,
+            "ratio_max": p.ratio_max, "logits_to_keep": logits_to_keep}
+
+
+def prefill_row(path, f32, q, threads: int, rounds: int) -> dict:
+    """A 512-token prefill for generation (``logits_to_keep=1``): float32 and quantized alone, and float32 against
+    transformers' model of the same file on the same threads when transformers is importable."""
+    from ..stack.transformer import forward
+
+    ids = np.random.default_rng(0).integers(3, f32.config.vocab_size, PREFILL_TOKENS)   # (512,)
+    row = {"tokens": PREFILL_TOKENS, "logits_to_keep": 1,
+           "float32_ms": bench.alone(lambda: forward(f32, ids, logits_to_keep=1), rounds),
+           "quantized_ms": bench.alone(lambda: forward(q, ids, logits_to_keep=1), rounds), "transformers": None}
+    hf, torch = transformers_model(path)
+    if hf is not None:
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)                           # the threads BLAS runs attnlab's side with
+        try:
+            row["transformers"] = prefill_pair(f32, hf, torch, ids, rounds, logits_to_keep=1)
+        finally:
+            torch.set_num_threads(before)
+    return row
+
+
 def llama_cpp_step(path, threads: int):
     """One llama.cpp decode step on the same file and threads, as a callable (None when ``llama_cpp``, the
     package llama-cpp-python, cannot be imported). It is never built here: see docs/speed.md."""
@@ -168,8 +227,8 @@ def llama_cpp_step(path, threads: int):
 
 def run_model_bench(name: str = "smollm2", *, rounds: int = 11, cores: int | None = None, progress=None) -> dict:
     """The rows ``attnlab bench --model smollm2`` prints: decode ms/token (float32 against its bound, and
-    quantized against float32), the calls per decode step, a 512-token prefill, llama.cpp's ms/token when
-    ``llama_cpp`` is importable. Each pair alternates in this process (bench_harness.paired)."""
+    quantized against float32), the calls per decode step, a 512-token prefill (against transformers' when
+    transformers is importable), llama.cpp's ms/token when ``llama_cpp`` is importable. Each pair alternates in this process (bench_harness.paired)."""
     from ..kernels import quantized
     from ..kernels._threads import usable_cores
 
@@ -180,7 +239,9 @@ def run_model_bench(name: str = "smollm2", *, rounds: int = 11, cores: int | Non
     say("loading SmolLM2 (float32 and quantized)")
     f32 = smollm2_file_model(path, quantized=False)
     q = smollm2_file_model(path, quantized=True)
-    out = {"model": name, "file": str(path), "rounds": rounds,
+    from ..kernels.matmul import gemv_order
+
+    out = {"model": name, "file": str(path), "rounds": rounds, "gemv_order": {"wide": gemv_order(), "tall": gemv_order(tall=True)},
            "quantized_kernel": quantized.has_kernel(),
            "quantized_threads": quantized.kernel_threads() if quantized.has_kernel() else None}
     with bench.on_cores(cores):
@@ -194,12 +255,8 @@ def run_model_bench(name: str = "smollm2", *, rounds: int = 11, cores: int | Non
         out["decode_quantized"] = {"ms_per_token": pair.a_ms, "float32_ms": pair.b_ms, "ratio": pair.ratio,
                                    "ratio_min": pair.ratio_min, "ratio_max": pair.ratio_max,
                                    "weight_mb": weight_bytes(q) / 1e6, "calls": decode_calls(dq)}
-        say(f"prefill {PREFILL_TOKENS} tokens")
-        ids = np.arange(PREFILL_TOKENS) % f32.config.vocab_size
-        from ..stack.transformer import forward
-        out["prefill"] = {"tokens": PREFILL_TOKENS,
-                          "float32_ms": bench.alone(lambda: forward(f32, ids), max(3, rounds // 3)),
-                          "quantized_ms": bench.alone(lambda: forward(q, ids), max(3, rounds // 3))}
+        say(f"prefill {PREFILL_TOKENS} tokens (the last position's logits, as generate needs)")
+        out["prefill"] = prefill_row(path, f32, q, threads, max(5, rounds // 2))
         say("llama.cpp, if llama_cpp is importable")
         step = llama_cpp_step(path, threads)
         if step is None:
@@ -217,7 +274,9 @@ def model_table(r: dict) -> list[str]:
     m, f, q, p, c = r["machine"], r["decode_float32"], r["decode_quantized"], r["prefill"], r["decode_quantized"]["calls"]
     lines = [f"CPU: {m['cpu']}; SIMD: {m['simd']}; BLAS: {bench.blas_kernel(m['blas'])}; numba: {m['numba'] or 'not installed'}"
              f"; load average {r['load_average']}",
-             f"model: {r['model']} ({r['file']}); {r['rounds']} rounds, alternating, medians of per-round ratios",
+             f"model: {r['model']} ({r['file']}); {r['rounds']} rounds, alternating, medians of per-round ratios; "
+             f"weights streamed in {r['gemv_order']['wide']} order when wide, {r['gemv_order']['tall']} when tall "
+             f"(measured here: attnlab.kernels.matmul.gemv_order)",
              "",
              f"decode float32    {f['ms_per_token']:8.1f} ms/token   bound {f['bound_ms']:.1f} ms ({f['weight_mb']:.0f} MB at "
              f"{f['stream_gb_s']:.1f} GB/s)   ratio {f['ratio_to_bound']:.2f}x [{f['ratio_min']:.2f}-{f['ratio_max']:.2f}]",
@@ -228,7 +287,12 @@ def model_table(r: dict) -> list[str]:
                 f"faster here"),
              f"calls per decode step: {f['calls']['per_layer']:.0f} numpy/numba per layer float32, {c['per_layer']:.0f} "
              f"quantized ({c['numpy_numba']} in the step; cProfile, operators not counted)",
-             f"prefill {p['tokens']} tokens  {p['float32_ms']:.0f} ms float32, {p['quantized_ms']:.0f} ms quantized"]
+             f"prefill {p['tokens']} tokens  {p['float32_ms']:.0f} ms float32, {p['quantized_ms']:.0f} ms quantized "
+             f"(logits of the last position, as generate needs)",
+             "transformers prefill: transformers not importable" if p["transformers"] is None else
+             f"transformers prefill {p['transformers']['transformers_ms']:6.0f} ms float32 (SDPA, logits_to_keep=1, same "
+             f"file and threads)   attnlab {p['transformers']['ratio']:.2f}x [{p['transformers']['ratio_min']:.2f}-"
+             f"{p['transformers']['ratio_max']:.2f}]"]
     ll = r["llama_cpp"]
     lines.append("llama.cpp: llama_cpp not importable (see docs/speed.md to add it)" if ll is None else
                  f"llama.cpp         {ll['ms_per_token']:8.1f} ms/token   attnlab quantized {ll['ratio']:.2f}x "

@@ -1,19 +1,46 @@
-"""Weights side by side: projections that read the same input, multiplied as one matrix.
+"""Weights as a decode step reads them: each in the layout this machine's matrix-vector product streams
+fastest, and projections that read the same input side by side, multiplied as one matrix.
 
 A decode step multiplies one token's vector by every weight of the model, so it streams the weights once
-per token, and each product pays a fixed cost (numpy's dispatch, BLAS or numba waking its threads). Quantized
-weights (:class:`attnlab.kernels.quantized.QuantizedMatrix`) of W_Q, W_K and W_V, and of the gated MLP's
-W_gate and W_in, are therefore stacked into one weight each: one product instead of three, or two.
+per token, from memory. Two things set how fast:
 
-float32 arrays are not fused. Fused, they would be column views of one array, and a view is not
-C-contiguous: ``safetensors.numpy.save_file(model.params())`` writes an array's buffer as it lies in memory
-and would silently write the wrong numbers. (Measured on a 2-core EPYC with OpenBLAS: 30 layers of seven
-separate float32 products ran at 18 GB/s, the same bytes in four products at 21 GB/s; not worth that risk.)
+- **The layout.** ``x @ W`` for a (d_in, d_out) W runs BLAS's matrix-vector product along W's output axis
+  when W is C-contiguous (each row of W, scaled by one x_i, added to the output: the "axpy" form) and as
+  d_out dot products when W is F-contiguous (a checkpoint's ``weight.T``, a tied embedding's ``W_Eᵀ``).
+  Which form streams faster is the BLAS kernel's business, and depends on the shape, so :func:`gemv_order`
+  measures both on this machine, once per process, for wide and for tall weights, and :func:`streamed` lays
+  a weight out that way. (On a 2-core EPYC with OpenBLAS's SkylakeX kernel the axpy form read SmolLM2's
+  576 × 49,152 unembedding twice as fast, the dot form its 1536 × 576 down-projections 1.2x as fast;
+  docs/speed.md.) Weights below :data:`STREAMED_BYTES` are kept as they come: they sit in cache.
+- **The number of products.** Each pays a fixed cost (numpy's dispatch, BLAS or numba waking its threads),
+  and a small one streams worse than a large one. W_Q, W_K and W_V, and the gated MLP's W_gate and W_in, are
+  therefore stored side by side (:func:`fuse_columns`): one product instead of three, or two.
+
+Fused float weights: the fused array owns the numbers and each weight is a view of its columns (an
+optimizer's in-place update of ``W_Q`` updates the fused array). Such a view, like a checkpoint's
+``weight.T``, is not C-contiguous: whoever writes a weight's buffer as it lies in memory must make it
+contiguous first (``safetensors.numpy.save_file`` writes a non-contiguous array's bytes silently wrong;
+attnlab's checkpoints and training state use ``np.ascontiguousarray``). Quantized weights
+(:class:`attnlab.kernels.quantized.QuantizedMatrix`) are fused by their type's ``fuse_columns``, a copy of
+their blocks, and keep their own layout.
 """
 
 from __future__ import annotations
 
+import functools
+import time
+
+import numpy as np
+
 from ._checks import as_float_array
+
+STREAMED_BYTES = 2**20       # a weight this large is read from memory, not cache, by a decode step
+PROBE_SHAPE = (512, 8192)    # gemv_order's probe (d_in, d_out) for wide weights: a float32 weight of 16 MiB,
+#                              many outputs per input as an unembedding and MLP up-projections have; tall
+#                              weights (d_in > d_out: a down-projection) are probed with its transpose's shape
+PROBE_COPIES = 4             # four of them read in turn (64 MiB, past the last-level cache)
+PROBE_ROUNDS = 7
+PROBE_MARGIN = 0.9           # "F" only when it takes < 0.9× the time of "C": noise keeps the layout weights start in
 
 
 def as_weight(name: str, w):
@@ -24,9 +51,84 @@ def as_weight(name: str, w):
     return as_float_array(name, w)
 
 
+@functools.cache
+def gemv_order(tall: bool = False) -> str:
+    """"C" or "F": the layout of a wide (d_in <= d_out), or with ``tall`` a tall (d_in > d_out), (d_in, d_out)
+    float32 W in which ``x @ W`` for one row x streams faster on this machine's BLAS; measured once per process
+    and kind (about 0.2 s each), on one BLAS thread (the kernel's own speed: two threads on a shared machine
+    wait on each other, and the measurement with them flipped between runs). The two kinds differ: on a
+    2-core EPYC with OpenBLAS (SkylakeX) wide weights read ~1.5x faster in "C", a 1536 × 576 one ~1.2x in "F".
+
+    Each probe buffer is read in both layouts (the same bytes: (d_in, d_out) C-contiguous, and the transpose
+    of a (d_out, d_in) C-contiguous one), alternating which goes first; the median of the per-round ratios
+    decides, "C" (the layout weights are drawn in) unless "F" is faster by PROBE_MARGIN."""
+    from ._threads import one_blas_thread
+
+    with one_blas_thread():
+        return "F" if _probe_ratio(PROBE_SHAPE[::-1] if tall else PROBE_SHAPE) < PROBE_MARGIN else "C"
+
+
+def _probe_ratio(shape: tuple) -> float:
+    """The median over PROBE_ROUNDS of (time of the F layout) / (time of the C layout) for a (d_in, d_out)
+    probe."""
+    d_in, d_out = shape
+    bufs = [np.full(d_in * d_out, 1.0 / d_in, np.float32) for _ in range(PROBE_COPIES)]
+    c_form = [b.reshape(d_in, d_out) for b in bufs]                 # (d_in, d_out) C-contiguous
+    f_form = [b.reshape(d_out, d_in).T for b in bufs]               # (d_in, d_out) F-contiguous
+    x = np.ones((1, d_in), np.float32)                              # (1, d_in)
+
+    def seconds(ws) -> float:
+        t = time.perf_counter()
+        for w in ws:
+            x @ w                                                   # (1, d_out)
+        return time.perf_counter() - t
+
+    seconds(c_form), seconds(f_form)                                # warm-up: BLAS threads, first touch
+    ratios = []
+    for r in range(PROBE_ROUNDS):
+        if r % 2:
+            f = seconds(f_form)
+            c = seconds(c_form)
+        else:
+            c = seconds(c_form)
+            f = seconds(f_form)
+        ratios.append(f / c)
+    return float(np.median(ratios))
+
+
+def order_for(shape: tuple, dtype) -> str:
+    """The layout a float weight of this shape and dtype is kept in: :func:`gemv_order`'s when it is streamed
+    (2-D, at least STREAMED_BYTES), else "C"."""
+    streams = len(shape) == 2 and int(np.prod(shape)) * np.dtype(dtype).itemsize >= STREAMED_BYTES
+    return gemv_order(tall=shape[0] > shape[1]) if streams else "C"
+
+
+def streamed(w):
+    """A 2-D float weight (d_in, d_out) in the layout :func:`order_for` picks (a copy when it is not in it
+    already), or ``w`` as it is: small, another shape, or quantized."""
+    if not isinstance(w, np.ndarray) or w.ndim != 2 or w.nbytes < STREAMED_BYTES:
+        return w
+    order = order_for(w.shape, w.dtype)
+    flag = "C_CONTIGUOUS" if order == "C" else "F_CONTIGUOUS"
+    return w if w.flags[flag] else np.asarray(w, order=order)        # (d_in, d_out)
+
+
 def fuse_columns(*ws):
-    """``(fused, ws)``: weights ``ws`` (each (d, w_i)) side by side as one weight (d, Σ w_i) by their type's
-    ``fuse_columns`` (a copy of their blocks), or None when they have none (float arrays) or differ in type."""
+    """``(fused, parts)``: weights ``ws`` (each (..., w_i), the same leading shape) side by side as one weight
+    (..., Σ w_i), and the parts to keep in their place. Float arrays of one dtype: one new array, laid out as
+    :func:`streamed` would, the parts views of its columns. Quantized weights: their type's ``fuse_columns``
+    (a copy of their blocks), the parts as they are. ``(None, ws)`` when they differ in type, dtype or leading
+    shape, or the type has no fusion."""
+    if all(isinstance(w, np.ndarray) for w in ws):
+        if ws[0].ndim == 0 or len({(w.dtype, w.shape[:-1]) for w in ws}) != 1:
+            return None, ws
+        shape = (*ws[0].shape[:-1], sum(w.shape[-1] for w in ws))
+        fused = np.empty(shape, ws[0].dtype, order=order_for(shape, ws[0].dtype))   # (..., Σ w_i)
+        edges = np.cumsum([0] + [w.shape[-1] for w in ws])
+        parts = tuple(fused[..., a:b] for a, b in zip(edges[:-1], edges[1:]))   # (..., w_i) views
+        for part, w in zip(parts, ws):
+            part[...] = w
+        return fused, parts
     fuse = getattr(type(ws[0]), "fuse_columns", None)
     if fuse is None or not all(type(w) is type(ws[0]) for w in ws):
         return None, ws

@@ -85,10 +85,10 @@ class KVCache:
             if new.shape[:-2] != self.k.shape[:-2] or new.shape[-1] != self.k.shape[-1]:
                 raise ValueError(f"{name} has shape {new.shape}, the cache expects {expected} "
                                  f"(width {self.k.shape[-1]})")
-            lo, hi = (new.min(), new.max()) if new.size else (0.0, 0.0)   # NaN propagates through both
-            if not (-np.inf < lo and hi < np.inf):
+            top = float(np.maximum.reduce(np.abs(new), axis=None)) if new.size else 0.0   # NaN propagates
+            if not top < np.inf:
                 raise ValueError(f"{name} must be finite to enter the cache, got NaN or inf")
-            largest[name] = float(hi) if hi > -lo else float(-lo)
+            largest[name] = top
         if key.shape[-2] != value.shape[-2]:
             raise ValueError(f"key has {key.shape[-2]} tokens, value has {value.shape[-2]}; they must match")
         t = key.shape[-2]

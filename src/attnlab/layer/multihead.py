@@ -15,7 +15,7 @@ import numpy as np
 from ..kernels._checks import (as_float_array, as_positive_int, check_attention_args, check_finite, check_rng, fold,
                                surely_fits, unfold)
 from ..kernels.attention import Saved, attention, attention_backward, attention_forward
-from ..kernels.matmul import as_weight, fuse_columns
+from ..kernels.matmul import as_weight, fuse_columns, streamed
 from .cache import KVCache
 from .config import AttentionConfig
 from .hookpoints import NO_HOOKS, KeepPattern
@@ -32,6 +32,11 @@ def split_heads(x: np.ndarray, n_heads: int) -> np.ndarray:
     *lead, n, width = x.shape
     x = x.reshape(*lead, n, n_heads, width // n_heads)   # (..., n, h, d_head)
     return np.swapaxes(x, -2, -3)                        # (..., h, n, d_head)
+
+
+def _heads(x: np.ndarray, n_heads: int) -> np.ndarray:
+    """:func:`split_heads` without its checks, for the layer's own arrays (a decode step pays for every call)."""
+    return np.swapaxes(x.reshape(*x.shape[:-1], n_heads, x.shape[-1] // n_heads), -2, -3)   # (..., h, n, d_head)
 
 
 def merge_heads(x: np.ndarray) -> np.ndarray:
@@ -55,9 +60,10 @@ class MultiHeadAttention:
     b_V: np.ndarray   # (h_kv·d_head,)
     b_O: np.ndarray   # (d_model,)
     config: AttentionConfig
-    # quantized W_Q | W_K | W_V side by side (d_model, (h + 2·h_kv)·d_head): one product projects q, k and v
-    # (attnlab.kernels.matmul); None for float arrays, which are multiplied one by one
+    # W_Q | W_K | W_V side by side (d_model, (h + 2·h_kv)·d_head), and b_Q | b_K | b_V: one product projects q, k
+    # and v (attnlab.kernels.matmul). Float weights are views of its columns; None when the three differ in type
     W_QKV: object | None = field(init=False, repr=False, default=None)
+    b_QKV: np.ndarray | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self):
         if not isinstance(self.config, AttentionConfig):
@@ -71,7 +77,12 @@ class MultiHeadAttention:
                 c = self.config
                 raise ValueError(f"{name} has shape {got}, the config (d_model {c.d_model}, n_heads {c.n_heads}, "
                                  f"n_kv_heads {c.n_kv_heads}, d_head {c.d_head}) asks for {shape}")
-        object.__setattr__(self, "W_QKV", fuse_columns(self.W_Q, self.W_K, self.W_V)[0])
+        object.__setattr__(self, "W_O", streamed(self.W_O))         # in the layout x @ W_O streams fastest
+        for fused, names in (("W_QKV", ("W_Q", "W_K", "W_V")), ("b_QKV", ("b_Q", "b_K", "b_V"))):
+            whole, parts = fuse_columns(*(getattr(self, n) for n in names))
+            object.__setattr__(self, fused, whole)
+            for name, part in zip(names, parts):
+                object.__setattr__(self, name, part)
 
     @classmethod
     def init(cls, config: AttentionConfig, *, rng: np.random.Generator, std: float = 0.02,
@@ -388,8 +399,11 @@ def multihead_attention_backward_named(p: MultiHeadAttention, saved: SavedLayer,
 
 def _output(p: MultiHeadAttention, heads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The heads (..., h, n, d_head) side by side, and the layer's output ``merged W_O + b_O``."""
-    merged = merge_heads(heads)                      # (..., n, h·d_head)
-    return merged, merged @ p.W_O + p.b_O            # (..., n, h·d_head), (..., n, d_model)
+    *lead, h, n, d_head = heads.shape
+    merged = np.swapaxes(heads, -2, -3).reshape(*lead, n, h * d_head)   # (..., n, h·d_head) merge_heads, unchecked
+    y = merged @ p.W_O                               # (..., n, d_model)
+    y += p.b_O
+    return merged, y                                 # (..., n, h·d_head), (..., n, d_model)
 
 
 def _project(p: MultiHeadAttention, x: np.ndarray, *, start: int = 0):
@@ -398,12 +412,12 @@ def _project(p: MultiHeadAttention, x: np.ndarray, *, start: int = 0):
     c = p.config
     h, h_kv = c.n_heads, c.n_kv_heads
     if p.W_QKV is None:
-        q = split_heads(x @ p.W_Q + p.b_Q, h)           # (..., h, n, d_head)
-        k = split_heads(x @ p.W_K + p.b_K, h_kv)        # (..., h_kv, n, d_head)
-        v = split_heads(x @ p.W_V + p.b_V, h_kv)        # (..., h_kv, n, d_head)
+        q = _heads(x @ p.W_Q + p.b_Q, h)                # (..., h, n, d_head)
+        k = _heads(x @ p.W_K + p.b_K, h_kv)             # (..., h_kv, n, d_head)
+        v = _heads(x @ p.W_V + p.b_V, h_kv)             # (..., h_kv, n, d_head)
         return c.positions.rotate(q, start=start), c.positions.rotate(k, start=start), v
-    b_qkv = np.concatenate([p.b_Q, p.b_K, p.b_V])   # ((h + 2·h_kv)·d_head,)
-    qkv = split_heads(x @ p.W_QKV + b_qkv, h + 2 * h_kv)   # (..., h + 2·h_kv, n, d_head) one product
+    b_qkv = np.concatenate([p.b_Q, p.b_K, p.b_V]) if p.b_QKV is None else p.b_QKV   # ((h + 2·h_kv)·d_head,)
+    qkv = _heads(x @ p.W_QKV + b_qkv, h + 2 * h_kv)  # (..., h + 2·h_kv, n, d_head) one product
     qk = c.positions.rotate(qkv[..., :h + h_kv, :, :], start=start)   # (..., h + h_kv, n, d_head) as attention
     return qk[..., :h, :, :], qk[..., h:, :, :], qkv[..., h + h_kv:, :, :]   # sees them; v (..., h_kv, n, d_head)
 

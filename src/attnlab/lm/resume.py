@@ -74,7 +74,8 @@ def write_training_state(path: Path, state: AdamState, rng: np.random.Generator,
         raise TypeError(f"state must be an AdamState, got {type(state).__name__}")
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
-    tensors = {f"m.{k}": a for k, a in state.m.items()} | {f"v.{k}": a for k, a in state.v.items()}
+    tensors = {f"m.{k}": np.ascontiguousarray(a) for k, a in state.m.items()} | \
+        {f"v.{k}": np.ascontiguousarray(a) for k, a in state.v.items()}   # save_file writes a buffer as it lies
     meta = {"step": state.t, "rng": rng.bit_generator.state, "extra": extra or {}}
     save_file(tensors, str(path), metadata={"attnlab_training": json.dumps(meta)})
 

@@ -286,11 +286,12 @@ class Tensors:
     def take(self, name: str, shape: tuple, why: str | None = None) -> np.ndarray:
         """The tensor ``name``, which must exist and have ``shape``; float32 or float64."""
         why = self.why if why is None else why
-        if name not in self.arrays:
+        try:
+            arr = self.arrays[name]            # one look-up: a lazy mapping (a GGUF file's) unpacks it here
+        except KeyError:
             near = sorted(k for k in self.arrays if k.split(".")[-1] == name.split(".")[-1])[:3]
             hint = f"; tensors with a similar name: {near}" if near else ""
-            raise ValueError(f"{self.source}: missing tensor {name!r}{hint}")
-        arr = self.arrays[name]
+            raise ValueError(f"{self.source}: missing tensor {name!r}{hint}") from None
         if arr.shape != tuple(shape):
             because = f" ({why})" if why else ""
             raise ValueError(f"{self.source}: tensor {name!r} has shape {arr.shape}, expected {tuple(shape)}"
@@ -325,8 +326,8 @@ class Tensors:
 
     def strip_prefix(self, prefix: str) -> "Tensors":
         """The same tensors with ``prefix`` removed where present (``bert.``, ``transformer.``)."""
-        if not any(k.startswith(prefix) for k in self.arrays):
-            return self
+        if not prefix or not any(k.startswith(prefix) for k in self.arrays):
+            return self                   # as they are: a lazy mapping (a GGUF file's) stays lazy, none held
         return Tensors({k.removeprefix(prefix): v for k, v in self.arrays.items()}, self.source, self.why,
                        self.header)
 

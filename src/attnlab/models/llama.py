@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..kernels.matmul import streamed
 from ..layer.config import AttentionConfig
 from ..stack.layers import GatedMLP, RMSNorm, activation_name
 from ..layer.multihead import MultiHeadAttention
@@ -213,7 +214,6 @@ def llama_from_tensors(tensors: Tensors, cfg: ModelConfig, *, qkv_bias: bool = F
     a, d = cfg.attention, cfg.d_model
     width, width_kv = a.n_heads * a.d_head, a.n_kv_heads * a.d_head
     t = llama_layout(tensors, cfg, names, why)
-    t.take(names.q.format(i=0) + ".weight", (width, d))   # the shapes first: head_dim sizes the arrays below
 
     def block(i: int) -> PreNormBlock:
         name = lambda part: getattr(names, part).format(i=i)        # noqa: E731
@@ -243,6 +243,8 @@ def llama_layout_model(t: Tensors, cfg: ModelConfig, block, norm, names: TensorN
     """The model of a Llama-layout folder from its ``block(i)`` and ``norm(prefix)``: the embedding (first,
     while nothing else is held), the blocks, the final norm and the unembedding (unless tied)."""
     W_E = t.take(names.embed, (cfg.vocab_size, cfg.d_model), f"vocab_size={cfg.vocab_size}, {t.why}")   # (vocab, d)
+    if cfg.tied_embeddings and isinstance(W_E, np.ndarray):   # laid out for the logits x W_Eᵀ now, while nothing else is held
+        W_E = streamed(W_E.T).T                                                                  # (vocab, d)
     return Transformer(config=cfg, W_E=W_E, blocks=tuple(block(i) for i in range(cfg.n_layers)),
                        ln_final=norm(names.final_norm), **unembedding(t, cfg, names.unembed))
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..kernels.matmul import fuse_columns
+from ..kernels.matmul import fuse_columns, streamed
 from ..layer.hookpoints import NO_HOOKS
 
 # erfc(z) for z >= 0 as t·exp(-z² + P(t)), t = 1/(1 + z/2): Numerical Recipes' Chebyshev fit (Press et al.,
@@ -65,8 +65,12 @@ def silu(x: np.ndarray) -> np.ndarray:
     >>> silu(np.array([-1.0, 0.0, 1.0], np.float32)).round(4)
     array([-0.2689,  0.    ,  0.7311], dtype=float32)
     """
-    with np.errstate(over="ignore"):                     # e^(−x) overflows to inf for x < −88: x/inf = −0
-        return x / (1 + np.exp(-x))
+    x = np.asarray(x)
+    e = np.negative(x, out=np.empty(x.shape, x.dtype))   # (...) one buffer, every step in place (a prefill's
+    with np.errstate(over="ignore"):                     #        (512, 1536) temporaries cost page faults each)
+        np.exp(e, out=e)                                 # e^(−x) overflows to inf for x < −88: x/inf = −0
+    e += 1
+    return np.divide(x, e, out=e)                        # (...) x / (1 + e^(−x))
 
 
 def relu(x: np.ndarray) -> np.ndarray:
@@ -204,10 +208,16 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, hook=NO_HOOKS) -> np
     >>> rms_norm(np.array([[3.0, 4.0]]), np.ones(2), 0.0).round(4)     # rms of (3, 4) is √12.5
     array([[0.8485, 1.1314]])
     """
-    x32 = x.astype(np.result_type(x, np.float32), copy=False)
-    ms = np.add.reduce(x32 * x32, axis=-1, keepdims=True) / x.shape[-1]   # (..., 1) mean of squares (ndarray.mean's
-    scale = hook("hook_scale", np.sqrt(ms + eps))            # (..., 1)     Python wrapper cost a decode step more)
-    return hook("hook_normalized", (x32 / scale).astype(x.dtype, copy=False) * weight)   # (..., d_model)
+    x32 = x if x.dtype.itemsize >= 4 else x.astype(np.float32)   # float16 squares in float32
+    ms = np.vecdot(x32, x32)[..., None]                         # (..., 1) d · mean of squares, no (..., d) temporary
+    ms *= 1 / x.shape[-1]                                       # (..., 1) (ndarray.mean's Python wrapper cost more)
+    ms += eps
+    scale = hook("hook_scale", np.sqrt(ms, out=ms))             # (..., 1)
+    y = x32 / scale                                             # (..., d_model)
+    if y.dtype != x.dtype:
+        y = y.astype(x.dtype)
+    y *= weight
+    return hook("hook_normalized", y)                           # (..., d_model)
 
 
 def rms_norm_forward(x: np.ndarray, weight: np.ndarray, eps: float):
@@ -277,6 +287,10 @@ class MLP:
     PARAMS = ("W_in", "b_in", "W_out", "b_out")
     HOOKS = ("hook_pre", "hook_post")   # the hidden layer before and after the nonlinearity, (..., n, d_mlp)
 
+    def __post_init__(self):
+        for name in ("W_in", "W_out"):                   # in the layout x @ W streams fastest (kernels.matmul)
+            object.__setattr__(self, name, streamed(getattr(self, name)))
+
     def __call__(self, x: np.ndarray, hook=NO_HOOKS) -> np.ndarray:
         pre = hook("hook_pre", x @ self.W_in + self.b_in)                   # (..., n, d_mlp)
         hidden = hook("hook_post", ACTIVATIONS[self.activation](pre))       # (..., n, d_mlp)
@@ -331,15 +345,17 @@ class GatedMLP:
     W_in: np.ndarray     # (d_model, d_mlp)
     W_out: np.ndarray    # (d_mlp, d_model)
     activation: str      # a key of ACTIVATIONS
-    # quantized W_gate | W_in side by side (d_model, 2·d_mlp): one product for both (attnlab.kernels.matmul);
-    # None for float arrays
+    # W_gate | W_in side by side (d_model, 2·d_mlp): one product for both (attnlab.kernels.matmul); float weights
+    # are views of its columns; None when the two differ in type
     W_gate_in: object | None = field(init=False, repr=False, default=None)
     name = "gated"       # its key in MLPS
     PARAMS = ("W_gate", "W_in", "W_out")
     HOOKS = ("hook_pre", "hook_post")   # the gate before its nonlinearity; the hidden layer, gated, (..., n, d_mlp)
 
     def __post_init__(self):
-        object.__setattr__(self, "W_gate_in", fuse_columns(self.W_gate, self.W_in)[0])
+        fused, (W_gate, W_in) = fuse_columns(self.W_gate, self.W_in)
+        for name, value in (("W_gate_in", fused), ("W_gate", W_gate), ("W_in", W_in), ("W_out", streamed(self.W_out))):
+            object.__setattr__(self, name, value)
 
     def __call__(self, x: np.ndarray, hook=NO_HOOKS) -> np.ndarray:
         if self.W_gate_in is None:
@@ -349,7 +365,9 @@ class GatedMLP:
             both = x @ self.W_gate_in                                               # (..., n, 2·d_mlp) one product
             gate, up = both[..., :d_mlp], both[..., d_mlp:]                         # (..., n, d_mlp) each
         pre = hook("hook_pre", gate)                                                # (..., n, d_mlp)
-        hidden = hook("hook_post", ACTIVATIONS[self.activation](pre) * up)          # (..., n, d_mlp)
+        hidden = ACTIVATIONS[self.activation](pre)                                  # (..., n, d_mlp) a new array
+        hidden *= up
+        hidden = hook("hook_post", hidden)                                          # (..., n, d_mlp)
         return hidden @ self.W_out                                                  # (..., n, d_model)
 
     @staticmethod

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..kernels._checks import as_positive_float, as_positive_int, as_stop_ids, as_token_ids, cap_scores, check_flag, check_rng
-from ..kernels.matmul import as_weight
+from ..kernels.matmul import as_weight, streamed
 from ..layer.cache import KVCache
 from ..layer.config import AttentionConfig
 from ..layer.hookpoints import NO_HOOKS, Hooks
@@ -189,6 +189,12 @@ class Transformer:
                 raise ValueError(f"{name} has shape {got}, the config (vocab_size {c.vocab_size}, d_model "
                                  f"{c.d_model}, n_ctx {c.n_ctx}, {c.attention.positions.name} positions) asks for "
                                  f"{shape}")
+        # the unembedding (W_U, or W_Eᵀ when tied) in the layout x @ W streams fastest (attnlab.kernels.matmul;
+        # a row lookup W_E[ids] does not mind either layout)
+        if c.tied_embeddings and c.has_logits and isinstance(self.W_E, np.ndarray):
+            object.__setattr__(self, "W_E", streamed(self.W_E.T).T)        # (vocab, d_model)
+        elif self.W_U is not None:
+            object.__setattr__(self, "W_U", streamed(self.W_U))             # (d_model, vocab)
         for name, want in (("ln_embed", c.embed_norm), ("ln_final", c.final_norm)):
             _check_norm(name, getattr(self, name), want, c)
         for i, b in enumerate(self.blocks):
@@ -420,7 +426,7 @@ def hook_names(model: Transformer) -> list[str]:
 
 
 def forward(model: Transformer, ids, *, caches: list[KVCache] | None = None, token_types=None, hooks=None,
-            return_weights: bool = False, attention_mask=None) -> ModelOutput:
+            return_weights: bool = False, attention_mask=None, logits_to_keep: int = 0) -> ModelOutput:
     """Token ids (..., n) through the whole model: a :class:`ModelOutput`.
 
     Parameters
@@ -445,6 +451,11 @@ def forward(model: Transformer, ids, *, caches: list[KVCache] | None = None, tok
         get weight 0 in every head; each row's positions count from its first real token (learned and
         sinusoidal rows; RoPE and ALiBi see only offsets, so a left-padded row's scores are its own).
         A query with no real key before it (left padding) outputs 0. Not with caches.
+    logits_to_keep : int
+        The logits of the last ``logits_to_keep`` positions only, (..., logits_to_keep, vocab), as transformers'
+        argument of that name; 0 (the default) keeps all n. A prompt before generation needs only its last
+        position's: the others would cost a (n, d_model) × (d_model, vocab) product (for SmolLM2 at n = 512, a
+        fifth of the prefill's arithmetic).
 
     Raises
     ------
@@ -456,6 +467,8 @@ def forward(model: Transformer, ids, *, caches: list[KVCache] | None = None, tok
         raise TypeError(f"model must be a Transformer (from attnlab.models.load_model or Transformer.init), "
                         f"got {type(model).__name__}")
     return_weights = check_flag("return_weights", return_weights)
+    if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, (int, np.integer)) or logits_to_keep < 0:
+        raise ValueError(f"logits_to_keep must be an int >= 0 (0 = every position's), got {logits_to_keep!r}")
     c = model.config
     fns, weights = ({} if hooks is None else hooks), [None] * c.n_layers
     if return_weights:                                                  # the weights come through hook_pattern
@@ -473,7 +486,8 @@ def forward(model: Transformer, ids, *, caches: list[KVCache] | None = None, tok
     if model.ln_final is not None:
         x = model.ln_final(x, h.scoped("ln_final."))                    # (..., n, d_model)
         hidden[-1] = x                                                  # as transformers returns it
-    logits = logits_of(model, x) if c.has_logits else None              # (..., n, vocab)
+    kept = x[..., -logits_to_keep:, :] if logits_to_keep else x          # (..., k, d_model) the rows to unembed
+    logits = logits_of(model, kept) if c.has_logits else None           # (..., k, vocab)
     attentions = [a.astype(x.dtype, copy=False) for a in weights] if return_weights else None
     return ModelOutput(logits=logits, hidden_states=hidden, attentions=attentions)
 
@@ -600,7 +614,7 @@ def generate(model: Transformer, ids, n_new: int, *, temperature: float = 0.0,
     given = caches is not None
     capacity = caches[0].capacity if given else min(c.n_ctx, tokens.size - 1)
     caches = caches if given else new_caches(model, capacity)
-    logits = forward(model, ids, caches=caches).logits[-1]                    # (vocab,) after the whole prompt
+    logits = forward(model, ids, caches=caches, logits_to_keep=1).logits[-1]  # (vocab,) after the whole prompt
     for t in range(ids.size, tokens.size):
         tokens[t] = sample_next(logits, temperature, rng, top_k=top_k, top_p=top_p)
         if on_token is not None:
@@ -615,7 +629,8 @@ def generate(model: Transformer, ids, n_new: int, *, temperature: float = 0.0,
                                  "longer than the model can see")
             for cache in caches:
                 cache.reset()
-            logits = forward(model, tokens[t + 1 - max(1, c.n_ctx // 2):t + 1], caches=caches).logits[-1]
+            logits = forward(model, tokens[t + 1 - max(1, c.n_ctx // 2):t + 1], caches=caches,
+                             logits_to_keep=1).logits[-1]
         else:
             logits = forward(model, tokens[t:t + 1], caches=caches).logits[-1]   # (vocab,) one decode step
     return tokens[ids.size:]
