@@ -188,16 +188,17 @@ def prefill_pair(model, hf, torch, ids: np.ndarray, rounds: int, *, logits_to_ke
             "ratio_max": p.ratio_max, "logits_to_keep": logits_to_keep}
 
 
-def prefill_row(path, f32, q, threads: int, rounds: int) -> dict:
+def prefill_row(f32, q, reference, threads: int, rounds: int) -> dict:
     """A 512-token prefill for generation (``logits_to_keep=1``): float32 and quantized alone, and float32 against
-    transformers' model of the same file on the same threads when transformers is importable."""
+    ``reference``, transformers' model of the same file and torch (:func:`transformers_model`; ``(None, None)``
+    without transformers), on the same threads."""
     from ..stack.transformer import forward
 
     ids = np.random.default_rng(0).integers(3, f32.config.vocab_size, PREFILL_TOKENS)   # (512,)
     row = {"tokens": PREFILL_TOKENS, "logits_to_keep": 1,
            "float32_ms": bench.alone(lambda: forward(f32, ids, logits_to_keep=1), rounds),
            "quantized_ms": bench.alone(lambda: forward(q, ids, logits_to_keep=1), rounds), "transformers": None}
-    hf, torch = transformers_model(path)
+    hf, torch = reference
     if hf is not None:
         before = torch.get_num_threads()
         torch.set_num_threads(threads)                           # the threads BLAS runs attnlab's side with
@@ -236,7 +237,10 @@ def run_model_bench(name: str = "smollm2", *, rounds: int = 11, cores: int | Non
     if name not in MODELS:
         raise ValueError(f"model must be one of {list(MODELS)}, got {name!r}")
     path = smollm2_gguf_path()
-    say("loading SmolLM2 (float32 and quantized)")
+    say("loading SmolLM2 (float32, quantized, and transformers' model when it imports)")
+    # torch first: loaded after numba's OpenMP threads have run (the quantized kernel's), torch's own OpenMP
+    # runtime made transformers' 2-thread prefill 3-4x slower (1.1-1.3 s alone, 3.7-4.3 s), not loaded so
+    reference = transformers_model(path)
     f32 = smollm2_file_model(path, quantized=False)
     q = smollm2_file_model(path, quantized=True)
     from ..kernels.matmul import gemv_order
@@ -256,7 +260,7 @@ def run_model_bench(name: str = "smollm2", *, rounds: int = 11, cores: int | Non
                                    "ratio_min": pair.ratio_min, "ratio_max": pair.ratio_max,
                                    "weight_mb": weight_bytes(q) / 1e6, "calls": decode_calls(dq)}
         say(f"prefill {PREFILL_TOKENS} tokens (the last position's logits, as generate needs)")
-        out["prefill"] = prefill_row(path, f32, q, threads, max(5, rounds // 2))
+        out["prefill"] = prefill_row(f32, q, reference, threads, max(5, rounds // 2))
         say("llama.cpp, if llama_cpp is importable")
         step = llama_cpp_step(path, threads)
         if step is None:
