@@ -32,6 +32,8 @@ def test_first_call_row_measures_a_fresh_process():
     default = f["runs"]["default"]
     assert default["kernel"] == "numpy"                      # a short call in a fresh process loads no numba
     assert f["first_over_second_mib"] == default["first"]["rss_mib"] - default["second"]["rss_mib"] < 50
+    from attnlab.kernels import _kernels
+    assert ("numba loaded first" in f["runs"]) == (_kernels.numba_installed() and not _kernels.numba_disabled())
     if "numba loaded first" in f["runs"]:
         loaded = f["runs"]["numba loaded first"]
         assert loaded["kernel"] == "fused" and loaded["load numba"]["rss_mib"] > 20    # numba's import alone

@@ -415,8 +415,8 @@ def first_call_row(n: int = 1024) -> dict | None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package_root()), os.environ.get("PYTHONPATH", "")])}
     runs = {}
     for name, fused_first in (("default", "0"), ("numba loaded first", "1")):
-        if fused_first == "1" and not _kernels.numba_installed():
-            continue
+        if fused_first == "1" and (_kernels.numba_disabled() or not _kernels.numba_installed()):
+            continue                                       # (the child inherits ATTNLAB_NO_NUMBA)
         out = subprocess.run([sys.executable, "-c", FIRST_CALL_PROBE, str(n), str(N_HEADS), fused_first],
                              env=env, capture_output=True, text=True, check=True).stdout
         runs[name] = json.loads(out)
