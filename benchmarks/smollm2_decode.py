@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import numpy as np
 
@@ -39,12 +38,7 @@ def groups(model, rounds: int, context: int) -> dict:
 
     def one() -> dict:
         out = {}
-
-        def clock(name, f):
-            t = time.perf_counter()
-            r = f()
-            out[name] = out.get(name, 0.0) + 1e3 * (time.perf_counter() - t)
-            return r
+        clock = bench.part_clock(out)
 
         for b, cache in zip(model.blocks, dec.caches):
             h = clock("norms", lambda: b.ln_1(x))

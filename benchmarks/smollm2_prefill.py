@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import numpy as np
 
@@ -31,12 +30,7 @@ def parts(model, ids: np.ndarray, rounds: int) -> dict:
 
     def one() -> dict:
         out = {}
-
-        def clock(name, f):
-            t = time.perf_counter()
-            r = f()
-            out[name] = out.get(name, 0.0) + 1e3 * (time.perf_counter() - t)
-            return r
+        clock = bench.part_clock(out)
 
         x = clock("embedding", lambda: embed(model, ids))                          # (n, d_model)
         for b in model.blocks:

@@ -214,15 +214,21 @@ def test_a_fresh_process_runs_short_calls_on_numpy_and_loads_no_numba():
     assert float(first) - float(second) <= 50, run.stdout                 # MiB
 
 
-def test_numba_loads_once_the_numpy_path_has_spent_what_loading_costs(monkeypatch):
-    """The rent-or-buy rule, with the loading faked: numpy while the time spent there (and the call's own
-    estimate) stays below NUMBA_LOAD_SECONDS, then fused for good; never without numba or when disabled."""
-    loaded = []
+@pytest.fixture
+def loaded(monkeypatch):
+    """numba's loading faked: the list of loads (numba "installed", nothing loaded, no rent paid yet)."""
+    loads = []
     monkeypatch.delenv(NO_NUMBA_ENV, raising=False)
-    monkeypatch.setattr(_kernels, "fused_loaded", lambda: bool(loaded))
-    monkeypatch.setattr(_kernels, "load_fused", lambda: loaded.append(1) or "module")
+    monkeypatch.setattr(_kernels, "fused_loaded", lambda: bool(loads))
+    monkeypatch.setattr(_kernels, "load_fused", lambda: loads.append(1) or "module")
     monkeypatch.setattr(_kernels, "numba_installed", lambda: True)
     monkeypatch.setattr(_kernels, "RENT", _kernels.Rent())
+    return loads
+
+
+def test_numba_loads_once_the_numpy_path_has_spent_what_loading_costs(monkeypatch, loaded):
+    """The rent-or-buy rule, with the loading faked: numpy while the time spent there (and the call's own
+    estimate) stays below NUMBA_LOAD_SECONDS, then fused for good; never without numba or when disabled."""
     monkeypatch.setattr(_kernels, "NUMBA_LOAD_SECONDS", 1.0)
     rate = _kernels.RENT.seconds_per_score()                              # numpy's exp per element, a bound
     assert rate == 1e-9 * min(_kernels.numpy_exp().ns_per_element.values())
@@ -244,13 +250,7 @@ def test_numba_loads_once_the_numpy_path_has_spent_what_loading_costs(monkeypatc
     assert _kernels.tile_kernel(10**12) == "numpy" and not loaded         # without numba, nothing to buy
 
 
-def test_one_big_call_loads_numba_at_once(monkeypatch):
-    loaded = []
-    monkeypatch.delenv(NO_NUMBA_ENV, raising=False)
-    monkeypatch.setattr(_kernels, "fused_loaded", lambda: bool(loaded))
-    monkeypatch.setattr(_kernels, "load_fused", lambda: loaded.append(1) or "module")
-    monkeypatch.setattr(_kernels, "numba_installed", lambda: True)
-    monkeypatch.setattr(_kernels, "RENT", _kernels.Rent())
+def test_one_big_call_loads_numba_at_once(loaded):
     big = int(2 * _kernels.NUMBA_LOAD_SECONDS / _kernels.RENT.seconds_per_score())    # its exp alone repays it
     assert _kernels.tile_kernel(big) == "fused" and loaded == [1]
 

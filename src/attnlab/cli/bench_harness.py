@@ -235,6 +235,17 @@ def check_cores(cores: int | None) -> int | None:
 # timing
 
 
+def part_clock(out: dict):
+    """A profile by parts: ``clock(name, f)`` calls ``f``, adds its milliseconds to ``out[name]`` (summed
+    over the calls of that name, as a model's layers are) and returns what ``f`` returned."""
+    def clock(name, f):
+        t = time.perf_counter()
+        r = f()
+        out[name] = out.get(name, 0.0) + 1e3 * (time.perf_counter() - t)
+        return r
+    return clock
+
+
 def time_call(f) -> float:
     t0 = time.perf_counter()
     f()
