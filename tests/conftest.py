@@ -1,17 +1,25 @@
 import numpy as np
 import pytest
 
-from attnlab.kernels._kernels import NO_NUMBA_ENV, load_fused
+from attnlab.kernels._kernels import KERNEL_ENV, NO_NUMBA_ENV
+from attnlab.kernels.profile import TUNE_FILE_ENV
+
+
+@pytest.fixture(autouse=True)
+def no_tune_profile(monkeypatch, tmp_path_factory):
+    """No test reads the user's tune profile: each points ATTNLAB_TUNE_FILE at a file that is not there."""
+    monkeypatch.setenv(TUNE_FILE_ENV, str(tmp_path_factory.getbasetemp() / "no-tune-profile.json"))
 
 
 @pytest.fixture(params=["numpy", "fused"])
 def tile_kernel(request, monkeypatch):
     """Run a test once on each tile kernel: the numpy one (ATTNLAB_NO_NUMBA=1) and, where numba is
-    installed, the fused one; so one CI run covers both paths."""
+    installed, the fused one (ATTNLAB_KERNEL=fused: every call the fused kernels take, whatever its size);
+    so one CI run covers both paths."""
     if request.param == "fused":
         pytest.importorskip("numba")
         monkeypatch.delenv(NO_NUMBA_ENV, raising=False)
-        load_fused()                    # loaded now, not when the numpy path has spent what loading costs
+        monkeypatch.setenv(KERNEL_ENV, "fused")
     else:
         monkeypatch.setenv(NO_NUMBA_ENV, "1")
     return request.param

@@ -98,7 +98,8 @@ def test_bench_json_has_every_section(tiny, capsys):
     m = r["machine"]
     assert m["cpu"] and m["simd"] in {"AVX-512", "AVX2", "AVX", "SSE4.2", "SVE", "NEON", "unknown"}
     assert isinstance(m["blas"], list) and m["tile_kernel"] in {"fused", "numpy"}
-    assert m["numpy_exp"]["chosen"] in {"exp", "exp2"} and set(m["numpy_exp"]["ns_per_element"]) == {"exp", "exp2"}
+    assert m["numpy_exp"]["chosen"] in {"exp", "exp2"} and m["numpy_exp"]["reason"].startswith("rule")
+    assert m["tune"].startswith("no profile at")
     assert [(f["n"], f["is_causal"]) for f in r["forward"]] == [(64, True), (64, False)]
     f = r["forward"][0]
     assert f["attnlab_ms"] > 0 and f["naive_ms"] > 0 and f["of_gemm"] == pytest.approx(f["gflops"] / 100)
@@ -133,7 +134,7 @@ def test_bench_table_and_scale(tiny, capsys):
     assert main(["bench", "--quick"]) == 0
     out = capsys.readouterr().out
     assert "numpy float32 GEMM: 100 GFLOP/s" in out and "decode: context" in out and "fwd+bwd: n" in out
-    assert "SIMD: " in out and "BLAS: " in out and "tile kernel: " in out and "paths: [0]" in out
+    assert "SIMD: " in out and "BLAS: " in out and "tile kernel from " in out and "paths: [0]" in out
     assert "BLAS contention probe" in out and "40.0 ms, one thread 20.0 ms (ratio 2.00" in out
     assert main(["bench", "--scale", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)

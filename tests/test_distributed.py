@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("distributed")
 da = pytest.importorskip("dask.array")
 
-from attnlab import tiled_attention  # noqa: E402
+from attnlab.kernels.tiled import tiled_attention  # noqa: E402
 from attnlab.cli import main  # noqa: E402
 from attnlab.distributed import (ShardedKVCache, ShardLostError, decode_part, local_cluster,  # noqa: E402
                                  merge_partials, merge_tree, sequence_parallel_attention)

@@ -15,7 +15,7 @@ from attnlab import attention
 from attnlab.kernels import _kernels
 from attnlab.kernels import tiled
 from attnlab.kernels._checks import check_attention_args
-from attnlab.kernels._kernels import NO_NUMBA_ENV
+from attnlab.kernels._kernels import KERNEL_ENV, NO_NUMBA_ENV
 from attnlab.kernels.attention import attention_path
 from attnlab.kernels.naive import naive_attention
 from attnlab.kernels.tiled import tiled_attention
@@ -32,9 +32,9 @@ def reference(q, k, v, **kw):
 def both_kernels(q, k, v, monkeypatch, **kw):
     """tiled_attention on the numpy kernel and on the fused one (small tiles: every edge is crossed)."""
     outs = {}
-    _kernels.load_fused()
+    monkeypatch.delenv(NO_NUMBA_ENV, raising=False)
     for kernel in ("numpy", "fused"):
-        monkeypatch.setenv(NO_NUMBA_ENV, "1" if kernel == "numpy" else "0")
+        monkeypatch.setenv(KERNEL_ENV, kernel)
         assert _kernels.tile_kernel() == kernel
         outs[kernel] = tiled_attention(q, k, v, block_q=5, block_k=7, **kw)
     return outs
@@ -180,12 +180,12 @@ def test_compiled_functions_release_the_gil_and_are_cached():
 def test_a_second_process_compiles_nothing(tmp_path):
     """numba's cache on disk: after one process has compiled the kernel, the next loads it."""
     pytest.importorskip("numba")
-    code = ("import numpy as np; from attnlab import tiled_attention; from attnlab.kernels import _fused\n"
+    code = ("import numpy as np; from attnlab.kernels.tiled import tiled_attention; from attnlab.kernels import _fused\n"
             "x = np.ones((1, 200, 8), np.float32)\n"
             "tiled_attention(x, x, x, is_causal=True)\n"
             "s = _fused.tile_softmax.stats\n"
             "print(int(bool(s.cache_hits)), len(s.cache_misses))\n")
-    env = {**os.environ, "PYTHONPATH": str(SRC), "NUMBA_CACHE_DIR": str(tmp_path)}
+    env = {**os.environ, "PYTHONPATH": str(SRC), "NUMBA_CACHE_DIR": str(tmp_path), KERNEL_ENV: "fused"}
     env.pop(NO_NUMBA_ENV, None)
     runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
             for _ in range(2)]
@@ -194,9 +194,9 @@ def test_a_second_process_compiles_nothing(tmp_path):
 
 
 def test_a_fresh_process_runs_short_calls_on_numpy_and_loads_no_numba():
-    """The issue's first-call goal: numba (import and cache load, over 100 MiB resident) loads only once the
-    numpy path has spent what loading it costs, so a fresh process's first short calls allocate about what
-    its second does."""
+    """The issue's first-call goal: numba (import and cache load, over 100 MiB resident) loads only for calls
+    of at least FUSED_MIN_SCORES scores, so a fresh process's first short calls allocate about what its
+    second does."""
     pytest.importorskip("numba")
     code = ("import sys, numpy as np\n"
             "from attnlab import attention\n"
@@ -214,45 +214,51 @@ def test_a_fresh_process_runs_short_calls_on_numpy_and_loads_no_numba():
     assert float(first) - float(second) <= 50, run.stdout                 # MiB
 
 
-@pytest.fixture
-def loaded(monkeypatch):
-    """numba's loading faked: the list of loads (numba "installed", nothing loaded, no rent paid yet)."""
-    loads = []
-    monkeypatch.delenv(NO_NUMBA_ENV, raising=False)
-    monkeypatch.setattr(_kernels, "fused_loaded", lambda: bool(loads))
-    monkeypatch.setattr(_kernels, "load_fused", lambda: loads.append(1) or "module")
-    monkeypatch.setattr(_kernels, "numba_installed", lambda: True)
-    monkeypatch.setattr(_kernels, "RENT", _kernels.Rent())
-    return loads
+def test_the_tile_kernel_rule_is_a_size_rule():
+    """fused from FUSED_MIN_SCORES scores for masked calls; unmasked ones only where numpy's exponential is exp;
+    a tune profile's thresholds replace both; the same arguments always give the same answer."""
+    rule, n = _kernels.tile_kernel_rule, _kernels.FUSED_MIN_SCORES
+    assert rule(n - 1, masked=True, exp_name="exp2")[0] == "numpy"
+    assert rule(n, masked=True, exp_name="exp2")[0] == "fused"
+    assert rule(10 * n, masked=False, exp_name="exp2")[0] == "numpy"        # AVX-512 exp2 beats fused unmasked
+    assert rule(n, masked=False, exp_name="exp")[0] == "fused"
+    tuned = {"masked": 1000, "full": None}
+    assert rule(999, masked=True, exp_name="exp2", tuned_min=tuned)[0] == "numpy"
+    assert rule(1000, masked=True, exp_name="exp2", tuned_min=tuned)[0] == "fused"
+    kernel, why = rule(10 * n, masked=False, exp_name="exp", tuned_min=tuned)
+    assert kernel == "numpy" and why.startswith("tune profile")
+    assert all(rule(s, masked=m, exp_name="exp") == rule(s, masked=m, exp_name="exp")
+               for s in (0, n, 2 * n) for m in (True, False))
 
 
-def test_numba_loads_once_the_numpy_path_has_spent_what_loading_costs(monkeypatch, loaded):
-    """The rent-or-buy rule, with the loading faked: numpy while the time spent there (and the call's own
-    estimate) stays below NUMBA_LOAD_SECONDS, then fused for good; never without numba or when disabled."""
-    monkeypatch.setattr(_kernels, "NUMBA_LOAD_SECONDS", 1.0)
-    rate = _kernels.RENT.seconds_per_score()                              # numpy's exp per element, a bound
-    assert rate == 1e-9 * min(_kernels.numpy_exp().ns_per_element.values())
-    assert _kernels.tile_kernel(1000) == "numpy" and not loaded            # a short call: keep renting
-    _kernels.pay_rent("numpy", 0.6, 1000)
-    assert _kernels.RENT.seconds_per_score() == 0.6 / 1000                # measured here from now on
-    assert _kernels.tile_kernel(100) == "numpy"                           # 0.6 s + 0.06 s < 1 s
-    _kernels.pay_rent("fused", 5.0, 10**6)                                # a fused call pays no rent
-    assert _kernels.RENT.seconds == 0.6
-    assert _kernels.tile_kernel(1000) == "fused" and loaded == [1]        # 0.6 s + 0.6 s: bought
-    assert _kernels.tile_kernel() == "fused" and loaded == [1]            # and kept
-    _kernels.pay_rent("numpy", 1.0, 1)
-    assert _kernels.RENT.seconds == 0.6                                   # nothing counts once loaded
+def test_kernel_choice_follows_the_environment(monkeypatch):
+    monkeypatch.delenv(KERNEL_ENV, raising=False)
     monkeypatch.setenv(NO_NUMBA_ENV, "1")
-    assert _kernels.tile_kernel(10**12) == "numpy"
+    assert _kernels.kernel_choice(10**12) == ("numpy", f"{NO_NUMBA_ENV} is set")
     monkeypatch.delenv(NO_NUMBA_ENV)
-    loaded.clear()
+    monkeypatch.setenv(KERNEL_ENV, "numpy")
+    assert _kernels.kernel_choice(10**12)[0] == "numpy"
+    monkeypatch.setenv(KERNEL_ENV, "cuda")
+    with pytest.raises(ValueError, match="ATTNLAB_KERNEL must be 'fused', 'numpy' or unset, got 'cuda'"):
+        _kernels.kernel_choice(1)
+    monkeypatch.delenv(KERNEL_ENV)
     monkeypatch.setattr(_kernels, "numba_installed", lambda: False)
-    assert _kernels.tile_kernel(10**12) == "numpy" and not loaded         # without numba, nothing to buy
+    assert _kernels.kernel_choice(10**12) == ("numpy", "numba is not installed")
+    monkeypatch.setenv(KERNEL_ENV, "fused")
+    with pytest.raises(ValueError, match="needs numba"):
+        _kernels.kernel_choice(1)
 
 
-def test_one_big_call_loads_numba_at_once(loaded):
-    big = int(2 * _kernels.NUMBA_LOAD_SECONDS / _kernels.RENT.seconds_per_score())    # its exp alone repays it
-    assert _kernels.tile_kernel(big) == "fused" and loaded == [1]
+def test_loading_numba_changes_no_choice(rng, monkeypatch):
+    """Once numba is loaded (by a big call, by load_fused), a small call still runs what the rule says."""
+    pytest.importorskip("numba")
+    monkeypatch.delenv(NO_NUMBA_ENV, raising=False)
+    monkeypatch.delenv(KERNEL_ENV, raising=False)
+    q = rng.normal(size=(4, 200, 8)).astype(np.float32)
+    before = attention_path(q, q, q, is_causal=True)
+    _kernels.load_fused()
+    after = attention_path(q, q, q, is_causal=True)
+    assert before == after and after.kernel == "numpy" and "FUSED_MIN_SCORES" in after.reason
 
 
 def test_no_numba_env_forces_the_numpy_path(rng, monkeypatch):
@@ -261,8 +267,10 @@ def test_no_numba_env_forces_the_numpy_path(rng, monkeypatch):
     path = attention_path(q, q, q, is_causal=True)
     assert (path.name, path.kernel) == ("tiled", "numpy") and "numpy (exp" in str(path)
     monkeypatch.setenv(NO_NUMBA_ENV, "0")
-    expected = "fused" if _kernels.load_fused() is not None else "numpy"
-    assert attention_path(q, q, q).kernel == expected
+    monkeypatch.setenv(KERNEL_ENV, "fused")
+    expected = "fused" if _kernels.numba_installed() else None
+    if expected:
+        assert attention_path(q, q, q).kernel == expected
 
 
 def test_the_debug_log_names_the_path(rng, caplog, tile_kernel):
@@ -277,18 +285,19 @@ def test_the_debug_log_names_the_path(rng, caplog, tile_kernel):
     assert messages[1].startswith("attention path: decode") and messages[2].startswith("attention path: naive")
 
 
-def test_numpy_exp_is_measured_here_and_cached():
+def test_numpy_exp_follows_the_cpu_rule_or_the_profile():
+    from attnlab.kernels.profile import cpu_features
+    assert _kernels.exp_rule({"AVX2", "AVX512F", "AVX512_SKX"})[0] == "exp2"
+    assert _kernels.exp_rule({"AVX2", "FMA3"})[0] == "exp"
     choice = _kernels.numpy_exp()
-    assert choice is _kernels.numpy_exp()                                  # once per process
-    ns = choice.ns_per_element
-    assert choice.name == min(ns, key=ns.get) and all(t > 0 for t in ns.values())
-    assert choice.unit == (tiled.LOG2E if choice.name == "exp2" else 1.0)
+    assert choice is _kernels.numpy_exp() and choice.name == _kernels.exp_rule(cpu_features())[0]
+    assert choice.unit == (tiled.LOG2E if choice.name == "exp2" else 1.0) and choice.reason.startswith("rule")
 
 
 @pytest.mark.parametrize("name", ["exp", "exp2"])
 def test_the_numpy_path_is_exact_in_either_base(rng, monkeypatch, name):
     """Whichever exponential this machine picks, the numpy tile step gives the float64 reference."""
-    choice = _kernels.ExpChoice(name=name, unit=tiled.LOG2E if name == "exp2" else 1.0, ns_per_element={})
+    choice = _kernels.ExpChoice(name=name, unit=tiled.LOG2E if name == "exp2" else 1.0, reason="test")
     monkeypatch.setattr(tiled, "tile_step", lambda kernel: tiled.NumpyTile(choice))
     q, k, v = (rng.normal(size=(2, 19, 8)) * 4 for _ in range(3))
     for kw in ({}, {"is_causal": True}, {"is_causal": True, "window": 5}):
@@ -299,13 +308,13 @@ def test_the_numpy_path_is_exact_in_either_base(rng, monkeypatch, name):
 def test_an_unknown_or_missing_kernel_is_named(monkeypatch):
     with pytest.raises(ValueError, match="kernel must be 'fused' or 'numpy', got 'cuda'"):
         tiled.tile_step("cuda")
-    tiled.tile_step.cache_clear()
+    tiled._tile_step.cache_clear()
     monkeypatch.setattr(_kernels, "fused_module", lambda: None)
     try:
         with pytest.raises(ValueError, match=r"needs numba \(pip install 'attnlab\[fast\]'\)"):
             tiled.tile_step("fused")
     finally:
-        tiled.tile_step.cache_clear()
+        tiled._tile_step.cache_clear()
 
 
 @pytest.mark.parametrize("kind", MASK_KINDS)
@@ -413,35 +422,18 @@ def test_fused_decode_on_a_cache_view_equals_the_numpy_path(rng, h, h_kv, softca
     np.testing.assert_allclose(fused, reference(q, k, v, softcap=softcap), rtol=2e-6, atol=2e-6)
 
 
-def test_the_decode_step_races_its_two_kernels_then_keeps_the_faster(rng, monkeypatch):
-    """decode_step times the first DECODE_TRIALS calls of each kernel on one kind of step, then runs the faster
-    median; a different kind of step (here a context of another power of two) races anew."""
+def test_the_decode_kernel_rule(rng, monkeypatch):
+    """numpy for a decode step unless it has grouped heads and passes FUSED_MIN_SCORES; a tune profile's
+    table (per group kind and context) replaces the rule; the front door reports it."""
     from attnlab.kernels import decode
-    ran = []
-    cost = {"fused": 5, "numpy": 2}                                           # fake seconds per call
-    now = [0.0]
-
-    def fake(c, kernel=None):
-        ran.append(kernel)
-        now[0] += cost[kernel]
-        return kernel
-
-    monkeypatch.setattr(decode, "decode_attention", fake)
-    monkeypatch.setattr(decode.time, "perf_counter", lambda: now[0])
-    monkeypatch.setattr(decode, "RACES", {})
-    q = rng.standard_normal((1, 4, 1, 8)).astype(np.float32)
-    k = rng.standard_normal((1, 4, 20, 8)).astype(np.float32)
-    c = check_attention_args(q, k, k)
-    for _ in range(2 * decode.DECODE_TRIALS + 3):
-        decode.decode_step(c, "fused")
-    trials = ["fused"] * decode.DECODE_TRIALS + ["numpy"] * decode.DECODE_TRIALS
-    assert ran == trials + ["numpy"] * 3                                     # numpy was faster: kept
-    assert list(decode.RACES.values()) == ["numpy"]
-    ran.clear()
-    assert decode.decode_step(c, "numpy") == "numpy" and ran == ["numpy"]  # numba off or not loaded: numpy
-    ran.clear()
-    cost["fused"] = 1                                                         # a longer context: another race
-    c2 = check_attention_args(q, np.concatenate([k] * 3, axis=2), np.concatenate([k] * 3, axis=2))
-    for _ in range(2 * decode.DECODE_TRIALS + 2):
-        decode.decode_step(c2, "fused")
-    assert ran == trials + ["fused"] * 2
+    rule, n = decode.decode_kernel_rule, _kernels.FUSED_MIN_SCORES
+    assert rule(1000, 3, 64)[0] == "numpy" and rule(n, 3, 64)[0] == "fused" and rule(n, 1, 64)[0] == "numpy"
+    table = {"grouped": {"64": "fused", "1024": "numpy"}, "ungrouped": {"64": "numpy"}}
+    assert [rule(10, 3, n_k, table)[0] for n_k in (1, 64, 1023, 1024, 10**6)] == ["fused"] * 3 + ["numpy"] * 2
+    assert rule(10, 1, 5000, table)[0] == "numpy" and rule(10, 3, 64, table)[1].startswith("tune profile")
+    monkeypatch.delenv(NO_NUMBA_ENV, raising=False)
+    monkeypatch.delenv(KERNEL_ENV, raising=False)
+    q = rng.standard_normal((1, 9, 1, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 3, 20, 8)).astype(np.float32)
+    path = attention_path(q, k, k)
+    assert (path.name, path.kernel) == ("decode", "numpy") and "FUSED_MIN_SCORES" in path.reason

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("distributed")
 
-from attnlab import tiled_attention  # noqa: E402
+from attnlab.kernels.tiled import tiled_attention  # noqa: E402
 from attnlab.cli import main  # noqa: E402
 from attnlab.distributed import ShardedKVCache, connect, local_cluster  # noqa: E402
 

@@ -261,8 +261,7 @@ def test_parallel_and_serial_rows_give_the_same_product(tmp_path, rng, numba_on,
     _quant_fused.matvec(qtype, W.qs, W.d, W.m, x, serial, 1)
     _quant_fused.matvec(qtype, W.qs, W.d, W.m, x, parallel, 3)             # 3 ranges of 34, 34, 32 rows
     np.testing.assert_array_equal(serial, parallel)
-    choice = kernel_threads()
-    assert choice["threads"] in choice["us"] and choice["us"][choice["threads"]] == min(choice["us"].values())
+    assert kernel_threads() == {"threads": 1, "reason": "rule: the calling thread (numba's threads spin on a shared machine)"}
 
 
 @pytest.mark.parametrize("qtype, tied", [("Q4_0", True), ("Q4_1", False), ("Q8_0", True)])

@@ -31,10 +31,7 @@ def test_decode_calls_per_layer_do_not_depend_on_the_head_count(shaped, kernel, 
     else:
         pytest.importorskip("numba")
         monkeypatch.delenv("ATTNLAB_NO_NUMBA", raising=False)
-        from attnlab.kernels import _kernels, decode
-        _kernels.load_fused()                                        # not left to the rent-or-buy rule
-        fused = decode.decode_attention                              # the race's end when fused won, so no
-        monkeypatch.setattr(decode, "decode_step", lambda c, kernel: fused(c, kernel))   # race is counted
+        monkeypatch.setenv("ATTNLAB_KERNEL", "fused")                 # every decode step fused, whatever its size
     counts = {h: decode_calls(Decoder(shaped(*h), context=8)) for h in ((6, 2), (12, 4), (4, 4), (12, 12), (2, 1))}
     for few, many in (((6, 2), (12, 4)), ((4, 4), (12, 12))):        # groups of 3, groups of 1: 2-3x the heads
         assert counts[few] == counts[many], counts
@@ -62,10 +59,9 @@ def test_fused_decode_kernel_equals_the_numpy_path(rng, monkeypatch, dtype, tol,
     v = rng.standard_normal((*batch, h_kv, n_k, 8)).astype(dtype)
     c = check_attention_args(q, k, v)
     monkeypatch.delenv("ATTNLAB_NO_NUMBA", raising=False)
-    assert _kernels.load_fused() is not None and _kernels.tile_kernel() == "fused"
-    fused = decode.decode_attention(c)
-    monkeypatch.setenv("ATTNLAB_NO_NUMBA", "1")
-    np.testing.assert_allclose(fused, decode.decode_attention(c), rtol=tol, atol=tol)
+    assert _kernels.load_fused() is not None
+    fused = decode.decode_attention(c, "fused")
+    np.testing.assert_allclose(fused, decode.decode_attention(c, "numpy"), rtol=tol, atol=tol)
 
 
 def test_bench_model_refuses_an_unknown_model_in_one_line(capsys):

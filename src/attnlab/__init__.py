@@ -16,7 +16,8 @@ Axis letters, used in every shape comment::
     n_ctx    positions a model has rows for (GPT-2: 1024)
 """
 
-from .kernels.attention import attention, attention_backward, attention_forward, attention_grad, attention_weights
+from .kernels.attention import (attention, attention_backward, attention_forward, attention_grad, attention_path,
+                                attention_weights)
 from .viz.attnmap import AttentionMap
 from .layer.cache import KVCache
 from .layer.config import GPT2_SMALL, AttentionConfig
@@ -31,7 +32,7 @@ from .kernels.softmax import softmax
 from .stack.blocks import BLOCKS, ParallelBlock, PostNormBlock, PreNormBlock, SandwichBlock
 from .stack.transformer import ModelConfig, ModelOutput, Transformer, forward, generate, new_caches
 from .viz.summary import HeadSummary, summarize_heads
-from .kernels.tiled import attention_weights_rows, tiled_attention, tiled_attention_grad
+from .kernels.tiled import attention_weights_rows
 
 __version__ = "0.1.0"
 
@@ -62,6 +63,7 @@ __all__ = [
     "attention_backward",
     "attention_forward",
     "attention_grad",
+    "attention_path",
     "attention_weights",
     "attention_weights_rows",
     "causal_mask",
@@ -81,6 +83,4 @@ __all__ = [
     "softmax",
     "split_heads",
     "summarize_heads",
-    "tiled_attention",
-    "tiled_attention_grad",
 ]

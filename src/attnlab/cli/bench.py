@@ -104,10 +104,10 @@ def print_table(r: dict) -> None:
     print(f"BLAS: {blas_kernel(m['blas'])}")
     torch_text = f"{torch['version']}, {torch['threads']} threads, {torch['cpu_capability']}" if torch else "not installed"
     numba = m["numba"] or "not installed"
-    ns = m["numpy_exp"]["ns_per_element"]
     print(f"torch: {torch_text}; numba: {numba}{' (disabled by ATTNLAB_NO_NUMBA)' if m['numba_disabled'] else ''}")
-    print(f"tile kernel: {m['tile_kernel']}; numpy's exponential here: {m['numpy_exp']['chosen']} "
-          f"(exp {ns['exp']:.2f}, exp2 {ns['exp2']:.2f} ns per element)")
+    print(f"tile kernel from {m['fused_min_scores']:,} scores (causal): {m['tile_kernel']} ({m['tile_kernel_reason']}); "
+          f"numpy's exponential: {m['numpy_exp']['chosen']} ({m['numpy_exp']['reason']})")
+    print(f"tune: {m['tune']}")
     print(f"float32, {r['shape']['n_heads']} heads, d_head {r['shape']['d_head']}; {r['method']}, "
           f"{r['shape']['rounds']} rounds")
     measured = " and ".join(f"{g:.0f}" for g in r["gemm_gflops_measured"])

@@ -33,7 +33,6 @@ from ..kernels._threads import blas_info, blas_limiter, usable_cores
 from ..kernels.attention import attention, attention_grad, attention_path
 from ..layer.cache import KVCache
 from ..kernels.naive import naive_attention, naive_attention_grad
-from ..kernels.tiled import tiled_attention
 
 N_HEADS, D_HEAD = 12, 64
 SIZES = (256, 512, 1024, 2048, 4096, 8192)
@@ -164,8 +163,12 @@ def read_cpuinfo() -> str:
 
 def machine_info(torch=None) -> dict:
     """Where the figures come from: CPU, SIMD, cores (those the run may use, and the machine's), BLAS, torch,
-    numba, and the kernels chosen here."""
+    numba, the kernels the rules choose here (``tile_kernel``: a causal call of FUSED_MIN_SCORES scores) and
+    the tune profile's status."""
+    from ..kernels import profile
+
     exp = _kernels.numpy_exp()
+    big_kernel = _kernels.kernel_choice(_kernels.FUSED_MIN_SCORES, masked=True)   # a big causal call's
     simd = simd_level(cpu_flags())
     return {"cpu": cpu_model(), "simd": simd["level"], "simd_flags": simd["flags"], "cores": usable_cores(),
             "machine_cores": os.cpu_count(),
@@ -173,9 +176,9 @@ def machine_info(torch=None) -> dict:
             "blas": blas_info(),
             "torch": None if torch is None else {"version": torch.__version__, "threads": torch.get_num_threads(),
                                                  "cpu_capability": cpu_capability(torch)},
-            "numba": _kernels.numba_version(), "tile_kernel": _kernels.tile_kernel(),
-            "numba_disabled": _kernels.numba_disabled(),
-            "numpy_exp": {"chosen": exp.name, "ns_per_element": exp.ns_per_element}}
+            "numba": _kernels.numba_version(), "tile_kernel": big_kernel[0], "tile_kernel_reason": big_kernel[1],
+            "fused_min_scores": _kernels.FUSED_MIN_SCORES, "numba_disabled": _kernels.numba_disabled(),
+            "tune": profile.status().reason, "numpy_exp": {"chosen": exp.name, "reason": exp.reason}}
 
 
 def cpu_capability(torch) -> str | None:
@@ -597,7 +600,7 @@ def run_scale(n: int = SCALE_N) -> dict:
     q, k, v = qkv(n, n, np.random.default_rng(0))
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
-    out = tiled_attention(q, k, v, is_causal=True)
+    out = attention(q, k, v, is_causal=True, implementation="tiled")
     seconds = time.perf_counter() - t0
     rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"n": n, "n_heads": N_HEADS, "d_head": D_HEAD, "seconds": seconds,

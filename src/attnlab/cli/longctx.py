@@ -45,7 +45,7 @@ def register(sub) -> None:
     p.add_argument("--causal", action="store_true", help="causal attention")
     p.add_argument("--rows", type=positive_int, default=4, help="query rows checked exactly (default 4)")
     p.add_argument("--no-single", action="store_true",
-                   help="skip the single-process tiled_attention run it is compared with")
+                   help="skip the single-process tiled attention run it is compared with")
     p.add_argument("--timeout", type=positive_float, default=None,
                    help="seconds to wait for the cluster (default: no limit; connecting waits at most 10)")
     p.add_argument("--seed", type=seed_arg, default=0, help="seed of the random q, k, v (default 0)")
@@ -95,9 +95,9 @@ def print_result(r: dict) -> None:
           f"{r['d_head']}, {r['dtype']}{', causal' if r['causal'] else ''}, on {r['cluster']}")
     print(f"  sequence_parallel_attention: {r['wall_s']:.2f} s wall, {r['tasks']} tasks on {r['workers']} workers")
     if r["single_process_s"] is None:
-        print("  single-process tiled_attention: skipped")
+        print("  single-process tiled attention: skipped")
     else:
-        print(f"  single-process tiled_attention: {r['single_process_s']:.2f} s (distributed / single "
+        print(f"  single-process tiled attention: {r['single_process_s']:.2f} s (distributed / single "
               f"= {r['ratio']:.2f})")
     print(f"  bytes moved between processes: {mib(r['bytes_moved'])} (client to workers "
           f"{mib(r['bytes_to_workers'])}, between workers {mib(r['bytes_between_workers'])}, workers to client "

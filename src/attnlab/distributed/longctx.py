@@ -4,7 +4,7 @@ The run draws random q, k, v (unit normal, float32, d_head 64) on the client, ru
 :func:`sequence_parallel_attention` with the lse, then checks sampled rows exactly: their weights, rebuilt
 from the distributed lse by :func:`attnlab.attention_weights_rows` in float64, must sum to 1, and their
 weighted values must equal the distributed output. It measures the wall time, each worker's peak memory,
-the bytes that crossed between processes, and the single-process ``tiled_attention`` time at the same n.
+the bytes that crossed between processes, and the single-process tiled ``attention`` time at the same n.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import time
 import numpy as np
 
 from ..kernels._checks import as_positive_float, as_positive_int, check_flag, check_rng
-from ..kernels.tiled import attention_weights_rows, tiled_attention
+from ..kernels.attention import attention
+from ..kernels.tiled import attention_weights_rows
 from .cluster import require_distributed, worker_addresses, worker_stats
 from .sequence import sequence_parallel_attention
 
@@ -62,7 +63,7 @@ def bytes_sent(stats: dict) -> int:
 
 
 def fits_in_memory(n: int, heads: int, dtype) -> bool:
-    """Whether a single-process tiled_attention at this size (q, k, v, out, lse and the float64 copies
+    """Whether a single-process tiled attention at this size (q, k, v, out, lse and the float64 copies
     the check makes are already counted by the caller) leaves room: needs 5 arrays of n·heads·64."""
     import psutil
     need = 5 * n * heads * D_HEAD * np.dtype(dtype).itemsize
@@ -112,7 +113,7 @@ def run_longctx(client, n: int, *, heads: int = 1, is_causal: bool = False, rows
     single_s = None
     if single and fits_in_memory(n, heads, dtype):
         start = time.perf_counter()
-        tiled_attention(q, k, v, is_causal=is_causal)
+        attention(q, k, v, is_causal=is_causal, implementation="tiled")
         single_s = time.perf_counter() - start
     tol = TOLERANCE[dtype]
     return {

@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels._checks import fold, unfold
-from ..kernels.tiled import Plan, tiled_attention
+from ..kernels.attention import attention
+from ..kernels.tiled import Plan
 
 
 def merge_partials(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]):
@@ -53,11 +54,11 @@ def merge_tree(partials: list, merge=merge_partials):
 
 
 def attend_part(query, key, value, *, is_causal, window, q_offset, scale, workers=1):
-    """One (query block, key shard) pair: ``tiled_attention`` with the shard's offset, returning
+    """One (query block, key shard) pair: the front door's tiled path with the shard's offset, returning
     ``(out, lse)`` in the compute dtype (float16 inputs are lifted to float32 before, not after)."""
     dt = np.result_type(np.float32, query, key, value)
-    return tiled_attention(np.asarray(query, dt), key, value, is_causal=is_causal, window=window,
-                           q_offset=q_offset, scale=scale, return_lse=True, workers=workers)
+    return attention(np.asarray(query, dt), key, value, is_causal=is_causal, window=window, q_offset=q_offset,
+                     scale=scale, implementation="tiled", return_lse=True, workers=workers)
 
 
 def decode_part(query, key, value, *, scale: float, groups: int = 1):

@@ -1,7 +1,7 @@
 """Sequence-parallel attention on a Dask cluster: key shards on the workers, partials merged there by lse.
 
 The keys and values are cut along the sequence into shards, the queries into blocks. Each visible
-(query block, key shard) pair is one task, ``tiled_attention`` with that shard's global offset, returning
+(query block, key shard) pair is one task, the front door's tiled path with that shard's global offset, returning
 ``(out, lse)``; the pairs of a query block merge pairwise on the workers (``merge_partials``) so only the
 finished block reaches the client. Pairs are handed to workers longest first, each to the least loaded
 one (so a causal grid's heavy early shards are shared), and each shard starts on the worker that runs
@@ -31,8 +31,8 @@ def sequence_parallel_attention(query, key, value, *, client=None, shards=None, 
                                 scale=None, return_lse=False, query_blocks=None, timeout=None, progress=None):
     """Scaled dot-product attention with the keys and values split across the workers of a Dask cluster.
 
-    Same semantics as :func:`attnlab.tiled_attention`: bottom-right causal alignment in global positions,
-    a sliding ``window``, a query that sees no key gets 0 (lse −inf), grouped-query heads, float16/32/64.
+    Same semantics as :func:`attnlab.attention` (``implementation="tiled"``): bottom-right causal alignment in
+    global positions, a sliding ``window``, a query that sees no key gets 0 (lse −inf), grouped-query heads, float16/32/64.
 
     Parameters
     ----------
@@ -58,8 +58,8 @@ def sequence_parallel_attention(query, key, value, *, client=None, shards=None, 
     Raises
     ------
     ValueError, TypeError
-        As :func:`attnlab.tiled_attention`; also for mixed numpy/dask inputs, a bad ``shards`` or
-        ``query_blocks``, an unreachable scheduler (naming its address), or a cluster without workers.
+        As :func:`attnlab.attention` (``implementation="tiled"``); also for mixed numpy/dask inputs, a bad
+        ``shards`` or ``query_blocks``, an unreachable scheduler (naming its address), or a cluster without workers.
     TimeoutError
         When the cluster does not finish within ``timeout``.
     RuntimeError

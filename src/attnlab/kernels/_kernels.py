@@ -1,21 +1,22 @@
-"""Which kernels run on this machine: numpy's exponential for the tiles, and the numba fused kernel.
+"""Which kernels run here: numpy's exponential for the tiles, and numpy or the numba fused kernel.
 
-numpy's float32 ``exp2`` is vectorised only with AVX-512 builds of its SIMD loops; without them it runs at
-half the speed of ``exp`` (measured on an AVX2-only EPYC: 2.53 against 1.26 ns per element), with them it
-can be the faster one. No constant measured on one machine decides it: :func:`numpy_exp` times both on a
-tile-sized array once per process, on the machine it runs on, and the tiled kernel uses the winner.
+Same input, same answer: each choice is a rule, a pure function of what the call can see (its shapes, dtypes
+and options, numpy's CPU features, the installed extras and the environment), never a time measured while
+the program runs. ``attnlab tune`` measures the same choices on this machine in an explicit step and writes a
+profile (:mod:`attnlab.kernels.profile`); with one present, the choices follow it.
 
-The fused kernel (:mod:`attnlab.kernels._fused`, the optional extra ``attnlab[fast]``) needs numba; setting the
-environment variable ``ATTNLAB_NO_NUMBA=1`` makes every call take the numpy path as if numba were missing.
+- numpy's exponential (:func:`numpy_exp`, rule :func:`exp_rule`): ``exp2`` where numpy runs its AVX-512 loops,
+  else ``exp``.
+- The tile kernel (:func:`kernel_choice`, rule :func:`tile_kernel_rule`): the fused kernel
+  (:mod:`attnlab.kernels._fused`, the optional extra ``attnlab[fast]``) from ``FUSED_MIN_SCORES`` scores per call
+  (masked calls; unmasked ones only without AVX-512 exp2), else numpy. A size rule, not a time: loading numba
+  costs a fresh process 0.5-2 s and 110-150 MiB of resident memory (``benchmarks/first_call.py``), more than a
+  short call's whole run, so calls below the threshold never load it.
 
-Loading numba is not free: in a fresh process, importing it and loading its first kernel's machine code from
-the on-disk cache cost some 0.5-2 s and 110-140 MiB of resident memory (``benchmarks/first_call.py``), more than
-a short call's whole run. So the fused kernels load the way one decides between renting and buying (the
-ski-rental rule): calls run on the numpy path, which needs nothing loaded, until the time they have spent there
-(with the present call's estimated time) reaches what loading numba costs (``NUMBA_LOAD_SECONDS``); then numba
-loads and every later call is fused. Whatever the machine, the numpy path's extra time is then at most about
-what loading would have cost, and a process that makes only short calls never pays for numba at all.
-:func:`load_fused` loads it at once (``attnlab bench`` does, so that every row it times runs one kernel).
+Environment: ``ATTNLAB_NO_NUMBA=1`` makes every call take the numpy path as if numba were missing;
+``ATTNLAB_KERNEL=fused`` (or ``numpy``) runs that kernel wherever it can take the call, whatever its size (the
+tests cover both kernels so). :func:`load_fused` loads numba at once (``attnlab bench`` does); loading it
+changes no choice.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ import importlib.util
 import math
 import os
 import sys
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
 NO_NUMBA_ENV = "ATTNLAB_NO_NUMBA"
+KERNEL_ENV = "ATTNLAB_KERNEL"
 LOG2E = 1 / math.log(2)          # a Python float: float32 arrays times it stay float32 (NEP 50), where
                                  # an np.float64 made numpy cast through 128 KiB buffers and compute in float64
 
@@ -38,10 +39,10 @@ LOG2E = 1 / math.log(2)          # a Python float: float32 arrays times it stay 
 @dataclass(frozen=True)
 class ExpChoice:
     """numpy's exponential for the tiles: ``exp`` (natural base) or ``exp2`` (base 2, log₂e folded into the
-    scale of q so no pass over the tile pays for it)."""
+    scale of q so no pass over the tile pays for it), and why."""
     name: str                     # "exp" or "exp2"
     unit: float                   # scores are multiplied by this: 1 for exp, log₂e for exp2
-    ns_per_element: dict          # the measurement that chose it: {"exp": ns, "exp2": ns}
+    reason: str                   # the rule, or the tune profile, that chose it
 
     @property
     def fn(self):
@@ -52,28 +53,27 @@ class ExpChoice:
         return np.log2 if self.name == "exp2" else np.log
 
 
-def time_exps(rows: int = 256, cols: int = 512, rounds: int = 7) -> dict:
-    """ns per element of numpy's float32 exp and exp2, in place on a (rows, cols) tile of scores in
-    [-30, 0] (what the online softmax feeds them): the fastest of ``rounds`` alternated calls each."""
-    rng = np.random.default_rng(0)
-    src = rng.uniform(-30, 0, size=(rows, cols)).astype(np.float32)     # (rows, cols)
-    buf = np.empty_like(src)                                           # (rows, cols)
-    best = {"exp": np.inf, "exp2": np.inf}
-    for _ in range(rounds):
-        for name, fn in (("exp", np.exp), ("exp2", np.exp2)):
-            np.copyto(buf, src)
-            t0 = time.perf_counter()
-            fn(buf, out=buf)
-            best[name] = min(best[name], time.perf_counter() - t0)
-    return {name: 1e9 * t / src.size for name, t in best.items()}
+def exp_rule(features) -> tuple[str, str]:
+    """The rule for numpy's exponential, from numpy's CPU features: ``exp2`` when numpy runs its AVX-512
+    (Skylake-X) loops here, where its float32 exp2 is vectorised and the faster (Xeon with AVX-512, in place on a
+    256 × 512 tile: 0.38-0.45 against 0.64-1.05 ns per element); else ``exp`` (without them exp2 runs at half
+    exp's speed: 2.53 against 1.26 ns on an AVX2-only EPYC)."""
+    if "AVX512_SKX" in features:
+        return "exp2", "rule: numpy's AVX-512 loops vectorise float32 exp2 here"
+    return "exp", "rule: numpy has no AVX-512 exp2 loop here, exp is the vectorised one"
+
+
+def numpy_exp() -> ExpChoice:
+    """numpy's exponential for the tiles: the tune profile's ``exp`` when one applies, else :func:`exp_rule`."""
+    from . import profile
+    return _exp_choice(profile.choice("exp"))
 
 
 @functools.cache
-def numpy_exp() -> ExpChoice:
-    """The faster of numpy's float32 exp and exp2 on this machine, measured once per process (~5 ms)."""
-    ns = time_exps()
-    name = "exp2" if ns["exp2"] < ns["exp"] else "exp"
-    return ExpChoice(name=name, unit=LOG2E if name == "exp2" else 1.0, ns_per_element=ns)
+def _exp_choice(tuned: str | None) -> ExpChoice:
+    from .profile import cpu_features
+    name, reason = (tuned, "tune profile") if tuned in ("exp", "exp2") else exp_rule(cpu_features())
+    return ExpChoice(name=name, unit=LOG2E if name == "exp2" else 1.0, reason=reason)
 
 
 def numba_disabled() -> bool:
@@ -81,30 +81,26 @@ def numba_disabled() -> bool:
     return os.environ.get(NO_NUMBA_ENV, "").strip().lower() not in ("", "0", "false", "no")
 
 
-# What loading numba costs a fresh process, as the rent-or-buy rule counts it: importing numba, then loading
-# the first kernel's machine code from numba's cache (its CPU target and LLVM's JIT are built then), measured
-# 0.25-0.95 s and 0.3-0.95 s on the 2-core EPYC under varying load (benchmarks/first_call.py). An estimate,
-# not a choice tuned to one machine: an error in it moves the switch earlier or later, never past twice the
-# cost of the better choice.
-NUMBA_LOAD_SECONDS = 0.5
+def forced_kernel() -> str | None:
+    """``ATTNLAB_KERNEL`` ("fused" or "numpy"; read at every call): every call that the kernel can take runs
+    it, whatever its size (the tests' way to cover both kernels); None when unset or empty."""
+    value = os.environ.get(KERNEL_ENV, "").strip().lower()
+    if value in ("", "auto"):
+        return None
+    if value not in ("fused", "numpy"):
+        raise ValueError(f"{KERNEL_ENV} must be 'fused', 'numpy' or unset, got {value!r}")
+    return value
+
+
+# The size rule of the fused kernels: a call runs them when it computes at least this many scores (batch ·
+# heads · n_q · n_k). Loading numba costs a fresh process 0.5-2 s and 110-150 MiB of resident memory
+# (benchmarks/first_call.py), and the fused kernels save at most ~35% of a call's time (causal, n = 256; 12% at
+# n = 1024, 7% at 2048, one worker, Xeon with AVX-512). 2^24 keeps a fresh process's 12-head, 1024-token call
+# (12.6 M scores: the first-call memory goal) on numpy, and takes 12 heads from about 1,200 tokens to the
+# fused kernels. Below it calls never pay for numba; ``attnlab tune`` measures where the fused kernels win
+# once loaded and may lower it for this machine.
+FUSED_MIN_SCORES = 2**24
 FUSED_MODULE = __package__ + "._fused"
-
-
-@dataclass
-class Rent:
-    """The numpy path's time on work the fused kernels would do, in this process, until numba loads."""
-    seconds: float = 0.0
-    scores: int = 0                 # how many attention scores that time covered (for the rate per score)
-
-    def seconds_per_score(self) -> float:
-        """The numpy path's measured time per score here; before any call, numpy's exponential (each score
-        passes through one), a lower bound."""
-        if self.scores:
-            return self.seconds / self.scores
-        return 1e-9 * min(numpy_exp().ns_per_element.values())
-
-
-RENT = Rent()
 
 
 @functools.cache
@@ -135,38 +131,71 @@ def load_fused():
     return fused_module()
 
 
-def pay_rent(kernel: str, seconds: float, scores: int) -> None:
-    """Count a call's time on the numpy path toward loading numba (nothing once it is loaded, or without it)."""
-    if kernel == "numpy" and not fused_loaded():
-        RENT.seconds += seconds
-        RENT.scores += scores
-
-
 def numba_version() -> str | None:
     """numba's version when it can be imported, else None."""
     module = fused_module()
     return None if module is None else module.numba.__version__
 
 
-def tile_kernel(scores: int = 0) -> str:
-    """Which kernel a call of ``scores`` attention scores runs: ``"fused"`` (numba: shift, exponential and row
-    sum in one pass) when numba is installed, not disabled, and loaded, or worth loading now by the
-    rent-or-buy rule (the numpy path's time so far, plus this call's estimate, reaches NUMBA_LOAD_SECONDS);
-    else ``"numpy"``."""
+def tile_kernel_rule(scores: int, *, masked: bool, exp_name: str, tuned_min: dict | None = None) -> tuple[str, str]:
+    """The rule for the tile kernel of a call of ``scores`` scores, given numba is installed and enabled:
+    ``("fused" | "numpy", why)``, a pure function of its arguments.
+
+    - With a tune profile's thresholds (``tuned_min``: the smallest scores from which the fused kernel won, for
+      ``"masked"`` and ``"full"`` calls, None where it never did): those.
+    - Else fused from ``FUSED_MIN_SCORES``, for masked calls (causal, windowed, a mask: the numpy path pays
+      separate passes for the mask, the fused kernel none: 0.66-0.93x numpy's time at n = 256-2048), and for
+      unmasked calls only where numpy's exponential is ``exp`` (no AVX-512 exp2: the numpy path's exponential
+      is its slow pass). With exp2 on AVX-512 the numpy path ran unmasked tiles 3-6% faster than the fused
+      kernel (n = 64-2048, 12 heads, one worker, Xeon), so they stay on numpy.
+    """
+    kind = "masked" if masked else "full"
+    if tuned_min is not None:
+        threshold = tuned_min.get(kind)
+        if threshold is None:
+            return "numpy", f"tune profile: numpy ran {kind} calls faster at every size measured"
+        if scores >= threshold:
+            return "fused", f"tune profile: fused from {threshold:,} scores for {kind} calls"
+        return "numpy", f"tune profile: numpy below {threshold:,} scores for {kind} calls"
+    if not masked and exp_name == "exp2":
+        return "numpy", "rule: an unmasked call runs numpy's AVX-512 exp2 faster than the fused kernel"
+    if scores >= FUSED_MIN_SCORES:
+        return "fused", f"rule: {scores:,} scores >= FUSED_MIN_SCORES ({FUSED_MIN_SCORES:,})"
+    return "numpy", f"rule: {scores:,} scores < FUSED_MIN_SCORES ({FUSED_MIN_SCORES:,}): numba is not worth loading"
+
+
+def kernel_choice(scores: int = 0, *, masked: bool = True) -> tuple[str, str]:
+    """Which tile kernel a call of ``scores`` attention scores runs, and why: ``ATTNLAB_NO_NUMBA`` or a missing
+    numba keep numpy; ``ATTNLAB_KERNEL`` forces one; else :func:`tile_kernel_rule` with the tune profile's
+    thresholds when one applies. Loads numba when the answer is "fused"."""
     if numba_disabled():
-        return "numpy"
-    if not fused_loaded():
-        if not numba_installed():
-            return "numpy"
-        if RENT.seconds + scores * RENT.seconds_per_score() < NUMBA_LOAD_SECONDS:
-            return "numpy"
-        if load_fused() is None:
-            return "numpy"
-    return "fused"
+        return "numpy", f"{NO_NUMBA_ENV} is set"
+    forced = forced_kernel()
+    if forced == "numpy":
+        return "numpy", f"{KERNEL_ENV}=numpy"
+    if not numba_installed():
+        if forced == "fused":
+            raise ValueError(f"{KERNEL_ENV}=fused needs numba (pip install 'attnlab[fast]'), which is not installed")
+        return "numpy", "numba is not installed"
+    if forced == "fused":
+        kernel, reason = "fused", f"{KERNEL_ENV}=fused"
+    else:
+        from . import profile
+        kernel, reason = tile_kernel_rule(scores, masked=masked, exp_name=numpy_exp().name,
+                                          tuned_min=profile.choice("fused_min_scores"))
+    if kernel == "fused" and load_fused() is None:
+        return "numpy", "numba failed to import"
+    return kernel, reason
+
+
+def tile_kernel(scores: int = 0, *, masked: bool = True) -> str:
+    """:func:`kernel_choice`'s kernel: ``"fused"`` (numba: shift, exponential and row sum in one pass) or
+    ``"numpy"``."""
+    return kernel_choice(scores, masked=masked)[0]
 
 
 def kernel_in_use() -> str:
-    """The kernel calls run on now, loading nothing: "fused" when loaded (and not disabled), else "numpy"."""
+    """Whether the fused kernels are loaded in this process (and not disabled): "fused", else "numpy"."""
     return "fused" if fused_loaded() and not numba_disabled() else "numpy"
 
 
@@ -174,4 +203,4 @@ def kernel_name(kernel: str) -> str:
     """A readable name of a tile kernel and the exponential it uses, as the bench and the debug log say it."""
     if kernel == "fused":
         return "fused (numba, polynomial exp2 in one pass with the shift and row sum)"
-    return f"numpy ({numpy_exp().name}, measured faster here)"
+    return f"numpy ({numpy_exp().name})"

@@ -25,8 +25,8 @@ The products take each block's scale and minimum out of its sum, Σ_t x_t·w_t =
 
 Compiled ``nogil=True`` and ``cache=True`` (kept in ``__pycache__``; a second process compiles nothing). The
 groups run on the calling thread or split over numba's threads (``parallel=True``, one range of groups per
-thread): :func:`attnlab.kernels.quantized.kernel_threads` times both once per process, on the machine it runs
-on, and keeps the faster. (On a 2-core EPYC shared with other work, numba's OpenMP threads can make a
+thread): :func:`attnlab.kernels.quantized.kernel_threads` says which: one by rule, numba's where ``attnlab
+tune`` measured them faster here. (On a 2-core EPYC shared with other work, numba's OpenMP threads can make a
 product 10x slower than one thread: they spin while they wait.)
 """
 

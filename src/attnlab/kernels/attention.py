@@ -4,20 +4,29 @@
 
 This module is the one place that picks the path: the naive reference (:mod:`attnlab.kernels.naive`, the whole
 grid of scores), the tiled kernel (:mod:`attnlab.kernels.tiled`, FlashAttention's online softmax, never the grid),
-or the decode step (:mod:`attnlab.kernels.decode`, one query against a KV cache). Every path takes the same
-checked inputs (:mod:`attnlab.kernels._checks`) and gives the same result.
+or the decode step (:mod:`attnlab.kernels.decode`, one query against a KV cache), and its kernel, numpy or
+the numba fused one. Every path takes the same checked inputs (:mod:`attnlab.kernels._checks`) and gives the
+same result to float rounding.
+
+The choice is a rule (:func:`choose_path`): a pure function of the call's shapes, dtypes and options, the
+CPU's features, the installed extras, the environment and the tune profile (``attnlab tune``), never of a time
+measured while the program runs; so the same call gives the same bits every time. ``implementation=`` and
+``kernel=`` force one; :func:`attention_path` says which would run and why, computing nothing.
+
+Public callers come in through :func:`attention`, which validates every argument; the stack's layers, whose
+arrays are their own and already checked, come in through :func:`attend`, which skips those checks.
 """
 
 from __future__ import annotations
 
 import logging
-import time
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import _kernels, decode, naive, tiled
-from ._checks import check_attention_args, check_dout, grads_like
+from ._checks import Checked, as_choice, as_positive_int, check_attention_args, check_dout, check_flag, grads_like
 from .naive import NaiveSaved
 from .tiled import TiledSaved
 
@@ -46,14 +55,19 @@ def takes_tiled_path(query, key, *, bias) -> bool:
 log = logging.getLogger(__name__)
 
 
+IMPLEMENTATIONS = ("naive", "tiled", "decode")
+KERNELS = ("numpy", "fused")
+
+
 @dataclass(frozen=True)
 class Path:
     """Which path a call takes: ``name`` "naive", "tiled" or "decode", and its ``kernel``, "fused" (numba) or
-    "numpy" (:func:`attnlab.kernels._kernels.tile_kernel`; the naive path's softmax is fused only without a
-    bias); ``scores``: how many scores the call computes at most, what the rent-or-buy rule counts."""
+    "numpy"; ``scores``: how many scores the call computes at most, what the size rules count; ``reason``: the
+    rule (or the argument, the environment, the tune profile) that decided the path, then the kernel."""
     name: str
     kernel: str = "numpy"
     scores: int = 0
+    reason: str = ""
 
     def __str__(self) -> str:
         if self.name == "tiled":
@@ -61,39 +75,126 @@ class Path:
         if self.name == "naive" and self.kernel == "fused":
             return "naive, fused softmax (numba, polynomial exp2, one pass per row)"
         if self.name == "decode" and self.kernel == "fused":
-            return "decode, fused (numba, one call for every head and its group) or numpy, the faster measured here"
+            return "decode, fused (numba, one call for every head and its group)"
         return f"{self.name}, numpy softmax (exp)"
 
 
-def choose_path(c, *, training: bool = False, weights: bool = False) -> Path:
-    """The one place that decides which path runs, for checked inputs ``c``; ``training``: the forward of
-    a training step (attention_forward), which has no decode path; ``weights``: the whole grid of weights is
-    asked for (attention_weights), which only the naive path holds. Logs the choice at DEBUG level."""
+def path_rule(c: Checked, *, training: bool = False, weights: bool = False, lse: bool = False) -> tuple[str, str]:
+    """The rule for the path, ``(name, why)``: the tiled kernel from ``TILED_MIN_QUERIES`` queries and
+    ``TILED_MIN_SCORES`` scores per head without a bias (or whenever ``lse`` is asked for), the decode step
+    for one query per head that sees every key (not in training, not for the weights), else the naive grid."""
+    if not weights and c.bias is None and lse:
+        return "tiled", "return_lse: the tiled kernel keeps the lse"
+    if not weights and takes_tiled_path(c.q, c.k, bias=c.bias):
+        return "tiled", (f"rule: n_q >= TILED_MIN_QUERIES ({TILED_MIN_QUERIES}) and n_q·n_k >= TILED_MIN_SCORES "
+                         f"({TILED_MIN_SCORES}) per head, no bias")
+    if not (weights or training) and decode.takes_decode_path(c):
+        return "decode", "rule: one query per head, every key visible, no bias"
+    return "naive", "rule: below the tiled kernel's sizes" if c.bias is None else "rule: a bias (only the naive grid takes one)"
+
+
+def forced_path(c: Checked, name: str, *, training: bool, weights: bool) -> str:
+    """Check that ``implementation=name`` can run these inputs; ValueError saying why not."""
+    name = as_choice("implementation", name, IMPLEMENTATIONS)
+    if weights and name != "naive":
+        raise ValueError(f"implementation={name!r} cannot give the weights: only 'naive' holds the whole grid")
+    if name == "tiled" and c.bias is not None:
+        raise ValueError("implementation='tiled' takes no bias: pass the bias to implementation='naive' (or None)")
+    if name == "decode":
+        if training:
+            raise ValueError("implementation='decode' has no backward: a training forward takes 'naive' or 'tiled'")
+        if not decode.takes_decode_path(c):
+            raise ValueError(f"implementation='decode' needs one query per head (n_q == 1, got {c.q.shape[-2]}) "
+                             f"that sees every key (no mask, no bias, nothing hidden by causality or a window)")
+    return f"implementation={name!r}"
+
+
+def forced_kernel(c: Checked, path: str, kernel: str) -> str:
+    """Check that ``kernel=kernel`` can run on ``path``; ValueError saying why not."""
+    kernel = as_choice("kernel", kernel, KERNELS)
+    if kernel == "fused":
+        if _kernels.numba_disabled():
+            raise ValueError(f"kernel='fused' needs numba, and {_kernels.NO_NUMBA_ENV} is set")
+        if not _kernels.numba_installed() or _kernels.load_fused() is None:
+            raise ValueError("kernel='fused' needs numba (pip install 'attnlab[fast]'), which is not installed")
+        if path == "naive" and c.bias is not None:
+            raise ValueError("kernel='fused' takes no bias on the naive path: its fused softmax has none")
+        if path == "decode" and not decode.fused_fits(c):
+            raise ValueError("kernel='fused' on the decode path needs the key/value heads' leading axes to be the "
+                             "query's (no broadcasting) and d_head > 0")
+    return f"kernel={kernel!r}"
+
+
+def choose_path(c: Checked, *, training: bool = False, weights: bool = False, implementation: str | None = None,
+                kernel: str | None = None, lse: bool = False) -> Path:
+    """The one place that decides which path and kernel run, for checked inputs ``c``; ``training``: the
+    forward of a training step (attention_forward), which has no decode path; ``weights``: the whole grid of
+    weights is asked for (attention_weights), which only the naive path holds; ``lse``: the log-sum-exp is
+    asked for, which the tiled path keeps. ``implementation`` and ``kernel`` force one (ValueError when it
+    cannot run); else :func:`path_rule` and the kernel rules decide
+    (:func:`attnlab.kernels._kernels.kernel_choice`, :func:`attnlab.kernels.decode.decode_choice`).
+    Logs the choice at DEBUG level."""
     scores = c.q.shape[-2] * c.k.shape[-2]
     for n in c.batch:
         scores *= n                                      # (a product of Python ints: no numpy call)
-    if not weights and takes_tiled_path(c.q, c.k, bias=c.bias):
-        path = Path("tiled", _kernels.tile_kernel(scores), scores)
-    elif not (weights or training) and decode.takes_decode_path(c):
-        path = Path("decode", _kernels.tile_kernel(scores), scores)
+    if implementation is None:
+        name, why = path_rule(c, training=training, weights=weights, lse=lse)
     else:
-        path = Path("naive", _kernels.tile_kernel(scores) if c.bias is None else "numpy", scores)
+        name, why = implementation, forced_path(c, implementation, training=training, weights=weights)
+        if lse and name != "tiled":
+            raise ValueError(f"return_lse=True needs implementation='tiled' (or None), got {name!r}")
+    if kernel is not None:
+        kernel_why = forced_kernel(c, name, kernel)
+    elif name == "decode":
+        kernel, kernel_why = decode.decode_choice(c, scores)
+    elif name == "naive" and c.bias is not None:
+        kernel, kernel_why = "numpy", "the fused softmax takes no bias"
+    else:
+        kernel, kernel_why = _kernels.kernel_choice(scores, masked=c.is_causal or c.keep is not None)
+    path = Path(name, kernel, scores, f"{why}; {kernel_why}")
     if log.isEnabledFor(logging.DEBUG):
-        log.debug("attention path: %s; q %s, k %s", path, c.q.shape, c.k.shape)
+        log.debug("attention path: %s; q %s, k %s; %s", path, c.q.shape, c.k.shape, path.reason)
     return path
 
 
 def attention_path(query, key, value, *, mask=None, bias=None, is_causal=False, window=None, q_offset=None,
-                   softcap=None, training=False) -> Path:
-    """The path :func:`attention` (or, with ``training``, :func:`attention_forward`) takes for these
-    arguments: what ``attnlab bench`` reports beside each figure."""
+                   scale=None, softcap=None, implementation=None, kernel=None, return_lse=False,
+                   training=False) -> Path:
+    """The path and kernel :func:`attention` (or, with ``training``, :func:`attention_forward`) takes for these
+    arguments, and why (``Path.reason``), computing no attention: what ``attnlab bench`` reports beside each
+    figure. Raises what :func:`attention` raises for arguments it refuses, and ValueError for an
+    ``implementation`` or ``kernel`` that cannot run them.
+
+    Examples
+    --------
+    >>> q = np.zeros((2, 1, 8))
+    >>> path = attention_path(q, np.zeros((2, 5, 8)), np.zeros((2, 5, 8)))
+    >>> path.name, path.reason.split(";")[0]
+    ('decode', 'rule: one query per head, every key visible, no bias')
+    """
     c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, window=window,
-                             q_offset=q_offset, softcap=softcap, require_finite=False)
-    return choose_path(c, training=training)
+                             q_offset=q_offset, scale=scale, softcap=softcap, require_finite=False)
+    return choose_path(c, training=check_flag("training", training), implementation=implementation, kernel=kernel,
+                       lse=check_flag("return_lse", return_lse))
+
+
+def run_path(c: Checked, path: Path, *, workers=None, lse: bool = False):
+    """Run ``path`` on checked inputs: the output (..., h, n_q, d_v) in the caller's dtype, with ``lse``
+    also the log-sum-exp (..., h, n_q) (the tiled path only)."""
+    if path.name == "tiled":
+        out, l = tiled.tiled_forward(c, tiled.make_plan(c, workers=workers), kernel=path.kernel,
+                                     workers=workers)    # (..., h, n_q, d_v), (..., h, n_q)
+        out = out.astype(c.out_dtype, copy=False)
+        return (out, l) if lse else out
+    if path.name == "decode":
+        out = decode.decode_attention(c, path.kernel)    # (..., h, 1, d_v)
+    else:
+        out = naive.naive_attention_out(c, path.kernel, workers=workers)   # (..., h, n_q, d_v)
+    return out.astype(c.out_dtype, copy=False)
 
 
 def attention(query, key, value, *, mask=None, bias=None, is_causal=False, window=None, q_offset=None, scale=None,
-              softcap=None, check_finite=True) -> np.ndarray:
+              softcap=None, check_finite=True, implementation=None, kernel=None, return_lse=False, workers=None):
     """Scaled dot-product attention: ``softmax(q kᵀ · scale + bias, masked) v``; with ``softcap``,
     ``softmax(cap · tanh(q kᵀ · scale / cap) + bias, masked) v``.
 
@@ -127,10 +228,25 @@ def attention(query, key, value, *, mask=None, bias=None, is_causal=False, windo
         backward take it.
     check_finite : bool
         Refuse NaN/inf in the inputs (default), or let them propagate.
+    implementation : {None, "naive", "tiled", "decode"}
+        Force a path (as JAX's ``dot_product_attention(implementation=)``): "naive" (the whole grid of scores),
+        "tiled" (FlashAttention's online softmax; no bias), "decode" (one query per head that sees every key).
+        None (default): the rule decides (:func:`path_rule`).
+    kernel : {None, "numpy", "fused"}
+        Force the kernel: "fused" needs numba (``attnlab[fast]``, ``ATTNLAB_NO_NUMBA`` unset). None (default):
+        the size rule, or the tune profile (``attnlab tune``), decides.
+    return_lse : bool
+        Also return ``lse = log Σ_j exp(s_j)`` per query (..., h, n_q), ``-inf`` for a query that sees no key
+        (what :func:`attnlab.kernels.tiled.attention_weights_rows` and the distributed merge need). Runs the
+        tiled path, which keeps it.
+    workers : int, optional
+        Threads the naive and tiled paths split their work over (default: the usable cores; the result does
+        not depend on it).
 
     Returns
     -------
     out : (..., h, n_q, d_v), in the inputs' dtype (float16 is computed in float32)
+    lse : (..., h, n_q), in the compute dtype, only with ``return_lse=True``
 
     Raises
     ------
@@ -138,14 +254,16 @@ def attention(query, key, value, *, mask=None, bias=None, is_causal=False, windo
         When an input is not a float array (integer input is refused) or ``is_causal`` is not a bool.
     ValueError
         When the shapes do not line up (named, with both shapes), the query heads are not a multiple of
-        the key/value heads, or an input holds NaN/inf.
+        the key/value heads, an input holds NaN/inf, or a forced ``implementation``/``kernel`` cannot run
+        these inputs (decode needs n_q == 1, fused needs numba, tiled takes no bias, ...).
 
     A query with no key left to attend to gets output 0: no NaN, no warning. The weights themselves come
     from :func:`attention_weights`.
 
     From ``TILED_MIN_QUERIES`` queries and ``TILED_MIN_SCORES`` scores per head (without ``bias``) the work
-    goes to :func:`attnlab.kernels.tiled.tiled_attention`, which gives the same result without building the grid;
-    one query per head with every key visible goes to the decode step (:mod:`attnlab.kernels.decode`).
+    goes to the tiled kernel (:mod:`attnlab.kernels.tiled`), which gives the same result without building the
+    grid; one query per head with every key visible goes to the decode step (:mod:`attnlab.kernels.decode`).
+    :func:`attention_path` says which path and kernel a call takes, and why.
 
     Examples
     --------
@@ -157,17 +275,38 @@ def attention(query, key, value, *, mask=None, bias=None, is_causal=False, windo
     array([[0.335, 0.91 ]])
     """
     c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, window=window,
-                             q_offset=q_offset, scale=scale, softcap=softcap, require_finite=check_finite)
-    path = choose_path(c)
-    t0 = time.perf_counter()
-    if path.name == "tiled":
-        out, _ = tiled.tiled_forward(c, tiled.make_plan(c), kernel=path.kernel)     # (..., h, n_q, d_v)
-    elif path.name == "decode":
-        out = decode.decode_step(c, path.kernel)         # (..., h, 1, d_v)
-    else:
-        out = naive.naive_attention_out(c, path.kernel)  # (..., h, n_q, d_v)
-    _kernels.pay_rent(path.kernel, time.perf_counter() - t0, path.scores)
-    return out.astype(c.out_dtype, copy=False)
+                             q_offset=q_offset, scale=scale, softcap=softcap,
+                             require_finite=check_flag("check_finite", check_finite))
+    lse = check_flag("return_lse", return_lse)
+    workers = as_positive_int("workers", workers, allow_none=True)
+    path = choose_path(c, implementation=implementation, kernel=kernel, lse=lse)
+    return run_path(c, path, workers=workers, lse=lse)
+
+
+def attend(query, key, value, *, mask=None, bias=None, is_causal=False, window=None, q_offset=None, scale=None,
+           softcap=None, check_finite=True):
+    """:func:`attention` for the stack's own arrays, checked once at the public door: the internal entry.
+
+    A layer's q, k and v are float arrays of one dtype, (..., h, n_q, d) and (..., h_kv, n_k, d) with the same
+    leading axes and h a multiple of h_kv, and its options come from a validated config: so when nothing
+    needs a check (``check_finite=False``: the layer has bounded its inputs, no ``mask``, no ``bias``, float32
+    or float64) this builds the checked inputs directly and runs the path the rule picks, skipping the argument
+    checks (a decode step's 54 of 196 Python calls for 2 layers). Anything else goes through
+    :func:`attention`. Same result as :func:`attention` on the same arguments, bit for bit.
+    """
+    if (check_finite or mask is not None or bias is not None or query.dtype != key.dtype
+            or query.dtype != value.dtype or query.dtype == np.float16 or query.ndim < 3
+            or query.shape[:-3] != key.shape[:-3] or key.shape[:-3] != value.shape[:-3]):
+        return attention(query, key, value, mask=mask, bias=bias, is_causal=is_causal, window=window,
+                         q_offset=q_offset, scale=scale, softcap=softcap, check_finite=check_finite)
+    h, h_kv, n_q, n_k, d_k = query.shape[-3], key.shape[-3], query.shape[-2], key.shape[-2], query.shape[-1]
+    assert h % h_kv == 0 and key.shape[-1] == d_k and value.shape[-2] == n_k, (query.shape, key.shape, value.shape)
+    c = Checked(q=query, k=key, v=value, keep=None, bias=None,
+                scale=(1.0 / math.sqrt(d_k) if d_k else 1.0) if scale is None else float(scale), out_dtype=query.dtype,
+                batch=query.shape[:-2], is_causal=is_causal, window=window,
+                q_offset=n_k - n_q if q_offset is None else q_offset,
+                groups=h // h_kv if h > h_kv > 1 else 1, softcap=softcap)
+    return run_path(c, choose_path(c))
 
 
 def attention_weights(query, key, *, mask=None, bias=None, is_causal=False, window=None, q_offset=None,
@@ -201,9 +340,7 @@ def attention_weights(query, key, *, mask=None, bias=None, is_causal=False, wind
     c = check_attention_args(query, key, key, mask=mask, bias=bias, is_causal=is_causal, window=window,
                              q_offset=q_offset, scale=scale, softcap=softcap)
     path = choose_path(c, weights=True)
-    t0 = time.perf_counter()
     a = naive.naive_weights(c, path.kernel)              # (..., h, n_q, n_k)
-    _kernels.pay_rent(path.kernel, time.perf_counter() - t0, path.scores)
     return a.astype(c.out_dtype, copy=False)
 
 
@@ -240,12 +377,10 @@ def attention_forward(query, key, value, *, mask=None, bias=None, is_causal=Fals
     c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, window=window,
                              q_offset=q_offset, scale=scale, softcap=softcap)
     path = choose_path(c, training=True)
-    t0 = time.perf_counter()
     if path.name == "tiled":
         out, saved = tiled.tiled_forward_saved(c, (query, key, value), kernel=path.kernel)   # (..., h, n_q, d_v)
     else:
         out, saved = naive.naive_forward(c, (query, key, value), path.kernel)   # (..., h, n_q, d_v), NaiveSaved
-    _kernels.pay_rent(path.kernel, time.perf_counter() - t0, path.scores)
     return out.astype(c.out_dtype, copy=False), saved
 
 

@@ -10,20 +10,19 @@ With numba (the extra ``attnlab[fast]``) the whole step is one call of a fused k
 head and its group, each cached key and value read once, no temporaries; numpy takes seven calls and two
 (h, n_k) temporaries. ``ATTNLAB_NO_NUMBA=1`` (or numba missing) keeps the numpy path.
 
-Which of the two is faster depends on the machine and the shape, so :func:`decode_step` (what the front door
-calls) measures it: the fused kernel has no per-call overhead, while numpy's matrix-vector products (BLAS)
-stream a long context faster when each key/value head serves one query head (12 heads × 1024 keys on one
-core of the EPYC: 0.23 against 0.31 ms), and the fused kernel wins when it serves a group (9 on 3 heads:
-0.16 against 0.24 ms) or the context is short (64 keys: 0.02 against 0.03 ms). The first
-``DECODE_TRIALS`` calls of each kind of step (the heads, group, widths, dtype and the context's power of
-two) run the fused kernel, the next as many numpy, each timed; the later ones run the faster median. Generation calls the same kind
-of step hundreds of times, so the race costs a few calls.
+Which of the two is faster depends on the machine and the shape: the fused kernel has no per-call overhead,
+while numpy's matrix-vector products (BLAS) stream a long context faster when each key/value head serves one
+query head (12 heads × 1024 keys on one core of an EPYC: 0.23 against 0.31 ms), and the fused kernel wins when
+it serves a group (9 on 3 heads: 0.16 against 0.24 ms) or the context is short (64 keys: 0.02 against 0.03
+ms). The choice is a rule, :func:`decode_kernel_rule`, never a race: a decode step is a short call, so it stays
+on numpy unless it passes the fused kernels' size rule (``FUSED_MIN_SCORES``) with grouped heads; ``attnlab
+tune`` measures both kernels per group kind and context on this machine, and its profile then decides
+(:func:`decode_choice`).
 """
 
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 
@@ -38,38 +37,47 @@ def takes_decode_path(c: Checked) -> bool:
             and not c.causal_hides_keys)
 
 
-# Calls of each kind of step that each kernel runs, timed, before the faster one is kept: on a loaded machine
-# one call of 0.2 ms can take twice that, and five give a median that holds.
-DECODE_TRIALS = 5
-# Per kind of step ((lead, h_kv, groups, d_k, d_v, dtype, n_k's bit length)): the kernel that won, or each
-# kernel's measured seconds while they race.
-RACES: dict[tuple, str | dict[str, list[float]]] = {}
+def decode_kernel_rule(scores: int, groups: int, n_k: int, tuned: dict | None = None) -> tuple[str, str]:
+    """The rule for the decode step's kernel, given numba is installed and enabled and the fused kernel fits
+    (:func:`fused_fits`): ``("fused" | "numpy", why)``, a pure function of its arguments.
+
+    With a tune profile's table (``tuned``: {"grouped" | "ungrouped": {context: kernel}}, measured at a few
+    contexts): the kernel measured at the largest context <= n_k (the smallest measured one below them).
+    Else fused only for grouped heads (``groups`` > 1) in a call of at least ``FUSED_MIN_SCORES`` scores;
+    numpy otherwise (a decode step is a short call: numba is not loaded for it)."""
+    kind = "grouped" if groups > 1 else "ungrouped"
+    table = None if tuned is None else tuned.get(kind)
+    if table:
+        sizes = sorted(int(n) for n in table)
+        at = max((n for n in sizes if n <= n_k), default=sizes[0])
+        kernel = table[str(at)]
+        return kernel, f"tune profile: {kernel} measured faster for {kind} heads at {at} keys"
+    if groups > 1 and scores >= _kernels.FUSED_MIN_SCORES:
+        return "fused", f"rule: grouped heads, {scores:,} scores >= FUSED_MIN_SCORES"
+    if groups > 1:
+        return "numpy", f"rule: {scores:,} scores < FUSED_MIN_SCORES ({_kernels.FUSED_MIN_SCORES:,}): numba is not worth loading"
+    return "numpy", "rule: one query head per key/value head streams faster through BLAS"
 
 
-def decode_step(c: Checked, kernel: str) -> np.ndarray:
-    """The front door's decode step (..., h, 1, d_v): with ``kernel`` "fused", whichever of the fused and numpy
-    kernels ran this kind of step faster here (DECODE_TRIALS timed calls of each, fused first); with "numpy",
-    numpy. The bookkeeping calls no numpy function."""
-    if kernel != "fused" or not fused_fits(c):
-        return decode_attention(c, "numpy")
-    key = (c.q.shape[:-3], c.k.shape[-3], c.groups, c.q.shape[-1], c.v.shape[-1], c.q.dtype,
-           c.k.shape[-2].bit_length())
-    race = RACES.setdefault(key, {"fused": [], "numpy": []})
-    if isinstance(race, str):
-        return decode_attention(c, race)
-    pick = "fused" if len(race["fused"]) < DECODE_TRIALS else "numpy"
-    t0 = time.perf_counter()
-    out = decode_attention(c, pick)
-    race[pick].append(time.perf_counter() - t0)
-    if len(race["numpy"]) == DECODE_TRIALS:
-        RACES[key] = "fused" if median(race["fused"]) <= median(race["numpy"]) else "numpy"
-    return out
-
-
-def median(xs: list[float]) -> float:
-    """The median of a short list, in Python (no numpy call on the decode step's path)."""
-    s = sorted(xs)
-    return (s[(len(s) - 1) // 2] + s[len(s) // 2]) / 2
+def decode_choice(c: Checked, scores: int) -> tuple[str, str]:
+    """Which kernel the decode step of ``c`` (``scores`` scores) runs, and why: numpy without numba, with
+    ``ATTNLAB_NO_NUMBA`` or where the fused kernel does not fit; ``ATTNLAB_KERNEL`` forces one; else
+    :func:`decode_kernel_rule` with the tune profile's table when one applies. Loads numba for "fused"."""
+    if _kernels.numba_disabled():
+        return "numpy", f"{_kernels.NO_NUMBA_ENV} is set"
+    forced = _kernels.forced_kernel()
+    if forced is not None:
+        kernel, reason = _kernels.kernel_choice(scores)            # the forced kernel, numba loaded or refused
+    elif not _kernels.numba_installed():
+        return "numpy", "numba is not installed"
+    else:
+        from . import profile
+        kernel, reason = decode_kernel_rule(scores, c.groups, c.k.shape[-2], profile.choice("decode"))
+    if kernel == "fused" and not fused_fits(c):
+        return "numpy", "the fused decode kernel does not take broadcast heads or d_head 0"
+    if kernel == "fused" and _kernels.load_fused() is None:
+        return "numpy", "numba failed to import"
+    return kernel, reason
 
 
 def fused_fits(c: Checked) -> bool:
@@ -80,13 +88,13 @@ def fused_fits(c: Checked) -> bool:
 
 def decode_attention(c: Checked, kernel: str | None = None) -> np.ndarray:
     """The decode step's output (..., h, 1, d_v) in the compute dtype: the fused kernel when ``kernel`` is
-    "fused" (None: :func:`attnlab.kernels._kernels.tile_kernel` decides) and the key/value heads' leading axes
+    "fused" (None: :func:`decode_choice` decides) and the key/value heads' leading axes
     are the query's (no broadcasting), else numpy.
 
     Every key is visible, so the row max is finite and the sum is at least 1; the output is divided by the
     sum instead of the weights.
     """
-    kernel = _kernels.tile_kernel() if kernel is None else kernel
+    kernel = decode_choice(c, 0)[0] if kernel is None else kernel
     if kernel == "fused" and fused_fits(c):
         return _decode_fused(c)
     g = c.groups

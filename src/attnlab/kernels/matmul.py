@@ -7,11 +7,14 @@ per token, from memory. Two things set how fast:
 - **The layout.** ``x @ W`` for a (d_in, d_out) W runs BLAS's matrix-vector product along W's output axis
   when W is C-contiguous (each row of W, scaled by one x_i, added to the output: the "axpy" form) and as
   d_out dot products when W is F-contiguous (a checkpoint's ``weight.T``, a tied embedding's ``W_Eᵀ``).
-  Which form streams faster is the BLAS kernel's business, and depends on the shape, so :func:`gemv_order`
-  measures both on this machine, once per process, for wide and for tall weights, and :func:`streamed` lays
-  a weight out that way. (On a 2-core EPYC with OpenBLAS's SkylakeX kernel the axpy form read SmolLM2's
-  576 × 49,152 unembedding twice as fast, the dot form its 1536 × 576 down-projections 1.2x as fast;
-  docs/speed.md.) Weights below :data:`STREAMED_BYTES` are kept as they come: they sit in cache.
+  Which form streams faster is the BLAS kernel's business, and depends on the shape. :func:`gemv_order` is a
+  rule: "C" (the axpy form) for every weight, unless ``attnlab tune`` measured the other form faster here for
+  wide or tall weights; :func:`streamed` lays a weight out that way. (On a 2-core EPYC with OpenBLAS's
+  SkylakeX kernel the axpy form read SmolLM2's 576 × 49,152 unembedding twice as fast, the dot form its
+  1536 × 576 down-projections 1.2x as fast; on a Xeon with the same kernel wide weights read 1.04-1.14x faster
+  in "C" and tall ones 0.93-1.12x: within the noise; docs/speed.md.) The layout changes the order of a
+  product's sums, so its last bits: it is never timed while a program runs. Weights below
+  :data:`STREAMED_BYTES` are kept as they come: they sit in cache.
 - **The number of products.** Each pays a fixed cost (numpy's dispatch, BLAS or numba waking its threads),
   and a small one streams worse than a large one. W_Q, W_K and W_V, and the gated MLP's W_gate and W_in, are
   therefore stored side by side (:func:`fuse_columns`): one product instead of three, or two.
@@ -27,20 +30,15 @@ their blocks, and keep their own layout.
 
 from __future__ import annotations
 
-import functools
-import time
-
 import numpy as np
 
 from ._checks import as_float_array
 
 STREAMED_BYTES = 2**20       # a weight this large is read from memory, not cache, by a decode step
-PROBE_SHAPE = (512, 8192)    # gemv_order's probe (d_in, d_out) for wide weights: a float32 weight of 16 MiB,
+PROBE_SHAPE = (512, 8192)    # attnlab tune's probe (d_in, d_out) for wide weights: a float32 weight of 16 MiB,
 #                              many outputs per input as an unembedding and MLP up-projections have; tall
 #                              weights (d_in > d_out: a down-projection) are probed with its transpose's shape
-PROBE_COPIES = 4             # four of them read in turn (64 MiB, past the last-level cache)
-PROBE_ROUNDS = 7
-PROBE_MARGIN = 0.9           # "F" only when it takes < 0.9× the time of "C": noise keeps the layout weights start in
+PROBE_MARGIN = 0.9           # tune keeps "F" only when it takes < 0.9× the time of "C"
 
 
 def as_weight(name: str, w):
@@ -51,49 +49,22 @@ def as_weight(name: str, w):
     return as_float_array(name, w)
 
 
-@functools.cache
+def gemv_order_rule(tall: bool) -> str:
+    """The rule for a streamed weight's layout: "C" for wide and tall weights alike (the form measured faster
+    for wide weights on both machines it was measured on; for tall ones the EPYC preferred "F" by 1.2x and the
+    Xeon by nothing clear, so the layout weights are drawn in is kept: ``attnlab tune`` finds "F" where it pays)."""
+    return "C"
+
+
 def gemv_order(tall: bool = False) -> str:
     """"C" or "F": the layout of a wide (d_in <= d_out), or with ``tall`` a tall (d_in > d_out), (d_in, d_out)
-    float32 W in which ``x @ W`` for one row x streams faster on this machine's BLAS; measured once per process
-    and kind (about 0.2 s each), on one BLAS thread (the kernel's own speed: two threads on a shared machine
-    wait on each other, and the measurement with them flipped between runs). The two kinds differ: on a
-    2-core EPYC with OpenBLAS (SkylakeX) wide weights read ~1.5x faster in "C", a 1536 × 576 one ~1.2x in "F".
-
-    Each probe buffer is read in both layouts (the same bytes: (d_in, d_out) C-contiguous, and the transpose
-    of a (d_out, d_in) C-contiguous one), alternating which goes first; the median of the per-round ratios
-    decides, "C" (the layout weights are drawn in) unless "F" is faster by PROBE_MARGIN."""
-    from ._threads import one_blas_thread
-
-    with one_blas_thread():
-        return "F" if _probe_ratio(PROBE_SHAPE[::-1] if tall else PROBE_SHAPE) < PROBE_MARGIN else "C"
-
-
-def _probe_ratio(shape: tuple) -> float:
-    """The median over PROBE_ROUNDS of (time of the F layout) / (time of the C layout) for a (d_in, d_out)
-    probe."""
-    d_in, d_out = shape
-    bufs = [np.full(d_in * d_out, 1.0 / d_in, np.float32) for _ in range(PROBE_COPIES)]
-    c_form = [b.reshape(d_in, d_out) for b in bufs]                 # (d_in, d_out) C-contiguous
-    f_form = [b.reshape(d_out, d_in).T for b in bufs]               # (d_in, d_out) F-contiguous
-    x = np.ones((1, d_in), np.float32)                              # (1, d_in)
-
-    def seconds(ws) -> float:
-        t = time.perf_counter()
-        for w in ws:
-            x @ w                                                   # (1, d_out)
-        return time.perf_counter() - t
-
-    seconds(c_form), seconds(f_form)                                # warm-up: BLAS threads, first touch
-    ratios = []
-    for r in range(PROBE_ROUNDS):
-        if r % 2:
-            f = seconds(f_form)
-            c = seconds(c_form)
-        else:
-            c = seconds(c_form)
-            f = seconds(f_form)
-        ratios.append(f / c)
-    return float(np.median(ratios))
+    float32 W that a decode step streams: the tune profile's when one applies, else :func:`gemv_order_rule`."""
+    from . import profile
+    tuned = profile.choice("gemv_order")
+    kind = "tall" if tall else "wide"
+    if tuned is not None and tuned.get(kind) in ("C", "F"):
+        return tuned[kind]
+    return gemv_order_rule(tall)
 
 
 def order_for(shape: tuple, dtype) -> str:

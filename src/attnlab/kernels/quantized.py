@@ -401,11 +401,27 @@ def fused_kernels():
     return None if _kernels.numba_disabled() else _fused_module()
 
 
-@functools.cache
-def kernel_threads(rounds: int = 7) -> dict:
-    """How many threads the quantized products run on here: numba's threads or the calling thread alone,
-    whichever multiplied a (1,536 × 576) Q4_1 weight faster (the best of ``rounds`` alternated calls each),
-    measured once per process on this machine, never a constant from another. ``{"threads": n, "us": {...}}``."""
+def kernel_threads_rule() -> int:
+    """The rule for the quantized products' threads: 1, the calling thread. numba's OpenMP threads spin while
+    they wait, and on a machine shared with other work a (1,536 × 576) Q4_1 product on 2 threads took 7.7 ms
+    against 0.18 ms on one (2-core Xeon, loaded); ``attnlab tune`` measures numba's threads against one here and
+    keeps more only where they win. (Each row is summed by one thread: the count changes no result.)"""
+    return 1
+
+
+def kernel_threads() -> dict:
+    """How many threads the quantized products run on: ``{"threads": n, "reason": why}``, the tune profile's
+    count when one applies (at most numba's threads), else :func:`kernel_threads_rule`."""
+    from . import profile
+    tuned = profile.choice("quantized_threads")
+    if isinstance(tuned, int) and tuned >= 1:
+        return {"threads": tuned, "reason": "tune profile"}
+    return {"threads": kernel_threads_rule(), "reason": "rule: the calling thread (numba's threads spin on a shared machine)"}
+
+
+def time_threads(rounds: int = 7) -> dict:
+    """``attnlab tune``'s measurement: microseconds of a (1,536 × 576) Q4_1 product on the calling thread and on
+    numba's threads, the best of ``rounds`` alternated calls each: ``{threads: us}``."""
     import time
 
     fused = fused_kernels()
@@ -429,8 +445,7 @@ def kernel_threads(rounds: int = 7) -> dict:
             t0 = time.perf_counter()
             fused.matvec("Q4_1", w.qs, w.d, w.m, x, out, n)
             best[n] = min(best[n], time.perf_counter() - t0)
-    threads = min(best, key=best.get)
-    return {"threads": threads, "us": {n: 1e6 * t for n, t in best.items()}}
+    return {n: 1e6 * t for n, t in best.items()}
 
 
 def has_kernel() -> bool:

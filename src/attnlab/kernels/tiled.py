@@ -14,8 +14,8 @@ and an accumulator ``acc``::
 Any reference point works in place of m' (it cancels in acc / l) as long as exp does not overflow, so
 each row keeps its reference fixed while m stays within ±SHIFT_SLACK of it: then a tile needs neither
 the subtraction pass nor the rescaling; when ‖q_i‖ ‖k_j‖ · scale bounds every score of a block, m is not
-even tracked (see :func:`forward_rows`). The numpy kernel uses numpy's exp or exp2, whichever this machine
-runs faster (:mod:`attnlab.kernels._kernels`); the fused kernel (:mod:`attnlab.kernels._fused`, numba) does the shift, the
+even tracked (see :func:`forward_rows`). The numpy kernel uses numpy's exp or exp2, as the rule for this CPU
+(or the tune profile) says (:mod:`attnlab.kernels._kernels`); the fused kernel (:mod:`attnlab.kernels._fused`, numba) does the shift, the
 exponential, the causal diagonal and the row sum in one pass per row. The plan cuts a causal block's
 diagonal tile into row strips that skip most of the hidden triangle.
 
@@ -37,7 +37,6 @@ with BLAS pinned to one thread per worker two cores run two tiles at once).
 from __future__ import annotations
 
 import functools
-import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -78,8 +77,8 @@ MIN_BLOCK = 256
 # float64 0.95 / 0.96 / 0.99 / 1.00 / 0.98 / 1.01; d_head 32: 0.87-0.93, d_head 128: 0.90-0.99 (n = 256 …
 # 2048). (Earlier, single-threaded with the numpy kernel, 64 was 1-4% faster than 128 at n = 1024 … 4096.)
 DIAGONAL_ROWS = 128
-# The numpy forward works in the base of whichever of numpy's exp and exp2 is faster on the machine it runs
-# on (attnlab.kernels._kernels.numpy_exp, measured once per process: exp2 is vectorised only with AVX-512); for
+# The numpy forward works in the base of numpy's exp or exp2, whichever the rule picks for this CPU
+# (attnlab.kernels._kernels.numpy_exp: exp2 where numpy vectorises it, with AVX-512) or the tune profile; for
 # exp2, log₂e is folded into the scale of q, so no pass over the tile pays for it. The fused kernel
 # (attnlab.kernels._fused) always works in base 2.
 
@@ -265,6 +264,9 @@ def tiled_attention(query, key, value, *, mask=None, is_causal=False, window=Non
     """Scaled dot-product attention computed tile by tile with the online softmax; same result as
     :func:`attnlab.kernels.attention` without ever allocating the (n_q, n_k) grid.
 
+    The tiled kernel's own entry, with its tile sizes, for the tests and benchmarks that study them. It is not
+    a public door: callers use ``attention(..., implementation="tiled")`` (with ``return_lse=True`` for the lse).
+
     Parameters
     ----------
     query, key, value, mask, is_causal, scale, softcap, check_finite
@@ -347,15 +349,11 @@ def forward_blocks(c: Checked, workers: int) -> tuple[int, int]:
 
 def tiled_forward(c: Checked, plan: Plan, *, workers=None, kernel=None) -> tuple[np.ndarray, np.ndarray]:
     """The online softmax over every (batch, head) and query block; returns (out, lse) in the compute dtype,
-    (..., h, n_q, d_v) and (..., h, n_q). ``kernel``: "fused" (numba) or "numpy"; None asks
-    :func:`attnlab.kernels._kernels.tile_kernel` and counts the call's time toward loading numba (the front door,
-    :func:`attnlab.kernels.attention.choose_path`, decides and counts for itself)."""
+    (..., h, n_q, d_v) and (..., h, n_q). ``kernel``: "fused" (numba) or "numpy"; None: the size rule
+    (:func:`attnlab.kernels._kernels.kernel_choice`) decides, as the front door's does."""
     if kernel is None:
-        scores = int(np.prod(c.batch, dtype=np.int64)) * plan.n_q * plan.n_k
-        kernel, t0 = _kernels.tile_kernel(scores), time.perf_counter()
-        result = tiled_forward(c, plan, workers=workers, kernel=kernel)
-        _kernels.pay_rent(kernel, time.perf_counter() - t0, scores)
-        return result
+        kernel = _kernels.tile_kernel(int(np.prod(c.batch, dtype=np.int64)) * plan.n_q * plan.n_k,
+                                      masked=c.is_causal or c.keep is not None)
     g = group_view(c)
     d_k, d_v = g.q.shape[-1], g.v.shape[-1]
     tile = tile_step(kernel)
@@ -431,11 +429,16 @@ class FusedTile:
         return s
 
 
-@functools.cache
 def tile_step(kernel: str):
-    """The tile step of ``kernel`` ("fused" or "numpy"); "fused" without numba raises ValueError."""
+    """The tile step of ``kernel`` ("fused" or "numpy"; the numpy one with :func:`attnlab.kernels._kernels.numpy_exp`'s
+    exponential); "fused" without numba raises ValueError."""
+    return _tile_step(kernel, _kernels.numpy_exp() if kernel == "numpy" else None)
+
+
+@functools.cache
+def _tile_step(kernel: str, exp):
     if kernel == "numpy":
-        return NumpyTile(_kernels.numpy_exp())
+        return NumpyTile(exp)
     if kernel == "fused":
         module = _kernels.fused_module()
         if module is None:
@@ -517,16 +520,16 @@ def attention_weights_rows(query, key, lse, rows, *, mask=None, is_causal=False,
 
     ``a[i, j] = exp(s[i, j] - lse[i])`` with ``s = q kᵀ · scale`` (masked scores -inf): the softmax's
     normaliser is already in lse, so one row costs one row of scores. To look at one row of a
-    32k-token grid: ``out, lse = tiled_attention(q, k, v, is_causal=True, return_lse=True)``, then
+    32k-token grid: ``out, lse = attention(q, k, v, is_causal=True, return_lse=True)``, then
     ``attention_weights_rows(q, k, lse, [31_000], is_causal=True)``. For chosen heads, index the head axis
     of ``query``, ``key`` and ``lse`` alike (``q[..., [3, 7], :, :]``, ``lse[..., [3, 7], :]``).
 
     Parameters
     ----------
     query, key, mask, is_causal, window, q_offset, scale, softcap
-        As given to :func:`tiled_attention`.
+        As given to :func:`attnlab.kernels.attention.attention`.
     lse : float array (..., n_q)
-        As returned by ``tiled_attention(..., return_lse=True)``.
+        As returned by ``attention(..., return_lse=True)``.
     rows : int or sequence of int
         Query indices in 0 … n_q − 1 (negative counts from the end).
 
@@ -546,7 +549,8 @@ def attention_weights_rows(query, key, lse, rows, *, mask=None, is_causal=False,
     --------
     >>> rng = np.random.default_rng(0)
     >>> q, k, v = rng.normal(size=(6, 4)), rng.normal(size=(6, 4)), rng.normal(size=(6, 2))
-    >>> out, lse = tiled_attention(q, k, v, is_causal=True, return_lse=True)
+    >>> from attnlab import attention
+    >>> out, lse = attention(q, k, v, is_causal=True, return_lse=True)
     >>> attention_weights_rows(q, k, lse, [1], is_causal=True).round(3)
     array([[0.366, 0.634, 0.   , 0.   , 0.   , 0.   ]])
     >>> from attnlab import attention_weights
@@ -634,7 +638,10 @@ def tiled_backward(c: Checked, plan: Plan, out, lse, do, *, workers=None, kernel
     (dq, dk, dv) over the broadcast batch: dq (..., h, n_q, d_k), dk and dv (..., h_kv, n_k, ·)."""
     g = group_view(c)
     n_q, n_k, d_k, d_v = g.q.shape[-2], g.k.shape[-2], g.q.shape[-1], g.v.shape[-1]
-    tile = tile_step(_kernels.tile_kernel() if kernel is None else kernel)
+    if kernel is None:
+        kernel = _kernels.tile_kernel(int(np.prod(c.batch, dtype=np.int64)) * plan.n_q * plan.n_k,
+                                      masked=c.is_causal or c.keep is not None)
+    tile = tile_step(kernel)
     do = g.split(do, 2)                                 # (..., h_kv, g, n_q, d_v)
     dq = np.zeros((*g.batch, n_q, d_k), g.q.dtype)      # (..., h_kv, g, n_q, d_k)
     dk = np.empty((*g.batch[:-1], n_k, d_k), g.q.dtype)  # (..., h_kv, n_k, d_k) summed over the group

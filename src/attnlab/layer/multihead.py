@@ -14,7 +14,7 @@ import numpy as np
 
 from ..kernels._checks import (as_float_array, as_positive_int, check_attention_args, check_finite, check_rng, fold,
                                surely_fits, unfold)
-from ..kernels.attention import Saved, attention, attention_backward, attention_forward
+from ..kernels.attention import Saved, attend, attention, attention_backward, attention_forward
 from ..kernels.matmul import as_weight, fuse_columns, streamed
 from .cache import KVCache
 from .config import AttentionConfig
@@ -247,7 +247,7 @@ def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook, 
             d_k = q.shape[-1]
             scale = opts["scale"] if opts.get("scale") is not None else d_k ** -0.5 if d_k else 1.0
             fits = surely_fits(q.dtype, d_k, k.shape[-2], scale, q_max, cache.k_max, cache.v_max)
-            heads = attention(q, k, v, check_finite=not fits, **opts)   # huge inputs: the full checks decide
+            heads = attend(q, k, v, check_finite=not fits, **opts)   # checked once, at the door; huge: in full
     except Exception:
         if cache is not None:
             cache.length = start                     # a failed step leaves the cache as it was
