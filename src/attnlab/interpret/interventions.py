@@ -22,6 +22,7 @@ from ..stack.batch import is_ragged, pad_prompts
 from ..stack.hooks import run_with_cache, run_with_hooks
 from ..kernels.softmax import softmax
 from ..stack.transformer import Transformer, check_decoder, check_ids, logits_of
+from .sweeps import Intervention, base_run, run_sweep
 
 MODES = ("zero", "mean", "prefix-mean", "resample")
 
@@ -181,11 +182,15 @@ class Ablation:
         return self.ablated - self.loss
 
 
-def ablate(model: Transformer, ids, *, mode: str = "zero", reference=None) -> Ablation:
+def ablate(model: Transformer, ids, *, mode: str = "zero", reference=None, progress=None) -> Ablation:
     """The change in next-token loss on ``ids`` (n,), a batch (B, n) or a list of prompts of different
     lengths (padded on the left, their pads left out of the loss and the means) when each (layer, head) is
     removed, one at a time, by :func:`ablation_hooks` with ``mode`` and ``reference``. The loss is each
     prompt's mean, averaged over the prompts.
+
+    The ablated runs are a sweep (:mod:`attnlab.interpret.sweeps`): batches of them share one forward pass,
+    each starting at its head's block from the intact run's residual stream there; ``progress(done, total)``,
+    if given, is called after each batched pass.
 
     Raises
     ------
@@ -204,12 +209,12 @@ def ablate(model: Transformer, ids, *, mode: str = "zero", reference=None) -> Ab
                          "least 2 texts (B, n) or a reference, or use mode 'prefix-mean' (the causal running "
                          "mean over the text's own positions)")
 
-    def run(hooks: dict) -> float:                      # the loss of one pass with these hooks
-        return batch_loss(run_with_hooks(model, ids, hooks, attention_mask=mask).logits, ids, mask)
-    base = run({})
-    out = np.empty((c.n_layers, c.attention.n_heads))                   # (n_layers, n_heads)
-    for layer, head in all_heads:
-        out[layer, head] = run(_ablation_hooks(model, [(layer, head)], mode, ref_z, mask))
+    sweep = [Intervention(_ablation_hooks(model, [head], mode, ref_z, mask)) for head in all_heads]
+    base_out, cache = base_run(model, ids, sweep, attention_mask=mask)
+    base = batch_loss(base_out.logits, ids, mask)
+    losses = run_sweep(model, ids, sweep, lambda logits: batch_loss(logits, ids, mask), cache=cache,
+                       attention_mask=mask, progress=progress)
+    out = losses.reshape(c.n_layers, c.attention.n_heads)               # (n_layers, n_heads)
     return Ablation(mode=mode, loss=base, ablated=out)
 
 
