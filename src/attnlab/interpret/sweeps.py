@@ -126,7 +126,7 @@ def stacked_hooks(edits: list[dict]) -> dict:
 
     def hook_for(rows):
         def hook(x, name):                                              # (K, …) one slice per run
-            x = np.array(x)                                             # a copy: the pass's own may be shared
+            x = np.array(x, order="C")                                  # a copy: the pass's own may be shared
             for k, fn in rows:
                 new = fn(x[k], name)
                 if new is not None:

@@ -510,7 +510,7 @@ def forward_from(model: Transformer, resid, layer: int, *, hooks=None, attention
     c = model.config
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer <= c.n_layers:
         raise ValueError(f"layer must be an int in [0, {c.n_layers}] (the block to start at), got {layer!r}")
-    x = np.asarray(resid)                                               # (..., n, d_model)
+    x = np.ascontiguousarray(resid)          # (..., n, d_model) a broadcast view copied: ops keep C order
     if x.ndim < 2 or x.shape[-1] != c.d_model or x.dtype != model.dtype:
         raise ValueError(f"resid must be a residual stream (..., n, d_model = {c.d_model}) of the model's dtype "
                          f"{model.dtype}, got {x.dtype} {x.shape}")
