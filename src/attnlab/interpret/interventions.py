@@ -72,7 +72,8 @@ def ablation_hooks(model: Transformer, heads, *, mode: str, reference=None, atte
     - ``"resample"``: its value at t in another prompt: row b % B_r of ``reference``, or without one row
       b − 1 of the batch itself (cyclically).
 
-    ``attention_mask`` (B, n) is a padded batch's (:func:`attnlab.stack.batch.pad_prompts`, left padding):
+    ``attention_mask`` (B, n) is a padded batch's (:func:`attnlab.stack.batch.pad_prompts`, left padding;
+    :func:`attnlab.run_with_hooks` hands the hooks the mask of the pass itself, a list of prompts' too):
     padded positions are left out of every mean; a reference is read from each prompt's first token; the
     batch's own means are taken column by column over the other prompts with a real token there (left
     padding lines up the prompts' ends; a column no other prompt reaches gets 0), which is causal too.
@@ -131,7 +132,9 @@ def _ablation_hooks(model: Transformer, heads, mode: str, ref_z: dict | None, ma
 
 
 def _head_ablation(heads: list[int], mode: str, ref: np.ndarray | None, mask: np.ndarray | None):
-    """A hook on hook_z (..., n_heads, n, d_head) that replaces ``heads`` as :func:`ablation_hooks` says."""
+    """A hook on hook_z (..., n_heads, n, d_head) that replaces ``heads`` as :func:`ablation_hooks` says; its
+    ``with_mask(mask)`` is the same hook for a padded batch (:func:`attnlab.run_with_hooks` calls it when it
+    pads a list of prompts, so padded positions stay out of the means)."""
     def hook(z, name):
         n = z.shape[-2]
         batch = z.reshape(-1, *z.shape[-3:])                            # (B, h, n, d_head)
@@ -166,6 +169,7 @@ def _head_ablation(heads: list[int], mode: str, ref: np.ndarray | None, mask: np
                 rows = (np.arange(B) % ref.shape[0])[:, None]           # (B, 1)
                 new[:, head] = ref[rows, head, at]                      # (B, n, d_head)
         return new.reshape(z.shape)
+    hook.with_mask = lambda m: _head_ablation(heads, mode, ref, np.asarray(m, bool))
     return hook
 
 
