@@ -54,7 +54,8 @@ def cmd_attend(args) -> int:
     summary = summarize_heads(amap) if args.summary else None
     save_views(amap, args.layer, args.head, png=args.png, html=args.html)
     if args.json:
-        layers, hs = sorted({i for i, _ in heads}), sorted({j for _, j in heads})
+        layers = pick(args.layers, "--layers", amap.n_layers, "layer")   # every layer and head unless asked
+        hs = pick(args.heads, "--heads", amap.n_heads, "head")
         data = {"model": args.model, "tokens": list(result.tokens), "ids": result.ids,
                 "layers": layers, "heads": hs, "positions": positions,   # the attentions' rows, each axis
                 "attentions": amap.weights[np.ix_(layers, hs, positions)],   # (layer, head, query, key)
