@@ -1,7 +1,8 @@
 """Ablation and the logit lens, all through the stack's named activations.
 
-None of these writes a forward pass of its own: each runs :func:`attnlab.stack.hooks.run_with_hooks` or
-``run_with_cache`` with a function that replaces one activation.
+None of these writes a forward pass of its own: each runs the stack with a function that replaces one
+activation (:func:`attnlab.stack.hooks.run_with_hooks`), a sweep of them batched
+(:mod:`attnlab.interpret.sweeps`).
 
 - Ablation removes one head: its output before W_O (``blocks.{l}.attn.hook_z``, (n_heads, n, d_head)) is
   zeroed, or replaced by a causal mean (per position over other prompts, or the running mean over earlier
@@ -19,7 +20,7 @@ import numpy as np
 
 from ..kernels._checks import as_choice, as_float_array, as_positive_int, as_token_ids
 from ..stack.batch import is_ragged, pad_prompts
-from ..stack.hooks import run_with_cache, run_with_hooks
+from ..stack.hooks import run_with_cache
 from ..kernels.softmax import softmax
 from ..stack.transformer import Transformer, check_decoder, check_ids, logits_of
 from .sweeps import Intervention, base_run, run_sweep

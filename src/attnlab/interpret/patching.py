@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..stack.batch import is_ragged, pad_prompts
-from ..stack.hooks import run_with_cache, run_with_hooks
-from ..stack.transformer import Transformer, check_decoder, check_ids, hook_names
+from ..stack.hooks import run_with_cache
+from ..stack.transformer import Transformer, check_decoder, check_ids, hook_names, logits_of
 from .interventions import Patching, _check_heads
 from .sweeps import Intervention, base_run, resid_names, run_sweep, start_layer
 
@@ -224,10 +224,10 @@ def _patch(model: Transformer, p: Pairs, metric, what: str, warn_below: float, p
     axes, cells, shape = _cells(model, what, p.clean.shape[-1])
     names = sorted({name for _, name, _ in cells})
     clean_out, cache = run_with_cache(model, p.clean, names, attention_mask=p.mask)
-    clean = _score(metric, clean_out.logits, p)
+    clean = _base_score(model, metric, clean_out, p)
     sweep = [Intervention({name: put_back(cache[name], index)}) for _, name, index in cells]
     corrupt_out, base = base_run(model, p.corrupt, sweep, attention_mask=p.mask)
-    corrupt = _score(metric, corrupt_out.logits, p)
+    corrupt = _base_score(model, metric, corrupt_out, p)
     _gap(clean, corrupt, warn_below)
     values = np.full(shape, np.nan)
     scores = run_sweep(model, p.corrupt, sweep, _last_score(metric, p), cache=base, attention_mask=p.mask,
@@ -241,6 +241,14 @@ def _patch(model: Transformer, p: Pairs, metric, what: str, warn_below: float, p
 def _kept(p: Pairs) -> int:
     """Logits to keep per run: the last position's when every prompt ends there (left padding), else all."""
     return 1 if (p.last == p.clean.shape[-1] - 1).all() else 0
+
+
+def _base_score(model: Transformer, metric, out, p: Pairs) -> float:
+    """The metric of a whole pass's output, its last rows unembedded as the sweep's runs unembed theirs (a
+    patch that changes nothing then restores exactly 0: one row's product may round apart from all n rows')."""
+    if not _kept(p):
+        return _score(metric, out.logits, p)
+    return _last_score(metric, p)(logits_of(model, out.hidden_states[-1][..., -1:, :]))   # (B, 1, vocab)
 
 
 def _last_score(metric, p: Pairs):
@@ -327,7 +335,7 @@ def _path_patch_sets(model: Transformer, p: Pairs, metric, sender_sets: list, re
     clean_out, clean_z = run_with_cache(model, p.clean, z_names, attention_mask=p.mask)
     corrupt_out, corrupt = run_with_cache(model, p.corrupt, z_names + resid_names(model, starts),
                                           attention_mask=p.mask)
-    clean_m, corrupt_m = _score(metric, clean_out.logits, p), _score(metric, corrupt_out.logits, p)
+    clean_m, corrupt_m = _base_score(model, metric, clean_out, p), _base_score(model, metric, corrupt_out, p)
     _gap(clean_m, corrupt_m, warn_below)
     recorded = [{} for _ in sender_sets]
     first = [Intervention(_freezing(senders, clean_z, corrupt, receivers, rec, L))
