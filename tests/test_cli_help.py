@@ -78,8 +78,21 @@ def test_help_examples_reads_the_epilog_without_comments():
     assert help_examples(text) == ["attnlab mask 8", "attnlab mask"]
 
 
-FAST_EXAMPLES = list({e: (words, e) for words, p in ALL if words[1] not in SLOW     # each example once: `interpret
-                      for e in help_examples(p.format_help())}.values())          # lens` shows lens's own
+def is_slow(words, example: str = "") -> bool:
+    """A slow command wherever it appears: in the command's words (``attnlab interpret ioi``) or the example's."""
+    return bool(SLOW & (set(words[1:]) | set(shlex.split(example)[1:])))
+
+
+FAST_EXAMPLES = list({e: (words, e) for words, p in ALL                            # each example once: `interpret
+                      for e in help_examples(p.format_help()) if not is_slow(words, e)}.values())   # lens` too
+
+
+def test_the_slow_filter_catches_slow_commands_wherever_they_appear():
+    assert is_slow(("attnlab", "interpret", "ioi"), "attnlab ioi --prompts 4")
+    assert is_slow(("attnlab", "interpret"), "attnlab interpret scan MY_TEXT.txt")
+    assert not is_slow(("attnlab", "interpret"), "attnlab interpret lens '|abcab' --model induction")
+    ran = {e for _, e in FAST_EXAMPLES}
+    assert not any(is_slow((), e) for e in ran) and not any(" ioi" in e or " scan " in e for e in ran)
 
 
 @pytest.mark.slow
@@ -95,8 +108,8 @@ def test_examples_run_as_written(words, example, tmp_path, monkeypatch, capsys):
     assert out.out.strip(), example
 
 
-@pytest.mark.parametrize("words, parser", [(w, p) for w, p in ALL if w[1] in SLOW],
-                         ids=[" ".join(w[1:]) for w, _ in ALL if w[1] in SLOW])
+@pytest.mark.parametrize("words, parser", [(w, p) for w, p in ALL if is_slow(w)],
+                         ids=[" ".join(w[1:]) for w, _ in ALL if is_slow(w)])
 def test_slow_examples_parse(words, parser):
     for example in help_examples(parser.format_help()):
         args = build_parser().parse_args(shlex.split(example)[1:])

@@ -267,7 +267,9 @@ def test_11_train_defaults_explain_a_heldout_loss_worse_than_counting(cli):
     assert held > count                                                 # what the learner saw
     assert d["note"].startswith(f"Held-out, the model ({held:.3f}) does worse than add-α counting with k = 1 "
                                 f"({count:.3f})")
-    assert "overfitting" in d["note"]
+    train, train_count = d["train_loss"], d["add_alpha"]["train"]["1"]
+    assert f"({train:.3f} against {train_count:.3f})" in d["note"]           # the training part's two figures
+    assert "undertrained, not overfitting" in d["note"] and "attention-guide.txt" in d["note"]
     from attnlab.cli.train import heldout_note
     good = {"train": {"model": 0.5}, "heldout": {"model": 1.0, "add_alpha": {1: 1.2}}}
     assert heldout_note(good, 100) is None

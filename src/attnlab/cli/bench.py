@@ -96,13 +96,18 @@ def blas_kernel(blas: list[dict]) -> str:
     return blas_kernel(blas)
 
 
+#: what the table says without torch: its columns are then empty, and how to fill them
+NO_TORCH = ("not installed, so the torch columns show '-'; to compare, add it to this environment: pip install "
+            "'torch==2.13.0' (the version attnlab's test extra pins, as pip install -e '.[test]' does)")
+
+
 def print_table(r: dict) -> None:
     m = r["machine"]
     torch = m["torch"]
     pinned = f" (pinned by --cores; the machine has {m['machine_cores']})" if r.get("cores_asked") else ""
     print(f"CPU: {m['cpu']}; SIMD: {m['simd']}; attnlab and torch on the same {m['cores']} cores{pinned}")
     print(f"BLAS: {blas_kernel(m['blas'])}")
-    torch_text = f"{torch['version']}, {torch['threads']} threads, {torch['cpu_capability']}" if torch else "not installed"
+    torch_text = f"{torch['version']}, {torch['threads']} threads, {torch['cpu_capability']}" if torch else NO_TORCH
     numba = m["numba"] or "not installed"
     print(f"torch: {torch_text}; numba: {numba}{' (disabled by ATTNLAB_NO_NUMBA)' if m['numba_disabled'] else ''}")
     print(f"tile kernel from {m['fused_min_scores']:,} scores (causal): {m['tile_kernel']} ({m['tile_kernel_reason']}); "

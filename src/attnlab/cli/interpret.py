@@ -113,6 +113,10 @@ def add_commands(sub) -> None:
     p.add_argument("--model", default="smollm2", help=MODEL_HELP + " (default smollm2)")
     add_quantized_flag(p)
     p.add_argument("--top", type=int, default=3, help="tokens per position and layer (default 3)")
+    p.add_argument("--position", metavar="LIST", help="the positions shown: -1 (the last, whose guesses are "
+                   "the next token's), 0,3 or 2-5 (default all)")
+    p.add_argument("--layers", metavar="LIST", help="the stages shown, by block: the stream after block 3, -1 (the "
+                   "last: the model's output), 0,4,7 or 2-5 (default: the embedding and every block)")
     add_json_flag(p)
     p.set_defaults(func=cmd_lens)
 
@@ -375,26 +379,30 @@ def cmd_attribute(args) -> int:
 
 def cmd_lens(args) -> int:
     from ..interpret import logit_lens
-    from .attend import label
+    from .attend import label, pick
     model, tokenizer = load_decoder(args.model, "the logit lens", args.quantized)
     ids = tokenizer.encode(args.text)
     lens = logit_lens(model, ids, top=args.top)
     tokens = list(tokenizer.labels(ids))
+    positions = pick(args.position, "--position", len(tokens), "position")
+    stages = list(range(len(lens.stages))) if args.layers is None else \
+        [1 + i for i in pick(args.layers, "--layers", model.config.n_layers, "layer")]   # stage 0: the embedding
     note = bos_note(tokenizer, ids, args.text, f"attnlab lens '{{text}}' --model {args.model}")
     if args.json:
-        print_json({"model": args.model, "tokens": tokens, "stages": list(lens.stages), "note": note,
+        print_json({"model": args.model, "tokens": tokens, "positions": positions,
+                    "stages": [lens.stages[s] for s in stages], "note": note,
                     "top": [[[{"token": tokenizer.labels([t])[0], "id": int(t), "p": float(p)}
-                              for t, p in zip(ti, pi)] for ti, pi in zip(ts, ps)]
-                            for ts, ps in zip(lens.top_ids, lens.top_probs)]})
+                              for t, p in zip(lens.top_ids[s, pos], lens.top_probs[s, pos])] for pos in positions]
+                            for s in stages]})
         return 0
     print(f"{args.model}: the top {args.top} next tokens at each position, reading the residual stream after "
           "each stage through the final norm and unembedding (the last stage is the model's output)")
-    for pos, tok in enumerate(tokens):
-        print(f"after {label(tok)!s} (position {pos}):")
-        for s, stage in enumerate(lens.stages):
+    for pos in positions:
+        print(f"after {label(tokens[pos])!s} (position {pos}):")
+        for s in stages:
             guesses = "  ".join(f"{label(tokenizer.labels([t])[0])} {p:.2f}"
                                 for t, p in zip(lens.top_ids[s, pos], lens.top_probs[s, pos]))
-            print(f"  {stage:>9}: {guesses}")
+            print(f"  {lens.stages[s]:>9}: {guesses}")
     if note:
         print(note)
     return 0

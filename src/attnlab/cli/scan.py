@@ -51,14 +51,16 @@ def cmd_scan(args) -> int:
                            on_progress=lambda done, total: bar.update(task, completed=done))
     seconds = time.perf_counter() - t0
     means = sums.means()
-    figures = write_figures(args.out, means, args.model) if args.out else []
+    absent = absent_tokens(means)                               # ["cls", "sep"] for a model without them
+    figures = write_figures(args.out, means, args.model, leave_out=absent) if args.out else []
     where = "this process" if args.workers == 0 and not args.scheduler else \
         (args.scheduler or f"a LocalCluster of {args.workers} worker processes")
     result = {"model": args.model, "file": str(args.file), "lines": sums.lines, "tokens": sums.tokens,
               "skipped_too_long": sums.too_long, "skipped_one_token": sums.too_short,
               "skipped_lines": {kind: {"count": len(numbers), "line_numbers": numbers}
                                 for kind, numbers in skipped.items()}, "seconds": seconds,
-              "lines_per_second": sums.lines / seconds, "ran_on": where, "means": means, "figures": figures}
+              "lines_per_second": sums.lines / seconds, "ran_on": where, "means": means, "figures": figures,
+              "absent_tokens": absent}
     if args.json:
         print_json(result)
         return 0
@@ -70,8 +72,13 @@ def cmd_scan(args) -> int:
                                      for kind, n in skipped.items() if n))
     if sums.too_long or sums.too_short:
         print(f"skipped {sums.too_long} lines longer than the model's positions and {sums.too_short} of one token")
+    if absent:
+        print(f"no {' or '.join(SPECIAL[k] for k in absent)} token in any line ({args.model} has "
+              f"{'neither' if len(absent) == 2 else 'none'}): {', '.join(absent)} left out")
     from ..interpret import top_heads
     for k, m in means.items():
+        if k in absent:
+            continue
         best = ", ".join(f"L{i}H{j} {v:.3f}" for i, j, v in top_heads(m, 3))
         print(f"{k:>16}: highest {best}")
     for f in figures:
@@ -100,13 +107,23 @@ class _client:
                 thing.close()
 
 
-def write_figures(out, means: dict, model: str) -> list[str]:
+SPECIAL = {"cls": "[CLS]", "sep": "[SEP]"}
+
+
+def absent_tokens(means: dict) -> list[str]:
+    """The special-token statistics ("cls", "sep") that are 0 in every head: no line held that token (a head
+    attending to a token gives it a weight above 0), as in a model without it (SmolLM2, GPT-2)."""
+    return [k for k in SPECIAL if not means[k].any()]
+
+
+def write_figures(out, means: dict, model: str, *, leave_out=()) -> list[str]:
     from ..interpret.figures import save_head_grids
     groups = {"scan_attention.png": ("entropy", "distance"), "scan_special.png": ("cls", "sep", "punctuation"),
               "scan_detectors.png": ("previous_token", "duplicate_token", "induction")}
     paths = []
     for name, keys in groups.items():
         path = Path(out) / name
-        save_head_grids(path, {k.replace("_", " "): means[k] for k in keys}, title=f"{model}: corpus averages")
+        save_head_grids(path, {k.replace("_", " "): means[k] for k in keys if k not in leave_out},
+                        title=f"{model}: corpus averages")
         paths.append(str(path))
     return paths

@@ -238,7 +238,8 @@ def cmd_train(args) -> int:
         print_json(result)
     else:
         print_table(figures, config)
-        print(batch_loss_line(losses, figures))
+        from rich.console import Console
+        print(batch_loss_line(losses, figures, bar=Console(stderr=True).is_terminal))
         print(f"{model.n_params:,} parameters")
         if note:
             print(note)
@@ -284,28 +285,51 @@ def run_with_progress(steps, start: int, last: int, *, save, save_every: int) ->
     return losses
 
 
-def batch_loss_line(losses: list[float], figures: dict) -> str:
-    """Why the progress bar's last loss and the table's differ: a minibatch against the whole training part."""
+def batch_loss_line(losses: list[float], figures: dict, *, bar: bool = True) -> str:
+    """Why the last step's loss and the table's differ: a minibatch against the whole training part. ``bar``:
+    the progress bar was drawn (stderr a terminal), so the learner saw that loss there."""
     if not losses:
         return "No step ran (--steps was already reached); the table scores the checkpoint as it is."
-    return (f"The progress bar's last loss, {losses[-1]:.3f}, is one minibatch's (--batch windows of the last "
+    seen = "The progress bar's last loss" if bar else "The last step's loss"
+    return (f"{seen}, {losses[-1]:.3f}, is one minibatch's (--batch windows of the last "
             f"step); the table's attention model row, {figures['train']['model']:.3f} on train, scores every "
             "window of the training part after the last step.")
 
 
+#: how far above its training floor a model's training loss may be and still count as having fit the text
+#: (1.25: within a quarter of the floor); further above, the model is undertrained
+FIT_MARGIN = 1.25
+
+GUIDE_TEXT = ("the guide's own text is not shipped with attnlab: save the guide as a UTF-8 file, e.g. "
+              "attention-guide.txt, and pass its path; docs/lm.md gives what 1,500 steps reach on it")
+
+
 def heldout_note(figures: dict, n_train: int) -> str | None:
-    """A sentence when the model does worse on the held-out tail than counting with one token of context."""
-    held = figures.get("heldout")
+    """A few sentences when the model does worse on the held-out tail than counting with one token of context:
+    the training part's figures beside it, and which of the two it is, undertrained (its training loss still
+    well above the training floor its context could reach, :data:`FIT_MARGIN`) or overfitting (near that
+    floor on the training part, yet worse held-out)."""
+    held, train = figures.get("heldout"), figures["train"]
     if not held or held.get("model") is None or 1 not in held["add_alpha"]:
         return None
     model, count = held["model"], held["add_alpha"][1]
     if model <= count:
         return None
-    return (f"Held-out, the model ({model:.3f}) does worse than add-α counting with k = 1 ({count:.3f}), though "
-            f"it beats it on the training part ({figures['train']['model']:.3f}): on {n_train:,} training tokens "
-            "it has memorised the text more than learned it (overfitting). Counting with one token of context has "
-            "almost nothing to overfit. Try a longer text (e.g. the guide itself, see README), fewer --steps, or "
-            "--heldout 0 to see it reach the training floors.")
+    m_train, c_train = train["model"], train["add_alpha"][1]
+    k = max(train["floors"])
+    floor = train["floors"][k]
+    both = (f"though on the training part it does better ({m_train:.3f} against {c_train:.3f})" if m_train < c_train
+            else f"and on the training part too ({m_train:.3f} against {c_train:.3f})")
+    if m_train > FIT_MARGIN * floor:
+        why = (f"It is undertrained, not overfitting: on the training part it is still well above the floor "
+               f"counting with k = {k} tokens of context reaches ({floor:.3f}), and {n_train:,} training tokens "
+               "are few to learn from. Try more --steps, a longer text (")
+    else:
+        why = (f"It has fit the training part (near its floor with k = {k}, {floor:.3f}), and that does not carry "
+               f"over to the held-out tail: on {n_train:,} training tokens it has memorised the text more than "
+               "learned it (overfitting). Try a longer text (")
+    return (f"Held-out, the model ({model:.3f}) does worse than add-α counting with k = 1 ({count:.3f}), {both}. "
+            f"{why}{GUIDE_TEXT}), or --heldout 0 to watch it approach the training floors.")
 
 
 def print_table(figures: dict, config) -> None:

@@ -1,7 +1,8 @@
 """Ablation and the logit lens, all through the stack's named activations.
 
-None of these writes a forward pass of its own: each runs :func:`attnlab.stack.hooks.run_with_hooks` or
-``run_with_cache`` with a function that replaces one activation.
+None of these writes a forward pass of its own: each runs the stack with a function that replaces one
+activation (:func:`attnlab.stack.hooks.run_with_hooks`), a sweep of them batched
+(:mod:`attnlab.interpret.sweeps`).
 
 - Ablation removes one head: its output before W_O (``blocks.{l}.attn.hook_z``, (n_heads, n, d_head)) is
   zeroed, or replaced by a causal mean (per position over other prompts, or the running mean over earlier
@@ -19,9 +20,10 @@ import numpy as np
 
 from ..kernels._checks import as_choice, as_float_array, as_positive_int, as_token_ids
 from ..stack.batch import is_ragged, pad_prompts
-from ..stack.hooks import run_with_cache, run_with_hooks
+from ..stack.hooks import run_with_cache
 from ..kernels.softmax import softmax
 from ..stack.transformer import Transformer, check_decoder, check_ids, logits_of
+from .sweeps import Intervention, base_run, run_sweep
 
 MODES = ("zero", "mean", "prefix-mean", "resample")
 
@@ -71,7 +73,8 @@ def ablation_hooks(model: Transformer, heads, *, mode: str, reference=None, atte
     - ``"resample"``: its value at t in another prompt: row b % B_r of ``reference``, or without one row
       b − 1 of the batch itself (cyclically).
 
-    ``attention_mask`` (B, n) is a padded batch's (:func:`attnlab.stack.batch.pad_prompts`, left padding):
+    ``attention_mask`` (B, n) is a padded batch's (:func:`attnlab.stack.batch.pad_prompts`, left padding;
+    :func:`attnlab.run_with_hooks` hands the hooks the mask of the pass itself, a list of prompts' too):
     padded positions are left out of every mean; a reference is read from each prompt's first token; the
     batch's own means are taken column by column over the other prompts with a real token there (left
     padding lines up the prompts' ends; a column no other prompt reaches gets 0), which is causal too.
@@ -130,7 +133,9 @@ def _ablation_hooks(model: Transformer, heads, mode: str, ref_z: dict | None, ma
 
 
 def _head_ablation(heads: list[int], mode: str, ref: np.ndarray | None, mask: np.ndarray | None):
-    """A hook on hook_z (..., n_heads, n, d_head) that replaces ``heads`` as :func:`ablation_hooks` says."""
+    """A hook on hook_z (..., n_heads, n, d_head) that replaces ``heads`` as :func:`ablation_hooks` says; its
+    ``with_mask(mask)`` is the same hook for a padded batch (:func:`attnlab.run_with_hooks` calls it when it
+    pads a list of prompts, so padded positions stay out of the means)."""
     def hook(z, name):
         n = z.shape[-2]
         batch = z.reshape(-1, *z.shape[-3:])                            # (B, h, n, d_head)
@@ -165,6 +170,7 @@ def _head_ablation(heads: list[int], mode: str, ref: np.ndarray | None, mask: np
                 rows = (np.arange(B) % ref.shape[0])[:, None]           # (B, 1)
                 new[:, head] = ref[rows, head, at]                      # (B, n, d_head)
         return new.reshape(z.shape)
+    hook.with_mask = lambda m: _head_ablation(heads, mode, ref, np.asarray(m, bool))
     return hook
 
 
@@ -181,11 +187,15 @@ class Ablation:
         return self.ablated - self.loss
 
 
-def ablate(model: Transformer, ids, *, mode: str = "zero", reference=None) -> Ablation:
+def ablate(model: Transformer, ids, *, mode: str = "zero", reference=None, progress=None) -> Ablation:
     """The change in next-token loss on ``ids`` (n,), a batch (B, n) or a list of prompts of different
     lengths (padded on the left, their pads left out of the loss and the means) when each (layer, head) is
     removed, one at a time, by :func:`ablation_hooks` with ``mode`` and ``reference``. The loss is each
     prompt's mean, averaged over the prompts.
+
+    The ablated runs are a sweep (:mod:`attnlab.interpret.sweeps`): batches of them share one forward pass,
+    each starting at its head's block from the intact run's residual stream there; ``progress(done, total)``,
+    if given, is called after each batched pass.
 
     Raises
     ------
@@ -204,12 +214,12 @@ def ablate(model: Transformer, ids, *, mode: str = "zero", reference=None) -> Ab
                          "least 2 texts (B, n) or a reference, or use mode 'prefix-mean' (the causal running "
                          "mean over the text's own positions)")
 
-    def run(hooks: dict) -> float:                      # the loss of one pass with these hooks
-        return batch_loss(run_with_hooks(model, ids, hooks, attention_mask=mask).logits, ids, mask)
-    base = run({})
-    out = np.empty((c.n_layers, c.attention.n_heads))                   # (n_layers, n_heads)
-    for layer, head in all_heads:
-        out[layer, head] = run(_ablation_hooks(model, [(layer, head)], mode, ref_z, mask))
+    sweep = [Intervention(_ablation_hooks(model, [head], mode, ref_z, mask)) for head in all_heads]
+    base_out, cache = base_run(model, ids, sweep, attention_mask=mask)
+    base = batch_loss(base_out.logits, ids, mask)
+    losses = run_sweep(model, ids, sweep, lambda logits: batch_loss(logits, ids, mask), cache=cache,
+                       attention_mask=mask, progress=progress)
+    out = losses.reshape(c.n_layers, c.attention.n_heads)               # (n_layers, n_heads)
     return Ablation(mode=mode, loss=base, ablated=out)
 
 

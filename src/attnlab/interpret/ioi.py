@@ -29,7 +29,7 @@ import numpy as np
 from ..kernels._checks import as_positive_int, check_rng
 from ..stack.hooks import run_with_cache
 from ..stack.transformer import Transformer, check_decoder
-from .patching import PatchGrid, pairs, patch, path_patch
+from .patching import PatchGrid, pairs, patch, path_patch_heads
 
 NAMES = (" Mary", " John", " Tom", " James", " Sarah", " Anna", " Bob", " Alice", " David", " Emma", " Michael",
          " Lisa", " Paul", " Kate", " Mark", " Laura")
@@ -104,12 +104,15 @@ class IOIResult:
         return out
 
 
-def ioi_analysis(model: Transformer, prompts: IOIPrompts, *, path_top: int = 5) -> IOIResult:
+def ioi_analysis(model: Transformer, prompts: IOIPrompts, *, path_top: int = 5, progress=None) -> IOIResult:
     """The IOI recipe (module docstring) on ``prompts``; ``path_top`` heads of largest patching share are
-    path-patched into the final residual."""
+    path-patched into the final residual. Patching and path patching run as sweeps
+    (:mod:`attnlab.interpret.sweeps`); ``progress(done, total)``, if given, is called after each batched pass."""
     check_decoder(model, "the IOI recipe")
+    path_top = as_positive_int("path_top", path_top)
     c = model.config
     L, H = c.n_layers, c.attention.n_heads
+    runs = L * H + 2 * min(path_top, L * H)                             # patched runs, then two per path
     names = [f"blocks.{i}.attn.hook_z" for i in range(L)] + [f"blocks.{i}.attn.hook_pattern" for i in range(L)]
     names += [f"blocks.{i}.hook_resid_pre" for i in range(L)] + [f"blocks.{L - 1}.hook_resid_post"]
     p = pairs(model, prompts.clean, prompts.corrupt)
@@ -123,16 +126,23 @@ def ioi_analysis(model: Transformer, prompts: IOIPrompts, *, path_top: int = 5) 
     pattern = np.stack([cache[f"blocks.{i}.attn.hook_pattern"][rows, :, -1] for i in range(L)])   # (L, B, H, n)
     attn_io = pattern[:, rows, :, pad + prompts.io_pos].mean(0)         # (L, H) … indexing puts B first
     attn_s = pattern[:, rows, :, pad + prompts.s_pos].mean(0)
-    grid = patch(model, prompts.clean, prompts.corrupt, answer=prompts.io, wrong=prompts.s, what="heads")
+    grid = patch(model, prompts.clean, prompts.corrupt, answer=prompts.io, wrong=prompts.s, what="heads",
+                 progress=_part(progress, 0, runs))
     corrupt_out, _ = run_with_cache(model, prompts.corrupt, [])
     bad = corrupt_out.logits[rows, p.last].astype(np.float64)
     corrupt_diff = bad[rows, prompts.io] - bad[rows, prompts.s]
-    top = np.argsort(-grid.restored, axis=None, kind="stable")[:as_positive_int("path_top", path_top)]
-    direct = {}
-    for flat in top:
-        i, j = (int(v) for v in np.unravel_index(flat, (L, H)))
-        r = path_patch(model, prompts.clean, prompts.corrupt, [(i, j)], [f"blocks.{L - 1}.hook_resid_post"],
-                       answer=prompts.io, wrong=prompts.s)
-        direct[(i, j)] = r.restored
+    top = np.argsort(-grid.restored, axis=None, kind="stable")[:path_top]
+    heads = [tuple(int(v) for v in np.unravel_index(flat, (L, H))) for flat in top]
+    paths = path_patch_heads(model, prompts.clean, prompts.corrupt, heads, [f"blocks.{L - 1}.hook_resid_post"],
+                             answer=prompts.io, wrong=prompts.s, progress=_part(progress, L * H, runs))
+    direct = {head: r.restored for head, r in paths.items()}
     return IOIResult(clean_diff=clean_diff, corrupt_diff=corrupt_diff, dla=dla, patching=grid, attn_io=attn_io,
                      attn_s=attn_s, direct=direct)
+
+
+def _part(progress, offset: int, runs: int):
+    """``progress`` for one part of the recipe: its runs counted after the ``offset`` before it, of ``runs`` in
+    all (None stays None)."""
+    if progress is None:
+        return None
+    return lambda done, total: progress(offset + done, runs)

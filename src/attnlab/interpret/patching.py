@@ -8,7 +8,8 @@ attention or MLP output or residual stream at one position, any hook. What that 
 
 the metric averaged over a batch of clean/corrupt pairs. The default metric is the logit difference
 answer − wrong at each prompt's last token; any ``metric(logits)`` of the last tokens' logits (B, vocab)
--> (B,) will do. Each patched run is one forward pass with one hook: no second model, no second pass.
+-> (B,) will do. Each patched run is a forward pass with one hook, no second model; the runs of a grid are
+one sweep (:mod:`attnlab.interpret.sweeps`): batched, each from the block of its patch on.
 
 Path patching (Wang et al., 2022, the IOI circuit) asks what a set of sender heads does *through* given
 receivers only: the corrupted run with the senders' clean outputs and every other head frozen at its
@@ -24,9 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..stack.batch import is_ragged, pad_prompts
-from ..stack.hooks import run_with_cache, run_with_hooks
-from ..stack.transformer import Transformer, check_decoder, check_ids, hook_names
+from ..stack.hooks import run_with_cache
+from ..stack.transformer import Transformer, check_decoder, check_ids, hook_names, logits_of
 from .interventions import Patching, _check_heads
+from .sweeps import Intervention, base_run, resid_names, run_sweep, start_layer
 
 #: what=…: the hook patched in each block, and how it is cut: by head (axis −3), by head and position, or by
 #: position (axis −2).
@@ -165,7 +167,7 @@ def _cells(model: Transformer, what: str, n: int):
 
 
 def patch(model: Transformer, clean_ids, corrupt_ids, *, answer=None, wrong=None, metric=None, what=None,
-          warn_below: float = 0.05):
+          warn_below: float = 0.05, progress=None):
     """Activation patching of every piece ``what`` names, one at a time: the clean run's activation put
     into the corrupted run.
 
@@ -186,6 +188,11 @@ def patch(model: Transformer, clean_ids, corrupt_ids, *, answer=None, wrong=None
         as a :class:`Patching`.
     warn_below : float
         A RuntimeWarning when |clean − corrupt| is below this fraction of max(|clean|, |corrupt|).
+    progress : function, optional
+        ``progress(done, total)`` after each batched pass: the patched runs done so far, of all.
+
+    The patched runs are a sweep (:mod:`attnlab.interpret.sweeps`): batches of them share one forward pass,
+    each starting at the block of its patch from the corrupted run's residual stream there.
 
     Returns
     -------
@@ -202,27 +209,53 @@ def patch(model: Transformer, clean_ids, corrupt_ids, *, answer=None, wrong=None
     p = pairs(model, clean_ids, corrupt_ids)
     metric = _metric(model, answer, wrong, metric)
     if what is None:
-        heads, resid = (_patch(model, p, metric, w, warn_below) for w in ("heads", "resid_pre"))
+        n_heads, n_resid = (len(_cells(model, w, p.clean.shape[-1])[1]) for w in ("heads", "resid_pre"))
+        total = n_heads + n_resid
+        steps = [None if progress is None else (lambda d, t, o=o: progress(o + d, total)) for o in (0, n_heads)]
+        heads, resid = (_patch(model, p, metric, w, warn_below, s) for w, s in zip(("heads", "resid_pre"), steps))
         return Patching(clean=heads.clean, corrupt=heads.corrupt, heads=heads.restored, resid=resid.restored,
                         head_diff=heads.values, resid_diff=resid.values)
     if not isinstance(what, str):
         raise TypeError(f"what must be a string, got {type(what).__name__}")
-    return _patch(model, p, metric, what, warn_below)
+    return _patch(model, p, metric, what, warn_below, progress)
 
 
-def _patch(model: Transformer, p: Pairs, metric, what: str, warn_below: float) -> PatchGrid:
+def _patch(model: Transformer, p: Pairs, metric, what: str, warn_below: float, progress=None) -> PatchGrid:
     axes, cells, shape = _cells(model, what, p.clean.shape[-1])
     names = sorted({name for _, name, _ in cells})
     clean_out, cache = run_with_cache(model, p.clean, names, attention_mask=p.mask)
-    clean = _score(metric, clean_out.logits, p)
-    corrupt = _score(metric, run_with_hooks(model, p.corrupt, {}, attention_mask=p.mask).logits, p)
+    clean = _base_score(model, metric, clean_out, p)
+    sweep = [Intervention({name: put_back(cache[name], index)}) for _, name, index in cells]
+    corrupt_out, base = base_run(model, p.corrupt, sweep, attention_mask=p.mask)
+    corrupt = _base_score(model, metric, corrupt_out, p)
     _gap(clean, corrupt, warn_below)
     values = np.full(shape, np.nan)
-    for at, name, index in cells:
-        out = run_with_hooks(model, p.corrupt, {name: put_back(cache[name], index)}, attention_mask=p.mask)
-        values[at] = _score(metric, out.logits, p)
+    scores = run_sweep(model, p.corrupt, sweep, _last_score(metric, p), cache=base, attention_mask=p.mask,
+                       logits_to_keep=_kept(p), progress=progress)
+    for (at, _, _), v in zip(cells, scores):
+        values[at] = v
     return PatchGrid(what=what, axes=axes, clean=clean, corrupt=corrupt, values=values,
                      restored=(values - corrupt) / (clean - corrupt))
+
+
+def _kept(p: Pairs) -> int:
+    """Logits to keep per run: the last position's when every prompt ends there (left padding), else all."""
+    return 1 if (p.last == p.clean.shape[-1] - 1).all() else 0
+
+
+def _base_score(model: Transformer, metric, out, p: Pairs) -> float:
+    """The metric of a whole pass's output, its last rows unembedded as the sweep's runs unembed theirs (a
+    patch that changes nothing then restores exactly 0: one row's product may round apart from all n rows')."""
+    if not _kept(p):
+        return _score(metric, out.logits, p)
+    return _last_score(metric, p)(logits_of(model, out.hidden_states[-1][..., -1:, :]))   # (B, 1, vocab)
+
+
+def _last_score(metric, p: Pairs):
+    """score(logits) of one run's (B, kept, vocab) logits: the metric at each prompt's last token, averaged."""
+    if _kept(p):
+        return lambda logits: float(np.asarray(metric(logits[:, -1]), np.float64).mean())
+    return lambda logits: _score(metric, logits, p)
 
 
 @dataclass(frozen=True, eq=False)
@@ -271,29 +304,69 @@ def path_patch(model: Transformer, clean_ids, corrupt_ids, sender_heads, receive
     metric = _metric(model, answer, wrong, metric)
     senders = _check_heads(model, sender_heads)
     receivers = _receivers(model, receiver_hooks)
+    return _path_patch_sets(model, p, metric, [senders], receivers, warn_below)[0]
+
+
+def path_patch_heads(model: Transformer, clean_ids, corrupt_ids, heads, receiver_hooks, *, answer=None,
+                     wrong=None, metric=None, warn_below: float = 0.05, progress=None) -> dict:
+    """:func:`path_patch` of each (layer, head) of ``heads`` alone as the sender: {(layer, head): PathPatching},
+    the heads' runs batched as one sweep (:mod:`attnlab.interpret.sweeps`). ``progress(done, total)``, if
+    given, is called after each batched pass."""
+    check_decoder(model, "path patching")
+    p = pairs(model, clean_ids, corrupt_ids)
+    metric = _metric(model, answer, wrong, metric)
+    heads = _check_heads(model, heads)
+    receivers = _receivers(model, receiver_hooks)
+    out = _path_patch_sets(model, p, metric, [[h] for h in heads], receivers, warn_below, progress)
+    return dict(zip(heads, out))
+
+
+def _path_patch_sets(model: Transformer, p: Pairs, metric, sender_sets: list, receivers: list, warn_below: float,
+                     progress=None) -> list[PathPatching]:
+    """Path patching of each set of senders (the two runs of :func:`path_patch` for each), as two sweeps.
+
+    In the first run every head's z is frozen at the corrupted run's but the senders'; below the first
+    sender (or receiver) that changes nothing, so the sweep starts there. The second run starts at the first
+    receiver."""
     L = model.config.n_layers
     z_names = [f"blocks.{i}.attn.hook_z" for i in range(L)]
+    receiving = start_layer(model, [name for name, _ in receivers])
+    starts = {min(receiving, *(layer for layer, _ in senders)) for senders in sender_sets} | {receiving}
     clean_out, clean_z = run_with_cache(model, p.clean, z_names, attention_mask=p.mask)
-    corrupt_out, corrupt_z = run_with_cache(model, p.corrupt, z_names, attention_mask=p.mask)
-    clean, corrupt = _score(metric, clean_out.logits, p), _score(metric, corrupt_out.logits, p)
-    _gap(clean, corrupt, warn_below)
-
-    def frozen(i):                                  # layer i's z: corrupted, but the senders' clean
-        z = corrupt_z[z_names[i]].copy()
-        for layer, head in senders:
-            if layer == i:
-                z[..., head, :, :] = clean_z[z_names[i]][..., head, :, :]
-        return lambda x, name: z
-    recorded: dict[str, np.ndarray] = {}
-    hooks = {z_names[i]: frozen(i) for i in range(L)}
-    for name, _ in receivers:
-        hooks[name] = lambda x, name: recorded.__setitem__(name, x)
-    run_with_hooks(model, p.corrupt, hooks, attention_mask=p.mask)
-    back = {}
-    for name, heads in receivers:
-        index = (slice(None),) if heads is None else (heads, slice(None), slice(None))
-        back[name] = put_back(recorded[name], index)
-    patched = _score(metric, run_with_hooks(model, p.corrupt, back, attention_mask=p.mask).logits, p)
-    return PathPatching(clean=clean, corrupt=corrupt, patched=patched, restored=(patched - corrupt) / (clean - corrupt))
+    corrupt_out, corrupt = run_with_cache(model, p.corrupt, z_names + resid_names(model, starts),
+                                          attention_mask=p.mask)
+    clean_m, corrupt_m = _base_score(model, metric, clean_out, p), _base_score(model, metric, corrupt_out, p)
+    _gap(clean_m, corrupt_m, warn_below)
+    recorded = [{} for _ in sender_sets]
+    first = [Intervention(_freezing(senders, clean_z, corrupt, receivers, rec, L))
+             for senders, rec in zip(sender_sets, recorded)]
+    total = 2 * len(sender_sets)
+    steps = [None if progress is None else (lambda d, t, o=o: progress(o + d, total)) for o in (0, len(first))]
+    run_sweep(model, p.corrupt, first, lambda logits: 0.0, cache=corrupt, attention_mask=p.mask, logits_to_keep=1,
+              progress=steps[0])
+    second = [Intervention({name: put_back(rec[name], (slice(None),) if heads is None else
+                                           (heads, slice(None), slice(None))) for name, heads in receivers})
+              for rec in recorded]
+    patched = run_sweep(model, p.corrupt, second, _last_score(metric, p), cache=corrupt, attention_mask=p.mask,
+                        logits_to_keep=_kept(p), progress=steps[1])
+    return [PathPatching(clean=clean_m, corrupt=corrupt_m, patched=float(v),
+                         restored=(v - corrupt_m) / (clean_m - corrupt_m)) for v in patched]
 
 
+def _freezing(senders: list, clean, corrupt, receivers: list, recorded: dict, n_layers: int) -> dict:
+    """The first run's edits for one set of senders: each layer's z frozen at the corrupted run's, the senders'
+    heads at the clean run's, from the first sender's layer on (below it, freezing the corrupted run's own z
+    changes nothing); the receivers' activations recorded into ``recorded``."""
+    def frozen(heads):
+        def hook(x, name):
+            z = corrupt[name].copy()                                    # (B, h, n, d_head)
+            z[..., heads, :, :] = clean[name][..., heads, :, :]
+            return z
+        return hook
+
+    def record(x, name):
+        recorded[name] = np.array(x)
+    start = min(layer for layer, _ in senders)
+    edits = {f"blocks.{i}.attn.hook_z": frozen([h for layer, h in senders if layer == i])
+             for i in range(start, n_layers)}
+    return {**edits, **{name: record for name, _ in receivers}}

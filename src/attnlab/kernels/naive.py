@@ -51,7 +51,10 @@ def naive_weights(c: Checked, kernel: str = "numpy") -> np.ndarray:
     if not fused:
         return softmax(s)                                # (..., h, n_q, n_k) A, rows with no key are 0
     if s.size:
-        rows = s.reshape(-1, s.shape[-1])                # (rows, n_k) a view: s is a fresh C-contiguous array
+        # matmul lays its output out as its inputs are (a query of swapped batch axes gives swapped scores): the
+        # rows are a view, written in place, only of a C-contiguous grid
+        s = np.ascontiguousarray(s)                      # (..., h, n_q, n_k) s itself when it is C-contiguous
+        rows = s.reshape(-1, s.shape[-1])                # (rows, n_k) a view of s
         maxima = np.empty(rows.shape[0], s.dtype)        # (rows,)
         scale2 = (1.0 if scaled else c.scale) * LOG2E    # the fused softmax's own scale, to base 2
         _kernels.fused_module().softmax_rows(rows, s.dtype.type(scale2), maxima)

@@ -57,8 +57,10 @@ def run_with_hooks(model: Transformer, ids, hooks: dict, *, caches=None, return_
 
     ``ids`` may be a list of prompts of different lengths (or a :class:`~attnlab.stack.batch.Batch`): they
     are padded (:func:`~attnlab.stack.batch.pad_prompts`, left for a decoder, right for an encoder) and run
-    as one batch with their attention mask; the output's ``batch`` says where each prompt sits. A ``tape``
-    keeps what the backward needs, as :func:`~attnlab.stack.transformer.forward`'s does.
+    as one batch with their attention mask; the output's ``batch`` says where each prompt sits. A hook that
+    must tell padding from tokens (a mean over the batch: :func:`attnlab.interpret.ablation_hooks`) has a
+    method ``with_mask(mask) -> hook``; the pass's mask (B, n), given or made here, is handed to it. A
+    ``tape`` keeps what the backward needs, as :func:`~attnlab.stack.transformer.forward`'s does.
 
     >>> # zero head 3's output in layer 0 (an ablation):
     >>> # run_with_hooks(model, ids, {"blocks.0.attn.hook_z": lambda z, name: np.where(
@@ -74,9 +76,18 @@ def run_with_hooks(model: Transformer, ids, hooks: dict, *, caches=None, return_
             raise TypeError(f"model must be a Transformer, got {type(model).__name__}")
         batch = pad_prompts(ids, vocab_size=model.config.vocab_size, is_causal=model.config.is_causal)
         ids, attention_mask = batch.ids, batch.mask
+    if attention_mask is not None:
+        hooks = with_mask(hooks, attention_mask)
     out = forward(model, ids, caches=caches, return_weights=return_weights, token_types=token_types, hooks=hooks,
                   attention_mask=attention_mask, tape=tape)
     return out if batch is None else dataclasses.replace(out, batch=batch)
+
+
+def with_mask(hooks: dict, mask) -> dict:
+    """``hooks`` with each that has a ``with_mask`` method replaced by ``fn.with_mask(mask)``: the hook as it
+    reads a padded batch whose real tokens are ``mask`` (B, n)."""
+    return {name: fn.with_mask(mask) if callable(getattr(fn, "with_mask", None)) else fn
+            for name, fn in hooks.items()}
 
 
 def run_with_cache(model: Transformer, ids, names=None, *, caches=None, return_weights: bool = False,

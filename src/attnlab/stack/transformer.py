@@ -495,6 +495,58 @@ def forward(model: Transformer, ids, *, caches: list[KVCache] | None = None, tok
     return ModelOutput(logits=logits, hidden_states=hidden, attentions=attentions)
 
 
+def forward_from(model: Transformer, resid, layer: int, *, hooks=None, attention_mask=None,
+                 logits_to_keep: int = 0) -> ModelOutput:
+    """The rest of a pass from block ``layer`` on: ``resid`` (..., n, d_model) is the residual stream into that
+    block (its ``hook_resid_pre``, as :func:`attnlab.stack.hooks.run_with_cache` records it; with ``layer`` =
+    n_layers, the last block's ``hook_resid_post``), run through blocks ``layer`` … n_layers − 1, the final
+    norm and the logits as :func:`forward` runs them. What a sweep of interventions at or after a layer
+    shares, the blocks below it, is then run once (:mod:`attnlab.interpret.sweeps`).
+
+    ``hooks`` as :func:`forward` takes them, on points of blocks ``layer`` and after (or the final norm);
+    ``attention_mask`` (n,) or (..., n) broadcasting to resid's leading axes: a padded batch's real tokens.
+    Leading axes of ``resid`` beyond the mask's are a batch of runs sharing it. ``hidden_states`` holds
+    ``resid`` and each later block's output. Decoders and encoders alike; no caches.
+    """
+    if not isinstance(model, Transformer):
+        raise TypeError(f"model must be a Transformer, got {type(model).__name__}")
+    c = model.config
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer <= c.n_layers:
+        raise ValueError(f"layer must be an int in [0, {c.n_layers}] (the block to start at), got {layer!r}")
+    x = np.ascontiguousarray(resid)          # (..., n, d_model) a broadcast view copied: ops keep C order
+    if x.ndim < 2 or x.shape[-1] != c.d_model or x.dtype != model.dtype:
+        raise ValueError(f"resid must be a residual stream (..., n, d_model = {c.d_model}) of the model's dtype "
+                         f"{model.dtype}, got {x.dtype} {x.shape}")
+    fns = {} if hooks is None else hooks
+    h = NO_HOOKS if isinstance(fns, dict) and not fns else Hooks(hook_names(model), fns)   # Hooks checks fns
+    early = [name for name in fns if _layer_of(name, c.n_layers) < layer]
+    if early:
+        raise ValueError(f"hooks has {early[0]!r}, before block {layer} where this pass starts: it would never run")
+    keys = None
+    if attention_mask is not None:
+        m = np.asarray(attention_mask)
+        if m.dtype != np.bool_ or m.shape[-1] != x.shape[-2] or m.ndim > x.ndim - 1:
+            raise ValueError(f"attention_mask must be a bool array (..., n = {x.shape[-2]}) broadcasting to resid's "
+                             f"{x.shape[:-1]}, got {m.dtype} {m.shape}")
+        keys = m[..., None, None, :]                                    # (..., 1, 1, n)
+    hidden = [x]
+    for i in range(layer, c.n_layers):
+        x = model.blocks[i].forward(x, h.scoped(f"blocks.{i}."), is_causal=c.is_causal, cache=None, mask=keys)
+        hidden.append(x)                                                # (..., n, d_model)
+    if model.ln_final is not None:
+        x = model.ln_final(x, h.scoped("ln_final."))                    # (..., n, d_model)
+        hidden[-1] = x
+    kept = x[..., -logits_to_keep:, :] if logits_to_keep else x          # (..., k, d_model)
+    return ModelOutput(logits=logits_of(model, kept) if c.has_logits else None, hidden_states=hidden)
+
+
+def _layer_of(name: str, n_layers: int) -> int:
+    """The block a hook name belongs to: i for ``blocks.{i}.…``, −1 before the blocks, n_layers after them."""
+    if name.startswith("blocks."):
+        return int(name.split(".")[1])
+    return n_layers if name.startswith("ln_final.") else -1
+
+
 def padding(attention_mask, ids: np.ndarray, caches) -> tuple[np.ndarray | None, np.ndarray | None]:
     """A padded batch's key mask (..., 1, 1, n) for every head and query, and each row's position ids (..., n)
     (0 at its first real token; pads before it 0 too); (None, None) without a mask."""
