@@ -36,15 +36,21 @@ class ArgumentParser(argparse.ArgumentParser):
         """argparse's, but an unknown option is an error here, in the command that was given it, with the
         closest option that command has: ``--mesage`` → ``--message``, ``--max-tokens`` → ``--tokens``. (The
         subcommand's own parser runs this first, so it is the one that knows the command's options.)"""
+        if self._subparsers is None and args is not None:     # a command's own parser: before "required" errors
+            self.refuse_unknown([a for a in args[:args.index("--") if "--" in args else len(args)]
+                                 if a.startswith("--") and a.split("=", 1)[0] not in self._option_string_actions])
         namespace, extras = super().parse_known_args(args, namespace)
-        unknown = [a for a in extras if a.startswith("--") and len(a) > 2]
-        if unknown:
-            options = [o for o in self._option_string_actions if o.startswith("--")]
-            near = closest_option(unknown[0], options)
-            whole = " (options are never abbreviated)" if near and near.startswith(unknown[0]) else ""
-            hint = f"; did you mean {near}?{whole}" if near else ""
-            self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        self.refuse_unknown([a for a in extras if a.startswith("--") and len(a) > 2], extras)
         return namespace, extras
+
+    def refuse_unknown(self, unknown: list, extras: list | None = None) -> None:
+        if not unknown:
+            return
+        options = [o for o in self._option_string_actions if o.startswith("--")]
+        near = closest_option(unknown[0], options)
+        whole = " (options are never abbreviated)" if near and near.startswith(unknown[0].split("=", 1)[0]) else ""
+        hint = f"; did you mean {near}?{whole}" if near else ""
+        self.error(f"unrecognized arguments: {' '.join(extras or unknown)}{hint}")
 
 
 def closest_option(typed: str, options) -> str | None:

@@ -6,6 +6,7 @@ import numpy as np
 
 from ._app import add_command, add_json_flag, print_json, seed_arg
 from ._model import add_model_option, load, model_arg
+from ._progress import progress
 
 DETECT_TEXT = "The cat sat on the mat"     # the tour's text for a trained model's heads
 DETECT_REPEAT = 6                          # without TEXT, a model with its own vocabulary gets --repeat-random 6
@@ -64,8 +65,13 @@ def add_commands(sub) -> None:
                     "position restores of the clean logit difference", beyond="docs/interpret.md",
                     shows="Shows activation patching: the share of the clean run's logit difference that one "
                           "head's clean output, or one layer's clean residual at one position, restores",
+                    more="It runs one forward pass per head and per layer and position: on SmolLM2, 690 passes. "
+                         "For a fast first look, 'attnlab attribute --no-patch' (same options) estimates both grids "
+                         "from one forward and one backward pass, in seconds; then patch what it points to.",
                     examples=("attnlab patch --model induction --clean '|abcdefgabcde' --corrupt '|abcdzfgabcde' "
-                              "--answer f --wrong g",))
+                              "--answer f --wrong g",
+                              "attnlab attribute --model induction --clean '|abcdefgabcde' --corrupt '|abcdzfgabcde' "
+                              "--answer f --wrong g --no-patch   # the fast first look"))
     add_model_option(p, default="smollm2", decoder=True)
     p.add_argument("--clean", required=True, metavar="TEXT")
     p.add_argument("--corrupt", required=True, metavar="TEXT", help="as many tokens as --clean")
@@ -217,15 +223,20 @@ def cmd_detect(args) -> int:
 
 def cmd_ablate(args) -> int:
     from ..interpret import ablate
-    model, tokenizer = load(args, "ablation")
-    rows = [encode_text(tokenizer, t, "TEXT", least=2, why="one to predict from, one to predict") for t in args.text]
-    if len({r.size for r in rows}) != 1:
-        raise ValueError(f"the texts must have the same number of tokens, got {[r.size for r in rows]}")
-    if args.mode in ("mean", "resample") and len(rows) < 2:
-        raise ValueError(f"--mode {args.mode} takes each position's output from the other texts: give at least "
-                         "2 texts of the same number of tokens, or use --mode prefix-mean")
+    rows = []
+
+    def check(tokenizer):                  # before the weights load: a bad text fails at once
+        rows.extend(encode_text(tokenizer, t, "TEXT", least=2, why="one to predict from, one to predict")
+                    for t in args.text)
+        if len({r.size for r in rows}) != 1:
+            raise ValueError(f"the texts must have the same number of tokens, got {[r.size for r in rows]}")
+        if args.mode in ("mean", "resample") and len(rows) < 2:
+            raise ValueError(f"--mode {args.mode} takes each position's output from the other texts: give at "
+                             "least 2 texts of the same number of tokens, or use --mode prefix-mean")
+    model, tokenizer = load(args, "ablation", check=check)
     ids = rows[0] if len(rows) == 1 else np.stack(rows)                 # (n,) or (B, n)
-    r = ablate(model, ids, mode=args.mode)
+    with progress(f"ablating each head ({args.mode})", quiet=args.json) as step:
+        r = ablate(model, ids, mode=args.mode, progress=step)
     if args.png:
         from ..interpret.figures import save_head_grids
         save_head_grids(args.png, {f"loss change, {args.mode} ablation (nats)": r.delta}, diverging=True,
@@ -267,16 +278,33 @@ def one_token(tokenizer, text: str, what: str) -> int:
     return int(ids[0])
 
 
+class PatchTexts:
+    """--clean, --corrupt, --answer and --wrong encoded and checked as the tokenizer sees them, before the
+    weights load (``load(args, what, check=PatchTexts(args))``); then ``.clean``, ``.corrupt`` (n,) and the two
+    token ids."""
+
+    def __init__(self, args, *, least: int):
+        self.args, self.least = args, least
+
+    def __call__(self, tokenizer) -> None:
+        a = self.args
+        self.clean = encode_text(tokenizer, a.clean, "--clean", least=self.least,
+                                 why="the answer is read at the last one")
+        self.corrupt = tokenizer.encode(a.corrupt)
+        if self.clean.size != self.corrupt.size:
+            raise ValueError(f"--clean has {self.clean.size} tokens and --corrupt {self.corrupt.size}; they must "
+                             f"have the same number (--clean {list(tokenizer.labels(self.clean))}, --corrupt "
+                             f"{list(tokenizer.labels(self.corrupt))})")
+        self.answer, self.wrong = one_token(tokenizer, a.answer, "--answer"), one_token(tokenizer, a.wrong, "--wrong")
+
+
 def cmd_patch(args) -> int:
     from ..interpret import patch
-    model, tokenizer = load(args, "patching")
-    clean = encode_text(tokenizer, args.clean, "--clean", least=2, why="the answer is read at the last one")
-    corrupt = tokenizer.encode(args.corrupt)
-    if clean.size != corrupt.size:
-        raise ValueError(f"--clean has {clean.size} tokens and --corrupt {corrupt.size}; they must have the same "
-                         "number")
-    answer, wrong = one_token(tokenizer, args.answer, "--answer"), one_token(tokenizer, args.wrong, "--wrong")
-    r = patch(model, clean, corrupt, answer=answer, wrong=wrong)
+    t = PatchTexts(args, least=2)
+    model, tokenizer = load(args, "patching", check=t)
+    clean, corrupt = t.clean, t.corrupt
+    with progress("patching heads, then residual positions", quiet=args.json) as step:
+        r = patch(model, clean, corrupt, answer=t.answer, wrong=t.wrong, progress=step)
     tokens = list(tokenizer.labels(clean))
     if args.png:
         from ..interpret.figures import save_head_grids
@@ -305,19 +333,17 @@ def cmd_attribute(args) -> int:
     import time
 
     from ..interpret import attribute, compare, patch
-    model, tokenizer = load(args, "attribution patching")
-    clean, corrupt = tokenizer.encode(args.clean), tokenizer.encode(args.corrupt)
-    if clean.size != corrupt.size:
-        raise ValueError(f"--clean has {clean.size} tokens and --corrupt {corrupt.size}; they must have the same "
-                         "number")
-    answer, wrong = one_token(tokenizer, args.answer, "--answer"), one_token(tokenizer, args.wrong, "--wrong")
+    t = PatchTexts(args, least=1)
+    model, tokenizer = load(args, "attribution patching", check=t)
+    clean, corrupt, answer, wrong = t.clean, t.corrupt, t.answer, t.wrong
     t0 = time.perf_counter()
     a = attribute(model, clean, corrupt, answer=answer, wrong=wrong)
     seconds = {"attribution": time.perf_counter() - t0}
     r = agreement = None
     if not args.no_patch:
         t0 = time.perf_counter()
-        r = patch(model, clean, corrupt, answer=answer, wrong=wrong)
+        with progress("activation patching, to compare", quiet=args.json) as step:
+            r = patch(model, clean, corrupt, answer=answer, wrong=wrong, progress=step)
         seconds["activation_patching"] = time.perf_counter() - t0
         agreement = compare(r, a, top=args.top)
     tokens = list(tokenizer.labels(clean))
@@ -382,7 +408,8 @@ def cmd_ioi(args) -> int:
             raise ValueError(f"{flag} must be a positive integer, got {v}")
     model, tokenizer = load(args, "the IOI recipe")
     prompts = ioi_prompts(tokenizer, args.prompts, rng=np.random.default_rng(args.seed))
-    r = ioi_analysis(model, prompts, path_top=args.path_top)
+    with progress(f"IOI: patching each head, then path-patching {args.path_top}", quiet=args.json) as step:
+        r = ioi_analysis(model, prompts, path_top=args.path_top, progress=step)
     movers = r.name_movers(k=args.top)
     if args.json:
         print_json({"model": model_arg(args), "texts": list(prompts.texts), "clean_diff": r.clean_diff,

@@ -181,11 +181,12 @@ class Ablation:
         return self.ablated - self.loss
 
 
-def ablate(model: Transformer, ids, *, mode: str = "zero", reference=None) -> Ablation:
+def ablate(model: Transformer, ids, *, mode: str = "zero", reference=None, progress=None) -> Ablation:
     """The change in next-token loss on ``ids`` (n,), a batch (B, n) or a list of prompts of different
     lengths (padded on the left, their pads left out of the loss and the means) when each (layer, head) is
     removed, one at a time, by :func:`ablation_hooks` with ``mode`` and ``reference``. The loss is each
-    prompt's mean, averaged over the prompts.
+    prompt's mean, averaged over the prompts. ``progress(done, total)``, if given, is called after each
+    ablated pass (the command line draws its bar with it).
 
     Raises
     ------
@@ -208,8 +209,10 @@ def ablate(model: Transformer, ids, *, mode: str = "zero", reference=None) -> Ab
         return batch_loss(run_with_hooks(model, ids, hooks, attention_mask=mask).logits, ids, mask)
     base = run({})
     out = np.empty((c.n_layers, c.attention.n_heads))                   # (n_layers, n_heads)
-    for layer, head in all_heads:
+    for done, (layer, head) in enumerate(all_heads, 1):
         out[layer, head] = run(_ablation_hooks(model, [(layer, head)], mode, ref_z, mask))
+        if progress is not None:
+            progress(done, len(all_heads))
     return Ablation(mode=mode, loss=base, ablated=out)
 
 

@@ -104,9 +104,10 @@ class IOIResult:
         return out
 
 
-def ioi_analysis(model: Transformer, prompts: IOIPrompts, *, path_top: int = 5) -> IOIResult:
+def ioi_analysis(model: Transformer, prompts: IOIPrompts, *, path_top: int = 5, progress=None) -> IOIResult:
     """The IOI recipe (module docstring) on ``prompts``; ``path_top`` heads of largest patching share are
-    path-patched into the final residual."""
+    path-patched into the final residual. ``progress(done, total)``, if given, is called after each patched
+    pass (one per head, then one per path-patched head)."""
     check_decoder(model, "the IOI recipe")
     c = model.config
     L, H = c.n_layers, c.attention.n_heads
@@ -123,16 +124,25 @@ def ioi_analysis(model: Transformer, prompts: IOIPrompts, *, path_top: int = 5) 
     pattern = np.stack([cache[f"blocks.{i}.attn.hook_pattern"][rows, :, -1] for i in range(L)])   # (L, B, H, n)
     attn_io = pattern[:, rows, :, pad + prompts.io_pos].mean(0)         # (L, H) … indexing puts B first
     attn_s = pattern[:, rows, :, pad + prompts.s_pos].mean(0)
-    grid = patch(model, prompts.clean, prompts.corrupt, answer=prompts.io, wrong=prompts.s, what="heads")
+    path_top = min(as_positive_int("path_top", path_top), L * H)
+    total = L * H + path_top
+
+    def heads_done(done, _):
+        if progress is not None:
+            progress(done, total)
+    grid = patch(model, prompts.clean, prompts.corrupt, answer=prompts.io, wrong=prompts.s, what="heads",
+                 progress=heads_done)
     corrupt_out, _ = run_with_cache(model, prompts.corrupt, [])
     bad = corrupt_out.logits[rows, p.last].astype(np.float64)
     corrupt_diff = bad[rows, prompts.io] - bad[rows, prompts.s]
-    top = np.argsort(-grid.restored, axis=None, kind="stable")[:as_positive_int("path_top", path_top)]
+    top = np.argsort(-grid.restored, axis=None, kind="stable")[:path_top]
     direct = {}
-    for flat in top:
+    for done, flat in enumerate(top, L * H + 1):
         i, j = (int(v) for v in np.unravel_index(flat, (L, H)))
         r = path_patch(model, prompts.clean, prompts.corrupt, [(i, j)], [f"blocks.{L - 1}.hook_resid_post"],
                        answer=prompts.io, wrong=prompts.s)
         direct[(i, j)] = r.restored
+        if progress is not None:
+            progress(done, total)
     return IOIResult(clean_diff=clean_diff, corrupt_diff=corrupt_diff, dla=dla, patching=grid, attn_io=attn_io,
                      attn_s=attn_s, direct=direct)

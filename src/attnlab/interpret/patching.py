@@ -165,7 +165,7 @@ def _cells(model: Transformer, what: str, n: int):
 
 
 def patch(model: Transformer, clean_ids, corrupt_ids, *, answer=None, wrong=None, metric=None, what=None,
-          warn_below: float = 0.05):
+          warn_below: float = 0.05, progress=None):
     """Activation patching of every piece ``what`` names, one at a time: the clean run's activation put
     into the corrupted run.
 
@@ -186,6 +186,8 @@ def patch(model: Transformer, clean_ids, corrupt_ids, *, answer=None, wrong=None
         as a :class:`Patching`.
     warn_below : float
         A RuntimeWarning when |clean − corrupt| is below this fraction of max(|clean|, |corrupt|).
+    progress : function, optional
+        ``progress(done, total)``, called after each patched pass (the command line draws its bar with it).
 
     Returns
     -------
@@ -201,16 +203,32 @@ def patch(model: Transformer, clean_ids, corrupt_ids, *, answer=None, wrong=None
     check_decoder(model, "patching")
     p = pairs(model, clean_ids, corrupt_ids)
     metric = _metric(model, answer, wrong, metric)
+    whats = ("heads", "resid_pre") if what is None else (what,)
+    if not all(isinstance(w, str) for w in whats):
+        raise TypeError(f"what must be a string, got {type(what).__name__}")
+    step = Steps(progress, sum(len(_cells(model, w, p.clean.shape[-1])[1]) for w in whats))
     if what is None:
-        heads, resid = (_patch(model, p, metric, w, warn_below) for w in ("heads", "resid_pre"))
+        heads, resid = (_patch(model, p, metric, w, warn_below, step) for w in whats)
         return Patching(clean=heads.clean, corrupt=heads.corrupt, heads=heads.restored, resid=resid.restored,
                         head_diff=heads.values, resid_diff=resid.values)
-    if not isinstance(what, str):
-        raise TypeError(f"what must be a string, got {type(what).__name__}")
-    return _patch(model, p, metric, what, warn_below)
+    return _patch(model, p, metric, what, warn_below, step)
 
 
-def _patch(model: Transformer, p: Pairs, metric, what: str, warn_below: float) -> PatchGrid:
+class Steps:
+    """Counts the passes of a sweep and reports each to ``progress(done, total)``, if one was given."""
+
+    def __init__(self, progress, total: int):
+        if progress is not None and not callable(progress):
+            raise TypeError(f"progress must be a function (done, total) or None, got {type(progress).__name__}")
+        self.progress, self.total, self.done = progress, total, 0
+
+    def __call__(self) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+
+
+def _patch(model: Transformer, p: Pairs, metric, what: str, warn_below: float, step=lambda: None) -> PatchGrid:
     axes, cells, shape = _cells(model, what, p.clean.shape[-1])
     names = sorted({name for _, name, _ in cells})
     clean_out, cache = run_with_cache(model, p.clean, names, attention_mask=p.mask)
@@ -221,6 +239,7 @@ def _patch(model: Transformer, p: Pairs, metric, what: str, warn_below: float) -
     for at, name, index in cells:
         out = run_with_hooks(model, p.corrupt, {name: put_back(cache[name], index)}, attention_mask=p.mask)
         values[at] = _score(metric, out.logits, p)
+        step()
     return PatchGrid(what=what, axes=axes, clean=clean, corrupt=corrupt, values=values,
                      restored=(values - corrupt) / (clean - corrupt))
 
