@@ -350,7 +350,7 @@ def test_not_safetensors_and_missing_files(tmp_path, write_gpt2):
     (folder / "merges.txt").unlink()
     with pytest.raises(FileNotFoundError, match="needs vocab.json and merges.txt"):
         load_model(folder)
-    with pytest.raises(TypeError, match="model must be 'minilm', 'smollm2', a .gguf file or a folder path"):
+    with pytest.raises(TypeError, match="model must be 'minilm', 'smollm2', 'induction', a .gguf file or a folder path"):
         load_model(3)
 
 

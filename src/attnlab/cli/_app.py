@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import json
 import os
 import re
@@ -30,6 +31,37 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message):          # argparse would print the usage block and exit; we want one line
         command = self.prog.removeprefix("attnlab").strip()
         raise UsageError(f"{command}: {message}" if command else message)
+
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's, but an unknown option is an error here, in the command that was given it, with the
+        closest option that command has: ``--mesage`` → ``--message``, ``--max-tokens`` → ``--tokens``. (The
+        subcommand's own parser runs this first, so it is the one that knows the command's options.)"""
+        if self._subparsers is None and args is not None:     # a command's own parser: before "required" errors
+            self.refuse_unknown([a for a in args[:args.index("--") if "--" in args else len(args)]
+                                 if a.startswith("--") and a.split("=", 1)[0] not in self._option_string_actions])
+        namespace, extras = super().parse_known_args(args, namespace)
+        self.refuse_unknown([a for a in extras if a.startswith("--") and len(a) > 2], extras)
+        return namespace, extras
+
+    def refuse_unknown(self, unknown: list, extras: list | None = None) -> None:
+        if not unknown:
+            return
+        options = [o for o in self._option_string_actions if o.startswith("--")]
+        near = closest_option(unknown[0], options)
+        whole = " (options are never abbreviated)" if near and near.startswith(unknown[0].split("=", 1)[0]) else ""
+        hint = f"; did you mean {near}?{whole}" if near else ""
+        self.error(f"unrecognized arguments: {' '.join(extras or unknown)}{hint}")
+
+
+def closest_option(typed: str, options) -> str | None:
+    """The option ``typed`` most likely meant: the one it begins (``--temp`` → ``--temperature``), else the
+    nearest in spelling (difflib, ratio at least 0.6), else None."""
+    name = typed.split("=", 1)[0]
+    longer = [o for o in options if o.startswith(name) and o != name]
+    if len(longer) == 1:
+        return longer[0]
+    found = difflib.get_close_matches(name, sorted(options), n=1, cutoff=0.6)
+    return found[0] if found else None
 
 
 def run(func, args) -> int:
@@ -106,6 +138,28 @@ def positive_int(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type for ``--temperature``: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0 (finite; 0 = greedy), got {text!r}")
+    return value
+
+
+def probability(text: str) -> float:
+    """An argparse type for ``--top-p``: a number in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text!r}")
     return value
 
 

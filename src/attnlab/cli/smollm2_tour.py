@@ -153,7 +153,9 @@ def real_language_model(ctx, Section, Figure):
         f"ablation figures, and the random control heads (seed {CONTROL_SEED}); `attnlab detect --model smollm2 "
         f"--repeat-random {N_RANDOM} --seed 5` draws other tokens. The next-token probabilities, the greedy "
         "text and the logit lens have no randomness in them. `attnlab ablate` and `attnlab patch` run on SmolLM2 by default too "
-        "(one forward pass per head: a minute or so); docs/gguf.md lists every command."),
+        "(one forward pass per head, and patch also per layer and position: minutes, with a progress bar); "
+        "`attnlab attribute --no-patch` is the fast first look, both grids from one forward and one backward "
+        "pass in seconds; docs/gguf.md lists every command."),
         commands=("attnlab generate --prompt 'The cat sat on the' --tokens 20 --temperature 0",
                   "attnlab chat --message 'What is attention in a transformer?' --tokens 40",
                   f"attnlab detect --model smollm2 --repeat-random {N_RANDOM}",

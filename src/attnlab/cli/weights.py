@@ -11,6 +11,7 @@ import textwrap
 import numpy as np
 
 from ._app import add_command, add_json_flag, print_json
+from ._model import add_model_option, load, model_arg
 
 TEXT = "The cat sat on the mat"         # the tour's text for a trained model
 GUIDE_CLOSE = ("A grid shows where one head in one layer drew information from. It doesn't show what was in the "
@@ -29,7 +30,7 @@ def register(sub) -> None:
                               "attnlab explain-weights '|abcdeabcd' --model induction"))
     p.add_argument("text", nargs="?", metavar="TEXT", help=f"the text (default {TEXT!r}; for a model with its "
                    "own vocabulary, such as --model induction, give one, e.g. '|abcdeabcd')")
-    p.add_argument("--model", default="minilm", help="'minilm' (default), 'induction', or a checkpoint folder")
+    add_model_option(p, default="minilm", quantized=False)
     p.add_argument("--layer", type=int, help="the layer, from 0 (default: with --head, or the sink head's)")
     p.add_argument("--head", type=int, help="the head, from 0 (default: the head that puts most weight on "
                    "[CLS]/[SEP] or the first token)")
@@ -38,12 +39,11 @@ def register(sub) -> None:
 
 
 def cmd_explain_weights(args) -> int:
-    from .interpret import load
-    model, tokenizer = load(args.model)
+    model, tokenizer = load(args)
     text = args.text if args.text is not None else TEXT
     if (args.layer is None) != (args.head is None):
         raise ValueError("give both --layer and --head, or neither (then the sink head is taken)")
-    r = explain_weights(model, tokenizer, text, layer=args.layer, head=args.head, name=args.model)
+    r = explain_weights(model, tokenizer, text, layer=args.layer, head=args.head, name=model_arg(args))
     if args.json:
         print_json(r)
     else:

@@ -150,8 +150,7 @@ def _loaded(model_name: str, quantized: bool = False):
     """The model and tokenizer, loaded once per process (each Dask worker keeps its own); ``quantized``: a
     GGUF file's weights kept in their types (``load_model(..., quantized=True)``)."""
     from ..models import load_model
-    from .trained import resolve
-    return load_model(resolve(model_name), quantized=quantized)
+    return load_model(model_name, quantized=quantized)
 
 
 def scan_chunk(model_name: str, lines: list[str], quantized: bool = False) -> ScanSums:

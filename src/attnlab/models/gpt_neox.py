@@ -88,6 +88,6 @@ def gpt_neox_from_tensors(tensors: Tensors, cfg: ModelConfig) -> Transformer:
                        **unembedding(t, cfg, head))
 
 
-GPT_NEOX = register(Family(name="gpt_neox", matches=lambda config: config.get("model_type") == "gpt_neox",
+GPT_NEOX = register(Family(name="gpt_neox", title="GPT-NeoX", matches=lambda config: config.get("model_type") == "gpt_neox",
                            load=checkpoint_loader(gpt_neox_config, gpt_neox_from_tensors),
                            tokenizer=lambda folder, config: json_folder_tokenizer(folder)))

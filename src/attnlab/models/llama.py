@@ -43,6 +43,7 @@ from .checkpoint import Tensors, config_eos_ids, config_float, config_int, read_
 from .families import Family, register
 
 MODEL_TYPES = ("llama", "mistral", "qwen2")
+TITLES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}   # as the families write their names
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -321,5 +322,6 @@ def load_llama_gguf(file) -> Transformer:
 FAMILIES = tuple(register(Family(name=kind, matches=lambda config, kind=kind: config.get("model_type") == kind,
                                  load=load_llama, tokenizer=lambda folder, config: json_folder_tokenizer(folder),
                                  gguf_architecture="llama" if kind == "llama" else None,
-                                 load_gguf=load_llama_gguf if kind == "llama" else None))
+                                 load_gguf=load_llama_gguf if kind == "llama" else None,
+                                 title=TITLES[kind]))
                  for kind in MODEL_TYPES)

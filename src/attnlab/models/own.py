@@ -33,4 +33,5 @@ def own_vocab(folder: Path, config: dict) -> Vocab:
         raise ValueError(f"{Path(folder) / 'config.json'} has no readable vocabulary ({e!r})") from None
 
 
-OWN = register(Family(name=FAMILY, matches=is_own, load=load_own, tokenizer=own_vocab))
+OWN = register(Family(name=FAMILY, matches=is_own, load=load_own, tokenizer=own_vocab,
+                      title="attnlab's own (written by 'attnlab train --out')"))

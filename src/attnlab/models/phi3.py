@@ -60,6 +60,6 @@ def phi3_from_tensors(tensors: Tensors, cfg: ModelConfig) -> Transformer:
     return llama_layout_model(t, cfg, block, norm)
 
 
-PHI3 = register(Family(name="phi3", matches=lambda config: config.get("model_type") == "phi3",
+PHI3 = register(Family(name="phi3", title="Phi-3", matches=lambda config: config.get("model_type") == "phi3",
                        load=checkpoint_loader(phi3_config, phi3_from_tensors),
                        tokenizer=lambda folder, config: json_folder_tokenizer(folder)))
