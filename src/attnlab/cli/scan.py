@@ -72,7 +72,7 @@ def cmd_scan(args) -> int:
     if sums.too_long or sums.too_short:
         print(f"skipped {sums.too_long} lines longer than the model's positions and {sums.too_short} of one token")
     if absent:
-        print(f"no {' or '.join(SPECIAL[k] for k in absent)} token in any line ({args.model} has "
+        print(f"no {' or '.join(SPECIAL[k] for k in absent)} token in any line ({model_arg(args)} has "
               f"{'neither' if len(absent) == 2 else 'none'}): {', '.join(absent)} left out")
     from ..interpret import top_heads
     for k, m in means.items():
