@@ -7,6 +7,7 @@ import contextlib
 import errno
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -116,8 +117,12 @@ def _umask() -> int:
 
 def folder_file(folder: str | os.PathLike, name, *, listed_in: str | None = None) -> Path:
     """``folder / name``, once it is sure to resolve (symlinks followed) to a path inside ``folder``; or inside
-    the hub cache's ``blobs/`` when ``folder`` is a Hugging Face snapshot (``…/snapshots/<rev>/``, whose files
-    are symlinks into ``../../blobs``). Nothing is opened: a caller checks every entry before reading any.
+    the hub cache's ``blobs/`` when ``folder`` is a Hugging Face snapshot (``<entry>/snapshots/<rev>/``, whose
+    files are symlinks into ``../../blobs``). Nothing is opened: a caller checks every entry before reading any.
+
+    The snapshot's exception is narrow: ``blobs`` must be a real folder (not a symlink) beside ``snapshots``
+    in the same cache entry, the file must resolve inside it, and every symlink followed on the way must sit
+    inside the folder or inside ``blobs``; nothing is followed out of them (:func:`resolve_within`).
 
     ``name`` is untrusted (an index's ``weight_map`` value, a fixed name that may be a symlink); ``listed_in``
     names the file it came from, for the message. A missing file is returned as is: the caller says it is
@@ -134,15 +139,62 @@ def folder_file(folder: str | os.PathLike, name, *, listed_in: str | None = None
     the entry '../../etc/passwd' resolves outside the model fo
     """
     where = f" listed in {listed_in}" if listed_in else ""
-    if not isinstance(name, str) or name.strip() in ("", "."):
+    if not isinstance(name, str) or name.strip() in ("", ".") or "\0" in name:
         raise ValueError(f"{folder}: the entry {name!r}{where} must name a file of the model folder")
     root = os.path.realpath(folder)
-    path = Path(folder) / name
-    target = os.path.realpath(path)
     allowed = [root]
-    if os.path.basename(os.path.dirname(root)) == "snapshots":     # a hub snapshot: <repo>/snapshots/<rev>
-        allowed.append(os.path.realpath(os.path.join(root, os.pardir, os.pardir, "blobs")))
-    if not any(os.path.commonpath([target, a]) == a and target != a for a in allowed):
+    blobs = hub_blobs(root)
+    if blobs is not None:
+        allowed.append(blobs)
+    target = resolve_within(os.path.join(root, name), allowed)
+    if target is None or not any(inside(target, a) for a in allowed):
         raise ValueError(f"{folder}: the entry {name!r}{where} resolves outside the model folder; attnlab reads "
-                         "only files inside it (or, in a hub snapshot, the cache's blobs/)")
-    return path
+                         "only files inside it (or, in a hub snapshot, the cache entry's own blobs/ folder)")
+    return Path(folder) / name
+
+
+def hub_blobs(root: str) -> str | None:
+    """The ``blobs`` folder of the hub cache entry whose snapshot ``root`` is (``<entry>/snapshots/<rev>``,
+    symlinks resolved); None when ``root`` is no snapshot, or when ``<entry>/blobs`` is not a real folder (a
+    symlink to ``/`` would let a snapshot's links reach any file)."""
+    snapshots = os.path.dirname(root)
+    if os.path.basename(snapshots) != "snapshots":
+        return None
+    blobs = os.path.join(os.path.dirname(snapshots), "blobs")
+    try:
+        st = os.lstat(blobs)
+    except OSError:
+        return None
+    return blobs if stat.S_ISDIR(st.st_mode) else None          # lstat: a symlink to a folder is not S_ISDIR
+
+
+def inside(path: str, folder: str) -> bool:
+    """Whether the absolute, normalised ``path`` lies strictly inside ``folder``."""
+    return path != folder and os.path.commonpath([path, folder]) == folder
+
+
+def resolve_within(path: str, allowed: list[str], *, most_links: int = 40) -> str | None:
+    """``path`` with its symlinks resolved one by one, as ``os.path.realpath`` does, but refusing (None) to
+    follow a symlink that does not itself sit inside one of the ``allowed`` folders, or more than
+    ``most_links`` of them (a loop). ``..`` steps are taken by name, as the kernel takes them once the
+    component before is known to be no symlink. Only ``lstat`` and ``readlink`` are called: nothing is opened."""
+    parts = path.split(os.sep)[1:]                       # path is absolute: parts after the leading "/"
+    done, links = "/", 0
+    while parts:
+        part = parts.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            done = os.path.dirname(done)
+            continue
+        step = os.path.join(done, part)
+        if not os.path.islink(step):
+            done = step
+            continue
+        links += 1
+        if links > most_links or not any(inside(step, a) for a in allowed):
+            return None
+        link = os.readlink(step)
+        parts = [p for p in link.split(os.sep) if p] + parts
+        done = "/" if link.startswith(os.sep) else done
+    return done
