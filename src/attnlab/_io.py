@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 import stat
 import sys
@@ -63,19 +64,8 @@ def atomic_folder(path: str | os.PathLike, *, owned: tuple[str, ...]):
     >>> (d / "a.txt").read_text(), sorted(p.name for p in d.parent.iterdir())
     ('two', ['ck'])
     """
-    path = Path(os.path.realpath(path))                   # a symlinked --out: the folder it points at moves
-    if not path.parent.is_dir():
-        raise FileNotFoundError(errno.ENOENT, "No such directory", str(path.parent))
-    if path.exists() and not path.is_dir():
-        raise NotADirectoryError(errno.ENOTDIR, "Not a directory", str(path))
-    other = sorted(set(os.listdir(path)) - set(owned)) if path.is_dir() else []
-    if other:
-        raise ValueError(f"{path} holds files that are not the checkpoint's ({', '.join(other[:3])}); give the "
-                         f"checkpoint a folder of its own (it is replaced as a whole on every save)")
-    try:
-        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part"))
-    except OSError as e:
-        raise type(e)(e.errno, f"Cannot write here ({e.strerror})", str(path)) from None
+    path = check_folder_target(path, owned=owned)
+    tmp = new_part(path)
     try:
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())                  # mkdtemp makes 0700; give the folder the usual mode
@@ -85,6 +75,57 @@ def atomic_folder(path: str | os.PathLike, *, owned: tuple[str, ...]):
             os.replace(tmp, path)                         # an empty or missing folder: a plain rename
     finally:
         shutil.rmtree(tmp, ignore_errors=True)            # the old set after an exchange; the new one on failure
+
+
+def check_folder_target(path: str | os.PathLike, *, owned: tuple[str, ...]) -> Path:
+    """``path`` (symlinks resolved) once sure that :func:`atomic_folder` can put a set of files there: its
+    parent is a folder this process can write in, and ``path`` is missing or a folder holding only ``owned``
+    files. Call it before long work, so that a bad place fails first. Folders left by saves that were killed
+    (``.NAME.*.part`` beside it, of a process no longer running) are removed."""
+    path = Path(os.path.realpath(path))                   # a symlinked --out: the folder it points at moves
+    if not path.parent.is_dir():
+        raise FileNotFoundError(errno.ENOENT, "No such directory", str(path.parent))
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "Not a directory", str(path))
+    other = sorted(set(os.listdir(path)) - set(owned)) if path.is_dir() else []
+    if other:
+        raise ValueError(f"{path} holds files that are not the checkpoint's ({', '.join(other[:3])}); give the "
+                         f"checkpoint a folder of its own (it is replaced as a whole on every save)")
+    remove_stale_parts(path)
+    os.rmdir(new_part(path))                              # a read-only parent fails here, before any work
+    return path
+
+
+def new_part(path: Path) -> Path:
+    """A new empty folder ``.NAME.<pid>-XXXXXXXX.part`` beside ``path``, to write a set of files into."""
+    try:
+        return Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}-", suffix=".part"))
+    except OSError as e:                     # e.g. a read-only folder: name the folder asked for, not the temp
+        raise type(e)(e.errno, f"Cannot write here ({e.strerror})", str(path)) from None
+
+
+def remove_stale_parts(path: Path) -> list[Path]:
+    """Remove the ``.NAME.*.part`` folders beside ``path`` that saves killed midway left: those of a process
+    that no longer runs (or, named before they carried a pid, any); returns what was removed."""
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.(?:(\d+)-)?[a-z0-9_]{{8}}\.part")
+    removed = []
+    for entry in os.scandir(path.parent):
+        m = pattern.fullmatch(entry.name)
+        if m and entry.is_dir(follow_symlinks=False) and not (m.group(1) and running(int(m.group(1)))):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(Path(entry.path))
+    return removed
+
+
+def running(pid: int) -> bool:
+    """Whether a process ``pid`` runs (this one included)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:                  # another user's process
+        return True
+    return True
 
 
 def _exchange(new: Path, path: Path) -> None:
