@@ -199,3 +199,88 @@ def test_without_an_atomic_exchange_the_folder_is_still_replaced_whole(tmp_path,
     save_training_run(out, *trained(2))
     save_training_run(out, *trained(4))
     assert load_training_run(out)[2].t == 4 and sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
+# --- fine-tuning (issue 31, cause 8): a bad --out before any training, never the source, stale saves removed -----
+
+@pytest.fixture
+def finetune(tmp_path, write_gpt2, monkeypatch):
+    """``finetune(*argv)``: ``attnlab train --from GPT2 TEXT --steps 2 …`` -> (exit code, stderr, steps run)."""
+    folder = write_gpt2(n_positions=40)
+    text = tmp_path / "text.txt"
+    text.write_text(" the cat sat on the mat" * 40)
+    steps_run = []
+    real = attnlab.lm.training.steps_on
+
+    def counted(*args, **kwargs):
+        for s in real(*args, **kwargs):
+            steps_run.append(s)
+            yield s
+    monkeypatch.setattr(attnlab.lm.training, "steps_on", counted)
+
+    def run(*argv, capsys):
+        code = main(["train", "--from", str(folder), str(text), "--steps", "2", "--context", "16", *map(str, argv)])
+        return code, capsys.readouterr().err, len(steps_run)
+    run.folder = folder
+    return run
+
+
+def read_only_parent(tmp_path):
+    """A folder this process cannot create entries in (root ignores modes: /sys then)."""
+    import os
+
+    if os.geteuid() == 0:
+        return "/sys"
+    parent = tmp_path / "ro"
+    parent.mkdir(mode=0o500)
+    return parent
+
+
+@pytest.mark.parametrize("where", ["a file", "a folder with other files", "a read-only parent"])
+def test_a_bad_fine_tuning_out_fails_before_training(tmp_path, finetune, capsys, where):
+    if where == "a file":
+        out = tmp_path / "out.txt"
+        out.write_text("x")
+    elif where == "a folder with other files":
+        out = tmp_path / "mine"
+        out.mkdir()
+        (out / "notes.txt").write_text("mine")
+    else:
+        out = f"{read_only_parent(tmp_path)}/attnlab-out"
+    code, err, steps = finetune("--out", out, capsys=capsys)
+    assert code == 2 and steps == 0, err
+    assert err.startswith("attnlab: error:") and err.count("\n") == 1 and "Traceback" not in err, err
+    assert str(out) in err
+
+
+def test_fine_tuning_into_its_own_source_is_refused(finetune, capsys):
+    before = {p.name: p.read_bytes() for p in finetune.folder.iterdir()}
+    code, err, steps = finetune("--out", finetune.folder, capsys=capsys)
+    assert code == 2 and steps == 0 and "is the --from folder" in err, err
+    assert {p.name: p.read_bytes() for p in finetune.folder.iterdir()} == before
+
+
+@pytest.mark.parametrize("batch", ["0", "-1"])
+@pytest.mark.parametrize("source", ["from", "new"])
+def test_a_batch_below_one_names_the_option(cli, finetune, capsys, batch, source):
+    if source == "from":
+        code, err, steps = finetune("--batch", batch, capsys=capsys)
+        assert code == 2 and steps == 0
+        assert "argument --batch: expected an integer >= 1" in err and err.count("\n") == 1, err
+    else:
+        cli.error(["train", "--steps", "2", "--batch", batch], "argument --batch: expected an integer >= 1")
+
+
+def test_saves_killed_midway_are_cleaned_up_on_the_next_run(tmp_path, finetune, capsys):
+    out = tmp_path / "chain"
+    stale = [tmp_path / ".chain.abc123_x.part", tmp_path / f".chain.{2**22 + 12345}-abcdefgh.part"]
+    for p in stale:                                          # an old-style name, and a dead process's
+        p.mkdir()
+        (p / "model.safetensors").write_bytes(b"half")
+    live = tmp_path / f".chain.{__import__('os').getpid()}-livelive.part"   # a save running now: kept
+    live.mkdir()
+    other = tmp_path / ".chainx.abcdefgh.part"                # another checkpoint's: kept
+    other.mkdir()
+    code, err, steps = finetune("--out", out, capsys=capsys)
+    assert code == 0 and steps == 2, err
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".part")) == sorted([live.name, other.name])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._app import add_command, add_json_flag, print_json, seed_arg
+from ._app import add_command, add_json_flag, positive_int, print_json, seed_arg
 from ._model import add_model_option, load, model_arg
 from ._progress import progress
 
@@ -39,7 +39,7 @@ def add_commands(sub) -> None:
     p.add_argument("--seed", type=seed_arg, default=0, help="seed of --repeat-random (default 0)")
     p.add_argument("--exclude-bos", action="store_true", help="leave the first key's weight out")
     p.add_argument("--exclude-current-token", action="store_true", help="leave each query's own key out")
-    p.add_argument("--top", type=int, default=3, help="heads listed per detector (default 3)")
+    p.add_argument("--top", type=positive_int, default=3, help="heads listed per detector (default 3)")
     p.add_argument("--png", metavar="FILE", help="a layer × head heatmap per detector")
     add_json_flag(p)
     p.set_defaults(func=cmd_detect)
@@ -96,7 +96,7 @@ def add_commands(sub) -> None:
     p.add_argument("--wrong", required=True, metavar="TOKEN", help="the competing token")
     p.add_argument("--no-patch", action="store_true", help="skip activation patching (one forward pass per "
                    "head and per layer and position) and its comparison")
-    p.add_argument("--top", type=int, default=5, help="heads listed where the two disagree most (default 5)")
+    p.add_argument("--top", type=positive_int, default=5, help="heads listed where the two disagree most (default 5)")
     add_json_flag(p)
     p.set_defaults(func=cmd_attribute)
 
@@ -108,7 +108,7 @@ def add_commands(sub) -> None:
                               "attnlab lens 'The capital of France is' --top 2   # SmolLM2, the default"))
     p.add_argument("text", metavar="TEXT")
     add_model_option(p, default="smollm2", decoder=True)
-    p.add_argument("--top", type=int, default=3, help="tokens per position and layer (default 3)")
+    p.add_argument("--top", type=positive_int, default=3, help="tokens per position and layer (default 3)")
     p.add_argument("--position", metavar="LIST", help="the positions shown: -1 (the last, whose guesses are "
                    "the next token's), 0,3 or 2-5 (default all)")
     p.add_argument("--layers", metavar="LIST", help="the stages shown, by block: the stream after block 3, -1 (the "
@@ -126,7 +126,7 @@ def add_commands(sub) -> None:
     p.add_argument("--prompts", type=int, default=8, help="clean/corrupted pairs (default 8)")
     p.add_argument("--seed", type=seed_arg, default=0, help="seed of the names drawn (default 0)")
     p.add_argument("--path-top", type=int, default=5, help="heads path-patched into the final residual (default 5)")
-    p.add_argument("--top", type=int, default=8, help="heads listed (default 8)")
+    p.add_argument("--top", type=positive_int, default=8, help="heads listed (default 8)")
     add_json_flag(p)
     p.set_defaults(func=cmd_ioi)
 
@@ -193,8 +193,6 @@ def cmd_detect(args) -> int:
     from ..interpret import detect_heads, top_heads
     from ..interpret.detect import check_kinds
     kinds = check_kinds(args.kind)
-    if args.top < 1:
-        raise ValueError(f"--top must be a positive integer, got {args.top}")
     model, tokenizer = load(args)
     ids = detect_ids(args, model, tokenizer)
     own = text_tokens(ids, tokenizer)

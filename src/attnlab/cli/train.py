@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._app import add_command, add_json_flag, print_json, seed_arg, stderr_progress
+from ._app import add_command, add_json_flag, positive_int, print_json, seed_arg, stderr_progress
 
 if TYPE_CHECKING:
     from ..text.tokens import Vocab
@@ -55,7 +55,7 @@ def register(sub) -> None:
     p.add_argument("--kv-heads", type=int, default=None, help="key/value heads, a divisor of --heads "
                    "(grouped-query attention; default: as many as --heads)")
     p.add_argument("--level", default="char", choices=("char", "word"), help="tokens: characters or words")
-    p.add_argument("--batch", type=int, default=None, help="windows per step (default 16; induction 32)")
+    p.add_argument("--batch", type=positive_int, default=None, help="windows per step (default 16; induction 32)")
     p.add_argument("--lr", type=float, default=None, help="Adam's learning rate (default 3e-3; induction 1e-2)")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW's decoupled decay of the matrices "
                    "(default 0; 1.0 with --lr 0.01 suits a 27 KB text)")
@@ -120,6 +120,8 @@ def cmd_finetune(args) -> int:
             setattr(args, name, value)
     if args.file is None:
         raise ValueError("--from needs FILE, the text to fine-tune on")
+    if args.out:
+        check_out(args.out, source=args.from_model)
     model, tokenizer = load_model(args.from_model)
     check_decoder(model, "fine-tuning")
     # the checkpoint's arrays are read-only views of its file: train a float32 copy
@@ -196,8 +198,10 @@ def cmd_train(args) -> int:
                        n_layers=args.layers, n_ctx=args.context, positions=positions,
                        block=args.block)
     check_text_length(data.train, config.n_ctx)
-    if args.out and not args.resume:
-        Path(args.out).mkdir(parents=True, exist_ok=True)       # an unwritable --out fails now, not at step 100
+    if args.out:
+        if not args.resume:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+        check_out(args.out)                                     # a bad --out fails now, not at step 100
     rng, state, start = np.random.default_rng(args.seed), None, 0
     run = {"steps": args.steps, "schedule": args.schedule, "lr": args.lr, "batch": args.batch,
            "weight_decay": args.weight_decay}
@@ -246,6 +250,21 @@ def cmd_train(args) -> int:
         if args.out:
             print(f"checkpoint: {Path(args.out) / 'model.safetensors'}")
     return 0
+
+
+def check_out(out, *, source=None) -> None:
+    """A bad ``--out`` refused before any training: a file, a folder holding other files, a parent this process
+    cannot write in, or (fine-tuning) the ``--from`` folder itself, whose files the save would replace. Folders
+    that killed saves left beside it are removed."""
+    import os
+
+    from .._io import check_folder_target
+    from ..lm.checkpoint import FILES
+
+    if source is not None and os.path.exists(source) and os.path.realpath(out) == os.path.realpath(source):
+        raise ValueError(f"--out {out} is the --from folder: the save would replace the model it was trained from; "
+                         "give --out a new folder")
+    check_folder_target(out, owned=FILES)
 
 
 def check_same_run(saved: dict | None, asked: dict, out) -> None:

@@ -93,14 +93,24 @@ def ablation_hooks(model: Transformer, heads, *, mode: str, reference=None, atte
     return _ablation_hooks(model, heads, mode, _reference_z(model, heads, mode, reference), attention_mask)
 
 
+def is_index(x) -> bool:
+    """Whether ``x`` is an integer index: an int or numpy integer, not a bool."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
 def _check_heads(model: Transformer, heads) -> list[tuple[int, int]]:
     c = model.config
     if isinstance(heads, tuple) and len(heads) == 2 and all(isinstance(h, (int, np.integer)) for h in heads):
         raise TypeError(f"heads must be a list of (layer, head) pairs; for one head write [{heads}]")
     try:
-        pairs = [(int(layer), int(head)) for layer, head in heads]
+        pairs = [(layer, head) for layer, head in heads]
     except (TypeError, ValueError):
         raise TypeError(f"heads must be a list of (layer, head) pairs, got {heads!r}") from None
+    for layer, head in pairs:
+        if not (is_index(layer) and is_index(head)):
+            raise TypeError(f"heads has ({layer!r}, {head!r}); a layer and a head are integers (not bools, floats "
+                            "or strings)")
+    pairs = [(int(layer), int(head)) for layer, head in pairs]
     for layer, head in pairs:
         if not (0 <= layer < c.n_layers and 0 <= head < c.attention.n_heads):
             raise ValueError(f"heads has ({layer}, {head}); the model has layers 0 … {c.n_layers - 1} and heads "

@@ -27,7 +27,7 @@ import numpy as np
 from ..stack.batch import is_ragged, pad_prompts
 from ..stack.hooks import run_with_cache
 from ..stack.transformer import Transformer, check_decoder, check_ids, hook_names, logits_of
-from .interventions import Patching, _check_heads
+from .interventions import Patching, _check_heads, is_index
 from .sweeps import Intervention, base_run, resid_names, run_sweep, start_layer
 
 #: what=…: the hook patched in each block, and how it is cut: by head (axis −3), by head and position, or by
@@ -279,10 +279,23 @@ def _receivers(model: Transformer, receiver_hooks) -> list[tuple[str, list | Non
             raise ValueError(f"a receiver cannot be {name!r}: every head's z is frozen; take its q, k or v")
         if heads is not None and not name.endswith(_HEAD_HOOKS):
             raise ValueError(f"receiver {name!r} has no heads to choose; give the name alone")
-        out.append((name, None if heads is None else [int(h) for h in heads]))
+        out.append((name, None if heads is None else _receiver_heads(model, name, heads)))
     if not out:
         raise ValueError("receiver_hooks must name at least one hook")
     return out
+
+
+def _receiver_heads(model: Transformer, name: str, heads) -> list[int]:
+    """A receiver's heads: integers from 0 to n_heads − 1 (no negative index, no bool), at least one."""
+    n = model.config.attention.n_heads
+    if isinstance(heads, (str, bytes)) or not hasattr(heads, "__iter__"):
+        raise TypeError(f"receiver {name!r}: heads must be a list of head indices, got {heads!r}")
+    heads = list(heads)
+    bad = [h for h in heads if not is_index(h) or not 0 <= h < n]
+    if bad or not heads:
+        raise ValueError(f"receiver {name!r}: heads must be integers from 0 to {n - 1} (the model's heads), "
+                         f"got {heads!r}")
+    return [int(h) for h in heads]
 
 
 def path_patch(model: Transformer, clean_ids, corrupt_ids, sender_heads, receiver_hooks, *, answer=None,

@@ -362,6 +362,8 @@ def tiled_forward(c: Checked, plan: Plan, *, workers=None, kernel=None) -> tuple
     # head by head, so a worker finds each key head's largest norm once; biggest blocks first within a head
     items = [(idx, i0, i1) for idx in np.ndindex(g.batch)
              for i0, i1 in sorted(plan.query_blocks(), key=lambda b: -plan.n_scores(*b))]
+    if not items:                                           # no query (n_q = 0) or an empty batch: nothing to run
+        return out.reshape(*c.batch, plan.n_q, d_v), lse.reshape(*c.batch, plan.n_q)
 
     def work(item, buf):
         idx, i0, i1 = item
@@ -658,8 +660,9 @@ def tiled_backward(c: Checked, plan: Plan, out, lse, do, *, workers=None, kernel
                       None if g.keep is None else g.keep[idx], plan, c.scale, lse[idx], delta[idx], do[idx],
                       dq[idx], dk[idx], dv[idx], buf, tile, softcap=c.softcap)
 
-    run_items(list(np.ndindex(g.batch[:-1])), work,
-              lambda: Scratch(plan, d_k, d_v, g.q.dtype, backward=True), workers)
+    heads = list(np.ndindex(g.batch[:-1]))
+    if heads:                                           # an empty batch: nothing to run
+        run_items(heads, work, lambda: Scratch(plan, d_k, d_v, g.q.dtype, backward=True), workers)
     return dq.reshape(*c.batch, n_q, d_k), dk, dv
 
 
