@@ -26,16 +26,15 @@ import numpy as np
 from ..layer.tape import Tape
 from .transformer import Transformer, embed_backward, hook_names, logits_backward
 
-# hook points the backward gives no gradient at: the (n, n_k) grids (the tiled path never builds them), the
-# norms' divisors and the MLPs' hidden layers
-NOT_DIFFERENTIATED = ("hook_scores", "hook_pattern", "hook_scale", "mlp.hook_pre", "mlp.hook_post")
+# hook points the backward gives no gradient at: the (n, n_k) grids (the tiled path never builds them) and the
+# norms' divisors
+NOT_DIFFERENTIATED = ("hook_scores", "hook_pattern", "hook_scale")
 
 
 def grad_hook_names(model: Transformer) -> list[str]:
     """The activation names :func:`backward` gives gradients for: every hook name but those of
-    :data:`NOT_DIFFERENTIATED`, and the embedding's (``hook_embed``, ``hook_pos_embed``: ask for
-    ``blocks.0.hook_resid_pre``)."""
-    return [n for n in hook_names(model) if n.startswith(("blocks.", "ln_")) and not n.endswith(NOT_DIFFERENTIATED)]
+    :data:`NOT_DIFFERENTIATED` (``hook_unembed`` only with ``dlogits``)."""
+    return [n for n in hook_names(model) if not n.endswith(NOT_DIFFERENTIATED)]
 
 
 def check_grad_names(model: Transformer, grad_names) -> tuple[str, ...]:
@@ -95,25 +94,28 @@ def backward(model: Transformer, tape: Tape, dlogits=None, *, d_hidden=None, gra
         if dlogits.shape != (*x.shape[:-1], model.config.vocab_size):
             raise ValueError(f"dlogits must have the logits' shape {(*x.shape[:-1], model.config.vocab_size)}, "
                              f"got {dlogits.shape}")
+        named["hook_unembed"] = dlogits
         dk, grads = logits_backward(model, tape, dlogits)               # (..., k, d_model)
         dx = dk if dk.shape == shape else _rows_into(dk, shape)         # (..., n, d_model)
     else:
+        if "hook_unembed" in names:
+            raise ValueError("grad_names has hook_unembed, the logits: give dlogits, not d_hidden")
         dx = np.asarray(d_hidden)                                       # (..., n, d_model)
         if dx.shape != shape:
             raise ValueError(f"d_hidden must have the hidden states' shape {shape}, got {dx.shape}")
     if model.ln_final is not None:
         # forward: hidden = ln_final(x)
-        named["ln_final.hook_normalized"] = dx
-        dx, g = model.ln_final.backward(tape["ln_final"], dx)           # (..., n, d_model)
+        dx, g, points = model.ln_final.backward_named(tape["ln_final"], dx)   # (..., n, d_model)
         grads.update({f"ln_final.{k}": v for k, v in g.items()})
+        named.update({f"ln_final.{k}": v for k, v in points.items()})
     for i in reversed(range(model.config.n_layers)):
         # forward: x = block_i.forward(x)
         dx, g, points = model.blocks[i].backward(tape.scoped(f"blocks.{i}."), dx)   # (..., n, d_model)
         grads.update({f"blocks.{i}.{k}": v for k, v in g.items()})
         named.update({f"blocks.{i}.{k}": v for k, v in points.items() if f"blocks.{i}.{k}" in names})
-    if model.ln_embed is not None:
-        named["ln_embed.hook_normalized"] = dx
-    for k, v in embed_backward(model, tape, dx).items():
+    embedding, points = embed_backward(model, tape, dx)
+    named.update(points)
+    for k, v in embedding.items():
         grads[k] = grads[k] + v if k in grads else v                    # a tied W_E: the unembedding's use too
     return {k: grads[k] for k in model.params() if k in grads}, {n: named[n] for n in names}
 

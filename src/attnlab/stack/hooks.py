@@ -79,20 +79,41 @@ def run_with_hooks(model: Transformer, ids, hooks: dict, *, caches=None, return_
     return out if batch is None else dataclasses.replace(out, batch=batch)
 
 
+def cache_names(model: Transformer, names) -> list[str]:
+    """The hook names ``names`` picks (see :func:`run_with_cache`), in pass order for a function."""
+    if names is None:
+        return hook_names(model)
+    if isinstance(names, str):
+        return [names]
+    if callable(names):
+        return [n for n in hook_names(model) if names(n)]
+    try:
+        names = list(names)
+    except TypeError:
+        names = None
+    if names is None or not all(isinstance(n, str) for n in names):
+        raise TypeError("names must be None, a hook name, a list of hook names or a function name -> bool (as "
+                        "TransformerLens's names_filter; see hook_names(model))")
+    return names
+
+
 def run_with_cache(model: Transformer, ids, names=None, *, caches=None, return_weights: bool = False,
                    token_types=None, attention_mask=None, tape=None) -> tuple[ModelOutput, ActivationCache]:
-    """:func:`attnlab.stack.transformer.forward`, and the activations ``names`` (default: every one of
-    :func:`hook_names`) as an :class:`~attnlab.stack.activation_cache.ActivationCache`: a mapping
+    """:func:`attnlab.stack.transformer.forward`, and the activations ``names`` as an
+    :class:`~attnlab.stack.activation_cache.ActivationCache`: a mapping
     name -> array, in the order the pass reached them, with the decompositions of the residual stream, direct
     logit attribution and TransformerLens's layout (``cache.to_tl()``).
 
     The arrays are the pass's own (no copies are made); none of them is written to afterwards. ``ids`` may be
     a list of prompts of different lengths, as for :func:`run_with_hooks`; ``cache.batch`` then holds the
     padding.
+
+    ``names`` picks what is kept, as TransformerLens's ``names_filter``: None (every name of
+    :func:`hook_names`), one name, a list of names, or a function ``name -> bool`` asked of every name::
+
+        run_with_cache(model, ids, names=lambda name: name.endswith("hook_pattern"))
     """
-    names = hook_names(model) if names is None else names
-    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
-        raise TypeError("names must be a list of activation names (see hook_names(model))")
+    names = cache_names(model, names)
     store: dict[str, np.ndarray] = {}
 
     def record(x, name):
