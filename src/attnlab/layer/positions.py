@@ -318,7 +318,7 @@ class RoPE(PositionScheme):
         array([0, 2, 4, 1, 3, 5])
         """
         r = d_head if self.rotary_dim is None else self.rotary_dim
-        pairs = np.stack([np.arange(r // 2), np.arange(r // 2) + r // 2], axis=1).ravel()   # (r,) pair slot -> half slot
+        pairs = np.stack([np.arange(r // 2), np.arange(r // 2) + r // 2], axis=1).ravel()   # (r,) pair -> half slot
         return np.concatenate([np.argsort(pairs), np.arange(r, d_head)])   # (d_head,) half slot -> pair slot
 
     def to_json(self) -> dict:

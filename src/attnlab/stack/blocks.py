@@ -184,7 +184,8 @@ class Block:
                 continue
             names += ["hook_resid_mid"] if j else []
             for b in branches:
-                names += [f"hook_{sublayer(b)}_in", *(p for field in b for p in points(field)), f"hook_{sublayer(b)}_out"]
+                names += [f"hook_{sublayer(b)}_in", *(p for field in b for p in points(field)),
+                          f"hook_{sublayer(b)}_out"]
             names += points(ln.after) if ln.after else []
         return names + ["hook_resid_post"]
 
@@ -199,7 +200,8 @@ class Block:
                 branches = tuple((tuple((f, getattr(self, f)) for f in b if getattr(self, f) is not None),
                                   f"hook_{sublayer(b)}_in", f"hook_{sublayer(b)}_out")
                                  for b in ln.branches if getattr(self, sublayer(b)) is not None)
-                after = None if ln.after is None or getattr(self, ln.after) is None else (ln.after, getattr(self, ln.after))
+                part = None if ln.after is None else getattr(self, ln.after)
+                after = None if part is None else (ln.after, part)
                 if branches:
                     got.append((j > 0, branches, after))
             got = tuple(got)
@@ -233,7 +235,8 @@ class Block:
             for chain, into, out in branches:                              # x = after(x + Σ_b chain_b(x))
                 z = h(into, x)                                             # (..., n, d_model) what it reads
                 for field, part in chain:
-                    z = _run(field, part, z, h, tape, is_causal=is_causal, cache=cache, mask=mask, positions=positions)
+                    z = _run(field, part, z, h, tape, is_causal=is_causal, cache=cache, mask=mask,
+                             positions=positions)
                 z = h(out, z)                                              # (..., n, d_model) what it adds
                 y = z if y is None else y + z
             x = x + y                                                      # (..., n, d_model)

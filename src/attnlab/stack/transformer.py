@@ -453,8 +453,9 @@ def forward(model: Transformer, ids, *, caches: list[KVCache] | None = None, tok
         pattern) a long input takes attention's tiled path, which never builds the (n, n_k) grids.
     attention_mask : bool array (..., n), optional
         A padded batch (:func:`attnlab.stack.batch.pad_prompts`): True at a prompt's own tokens. Padded keys
-        get weight 0 in every head; each row's positions count from its first real token (learned and
-        sinusoidal rows; RoPE and ALiBi see only offsets, so a left-padded row's scores are its own).
+        get weight 0 in every head; each row's positions count from its first real token (the learned and
+        sinusoidal rows it adds, the angles RoPE turns its q and k by; ALiBi sees only offsets), so each row's
+        activations are its prompt's alone.
         A query with no real key before it (left padding) outputs 0. Not with caches.
     logits_to_keep : int
         The logits of the last ``logits_to_keep`` positions only, (..., logits_to_keep, vocab), as transformers'
