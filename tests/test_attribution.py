@@ -64,3 +64,35 @@ def test_attribute_cli_beside_activation_patching(capsys, tiny_gpt2_folder):
     assert "Spearman's rank correlation" in capsys.readouterr().out
     assert main(argv[:3] + ["--clean", " cat", "--corrupt", " cat sat", "--answer", " cat", "--wrong", " sat"]) == 2
     assert "must have the same number" in capsys.readouterr().err
+
+
+def test_attribute_takes_a_batch_of_pairs(rng):
+    """A (2, 8) batch: the metric is the mean logit difference over the rows, and the estimates are its
+    derivatives along (clean − corrupt), every row patched at once."""
+    from attnlab.stack.transformer import forward
+
+    model = Transformer.init(ModelConfig(vocab_size=9, n_layers=2, attention=AttentionConfig(d_model=8, n_heads=2,
+                                                                                             n_ctx=8)),
+                             rng=rng, std=0.5, dtype=np.float64)
+    clean, corrupt = rng.integers(0, 9, (2, 8)), rng.integers(0, 9, (2, 8))
+    a = attribute(model, clean, corrupt, answer=np.array([3, 4]), wrong=5)
+    assert a.heads.shape == (2, 2) and a.resid.shape == (2, 8)
+    rows = [logit_diff(forward(model, corrupt[b]).logits, [3, 4][b], 5) for b in range(2)]
+    assert a.corrupt == pytest.approx(np.mean(rows), rel=1e-12)
+    metric = lambda logits: np.mean([logits[b, -1, [3, 4][b]] - logits[b, -1, 5] for b in range(2)])   # noqa: E731
+    name = "blocks.1.attn.hook_z"
+    clean_z = run_with_cache(model, clean, [name])[1][name]              # (2, h, n, d_head)
+
+    def patched(t):
+        def hook(z, _):
+            z = z.copy()
+            z[:, 1] += t * (clean_z[:, 1] - z[:, 1])                    # head 1 of every row
+            return z
+        return metric(run_with_hooks(model, corrupt, {name: hook}).logits)
+
+    numeric = (patched(1e-5) - patched(-1e-5)) / 2e-5
+    assert a.heads[1, 1] * (a.clean - a.corrupt) == pytest.approx(numeric, rel=1e-6)
+    with pytest.raises(ValueError, match=r"answer must be a token id in \[0, 9\), or 2 of them"):
+        attribute(model, clean, corrupt, answer=[3, 4, 5], wrong=5)
+    with pytest.raises(ValueError, match=r"same shape, got shapes \(2, 8\) and \(2, 7\)"):
+        attribute(model, clean, corrupt[:, 1:], answer=3, wrong=5)

@@ -38,7 +38,11 @@ def test_each_row_of_a_padded_batch_is_its_prompt_alone(rng, positions):
     for i, p in enumerate(PROMPTS):
         alone, own = run_with_cache(model, np.array(p))
         worst = max(worst, np.abs(b.own(out.logits[i], i) - alone.logits).max())
-        for name in ("blocks.1.hook_resid_post", "blocks.0.attn.hook_z", "blocks.1.attn.hook_pattern"):
+        names = ["blocks.1.hook_resid_post", "blocks.0.attn.hook_z", "blocks.1.attn.hook_pattern",
+                 "blocks.1.attn.hook_q"]
+        # each row's positions count from its first real token: RoPE turns q and k at the prompt's own positions
+        names += ["blocks.1.attn.hook_rot_q", "blocks.0.attn.hook_rot_k"] if positions.rotates else []
+        for name in names:
             got = b.own(cache[name][i], i)
             if name.endswith("pattern"):
                 got = b.own(got, i, axis=-1)                            # the keys too

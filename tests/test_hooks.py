@@ -30,12 +30,14 @@ def by_hand(model, ids):
     acts = {"hook_embed": model.W_E[ids]} | ({"hook_pos_embed": model.W_P[:n]} if model.W_P is not None else {})
     for i, block in enumerate(model.blocks):
         p = block.attn
-        acts[f"blocks.{i}.hook_resid_pre"] = x
+        acts[f"blocks.{i}.hook_resid_pre"] = acts[f"blocks.{i}.hook_attn_in"] = x
         q = (x @ p.W_Q + p.b_Q).reshape(n, a.n_heads, a.d_head).transpose(1, 0, 2)
         k = (x @ p.W_K + p.b_K).reshape(n, a.n_kv_heads, a.d_head).transpose(1, 0, 2)
         v = (x @ p.W_V + p.b_V).reshape(n, a.n_kv_heads, a.d_head).transpose(1, 0, 2)
-        if isinstance(a.positions, RoPE):
+        acts.update({f"blocks.{i}.attn.hook_q": q, f"blocks.{i}.attn.hook_k": k, f"blocks.{i}.attn.hook_v": v})
+        if isinstance(a.positions, RoPE):                  # TransformerLens's hook_rot_q, hook_rot_k: after RoPE
             q, k = rope(q, theta=a.positions.theta), rope(k, theta=a.positions.theta)
+            acts.update({f"blocks.{i}.attn.hook_rot_q": q, f"blocks.{i}.attn.hook_rot_k": k})
         bias = alibi_bias(alibi_slopes(a.n_heads), n) if isinstance(a.positions, ALiBi) else np.zeros((a.n_heads, n, n))
         scores, pattern, z = (np.full((a.n_heads, n, n), -np.inf), np.zeros((a.n_heads, n, n)),
                               np.zeros((a.n_heads, n, a.d_head)))
@@ -47,15 +49,15 @@ def by_hand(model, ids):
                 pattern[h, t, :t + 1] = e / e.sum()
                 z[h, t] = pattern[h, t, :t + 1] @ v[h // g, :t + 1]
         out = z.transpose(1, 0, 2).reshape(n, -1) @ p.W_O + p.b_O
-        acts.update({f"blocks.{i}.attn.hook_q": q, f"blocks.{i}.attn.hook_k": k, f"blocks.{i}.attn.hook_v": v,
-                     f"blocks.{i}.attn.hook_scores": scores, f"blocks.{i}.attn.hook_pattern": pattern,
+        acts.update({f"blocks.{i}.attn.hook_scores": scores, f"blocks.{i}.attn.hook_pattern": pattern,
                      f"blocks.{i}.attn.hook_z": z,
                      f"blocks.{i}.attn.hook_result": np.stack([z[h] @ p.W_O[h * a.d_head:(h + 1) * a.d_head]
                                                                for h in range(a.n_heads)]),
                      f"blocks.{i}.hook_attn_out": out})
         x = x + out
         acts[f"blocks.{i}.hook_resid_post"] = x
-    return x @ model.W_U + model.b_U, acts
+    acts["hook_unembed"] = x @ model.W_U + model.b_U
+    return acts["hook_unembed"], acts
 
 
 @pytest.mark.parametrize("positions, n_kv_heads", [(Learned(), None), (RoPE(theta=30.0), 2), (ALiBi(), 1)])
@@ -155,7 +157,8 @@ def test_hook_names_follow_the_model(rng):
     gpt_like = Transformer.init(ModelConfig(vocab_size=5, n_layers=1, attention=AttentionConfig(d_model=8, n_heads=2),
                                             d_mlp=16, norm=LayerNorm), rng=rng)
     names = hook_names(gpt_like)
-    assert "blocks.0.hook_mlp_out" in names and names[-1] == "ln_final.hook_normalized"
+    assert "blocks.0.hook_mlp_out" in names and names[-3:] == ["ln_final.hook_normalized", "ln_final.hook_out",
+                                                                "hook_unembed"]
     assert "blocks.0.hook_mlp_out" not in hook_names(own_lm(rng, Learned()))
 
 
@@ -171,5 +174,5 @@ def test_bad_hooks_are_named(rng):
     with pytest.raises(ValueError, match=r"the hook on 'blocks.0.attn.hook_q' returned shape \(2, 1, 3\); it must "
                                          r"keep the shape \(4, 1, 3\)"):
         run_with_hooks(model, [1], {"blocks.0.attn.hook_q": lambda q, name: q[:2]})
-    with pytest.raises(TypeError, match="names must be a list of activation names"):
-        run_with_cache(model, [1], names="blocks.0.hook_resid_pre")
+    with pytest.raises(TypeError, match="names must be None, a hook name, a list of hook names or a function"):
+        run_with_cache(model, [1], names=3)

@@ -165,3 +165,68 @@ def test_llama_with_attention_bias_tied_embeddings_and_a_wide_head(tmp_path):
     np.testing.assert_allclose(np.stack(out.attentions), _stack(o.attentions), rtol=0, atol=ATOL)
     np.testing.assert_allclose(np.stack(out.hidden_states), _stack(o.hidden_states), rtol=0, atol=ATOL)
     np.testing.assert_allclose(out.logits, o.logits[0].numpy(), rtol=0, atol=ATOL)
+
+
+def test_to_tl_gives_q_and_k_before_and_after_rope_as_transformers_holds_them(folders):
+    """TransformerLens's meanings: hook_q / hook_k are the projections before RoPE, hook_rot_q / hook_rot_k after,
+    each head's features in rotate_half's order (transformers' and TL's) once to_tl() lays them out."""
+    from attnlab.stack.hooks import run_with_cache
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    folder = folders("llama", "float32")
+    model = load_network(folder)
+    ids = np.array([0, 5, 9, 17, 3, 44, 8])
+    _, cache = run_with_cache(model, ids, names=lambda name: name.startswith("blocks.1.attn.hook_"))
+    tl = cache.to_tl()
+    hf = hf_model(folder)
+    with torch.no_grad():
+        o = hf(torch.from_numpy(ids)[None], output_hidden_states=True)
+        layer = hf.model.layers[1]
+        x = layer.input_layernorm(o.hidden_states[1])                     # (1, n, d_model)
+        q = layer.self_attn.q_proj(x).view(1, len(ids), 4, 16)            # (1, n, h, d_head) TL's hook_q
+        k = layer.self_attn.k_proj(x).view(1, len(ids), 2, 16)
+        cos, sin = hf.model.rotary_emb(x, torch.arange(len(ids))[None])
+        rot_q, rot_k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)   # (1, h, n, d_head)
+    for name, want in (("hook_q", q), ("hook_k", k), ("hook_rot_q", rot_q.transpose(1, 2)),
+                       ("hook_rot_k", rot_k.transpose(1, 2))):
+        np.testing.assert_allclose(tl[f"blocks.1.attn.{name}"], want.numpy(), rtol=0, atol=ATOL, err_msg=name)
+
+
+def test_grad_at_hook_points_matches_torch_autograd_on_the_same_weights(folders):
+    """attnlab.stack.backward.grad (the taped forward, the hand-written backward) against torch autograd through
+    transformers' Llama: a logit difference's gradient at each block's residual stream, the queries before RoPE
+    (TL's hook_q; transformers' q_proj output), the gated MLP's linear path (up_proj), the final norm's output."""
+    from attnlab.stack.backward import grad, logit_difference
+
+    folder = folders("llama", "float32")
+    model = load_network(folder)
+    ids = np.array([0, 5, 9, 17, 3, 44, 8, 2])
+    at = ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_pre", "blocks.1.attn.hook_q", "blocks.0.mlp.hook_pre_linear",
+          "ln_final.hook_out"]
+    g = grad(model, ids, logit_difference(7, 11), at=at)
+    hf = hf_model(folder)
+    kept = {}
+
+    def keep(name):
+        def hook(module, inputs, output):
+            output.retain_grad()
+            kept[name] = output
+        return hook
+
+    hf.model.layers[1].self_attn.q_proj.register_forward_hook(keep("q"))
+    hf.model.layers[0].mlp.up_proj.register_forward_hook(keep("up"))
+    hf.model.norm.register_forward_hook(keep("final"))
+    o = hf(torch.from_numpy(ids)[None], output_hidden_states=True)
+    for h in o.hidden_states[:2]:
+        h.retain_grad()
+    metric = o.logits[0, -1, 7] - o.logits[0, -1, 11]
+    metric.backward()
+    assert g.value == pytest.approx(metric.item(), abs=1e-4)
+    order = model.config.attention.positions.halves_order(16)
+    q = np.swapaxes(g.at["blocks.1.attn.hook_q"][..., order], 0, 1).reshape(len(ids), -1)   # (n, h·d_head) HF's
+    for ours, theirs in ((g.at["blocks.0.hook_resid_pre"], o.hidden_states[0].grad), (q, kept["q"].grad),
+                         (g.at["blocks.1.hook_resid_pre"], o.hidden_states[1].grad),
+                         (g.at["blocks.0.mlp.hook_pre_linear"], kept["up"].grad),
+                         (g.at["ln_final.hook_out"], kept["final"].grad)):
+        theirs = theirs[0].numpy()
+        np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-5 * np.abs(theirs).max())

@@ -196,7 +196,8 @@ def _check_own_lm_against(modules, model, ids, cache, out, *, perm=None, rotary=
                 q, k = (t.transpose(1, 2).reshape(1, n, -1) for t in (q, k))
                 v = attn.v_proj(h)
             for name, t in (("q", q), ("k", k), ("v", v)):
-                ours = cache[f"blocks.{i}.attn.hook_{name}"]                  # (h or h_kv, n, d_head)
+                point = name if rotary is None or name == "v" else f"rot_{name}"   # after RoPE: hook_rot_q, _k
+                ours = cache[f"blocks.{i}.attn.hook_{point}"]                 # (h or h_kv, n, d_head)
                 want = _split(t, ours.shape[0])
                 np.testing.assert_allclose(ours if perm is None or name == "v" else ours[..., perm], want,
                                            rtol=0, atol=atol, err_msg=f"layer {i} {name}")

@@ -22,7 +22,7 @@ import numpy as np
 from ..layer.tape import Tape
 from ..stack.backward import backward
 from ..stack.hooks import run_with_cache
-from ..stack.transformer import Transformer, check_decoder
+from ..stack.transformer import Transformer, check_decoder, check_ids
 from .interventions import Patching, check_patch_args, logit_diff
 
 
@@ -36,45 +36,83 @@ class Attribution:
     resid: np.ndarray           # (n_layers, n) estimated share restored by one layer's clean residual at one position
 
 
-def attribute(model: Transformer, clean_ids, corrupt_ids, *, answer: int, wrong: int) -> Attribution:
+def attribute(model: Transformer, clean_ids, corrupt_ids, *, answer, wrong) -> Attribution:
     """Attribution patching of every head (``hook_z``) and every layer's residual stream at every position
     (``hook_resid_pre``): clean run recorded, corrupted run forward and backward, once each.
 
     Parameters
     ----------
-    clean_ids, corrupt_ids : int arrays (n,)
-        Two texts of the same number of tokens.
-    answer, wrong : int
-        Token ids; the metric is logits[-1, answer] − logits[-1, wrong].
+    clean_ids, corrupt_ids : int arrays (n,), or (B, n) for a batch of pairs
+        Two texts of the same number of tokens (B pairs, each clean row against its corrupted row).
+    answer, wrong : int, or int arrays (B,) for a batch
+        Token ids; the metric is logits[-1, answer] − logits[-1, wrong], its mean over a batch's rows.
 
     Raises
     ------
     ValueError, TypeError
-        As :func:`attnlab.interpret.patch` does.
+        As :func:`attnlab.interpret.patch` does; for a batch, ids that are not (B, n) alike, or answers that
+        are not one id or B ids.
     """
     check_decoder(model, "attribution patching")
-    clean_ids, corrupt_ids = check_patch_args(model, clean_ids, corrupt_ids, answer, wrong)
+    clean_ids, corrupt_ids, answer, wrong = check_attribution_args(model, clean_ids, corrupt_ids, answer, wrong)
     c = model.config
     names = [f"blocks.{i}.{h}" for i in range(c.n_layers) for h in ("attn.hook_z", "hook_resid_pre")]
     clean_out, clean_acts = run_with_cache(model, clean_ids, names)
     tape = Tape()
     corrupt_out, corrupt_acts = run_with_cache(model, corrupt_ids, names, tape=tape)   # the one forward, taped
-    logits = corrupt_out.logits                                         # (n, vocab)
-    clean, corrupt = logit_diff(clean_out.logits, answer, wrong), logit_diff(logits, answer, wrong)
+    logits = corrupt_out.logits                                         # (..., n, vocab)
+    clean, corrupt = mean_logit_diff(clean_out.logits, answer, wrong), mean_logit_diff(logits, answer, wrong)
     if clean == corrupt:
         raise ValueError("the clean and corrupted texts give the same logit difference: nothing to restore")
-    # forward: m = logits[-1, answer] − logits[-1, wrong]
-    dlogits = np.zeros_like(logits)                                     # (n, vocab)
-    dlogits[-1, answer] += 1
-    dlogits[-1, wrong] -= 1
+    # forward: m = mean over the rows of logits[..., -1, answer] − logits[..., -1, wrong]
+    rows = logits[..., -1, :].reshape(-1, c.vocab_size)                 # (B, vocab) the last positions
+    d_last = np.zeros_like(rows)                                        # (B, vocab)
+    np.add.at(d_last, (np.arange(len(rows)), np.broadcast_to(answer, len(rows))), 1 / len(rows))
+    np.add.at(d_last, (np.arange(len(rows)), np.broadcast_to(wrong, len(rows))), -1 / len(rows))
+    dlogits = np.zeros_like(logits)                                     # (..., n, vocab)
+    dlogits[..., -1, :] = d_last.reshape(logits[..., -1, :].shape)
     _, grads = backward(model, tape, dlogits, grad_names=names)
     diff = {k: clean_acts[k].astype(np.float64) - corrupt_acts[k] for k in names}
-    heads = np.array([(grads[f"blocks.{i}.attn.hook_z"] * diff[f"blocks.{i}.attn.hook_z"]).sum((-2, -1))
-                      for i in range(c.n_layers)])                      # (n_layers, n_heads)
-    resid = np.array([(grads[f"blocks.{i}.hook_resid_pre"] * diff[f"blocks.{i}.hook_resid_pre"]).sum(-1)
-                      for i in range(c.n_layers)])                      # (n_layers, n)
+    n, h = logits.shape[-2], c.attention.n_heads
+    z, r = "attn.hook_z", "hook_resid_pre"
+    heads = np.array([(grads[f"blocks.{i}.{z}"] * diff[f"blocks.{i}.{z}"]).reshape(-1, h, n * c.attention.d_head)
+                      .sum((0, 2)) for i in range(c.n_layers)])        # (n_layers, n_heads) over rows, positions
+    resid = np.array([(grads[f"blocks.{i}.{r}"] * diff[f"blocks.{i}.{r}"]).reshape(-1, n, c.d_model)
+                      .sum((0, 2)) for i in range(c.n_layers)])         # (n_layers, n) over rows
     scale = clean - corrupt
     return Attribution(clean=clean, corrupt=corrupt, heads=heads / scale, resid=resid / scale)
+
+
+def check_attribution_args(model: Transformer, clean_ids, corrupt_ids, answer, wrong):
+    """One pair of texts (n,) as :func:`attnlab.interpret.patch` takes it, or a batch of pairs (B, n) with one
+    answer and wrong token for all or one per row (B,): ``(clean, corrupt, answer, wrong)``."""
+    if np.ndim(clean_ids) < 2 and np.ndim(corrupt_ids) < 2:
+        clean_ids, corrupt_ids = check_patch_args(model, clean_ids, corrupt_ids, answer, wrong)
+        return clean_ids, corrupt_ids, answer, wrong
+    clean_ids, corrupt_ids = check_ids(model, clean_ids, name="clean_ids"), check_ids(model, corrupt_ids,
+                                                                                      name="corrupt_ids")
+    if clean_ids.ndim != 2 or clean_ids.shape != corrupt_ids.shape:
+        raise ValueError(f"clean_ids and corrupt_ids must be one text each (n,) or a batch of pairs (B, n) of the "
+                         f"same shape, got shapes {clean_ids.shape} and {corrupt_ids.shape}")
+    B, V = clean_ids.shape[0], model.config.vocab_size
+    out = []
+    for name, t in (("answer", answer), ("wrong", wrong)):
+        t = np.asarray(t)
+        if t.dtype.kind not in "iu" or t.shape not in ((), (B,)) or t.min() < 0 or t.max() >= V:
+            raise ValueError(f"{name} must be a token id in [0, {V}), or {B} of them (one per row), got {t!r}")
+        out.append(t.astype(np.int64))
+    return clean_ids, corrupt_ids, *out
+
+
+def mean_logit_diff(logits: np.ndarray, answer, wrong) -> float:
+    """logits[..., -1, answer] − logits[..., -1, wrong] in float64, its mean over a batch's rows (``answer`` and
+    ``wrong`` one id or one per row)."""
+    if logits.ndim == 2:
+        return logit_diff(logits, answer, wrong)
+    last = logits[:, -1, :].astype(np.float64)                         # (B, vocab)
+    rows = np.arange(len(last))
+    return float((last[rows, np.broadcast_to(answer, len(rows))]
+                  - last[rows, np.broadcast_to(wrong, len(rows))]).mean())
 
 
 def rank_correlation(a: np.ndarray, b: np.ndarray) -> float:

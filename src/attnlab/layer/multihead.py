@@ -136,8 +136,15 @@ class MultiHeadAttention:
 
 
 PARAMS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
-HOOKS = ("hook_q", "hook_k", "hook_v", "hook_scores", "hook_pattern", "hook_z", "hook_result")   # in pass order
+# in pass order: q, k, v as projected (before RoPE, TransformerLens's meaning), then, with RoPE only, as rotated
+HOOKS = ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_scores", "hook_pattern", "hook_z",
+         "hook_result")
 MultiHeadAttention.HOOKS = HOOKS
+
+
+def hook_points(c: AttentionConfig) -> tuple[str, ...]:
+    """The hook points of a layer with config ``c``: :data:`HOOKS`, ``hook_rot_q``/``hook_rot_k`` with RoPE only."""
+    return HOOKS if c.positions.rotates else tuple(h for h in HOOKS if not h.startswith("hook_rot"))
 
 
 def param_shapes(c: AttentionConfig) -> dict[str, tuple]:
@@ -148,7 +155,8 @@ def param_shapes(c: AttentionConfig) -> dict[str, tuple]:
 
 
 def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_causal=False,
-                        cache: KVCache | None = None, hook=None, tape: Tape | None = None) -> np.ndarray:
+                        cache: KVCache | None = None, hook=None, tape: Tape | None = None,
+                        positions=None) -> np.ndarray:
     """Multi-head attention (Vaswani et al., 2017, §3.2.2):
     ``y = concat_i(attention(x W_Qᵢ + b_Qᵢ, x W_Kᵢ + b_Kᵢ, x W_Vᵢ + b_Vᵢ)) W_O + b_O``.
 
@@ -172,12 +180,16 @@ def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_ca
         alignment: the queries are the last n positions). A step that raises leaves the cache as it was.
     hook : callable, optional
         Named activations (see :mod:`attnlab.stack.hooks`): ``hook(name, array)`` returns the array to go on
-        with, for the names ``hook_q``, ``hook_k``, ``hook_v`` (after the position rotation),
-        ``hook_scores``, ``hook_pattern`` and ``hook_z``; ``hook.wants(name)`` says which it takes. Asking
-        for the scores or the pattern takes the path that holds the (n, n_k) grid.
+        with, for the names of :func:`hook_points`: ``hook_q``, ``hook_k``, ``hook_v`` as projected, then
+        with RoPE ``hook_rot_q``, ``hook_rot_k`` as rotated, ``hook_scores``, ``hook_pattern``, ``hook_z``
+        and ``hook_result``; ``hook.wants(name)`` says which it takes. Asking for the scores or the pattern
+        takes the path that holds the (n, n_k) grid.
     tape : Tape, optional
         Keep what :func:`multihead_attention_backward` needs (a :class:`SavedLayer`, under the tape's own
         name): the same pass, for training. Not with a cache.
+    positions : int array (..., n), optional
+        Each row's own positions (a padded batch's: 0 at its first real token), where RoPE rotates q and k;
+        default start, start + 1, …. Not with a cache.
 
     Returns
     -------
@@ -191,8 +203,10 @@ def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_ca
     """
     if tape is not None and cache is not None:
         raise ValueError("tape is for a pass without a KV cache (a training step's), got both")
+    if positions is not None and cache is not None:
+        raise ValueError("positions are a padded batch's, for a pass without a KV cache; got both")
     return _multihead(p, x, mask=mask, bias=bias, is_causal=is_causal, cache=cache,
-                      hook=NO_HOOKS if hook is None else hook, tape=tape)
+                      hook=NO_HOOKS if hook is None else hook, tape=tape, positions=positions)
 
 
 def multihead_attention_with_weights(p: MultiHeadAttention, x, *, mask=None, bias=None, is_causal=False,
@@ -223,13 +237,14 @@ def multihead_attention_with_weights(p: MultiHeadAttention, x, *, mask=None, bia
     return y, keep.pattern.astype(y.dtype, copy=False)
 
 
-def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook, tape=None):
+def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook, tape=None, positions=None):
     """The one forward: y (..., n, d_model), calling ``hook`` at each of its points, keeping its
     :class:`SavedLayer` on ``tape`` when given one (no cache then)."""
     x = _check_x(p, x)
     start = 0 if cache is None else cache.length
-    q, k, v = _project(p, x, start=start)            # (..., h, n, d_head), (..., h_kv, n, d_head) × 2
-    q, k, v = hook("hook_q", q), hook("hook_k", k), hook("hook_v", v)
+    q0, k0, v, qk = _project(p, x)                   # (..., h, n, d_head), (..., h_kv, n, d_head) × 2
+    q, k, v = hook("hook_q", q0), hook("hook_k", k0), hook("hook_v", v)
+    q, k = _rotate(p, q, k, qk if q is q0 and k is k0 else None, hook, start=start, positions=positions)
     if cache is not None:
         k, v = cache.append(k, v)                    # (..., h_kv, n_k, d_head) each: every token so far
     try:
@@ -258,7 +273,7 @@ def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook, 
     else:
         merged, y = _output(p, heads)                # (..., n, h·d_head), (..., n, d_model)
     if tape is not None:
-        tape.keep(SavedLayer(x=x, merged=merged, attn=saved))
+        tape.keep(SavedLayer(x=x, merged=merged, attn=saved, positions=positions))
     return y
 
 
@@ -321,6 +336,7 @@ class SavedLayer:
     x: np.ndarray            # (..., n, d_model) the layer's input
     merged: np.ndarray       # (..., n, h·d_head) the heads side by side, before W_O
     attn: Saved              # the attention's own saved forward
+    positions: np.ndarray | None = None   # (..., n) a padded batch's positions, RoPE's angles
 
 
 def multihead_attention_forward(p: MultiHeadAttention, x, *, mask=None, bias=None, is_causal=False):
@@ -394,9 +410,14 @@ def multihead_attention_backward_named(p: MultiHeadAttention, saved: SavedLayer,
     dq, dk, dv = attention_backward(saved.attn, dz)        # (..., h|h_kv, n, d_head)
     # forward: y = Σ_h result_h + b_O, so every head's result gets dy itself
     d_result = np.broadcast_to(dy[..., None, :, :], (*dy.shape[:-2], c.n_heads, *dy.shape[-2:]))   # (..., h, n, d)
-    named = {"hook_q": dq, "hook_k": dk, "hook_v": dv, "hook_z": dz, "hook_result": d_result}
-    # forward: q = rotate(q), k = rotate(k); a rotation's transpose is the inverse rotation (RoPE; else nothing)
-    dq, dk = c.positions.rotate(dq, start=0, inverse=True), c.positions.rotate(dk, start=0, inverse=True)
+    named = {"hook_v": dv, "hook_z": dz, "hook_result": d_result}
+    if c.positions.rotates:
+        # forward: q = rotate(q), k = rotate(k); a rotation's transpose is the inverse rotation
+        named.update(hook_rot_q=dq, hook_rot_k=dk)
+        at = None if saved.positions is None else saved.positions[..., None, :]   # (..., 1, n)
+        dq = c.positions.rotate(dq, start=0, inverse=True, positions=at)   # (..., h, n, d_head)
+        dk = c.positions.rotate(dk, start=0, inverse=True, positions=at)   # (..., h_kv, n, d_head)
+    named.update(hook_q=dq, hook_k=dk)
     # forward: q = split_heads(x @ W_Q + b_Q), likewise k and v
     x2 = x.reshape(-1, d_model)                            # (N, d_model)
     grads, dx = {}, np.zeros_like(x)                      # dx: (..., n, d_model)
@@ -418,20 +439,36 @@ def _output(p: MultiHeadAttention, heads: np.ndarray) -> tuple[np.ndarray, np.nd
     return merged, y                                 # (..., n, h·d_head), (..., n, d_model)
 
 
-def _project(p: MultiHeadAttention, x: np.ndarray, *, start: int = 0):
-    """q (..., h, n, d_head), k and v (..., h_kv, n, d_head) of x, q and k as the position scheme places
-    them at positions start, start + 1, … (RoPE rotates them; the other schemes leave them)."""
+def _project(p: MultiHeadAttention, x: np.ndarray):
+    """q (..., h, n, d_head), k and v (..., h_kv, n, d_head) of x, before any rotation; and q and k side by side
+    (..., h + h_kv, n, d_head) when one product made them (q and k are views of it), else None."""
     c = p.config
     h, h_kv = c.n_heads, c.n_kv_heads
     if p.W_QKV is None:
         q = _heads(x @ p.W_Q + p.b_Q, h)                # (..., h, n, d_head)
         k = _heads(x @ p.W_K + p.b_K, h_kv)             # (..., h_kv, n, d_head)
         v = _heads(x @ p.W_V + p.b_V, h_kv)             # (..., h_kv, n, d_head)
-        return c.positions.rotate(q, start=start), c.positions.rotate(k, start=start), v
+        return q, k, v, None
     b_qkv = np.concatenate([p.b_Q, p.b_K, p.b_V]) if p.b_QKV is None else p.b_QKV   # ((h + 2·h_kv)·d_head,)
     qkv = _heads(x @ p.W_QKV + b_qkv, h + 2 * h_kv)  # (..., h + 2·h_kv, n, d_head) one product
-    qk = c.positions.rotate(qkv[..., :h + h_kv, :, :], start=start)   # (..., h + h_kv, n, d_head) as attention
-    return qk[..., :h, :, :], qk[..., h:, :, :], qkv[..., h + h_kv:, :, :]   # sees them; v (..., h_kv, n, d_head)
+    return qkv[..., :h, :, :], qkv[..., h:h + h_kv, :, :], qkv[..., h + h_kv:, :, :], qkv[..., :h + h_kv, :, :]
+
+
+def _rotate(p: MultiHeadAttention, q, k, qk, hook, *, start: int, positions=None):
+    """q and k as attention sees them at positions start, start + 1, … (each row at ``start + positions``
+    (..., n) in a padded batch): RoPE rotates them, seen at ``hook_rot_q`` and ``hook_rot_k``; the other
+    schemes leave them. ``qk``: q and k side by side (one rotation for both), or None."""
+    scheme = p.config.positions
+    if not scheme.rotates:
+        return q, k
+    at = None if positions is None else positions[..., None, :]   # (..., 1, n) every head alike
+    if qk is not None:
+        both = scheme.rotate(qk, start=start, positions=at)   # (..., h + h_kv, n, d_head)
+        h = q.shape[-3]
+        q, k = both[..., :h, :, :], both[..., h:, :, :]
+    else:
+        q, k = scheme.rotate(q, start=start, positions=at), scheme.rotate(k, start=start, positions=at)
+    return hook("hook_rot_q", q), hook("hook_rot_k", k)        # (..., h, n, d_head), (..., h_kv, n, d_head)
 
 
 def _bias(p: MultiHeadAttention, bias, n_q: int, n_k: int, dtype):

@@ -79,8 +79,9 @@ def sinusoidal_positions(n: int, d_model: int, *, start: int = 0, dtype=np.float
 
 
 def rope(x, *, start: int = 0, inverse: bool = False, theta: float = ROPE_BASE, scaling=None,
-         rotary_dim: int | None = None) -> np.ndarray:
-    """Rotate q or k (..., n, d_head) at positions ``start … start + n − 1`` (Su et al., 2021).
+         rotary_dim: int | None = None, positions=None) -> np.ndarray:
+    """Rotate q or k (..., n, d_head) at positions ``start … start + n − 1`` (Su et al., 2021), or at
+    ``start + positions``, an int array broadcasting against (..., n) (a padded batch's rows, each its own).
 
     Features (2i, 2i+1) form a pair, turned by the angle ``pos · θ_i`` with ``θ_i = theta^(−2i/d_head)``
     (theta = 10,000 in the paper); ``scaling`` as :class:`RoPE` takes it. ``rotary_dim`` (even, at most
@@ -104,9 +105,13 @@ def rope(x, *, start: int = 0, inverse: bool = False, theta: float = ROPE_BASE, 
                          f"most d_head), got d_head {d_head}, rotary_dim {rotary_dim}")
     if d_rot < d_head:                                        # partial rotation: the rest passes through
         out = x.copy()                                        # (..., n, d_head)
-        out[..., :d_rot] = rope(x[..., :d_rot], start=start, inverse=inverse, theta=theta, scaling=scaling)
+        out[..., :d_rot] = rope(x[..., :d_rot], start=start, inverse=inverse, theta=theta, scaling=scaling,
+                                positions=positions)
         return out
-    cos, sin = _rope_turns(n, start, d_head, theta, _hashable(scaling), bool(inverse), x.dtype)   # (n, d_head/2, 2)
+    if positions is None:
+        cos, sin = _rope_turns(n, start, d_head, theta, _hashable(scaling), bool(inverse), x.dtype)   # (n, d_head/2, 2)
+    else:
+        cos, sin = _turns_at(start + np.asarray(positions), d_head, theta, scaling, bool(inverse), x.dtype)
     pairs = x.reshape(*x.shape[:-1], d_head // 2, 2)          # (..., n, d_head/2, 2) features (2i, 2i+1)
     out = pairs * cos                                         # (..., n, d_head/2, 2) (x_2i cos, x_2i+1 cos)
     out += pairs[..., ::-1] * sin                             # + (−x_2i+1 sin, x_2i sin)
@@ -130,6 +135,16 @@ def _rope_turns(n: int, start: int, d_head: int, theta: float, scaling, inverse:
     cos, sin = cos.astype(dtype), sin.astype(dtype)
     cos.flags.writeable = sin.flags.writeable = False         # shared between calls
     return cos, sin
+
+
+def _turns_at(pos: np.ndarray, d_head: int, theta: float, scaling, inverse: bool, dtype):
+    """:func:`_rope_turns` at any positions (..., n): cos and ±sin (..., n, d_head/2, 2)."""
+    freq = rope_frequencies(d_head, theta, None if scaling is None else dict(scaling))   # (d_head/2,)
+    angle = pos[..., None].astype(np.float64) * freq           # (..., n, d_head/2)
+    sign = np.array([1.0, -1.0]) if inverse else np.array([-1.0, 1.0])
+    cos = np.repeat(np.cos(angle)[..., None], 2, -1)           # (..., n, d_head/2, 2)
+    sin = np.sin(angle)[..., None] * sign                      # (..., n, d_head/2, 2)
+    return cos.astype(dtype, copy=False), sin.astype(dtype, copy=False)
 
 
 def rope_frequencies(d_head: int, theta: float = ROPE_BASE, scaling=None) -> np.ndarray:
@@ -209,6 +224,7 @@ class PositionScheme:
     """What every scheme answers; each scheme overrides the parts it acts in."""
     name = ""
     has_table = False          # whether the model holds a learned table W_P
+    rotates = False            # whether attention rotates q and k (RoPE): hook_rot_q, hook_rot_k
     adds_rows = False          # whether embed gives rows to add to the token embeddings (learned, sinusoidal)
 
     def check(self, d_model: int, d_head: int) -> None:
@@ -218,9 +234,15 @@ class PositionScheme:
         """Rows (n, d_model) added to the token embeddings at positions start …, or None."""
         return None
 
-    def rotate(self, x: np.ndarray, *, start: int, inverse: bool = False) -> np.ndarray:
-        """q or k (..., n, d_head) as attention sees them at positions start … (unchanged but for RoPE)."""
+    def rotate(self, x: np.ndarray, *, start: int, inverse: bool = False, positions=None) -> np.ndarray:
+        """q or k (..., n, d_head) as attention sees them at positions start … (or ``start + positions``
+        (..., n), a padded batch's); unchanged but for RoPE."""
         return x
+
+    def halves_order(self, d_head: int) -> np.ndarray:
+        """Where each feature of a head goes in rotate_half's layout (Hugging Face's, TransformerLens's: i pairs
+        with i + r/2) from attnlab's (2i pairs with 2i+1): ``x[..., order]``; every feature in place but for RoPE."""
+        return np.arange(d_head)
 
     def bias(self, n_heads: int, n_q: int, n_k: int, dtype) -> np.ndarray | None:
         """An additive bias (h, n_q, n_k) on the scores (ALiBi), or None."""
@@ -262,6 +284,7 @@ class RoPE(PositionScheme):
     "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}``, or
     ``{"rope_type": "linear", "factor": f}``, or ``{"rope_type": "factors", "factors": (f_0, …)}``, one divisor
     per pair) stretches the slow frequencies; None leaves them."""
+    rotates = True
     theta: float = ROPE_BASE
     scaling: tuple | None = None   # sorted (key, value) pairs of the scaling dict: hashable, frozen
     rotary_dim: int | None = None  # rotate only the first rotary_dim features of a head; None = all of them
@@ -284,8 +307,19 @@ class RoPE(PositionScheme):
         if self.rotary_dim is not None and self.rotary_dim > d_head:
             raise ValueError(f"rotary_dim ({self.rotary_dim}) must be at most d_head ({d_head})")
 
-    def rotate(self, x: np.ndarray, *, start: int, inverse: bool = False) -> np.ndarray:
-        return rope(x, start=start, inverse=inverse, theta=self.theta, scaling=self.scaling, rotary_dim=self.rotary_dim)
+    def rotate(self, x: np.ndarray, *, start: int, inverse: bool = False, positions=None) -> np.ndarray:
+        return rope(x, start=start, inverse=inverse, theta=self.theta, scaling=self.scaling, rotary_dim=self.rotary_dim,
+                    positions=positions)
+
+    def halves_order(self, d_head: int) -> np.ndarray:
+        """The order taking a head's features to rotate_half's layout.
+
+        >>> RoPE().halves_order(6)
+        array([0, 2, 4, 1, 3, 5])
+        """
+        r = d_head if self.rotary_dim is None else self.rotary_dim
+        pairs = np.stack([np.arange(r // 2), np.arange(r // 2) + r // 2], axis=1).ravel()   # (r,) pair -> half slot
+        return np.concatenate([np.argsort(pairs), np.arange(r, d_head)])   # (d_head,) half slot -> pair slot
 
     def to_json(self) -> dict:
         out = {"name": self.name, "theta": self.theta, "scaling": None if self.scaling is None else dict(self.scaling)}

@@ -33,8 +33,11 @@ SHORT_NAMES = {"resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid", "re
                "attn_out": "hook_attn_out", "mlp_out": "hook_mlp_out", "q": "attn.hook_q", "k": "attn.hook_k",
                "v": "attn.hook_v", "z": "attn.hook_z", "result": "attn.hook_result",
                "scores": "attn.hook_scores", "attn_scores": "attn.hook_scores", "pattern": "attn.hook_pattern",
-               "pre": "mlp.hook_pre", "post": "mlp.hook_post"}
-_HEAD_AXIS_HOOKS = ("attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_z", "attn.hook_result")
+               "pre": "mlp.hook_pre", "post": "mlp.hook_post", "rot_q": "attn.hook_rot_q", "rot_k": "attn.hook_rot_k",
+               "pre_linear": "mlp.hook_pre_linear", "attn_in": "hook_attn_in", "mlp_in": "hook_mlp_in"}
+_HEAD_AXIS_HOOKS = ("attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_rot_q", "attn.hook_rot_k", "attn.hook_z",
+                    "attn.hook_result")
+_ROTATED_HOOKS = ("attn.hook_q", "attn.hook_k", "attn.hook_rot_q", "attn.hook_rot_k")   # RoPE's pair order
 
 
 def positions(x: np.ndarray, pos_slice, *, axis: int = -2) -> np.ndarray:
@@ -270,13 +273,18 @@ class ActivationCache(Mapping):
 
     def to_tl(self) -> dict[str, np.ndarray]:
         """The activations in TransformerLens's layout and names: a batch axis always (1 for one text); q,
-        k, v, z and result as (batch, pos, head, d_head) (attnlab's are (batch, head, pos, d_head)); the
-        scores under TL's name ``attn.hook_attn_scores``; the block norms as ``ln1`` / ``ln2``. Patterns
-        (batch, head, query_pos, key_pos) and the residual (batch, pos, d_model) are laid out alike. Views,
-        not copies."""
+        k, v, rot_q, rot_k, z and result as (batch, pos, head, d_head) (attnlab's are (batch, head, pos,
+        d_head)); with RoPE, q, k, rot_q and rot_k with each head's features in rotate_half's order (TL's and
+        Hugging Face's: feature i pairs with i + d/2; attnlab pairs 2i with 2i+1); the scores under TL's name
+        ``attn.hook_attn_scores``; the block norms as ``ln1`` / ``ln2``. Patterns (batch, head, query_pos,
+        key_pos) and the residual (batch, pos, d_model) are laid out alike. Views, not copies, but for the
+        reordered q and k."""
         out = {}
+        scheme = self.model.config.attention.positions
         for name, x in self._store.items():
             x = x if self.batched else x[None]
+            if scheme.rotates and name.endswith(_ROTATED_HOOKS):
+                x = x[..., scheme.halves_order(x.shape[-1])]            # (batch, head, pos, d) halves order
             if name.endswith(_HEAD_AXIS_HOOKS):
                 x = np.swapaxes(x, -2, -3)                              # (batch, pos, head, d)
             tl = name.replace("attn.hook_scores", "attn.hook_attn_scores").replace(".ln_1.", ".ln1.")

@@ -21,21 +21,22 @@ with (TransformerLens's hooks behave so under torch when a hook returns a detach
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..layer.tape import Tape
-from .transformer import Transformer, embed_backward, hook_names, logits_backward
+from .transformer import Transformer, embed_backward, forward, hook_names, logits_backward
 
-# hook points the backward gives no gradient at: the (n, n_k) grids (the tiled path never builds them), the
-# norms' divisors and the MLPs' hidden layers
-NOT_DIFFERENTIATED = ("hook_scores", "hook_pattern", "hook_scale", "mlp.hook_pre", "mlp.hook_post")
+# hook points the backward gives no gradient at: the (n, n_k) grids (the tiled path never builds them) and the
+# norms' divisors
+NOT_DIFFERENTIATED = ("hook_scores", "hook_pattern", "hook_scale")
 
 
 def grad_hook_names(model: Transformer) -> list[str]:
     """The activation names :func:`backward` gives gradients for: every hook name but those of
-    :data:`NOT_DIFFERENTIATED`, and the embedding's (``hook_embed``, ``hook_pos_embed``: ask for
-    ``blocks.0.hook_resid_pre``)."""
-    return [n for n in hook_names(model) if n.startswith(("blocks.", "ln_")) and not n.endswith(NOT_DIFFERENTIATED)]
+    :data:`NOT_DIFFERENTIATED` (``hook_unembed`` only with ``dlogits``)."""
+    return [n for n in hook_names(model) if not n.endswith(NOT_DIFFERENTIATED)]
 
 
 def check_grad_names(model: Transformer, grad_names) -> tuple[str, ...]:
@@ -95,25 +96,28 @@ def backward(model: Transformer, tape: Tape, dlogits=None, *, d_hidden=None, gra
         if dlogits.shape != (*x.shape[:-1], model.config.vocab_size):
             raise ValueError(f"dlogits must have the logits' shape {(*x.shape[:-1], model.config.vocab_size)}, "
                              f"got {dlogits.shape}")
+        named["hook_unembed"] = dlogits
         dk, grads = logits_backward(model, tape, dlogits)               # (..., k, d_model)
         dx = dk if dk.shape == shape else _rows_into(dk, shape)         # (..., n, d_model)
     else:
+        if "hook_unembed" in names:
+            raise ValueError("grad_names has hook_unembed, the logits: give dlogits, not d_hidden")
         dx = np.asarray(d_hidden)                                       # (..., n, d_model)
         if dx.shape != shape:
             raise ValueError(f"d_hidden must have the hidden states' shape {shape}, got {dx.shape}")
     if model.ln_final is not None:
         # forward: hidden = ln_final(x)
-        named["ln_final.hook_normalized"] = dx
-        dx, g = model.ln_final.backward(tape["ln_final"], dx)           # (..., n, d_model)
+        dx, g, points = model.ln_final.backward_named(tape["ln_final"], dx)   # (..., n, d_model)
         grads.update({f"ln_final.{k}": v for k, v in g.items()})
+        named.update({f"ln_final.{k}": v for k, v in points.items()})
     for i in reversed(range(model.config.n_layers)):
         # forward: x = block_i.forward(x)
         dx, g, points = model.blocks[i].backward(tape.scoped(f"blocks.{i}."), dx)   # (..., n, d_model)
         grads.update({f"blocks.{i}.{k}": v for k, v in g.items()})
         named.update({f"blocks.{i}.{k}": v for k, v in points.items() if f"blocks.{i}.{k}" in names})
-    if model.ln_embed is not None:
-        named["ln_embed.hook_normalized"] = dx
-    for k, v in embed_backward(model, tape, dx).items():
+    embedding, points = embed_backward(model, tape, dx)
+    named.update(points)
+    for k, v in embedding.items():
         grads[k] = grads[k] + v if k in grads else v                    # a tied W_E: the unembedding's use too
     return {k: grads[k] for k in model.params() if k in grads}, {n: named[n] for n in names}
 
@@ -123,3 +127,93 @@ def _rows_into(dk: np.ndarray, shape: tuple) -> np.ndarray:
     dx = np.zeros(shape, dk.dtype)                                      # (..., n, d_model)
     dx[..., shape[-2] - dk.shape[-2]:, :] = dk
     return dx
+
+
+@dataclass(frozen=True, eq=False)
+class Gradients:
+    """What :func:`grad` gives: a metric's value and its gradient at hook points and at every parameter."""
+    value: float                 # the metric on the pass's logits
+    at: dict                     # hook name -> dmetric/d(that activation), in the activation's shape
+    params: dict                 # parameter name (Transformer.params) -> dmetric/d(it)
+    logits: np.ndarray           # (..., n, vocab) the pass's logits
+
+
+def grad(model: Transformer, ids, metric, *, at=(), token_types=None, attention_mask=None, hooks=None) -> Gradients:
+    """The gradient of a scalar ``metric`` of the logits at any hook points (``at``) and every parameter: one
+    forward (``forward`` itself, taped) and one backward; TransformerLens's ``metric(logits).backward()`` with
+    hooks that keep each point's ``.grad``.
+
+    Parameters
+    ----------
+    model : Transformer
+        A model with logits.
+    ids : int array (..., n)
+    metric : callable
+        ``metric(logits) -> (value, dvalue/dlogits)``: a float, and an array of the logits' shape. numpy does not
+        differentiate, so the metric says its own gradient; :func:`logit_difference` and :func:`logit_of` build
+        the common ones.
+    at : list of str
+        Hook names (see :func:`grad_hook_names`: every point but the (n, n_k) grids and the norms' divisors).
+    token_types, attention_mask, hooks
+        As :func:`attnlab.stack.transformer.forward` takes them; a hook that replaces an activation is taken as
+        a constant of the backward (the gradient passes its point as if it had returned its input).
+
+    Raises
+    ------
+    ValueError, TypeError
+        A model without logits, a metric that does not return (value, gradient of the logits' shape), names
+        the backward does not give.
+
+    Examples
+    --------
+    >>> from attnlab.layer.config import AttentionConfig
+    >>> from attnlab.stack.transformer import ModelConfig, Transformer
+    >>> model = Transformer.init(ModelConfig(vocab_size=7, n_layers=2, attention=AttentionConfig(d_model=8,
+    ...                          n_heads=2, n_ctx=8)), rng=np.random.default_rng(0), std=0.5)
+    >>> g = grad(model, [1, 2, 3, 4], logit_difference(3, 5), at=["blocks.1.attn.hook_z"])
+    >>> g.at["blocks.1.attn.hook_z"].shape                      # (n_heads, n, d_head)
+    (2, 4, 4)
+    """
+    if not isinstance(model, Transformer):
+        raise TypeError(f"model must be a Transformer, got {type(model).__name__}")
+    if not model.config.has_logits:
+        raise ValueError(f"grad needs logits; {model.name or 'this model'} is an encoder without a head")
+    names = check_grad_names(model, at)
+    if not callable(metric):
+        raise TypeError(f"metric must be a function logits -> (value, dvalue/dlogits), got {type(metric).__name__}")
+    tape = Tape()
+    logits = forward(model, ids, token_types=token_types, attention_mask=attention_mask, hooks=hooks,
+                     tape=tape).logits                                  # (..., n, vocab)
+    got = metric(logits)
+    if not (isinstance(got, tuple) and len(got) == 2 and np.shape(got[1]) == logits.shape):
+        raise ValueError(f"metric must return (value, dvalue/dlogits) with the gradient shaped like the logits "
+                         f"{logits.shape}; numpy does not differentiate, so the metric gives its own gradient "
+                         "(see attnlab.stack.backward.logit_difference)")
+    params, named = backward(model, tape, np.asarray(got[1], logits.dtype), grad_names=names)
+    return Gradients(value=float(got[0]), at=named, params=params, logits=logits)
+
+
+def logit_of(token: int, *, position: int = -1):
+    """A metric for :func:`grad`: the logit of ``token`` at ``position``, summed over a batch."""
+    return logit_difference(token, None, position=position)
+
+
+def logit_difference(answer: int, wrong: int | None, *, position: int = -1):
+    """A metric for :func:`grad`: ``logits[..., position, answer] − logits[..., position, wrong]`` summed over a
+    batch (``wrong`` None: the answer's logit alone), and its gradient."""
+    for name, t in (("answer", answer), ("wrong", wrong)):
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0):
+            raise ValueError(f"{name} must be a token id (an int >= 0), got {t!r}")
+
+    def metric(logits: np.ndarray):
+        V = logits.shape[-1]
+        if answer >= V or (wrong is not None and wrong >= V):
+            raise ValueError(f"answer and wrong must be token ids below the vocabulary's {V}, got {answer}, {wrong}")
+        d = np.zeros_like(logits)                                       # (..., n, vocab)
+        d[..., position, answer] += 1
+        value = logits[..., position, answer].sum()
+        if wrong is not None:
+            d[..., position, wrong] -= 1
+            value = value - logits[..., position, wrong].sum()
+        return float(value), d
+    return metric

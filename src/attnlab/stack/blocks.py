@@ -35,7 +35,8 @@ from typing import Callable
 import numpy as np
 
 from ..layer.config import AttentionConfig
-from ..layer.multihead import MultiHeadAttention, multihead_attention, multihead_attention_backward_named, param_shapes
+from ..layer.multihead import (MultiHeadAttention, hook_points, multihead_attention, multihead_attention_backward_named,
+                               param_shapes)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,12 @@ class Slot:
     make: Callable[[dict], object]               # arrays by name -> the part
     draw: Callable[..., object]                  # (rng, std, dtype) -> the part, drawn at random
     config: AttentionConfig | None = None        # the config an attention part must carry
+    points: tuple | None = None                  # its hook points, where they depend on the config (RoPE's)
+
+    @property
+    def hooks(self) -> tuple:
+        """The part's hook points, in pass order."""
+        return self.cls.HOOKS if self.points is None else self.points
 
     def problem(self, part) -> str | None:
         """Why ``part`` does not fit this slot, or None."""
@@ -61,7 +68,8 @@ class Slot:
 
 def attention_slot(a: AttentionConfig) -> Slot:
     return Slot(MultiHeadAttention, param_shapes(a), lambda p: MultiHeadAttention(**p, config=a),
-                lambda rng, std, dtype: MultiHeadAttention.init(a, rng=rng, std=std, dtype=dtype), config=a)
+                lambda rng, std, dtype: MultiHeadAttention.init(a, rng=rng, std=std, dtype=dtype), config=a,
+                points=hook_points(a))
 
 
 def norm_slot(c) -> Slot | None:
@@ -110,9 +118,8 @@ def _undo(field: str, part, tape, dy: np.ndarray, grads: dict, named: dict) -> n
         g = g.params()
         named.update({f"attn.{k}": v for k, v in points.items()})
     else:
-        if field.startswith("ln"):
-            named[f"{field}.hook_normalized"] = dy
-        dx, g = part.backward(tape[field], dy)
+        dx, g, points = part.backward_named(tape[field], dy)
+        named.update({f"{field}.{k}": v for k, v in points.items()})
     grads.update({f"{field}.{k}": v for k, v in g.items()})
     return dx
 
@@ -165,10 +172,11 @@ class Block:
     @classmethod
     def hook_names(cls, c, a: AttentionConfig) -> list[str]:
         """The block's hook names (without the ``blocks.{i}.`` prefix), in the order the pass reaches them:
-        ``hook_resid_pre``; per line (``hook_resid_mid`` before the second), each branch's parts' own points
-        and its output's point, then the ``after`` norm's points; ``hook_resid_post``."""
+        ``hook_resid_pre``; per line (``hook_resid_mid`` before the second), each branch's input's point
+        (``hook_attn_in``, ``hook_mlp_in``), its parts' own points and its output's point, then the ``after``
+        norm's points; ``hook_resid_post``."""
         slots = cls.slots(c, a)
-        points = lambda field: [f"{field}.{h}" for h in slots[field].cls.HOOKS] if slots[field] else []   # noqa: E731
+        points = lambda field: [f"{field}.{h}" for h in slots[field].hooks] if slots[field] else []   # noqa: E731
         names = ["hook_resid_pre"]
         for j, ln in enumerate(cls.LINES):
             branches = [b for b in ln.branches if slots[sublayer(b)] is not None]
@@ -176,21 +184,24 @@ class Block:
                 continue
             names += ["hook_resid_mid"] if j else []
             for b in branches:
-                names += [p for field in b for p in points(field)] + [f"hook_{sublayer(b)}_out"]
+                names += [f"hook_{sublayer(b)}_in", *(p for field in b for p in points(field)),
+                          f"hook_{sublayer(b)}_out"]
             names += points(ln.after) if ln.after else []
         return names + ["hook_resid_post"]
 
     def lines(self) -> tuple:
         """The lines this block runs, its parts looked up: ``(mid, branches, after)`` each, ``mid`` True for a
-        line after the first (``hook_resid_mid`` before it), ``branches`` ``(((field, part), …), out point)``
-        without the absent parts, ``after`` ``(field, part)`` or None. Built once per block."""
+        line after the first (``hook_resid_mid`` before it), ``branches`` ``(((field, part), …), in point, out
+        point)`` without the absent parts, ``after`` ``(field, part)`` or None. Built once per block."""
         got = self.__dict__.get("_lines")
         if got is None:
             got = []
             for j, ln in enumerate(self.LINES):
                 branches = tuple((tuple((f, getattr(self, f)) for f in b if getattr(self, f) is not None),
-                                  f"hook_{sublayer(b)}_out") for b in ln.branches if getattr(self, sublayer(b)) is not None)
-                after = None if ln.after is None or getattr(self, ln.after) is None else (ln.after, getattr(self, ln.after))
+                                  f"hook_{sublayer(b)}_in", f"hook_{sublayer(b)}_out")
+                                 for b in ln.branches if getattr(self, sublayer(b)) is not None)
+                part = None if ln.after is None else getattr(self, ln.after)
+                after = None if part is None else (ln.after, part)
                 if branches:
                     got.append((j > 0, branches, after))
             got = tuple(got)
@@ -201,28 +212,31 @@ class Block:
         """What the attention of this block reads, given the block's input x (..., n, d_model): x through the
         parts before ``attn`` on its branch (ln_1 in a pre-norm block; nothing in a post-norm one)."""
         for _, branches, _ in self.lines():
-            for chain, _ in branches:
+            for chain, _, _ in branches:
                 for field, part in chain:
                     if field == "attn":
                         return x
                     x = part(x)                                            # (..., n, d_model)
         raise AssertionError("every block kind has an attention branch")
 
-    def forward(self, x: np.ndarray, h, *, is_causal: bool, cache=None, mask=None, tape=None) -> np.ndarray:
+    def forward(self, x: np.ndarray, h, *, is_causal: bool, cache=None, mask=None, tape=None,
+                positions=None) -> np.ndarray:
         """The block's residual lines on x (..., n, d_model): the one forward of inference, hooks and training.
 
         ``h`` the hooks (block-relative names), ``cache`` this layer's KV cache, ``mask`` (B, 1, 1, n_k) True =
-        a real key (a padded batch's keys, ANDed with the causal mask), ``tape`` (scoped to the block) keeps
-        each part's saved forward under its field name for :meth:`backward`."""
+        a real key (a padded batch's keys, ANDed with the causal mask) and ``positions`` (B, n) its rows' own
+        positions (RoPE's angles), ``tape`` (scoped to the block) keeps each part's saved forward under its
+        field name for :meth:`backward`."""
         x = h("hook_resid_pre", x)                                         # (..., n, d_model)
         for mid, branches, after in self.lines():
             if mid:
                 x = h("hook_resid_mid", x)
             y = None
-            for chain, out in branches:                                    # x = after(x + Σ_b chain_b(x))
-                z = x
+            for chain, into, out in branches:                              # x = after(x + Σ_b chain_b(x))
+                z = h(into, x)                                             # (..., n, d_model) what it reads
                 for field, part in chain:
-                    z = _run(field, part, z, h, tape, is_causal=is_causal, cache=cache, mask=mask)
+                    z = _run(field, part, z, h, tape, is_causal=is_causal, cache=cache, mask=mask,
+                             positions=positions)
                 z = h(out, z)                                              # (..., n, d_model) what it adds
                 y = z if y is None else y + z
             x = x + y                                                      # (..., n, d_model)
@@ -240,12 +254,13 @@ class Block:
             if after is not None:
                 dx = _undo(*after, tape, dx, g, named)                     # (..., n, d_model)
             d_in = dx                                                      # the residual passes dx through
-            for chain, out in branches:
+            for chain, into, out in branches:
                 named[out] = dx
                 dz = dx                                                    # (..., n, d_model)
                 for field, part in reversed(chain):
                     # forward: z = part(z)
                     dz = _undo(field, part, tape, dz, g, named)            # (..., n, d_model)
+                named[into] = dz
                 d_in = d_in + dz                                           # each branch adds its part
             dx = d_in
             if mid:
@@ -254,13 +269,14 @@ class Block:
         return dx, g, named
 
 
-def _run(field: str, part, x: np.ndarray, h, tape, *, is_causal=False, cache=None, mask=None) -> np.ndarray:
+def _run(field: str, part, x: np.ndarray, h, tape, *, is_causal=False, cache=None, mask=None,
+         positions=None) -> np.ndarray:
     """One part of a block on x (..., n, d_model), its hooks under ``{field}.``, what its backward needs kept
     on ``tape`` under ``field``; the attention with the layer's mask, causality and cache."""
     t = None if tape is None else tape.scoped(field)
     if field == "attn":
         return multihead_attention(part, x, mask=mask, is_causal=is_causal, cache=cache, hook=h.scoped("attn."),
-                                   tape=t)
+                                   tape=t, positions=positions)
     return part(x, h.scoped(field + "."), t)
 
 

@@ -1,34 +1,44 @@
 """Named activations: record any intermediate of a forward pass, or replace it.
 
-Every intermediate of :func:`attnlab.stack.transformer.forward` has a stable name (TransformerLens's names);
-:func:`hook_names` lists a model's own, in pass order. Before the blocks::
+Every intermediate of :func:`attnlab.stack.transformer.forward` has a stable name, TransformerLens's names with
+TransformerLens's meanings; :func:`hook_names` lists a model's own, in pass order. Before the blocks::
 
-    hook_embed                       (n, d_model)         the token rows W_E[ids]
+    hook_embed                       (n, d_model)         the token rows W_E[ids] (before Gemma's embed_scale)
     hook_pos_embed                   (n, d_model)         the position rows (learned or sinusoidal positions)
-    ln_embed.hook_scale, ln_embed.hook_normalized         the embeddings' norm (BERT)
+    ln_embed.hook_scale, ln_embed.hook_normalized, ln_embed.hook_out   the embeddings' norm (BERT)
 
 Per layer i, at the same names in every block kind (:mod:`attnlab.stack.blocks`)::
 
     blocks.{i}.hook_resid_pre        (n, d_model)         the residual stream into the block
+    blocks.{i}.hook_attn_in          (n, d_model)         the stream the attention branch reads (before its norm)
     blocks.{i}.ln_1.hook_scale       (n, 1)               a norm's divisor √(var + eps) (√(mean x² + eps) for RMSNorm)
-    blocks.{i}.ln_1.hook_normalized  (n, d_model)         the norm's output; likewise ln_2 (and ln_1_post, ln_2_post)
-    blocks.{i}.attn.hook_q           (n_heads, n, d_head)  queries, as attention sees them (RoPE applied)
+    blocks.{i}.ln_1.hook_normalized  (n, d_model)         TL's: a LayerNorm's output; an RMSNorm's x / scale, before
+                                                          its weight
+    blocks.{i}.ln_1.hook_out         (n, d_model)         the norm's output; likewise ln_2 (and ln_1_post, ln_2_post)
+    blocks.{i}.attn.hook_q           (n_heads, n, d_head)  queries as projected, before RoPE (TL's hook_q)
     blocks.{i}.attn.hook_k           (n_kv_heads, n, d_head)
     blocks.{i}.attn.hook_v           (n_kv_heads, n, d_head)
+    blocks.{i}.attn.hook_rot_q       (n_heads, n, d_head)  queries after RoPE, as attention sees them (RoPE only)
+    blocks.{i}.attn.hook_rot_k       (n_kv_heads, n, d_head)
     blocks.{i}.attn.hook_scores      (n_heads, n, n_k)     scaled, biased scores; -inf where masked
     blocks.{i}.attn.hook_pattern     (n_heads, n, n_k)     the attention weights
     blocks.{i}.attn.hook_z           (n_heads, n, d_head)  each head's output, before W_O
     blocks.{i}.attn.hook_result      (n_heads, n, d_model) each head's output after its own rows of W_O
     blocks.{i}.hook_attn_out         (n, d_model)         what the attention adds to the stream (b_O included)
     blocks.{i}.hook_resid_mid        (n, d_model)         the stream between the sublayers (not in a parallel block)
+    blocks.{i}.hook_mlp_in           (n, d_model)         the stream the MLP branch reads
     blocks.{i}.mlp.hook_pre          (n, d_mlp)           the MLP's hidden layer before its nonlinearity (the gate's)
+    blocks.{i}.mlp.hook_pre_linear   (n, d_mlp)           a gated MLP's linear path x W_in
     blocks.{i}.mlp.hook_post         (n, d_mlp)           after it (gated: act(gate) ⊙ x W_in)
     blocks.{i}.hook_mlp_out          (n, d_model)         what the MLP adds to the stream
     blocks.{i}.hook_resid_post       (n, d_model)         the residual stream out of the block
 
-and ``ln_final.hook_scale``, ``ln_final.hook_normalized`` (n, d_model), the final norm before the unembedding
-(models with one). Norm and MLP names exist only where the model has them. With a batch of ids each has a
-leading B axis. With a KV cache, k and v are the new tokens' only and n_k counts the cached ones too.
+and ``ln_final.hook_scale``, ``ln_final.hook_normalized``, ``ln_final.hook_out`` (n, d_model), the final norm
+before the unembedding (models with one), and ``hook_unembed`` (n, vocab), the logits. Norm and MLP names
+exist only where the model has them. With a batch of ids each has a leading B axis. With a KV cache, k and v
+are the new tokens' only and n_k counts the cached ones too. RoPE turns features (2i, 2i+1) as a pair where
+TransformerLens and transformers turn (i, i + d_head/2): :meth:`ActivationCache.to_tl` puts q and k in their
+order.
 
 Nothing is recorded and nothing is copied unless asked: a pass without hooks makes one function call per
 point (:data:`attnlab.layer.hookpoints.NO_HOOKS`). Asking for ``hook_scores`` or ``hook_pattern`` runs that
@@ -90,20 +100,41 @@ def with_mask(hooks: dict, mask) -> dict:
             for name, fn in hooks.items()}
 
 
+def cache_names(model: Transformer, names) -> list[str]:
+    """The hook names ``names`` picks (see :func:`run_with_cache`), in pass order for a function."""
+    if names is None:
+        return hook_names(model)
+    if isinstance(names, str):
+        return [names]
+    if callable(names):
+        return [n for n in hook_names(model) if names(n)]
+    try:
+        names = list(names)
+    except TypeError:
+        names = None
+    if names is None or not all(isinstance(n, str) for n in names):
+        raise TypeError("names must be None, a hook name, a list of hook names or a function name -> bool (as "
+                        "TransformerLens's names_filter; see hook_names(model))")
+    return names
+
+
 def run_with_cache(model: Transformer, ids, names=None, *, caches=None, return_weights: bool = False,
                    token_types=None, attention_mask=None, tape=None) -> tuple[ModelOutput, ActivationCache]:
-    """:func:`attnlab.stack.transformer.forward`, and the activations ``names`` (default: every one of
-    :func:`hook_names`) as an :class:`~attnlab.stack.activation_cache.ActivationCache`: a mapping
+    """:func:`attnlab.stack.transformer.forward`, and the activations ``names`` as an
+    :class:`~attnlab.stack.activation_cache.ActivationCache`: a mapping
     name -> array, in the order the pass reached them, with the decompositions of the residual stream, direct
     logit attribution and TransformerLens's layout (``cache.to_tl()``).
 
     The arrays are the pass's own (no copies are made); none of them is written to afterwards. ``ids`` may be
     a list of prompts of different lengths, as for :func:`run_with_hooks`; ``cache.batch`` then holds the
     padding.
+
+    ``names`` picks what is kept, as TransformerLens's ``names_filter``: None (every name of
+    :func:`hook_names`), one name, a list of names, or a function ``name -> bool`` asked of every name::
+
+        run_with_cache(model, ids, names=lambda name: name.endswith("hook_pattern"))
     """
-    names = hook_names(model) if names is None else names
-    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
-        raise TypeError("names must be a list of activation names (see hook_names(model))")
+    names = cache_names(model, names)
     store: dict[str, np.ndarray] = {}
 
     def record(x, name):

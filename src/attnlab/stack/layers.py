@@ -143,7 +143,8 @@ def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float, 
                tape: Tape | None = None) -> np.ndarray:
     """(..., d_model) -> (..., d_model): each row to mean 0 and variance 1, then scaled and shifted.
 
-    ``hook`` sees ``hook_scale`` (..., 1), the divisor √(var + eps), and ``hook_normalized``, the output.
+    ``hook`` sees ``hook_scale`` (..., 1), the divisor √(var + eps), ``hook_normalized``, the output with the
+    weight and bias (TransformerLens's LayerNorm has it so), and ``hook_out``, the output.
     With a ``tape``, keeps what :func:`layer_norm_backward` needs: the normalised rows and the divisor."""
     mu = x.mean(axis=-1, keepdims=True)                  # (..., 1)
     var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)   # (..., 1) biased, as torch's LayerNorm
@@ -151,7 +152,7 @@ def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float, 
     xhat = (x - mu) / scale                              # (..., d_model)
     if tape is not None:
         tape.keep((xhat, scale))
-    return hook("hook_normalized", xhat * weight + bias)   # (..., d_model)
+    return hook("hook_out", hook("hook_normalized", xhat * weight + bias))   # (..., d_model)
 
 
 def layer_norm_backward(saved, dy: np.ndarray, weight: np.ndarray):
@@ -175,7 +176,7 @@ class LayerNorm:
     eps: float
     name = "layer"       # its key in NORMS
     PARAMS = ("weight", "bias")
-    HOOKS = ("hook_scale", "hook_normalized")
+    HOOKS = ("hook_scale", "hook_normalized", "hook_out")
 
     def __call__(self, x: np.ndarray, hook=NO_HOOKS, tape: Tape | None = None) -> np.ndarray:
         return layer_norm(x, self.weight, self.bias, self.eps, hook, tape)
@@ -188,6 +189,10 @@ class LayerNorm:
         """``(dx, {"weight": …, "bias": …})`` from what the forward kept."""
         dx, dw, db = layer_norm_backward(saved, dy, self.weight)
         return dx, {"weight": dw, "bias": db}
+
+    def backward_named(self, saved, dy: np.ndarray):
+        """:meth:`backward`, and the gradients at its points: ``hook_out`` and ``hook_normalized`` (the same)."""
+        return (*self.backward(saved, dy), {"hook_normalized": dy, "hook_out": dy})
 
     @classmethod
     def init(cls, d_model: int, eps: float, dtype=np.float32) -> "LayerNorm":
@@ -208,7 +213,8 @@ class LayerNorm:
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, hook=NO_HOOKS, tape: Tape | None = None) -> np.ndarray:
     """(..., d_model) -> (..., d_model): each row divided by its root mean square, then scaled; no centring,
     no bias (Zhang & Sennrich, 2019). The mean of squares is taken in at least float32, as Llama's code does.
-    ``hook`` sees ``hook_scale`` (..., 1), the divisor √(mean(x²) + eps), and ``hook_normalized``, the output.
+    ``hook`` sees ``hook_scale`` (..., 1), the divisor √(mean(x²) + eps), ``hook_normalized``, the rows
+    divided by it before the weight (TransformerLens's RMSNorm has it so), and ``hook_out``, the output.
     With a ``tape``, keeps what :func:`rms_norm_backward` needs: the normalised rows (in x's dtype, as they are
     multiplied) and the divisor.
 
@@ -223,12 +229,14 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, hook=NO_HOOKS, tape:
     y = x32 / scale                                             # (..., d_model)
     if y.dtype != x.dtype:
         y = y.astype(x.dtype)
-    if tape is None:
+    y = hook("hook_normalized", y)                              # (..., d_model)
+    if tape is None and not hook.wants("hook_normalized"):
         y *= weight                                             # (..., d_model) in place: nothing keeps xhat
     else:
-        tape.keep((y, scale))
+        if tape is not None:
+            tape.keep((y, scale))
         y = y * weight                                          # (..., d_model)
-    return hook("hook_normalized", y)                           # (..., d_model)
+    return hook("hook_out", y)                                  # (..., d_model)
 
 
 def rms_norm_backward(saved, dy: np.ndarray, weight: np.ndarray):
@@ -249,7 +257,7 @@ class RMSNorm:
     eps: float
     name = "rms"         # its key in NORMS
     PARAMS = ("weight",)
-    HOOKS = ("hook_scale", "hook_normalized")
+    HOOKS = ("hook_scale", "hook_normalized", "hook_out")
 
     def __call__(self, x: np.ndarray, hook=NO_HOOKS, tape: Tape | None = None) -> np.ndarray:
         return rms_norm(x, self.weight, self.eps, hook, tape)
@@ -262,6 +270,11 @@ class RMSNorm:
         """``(dx, {"weight": …})`` from what the forward kept."""
         dx, dw = rms_norm_backward(saved, dy, self.weight)
         return dx, {"weight": dw}
+
+    def backward_named(self, saved, dy: np.ndarray):
+        """:meth:`backward`, and the gradients at its points ``hook_out`` and ``hook_normalized`` (before the
+        weight: dy · weight)."""
+        return (*self.backward(saved, dy), {"hook_normalized": dy * self.weight, "hook_out": dy})
 
     @classmethod
     def init(cls, d_model: int, eps: float, dtype=np.float32) -> "RMSNorm":
@@ -311,6 +324,10 @@ class MLP:
 
     def backward(self, saved, dy: np.ndarray):
         """``(dx, grads)``, grads by the names of :meth:`params`."""
+        return self.backward_named(saved, dy)[:2]
+
+    def backward_named(self, saved, dy: np.ndarray):
+        """``(dx, grads, named)``, named the gradients at ``hook_pre`` and ``hook_post``."""
         x, pre, hidden = saved                           # (..., n, d_model), (..., n, d_mlp) × 2
         d, d_mlp = self.W_in.shape
         # forward: y = hidden @ W_out + b_out
@@ -325,7 +342,8 @@ class MLP:
         dW_in = x.reshape(-1, d).T @ dpre2               # (d_model, d_mlp)
         db_in = dpre2.sum(0)                             # (d_mlp,)
         dx = dpre @ self.W_in.T                          # (..., n, d_model)
-        return dx, {"W_in": dW_in, "b_in": db_in, "W_out": dW_out, "b_out": db_out}
+        return (dx, {"W_in": dW_in, "b_in": db_in, "W_out": dW_out, "b_out": db_out},
+                {"hook_pre": dpre, "hook_post": dhidden})
 
     @classmethod
     def init(cls, d_model: int, d_mlp: int, activation: str, *, rng: np.random.Generator, std: float = 0.02,
@@ -353,7 +371,8 @@ class GatedMLP:
     W_gate_in: object | None = field(init=False, repr=False, default=None)
     name = "gated"       # its key in MLPS
     PARAMS = ("W_gate", "W_in", "W_out")
-    HOOKS = ("hook_pre", "hook_post")   # the gate before its nonlinearity; the hidden layer, gated, (..., n, d_mlp)
+    # the gate before its nonlinearity; the linear path x W_in; the hidden layer, gated; each (..., n, d_mlp)
+    HOOKS = ("hook_pre", "hook_pre_linear", "hook_post")
 
     def __post_init__(self):
         fused, (W_gate, W_in) = fuse_columns(self.W_gate, self.W_in)
@@ -370,6 +389,7 @@ class GatedMLP:
             both = x @ self.W_gate_in                                               # (..., n, 2·d_mlp) one product
             gate, up = both[..., :d_mlp], both[..., d_mlp:]                         # (..., n, d_mlp) each
         pre = hook("hook_pre", gate)                                                # (..., n, d_mlp)
+        up = hook("hook_pre_linear", up)                                            # (..., n, d_mlp)
         hidden = ACTIVATIONS[self.activation](pre)                                  # (..., n, d_mlp) a new array
         hidden *= up
         hidden = hook("hook_post", hidden)                                          # (..., n, d_mlp)
@@ -387,6 +407,11 @@ class GatedMLP:
 
     def backward(self, saved, dy: np.ndarray):
         """``(dx, grads)``, grads by the names of :meth:`params`."""
+        return self.backward_named(saved, dy)[:2]
+
+    def backward_named(self, saved, dy: np.ndarray):
+        """``(dx, grads, named)``, named the gradients at ``hook_pre`` (the gate), ``hook_pre_linear`` (the
+        linear path) and ``hook_post``."""
         x, gate, up, hidden = saved                      # (..., n, d_model), (..., n, d_mlp) × 3
         d, d_mlp = self.W_in.shape
         # forward: y = hidden @ W_out
@@ -400,7 +425,8 @@ class GatedMLP:
         dW_gate = x2.T @ dgate.reshape(-1, d_mlp)        # (d_model, d_mlp)
         dW_in = x2.T @ dup.reshape(-1, d_mlp)            # (d_model, d_mlp)
         dx = dgate @ self.W_gate.T + dup @ self.W_in.T   # (..., n, d_model)
-        return dx, {"W_gate": dW_gate, "W_in": dW_in, "W_out": dW_out}
+        return (dx, {"W_gate": dW_gate, "W_in": dW_in, "W_out": dW_out},
+                {"hook_pre": dgate, "hook_pre_linear": dup, "hook_post": dhidden})
 
     @classmethod
     def init(cls, d_model: int, d_mlp: int, activation: str, *, rng: np.random.Generator, std: float = 0.02,

@@ -378,20 +378,27 @@ class SavedEmbedding:
     position_ids: np.ndarray | None  # (..., n) a padded batch's positions (from start), or None: start, start + 1, …
 
 
-def embed_backward(model: Transformer, tape: Tape, dx: np.ndarray) -> dict[str, np.ndarray]:
-    """Backward of :func:`embed` from what it kept on ``tape`` (the whole pass's): dL/dW_E (a row per token id,
-    summed over its uses), dL/dW_P, dL/dW_T and the embedding norm's, by the names of :meth:`Transformer.params`,
-    from dL/dx (..., n, d_model)."""
-    saved, d, grads = tape["embed"], model.config.d_model, {}
+def embed_backward(model: Transformer, tape: Tape, dx: np.ndarray):
+    """Backward of :func:`embed` from what it kept on ``tape`` (the whole pass's): ``(grads, named)``, grads
+    dL/dW_E (a row per token id, summed over its uses), dL/dW_P, dL/dW_T and the embedding norm's, by the names
+    of :meth:`Transformer.params`, named the gradients at ``hook_embed``, ``hook_pos_embed`` and the norm's
+    points, from dL/dx (..., n, d_model)."""
+    saved, d, grads, named = tape["embed"], model.config.d_model, {}, {}
     if model.ln_embed is not None:
         # forward: x = ln_embed(x)
-        dx, g = model.ln_embed.backward(tape["ln_embed"], dx)           # (..., n, d_model)
+        dx, g, points = model.ln_embed.backward_named(tape["ln_embed"], dx)   # (..., n, d_model)
         grads.update({f"ln_embed.{k}": v for k, v in g.items()})
-    rows = dx.reshape(-1, d)                                            # (N, d_model)
-    # forward: x = W_E[ids] · embed_scale: each id's row gathers the gradient of every place it was read
+        named.update({f"ln_embed.{k}": v for k, v in points.items()})
+    # forward: x = hook_embed · embed_scale + hook_pos_embed (+ W_T[types])
     scale = model.config.embed_scale
+    named["hook_embed"] = d_rows = dx if scale == 1.0 else dx * dx.dtype.type(scale)   # (..., n, d_model)
+    if model.config.attention.positions.adds_rows:
+        lead = tuple(range(dx.ndim - 2)) if saved.position_ids is None else ()
+        named["hook_pos_embed"] = dx.sum(lead) if lead else dx          # (n, d_model) or (..., n, d_model)
+    # forward: hook_embed = W_E[ids]: each id's row gathers the gradient of every place it was read
+    rows = dx.reshape(-1, d)                                            # (N, d_model)
     grads["W_E"] = np.zeros_like(model.W_E)                             # (vocab, d_model)
-    np.add.at(grads["W_E"], saved.ids.reshape(-1), rows if scale == 1.0 else rows * rows.dtype.type(scale))
+    np.add.at(grads["W_E"], saved.ids.reshape(-1), d_rows.reshape(-1, d))
     if model.W_P is not None:
         n = saved.ids.shape[-1]
         grads["W_P"] = np.zeros_like(model.W_P)                         # (n_ctx, d_model)
@@ -405,7 +412,7 @@ def embed_backward(model: Transformer, tape: Tape, dx: np.ndarray) -> dict[str, 
         # forward: x += W_T[types]
         grads["W_T"] = np.zeros_like(model.W_T)                         # (n_types, d_model)
         np.add.at(grads["W_T"], saved.types.reshape(-1), rows)
-    return grads
+    return grads, named
 
 
 def hook_names(model: Transformer) -> list[str]:
@@ -418,7 +425,8 @@ def hook_names(model: Transformer) -> list[str]:
     names += [f"ln_embed.{h}" for h in model.ln_embed.HOOKS] if model.ln_embed is not None else []
     for i in range(c.n_layers):
         names += [f"blocks.{i}.{h}" for h in c.block.hook_names(c, c.layer_attention(i))]
-    return names + ([f"ln_final.{h}" for h in model.ln_final.HOOKS] if model.ln_final is not None else [])
+    names += [f"ln_final.{h}" for h in model.ln_final.HOOKS] if model.ln_final is not None else []
+    return names + ["hook_unembed"] * c.has_logits
 
 
 def forward(model: Transformer, ids, *, caches: list[KVCache] | None = None, token_types=None, hooks=None,
@@ -445,8 +453,9 @@ def forward(model: Transformer, ids, *, caches: list[KVCache] | None = None, tok
         pattern) a long input takes attention's tiled path, which never builds the (n, n_k) grids.
     attention_mask : bool array (..., n), optional
         A padded batch (:func:`attnlab.stack.batch.pad_prompts`): True at a prompt's own tokens. Padded keys
-        get weight 0 in every head; each row's positions count from its first real token (learned and
-        sinusoidal rows; RoPE and ALiBi see only offsets, so a left-padded row's scores are its own).
+        get weight 0 in every head; each row's positions count from its first real token (the learned and
+        sinusoidal rows it adds, the angles RoPE turns its q and k by; ALiBi sees only offsets), so each row's
+        activations are its prompt's alone.
         A query with no real key before it (left padding) outputs 0. Not with caches.
     logits_to_keep : int
         The logits of the last ``logits_to_keep`` positions only, (..., logits_to_keep, vocab), as transformers'
@@ -484,13 +493,13 @@ def forward(model: Transformer, ids, *, caches: list[KVCache] | None = None, tok
     hidden = [x]                                                        # (..., n, d_model)
     for i, (block, cache) in enumerate(zip(model.blocks, caches or itertools.repeat(None))):
         x = block.forward(x, h.scoped(f"blocks.{i}."), is_causal=c.is_causal, cache=cache, mask=keys,
-                          tape=None if tape is None else tape.scoped(f"blocks.{i}."))
+                          tape=None if tape is None else tape.scoped(f"blocks.{i}."), positions=position_ids)
         hidden.append(x)
     if model.ln_final is not None:
         x = model.ln_final(x, h.scoped("ln_final."), None if tape is None else tape.scoped("ln_final"))
         hidden[-1] = x                                                  # as transformers returns it
     kept = x[..., -logits_to_keep:, :] if logits_to_keep else x          # (..., k, d_model) the rows to unembed
-    logits = logits_of(model, kept, tape) if c.has_logits else None     # (..., k, vocab)
+    logits = h("hook_unembed", logits_of(model, kept, tape)) if c.has_logits else None   # (..., k, vocab)
     attentions = [a.astype(x.dtype, copy=False) for a in weights] if return_weights else None
     return ModelOutput(logits=logits, hidden_states=hidden, attentions=attentions)
 
