@@ -11,7 +11,7 @@ import sys
 from .. import __version__
 from ._app import ArgumentParser, UsageError, run
 
-COMMAND_MODULES = ("tour", "guide", "attend", "context", "weights", "train", "generate", "chat", "bench", "longctx",
+COMMAND_MODULES = ("tour", "guide", "attend", "context", "weights", "train", "generate", "chat", "bench", "tune", "longctx",
                    "interpret")
 
 

@@ -4,6 +4,8 @@
 - The float32 bound: the bytes of the weights a step reads, divided by numpy's measured matrix-vector
   streaming rate (``x @ W`` for one float32 W several times the size of the last-level cache, so it comes
   from memory as the model's weights do). No decode can read its weights faster than numpy streams them.
+- A decode step's fixed cost: the same 30-layer structure at tiny widths, so what remains is Python, checks
+  and dispatch (:func:`fixed_cost`), and its Python-level calls (:func:`python_calls`, ``sys.setprofile``).
 - The numpy/numba call count of a decode step, per layer: counted by :mod:`cProfile`, which sees every
   call of a Python function and of a numpy or numba function (``np.exp``, a ufunc's ``reduce``, a numba
   dispatcher), but not operators such as ``@`` or ``+`` (those go straight to C). It does not depend on the
@@ -115,6 +117,53 @@ def decode_calls(decoder: Decoder) -> dict:
             "python_per_layer": python / n_layers}
 
 
+def python_calls(decoder: Decoder) -> dict:
+    """The Python-level calls of one decode step (after a first one), counted by :func:`sys.setprofile`'s
+    'call' events: ``{"total": n, "by_file": {file: n}}`` (files relative to the attnlab package)."""
+    import sys
+    from collections import Counter
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1]) + "/"
+    files = Counter()
+
+    def count(frame, event, arg):
+        if event == "call":
+            files[frame.f_code.co_filename.removeprefix(root)] += 1
+    decoder.step()
+    sys.setprofile(count)
+    try:
+        decoder.step()
+    finally:
+        sys.setprofile(None)
+    return {"total": sum(files.values()), "by_file": dict(files.most_common())}
+
+
+def fixed_cost(*, n_layers: int = SMOLLM2_SHAPE["n_layers"], rounds: int = 11) -> dict:
+    """What a decode step of SmolLM2's structure (its 30 layers, grouped heads, gated MLP, RMSNorm, RoPE) costs
+    apart from its arithmetic: the ms of a step of the same model at tiny widths (d_model 16, 3 on 1 heads of
+    d_head 8, d_mlp 16, a 64-token vocabulary, 8 tokens of context), the median of ``rounds`` (process time,
+    which a loaded machine's other work does not count), and its Python calls."""
+    from ..layer.config import AttentionConfig
+    from ..layer.positions import RoPE
+    from ..stack.layers import RMSNorm
+    from ..stack.transformer import ModelConfig, Transformer
+
+    att = AttentionConfig(d_model=24, n_heads=3, n_kv_heads=1, d_head=8, n_ctx=64, positions=RoPE(100000.0))
+    cfg = ModelConfig(vocab_size=64, n_layers=n_layers, attention=att, d_mlp=16, activation="silu", mlp="gated",
+                      norm=RMSNorm, norm_eps=1e-5, tied_embeddings=True, family="llama")
+    decoder = Decoder(Transformer.init(cfg, rng=np.random.default_rng(0)), context=8)
+    calls = python_calls(decoder)
+    times = []
+    for _ in range(rounds):
+        t0 = time.process_time()
+        for _ in range(10):
+            decoder.step()
+        times.append((time.process_time() - t0) / 10)
+    return {"ms": 1e3 * float(np.median(times)), "n_layers": n_layers, "python_calls": calls["total"],
+            "python_calls_by_file": calls["by_file"]}
+
+
 def decode_row(model, *, rounds: int, context: int = 64) -> dict:
     """Decode ms/token of ``model`` paired with numpy's streaming probe: the ratio to the float32 bound."""
     decoder = Decoder(model, context)
@@ -126,6 +175,7 @@ def decode_row(model, *, rounds: int, context: int = 64) -> dict:
     pair = bench.paired(decoder.step, lambda: x @ W, rounds)
     t0 = time.perf_counter()
     calls = decode_calls(decoder)
+    calls["python_calls"] = python_calls(decoder)["total"]
     return {"ms_per_token": pair.a_ms, "bound_ms": pair.b_ms * probe_scale,
             "ratio_to_bound": pair.ratio / probe_scale, "ratio_min": pair.ratio_min / probe_scale,
             "ratio_max": pair.ratio_max / probe_scale, "stream_gb_s": W.nbytes / pair.b_ms / 1e6,
@@ -251,6 +301,8 @@ def run_model_bench(name: str = "smollm2", *, rounds: int = 11, cores: int | Non
     with bench.on_cores(cores):
         out["machine"] = bench.machine_info()          # inside: the BLAS threads the rows run with
         threads = cores or usable_cores()
+        say("a decode step's fixed cost and Python calls")
+        out["fixed_cost"] = fixed_cost()
         say("decode float32 against the streaming bound")
         out["decode_float32"] = decode_row(f32, rounds=rounds)
         say("decode quantized against float32")
@@ -258,7 +310,8 @@ def run_model_bench(name: str = "smollm2", *, rounds: int = 11, cores: int | Non
         pair = bench.paired(dq.step, df.step, rounds)
         out["decode_quantized"] = {"ms_per_token": pair.a_ms, "float32_ms": pair.b_ms, "ratio": pair.ratio,
                                    "ratio_min": pair.ratio_min, "ratio_max": pair.ratio_max,
-                                   "weight_mb": weight_bytes(q) / 1e6, "calls": decode_calls(dq)}
+                                   "weight_mb": weight_bytes(q) / 1e6,
+                                   "calls": {**decode_calls(dq), "python_calls": python_calls(dq)["total"]}}
         say(f"prefill {PREFILL_TOKENS} tokens (the last position's logits, as generate needs)")
         out["prefill"] = prefill_row(f32, q, reference, threads, max(5, rounds // 2))
         say("llama.cpp, if llama_cpp is importable")
@@ -290,7 +343,10 @@ def model_table(r: dict) -> list[str]:
              + ("" if not r["quantized_threads"] else f"   on {r['quantized_threads']['threads']} thread(s), measured "
                 f"faster here"),
              f"calls per decode step: {f['calls']['per_layer']:.0f} numpy/numba per layer float32, {c['per_layer']:.0f} "
-             f"quantized ({c['numpy_numba']} in the step; cProfile, operators not counted)",
+             f"quantized ({c['numpy_numba']} in the step; cProfile, operators not counted); Python calls "
+             f"{f['calls']['python_calls']} float32, {c['python_calls']} quantized (sys.setprofile)",
+             f"fixed cost of a decode step: {r['fixed_cost']['ms']:.2f} ms, {r['fixed_cost']['python_calls']} Python calls "
+             f"(SmolLM2's {r['fixed_cost']['n_layers']} layers at tiny widths, process time, median)",
              f"prefill {p['tokens']} tokens  {p['float32_ms']:.0f} ms float32, {p['quantized_ms']:.0f} ms quantized "
              f"(logits of the last position, as generate needs)",
              "transformers prefill: transformers not importable" if p["transformers"] is None else

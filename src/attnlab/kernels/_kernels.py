@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import profile
+
 NO_NUMBA_ENV = "ATTNLAB_NO_NUMBA"
 KERNEL_ENV = "ATTNLAB_KERNEL"
 LOG2E = 1 / math.log(2)          # a Python float: float32 arrays times it stay float32 (NEP 50), where
@@ -65,14 +67,12 @@ def exp_rule(features) -> tuple[str, str]:
 
 def numpy_exp() -> ExpChoice:
     """numpy's exponential for the tiles: the tune profile's ``exp`` when one applies, else :func:`exp_rule`."""
-    from . import profile
     return _exp_choice(profile.choice("exp"))
 
 
 @functools.cache
 def _exp_choice(tuned: str | None) -> ExpChoice:
-    from .profile import cpu_features
-    name, reason = (tuned, "tune profile") if tuned in ("exp", "exp2") else exp_rule(cpu_features())
+    name, reason = (tuned, "tune profile") if tuned in ("exp", "exp2") else exp_rule(profile.cpu_features())
     return ExpChoice(name=name, unit=LOG2E if name == "exp2" else 1.0, reason=reason)
 
 
@@ -180,7 +180,6 @@ def kernel_choice(scores: int = 0, *, masked: bool = True) -> tuple[str, str]:
     if forced == "fused":
         kernel, reason = "fused", f"{KERNEL_ENV}=fused"
     else:
-        from . import profile
         kernel, reason = tile_kernel_rule(scores, masked=masked, exp_name=numpy_exp().name,
                                           tuned_min=profile.choice("fused_min_scores"))
     if kernel == "fused" and load_fused() is None:

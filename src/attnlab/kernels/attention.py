@@ -48,7 +48,11 @@ def takes_tiled_path(query, key, *, bias) -> bool:
     q_shape, k_shape = np.shape(query), np.shape(key)
     if len(q_shape) < 2 or len(k_shape) < 2:
         return False                  # the naive path's checks will say what is wrong
-    n_q, n_k = q_shape[-2], k_shape[-2]
+    return tiled_sizes(q_shape[-2], k_shape[-2])
+
+
+def tiled_sizes(n_q: int, n_k: int) -> bool:
+    """The size rule of the tiled path: at least TILED_MIN_QUERIES queries and TILED_MIN_SCORES scores per head."""
     return n_q >= TILED_MIN_QUERIES and n_q * n_k >= TILED_MIN_SCORES
 
 
@@ -85,7 +89,7 @@ def path_rule(c: Checked, *, training: bool = False, weights: bool = False, lse:
     for one query per head that sees every key (not in training, not for the weights), else the naive grid."""
     if not weights and c.bias is None and lse:
         return "tiled", "return_lse: the tiled kernel keeps the lse"
-    if not weights and takes_tiled_path(c.q, c.k, bias=c.bias):
+    if not weights and c.bias is None and tiled_sizes(c.q.shape[-2], c.k.shape[-2]):
         return "tiled", (f"rule: n_q >= TILED_MIN_QUERIES ({TILED_MIN_QUERIES}) and n_q·n_k >= TILED_MIN_SCORES "
                          f"({TILED_MIN_SCORES}) per head, no bias")
     if not (weights or training) and decode.takes_decode_path(c):

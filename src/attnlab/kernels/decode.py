@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from . import _kernels
+from . import _kernels, profile
 from ._checks import Checked, cap_scores, fold, unfold
 
 
@@ -71,7 +71,6 @@ def decode_choice(c: Checked, scores: int) -> tuple[str, str]:
     elif not _kernels.numba_installed():
         return "numpy", "numba is not installed"
     else:
-        from . import profile
         kernel, reason = decode_kernel_rule(scores, c.groups, c.k.shape[-2], profile.choice("decode"))
     if kernel == "fused" and not fused_fits(c):
         return "numpy", "the fused decode kernel does not take broadcast heads or d_head 0"
@@ -99,12 +98,12 @@ def decode_attention(c: Checked, kernel: str | None = None) -> np.ndarray:
         return _decode_fused(c)
     g = c.groups
     qs = fold(c.q * c.scale, g)                          # (..., h_kv, g, d_k) scaled once, not the scores
-    s = qs @ np.swapaxes(c.k, -1, -2)                    # (..., h_kv, g, n_k) S = q Kᵀ/√d_k
+    s = qs @ c.k.swapaxes(-1, -2)                        # (..., h_kv, g, n_k) S = q Kᵀ/√d_k
     s = cap_scores(s, c.softcap)                         # (..., h_kv, g, n_k) cap · tanh(S / cap), or S
-    s -= s.max(axis=-1, keepdims=True)                   # (..., h_kv, g, n_k)
+    s -= np.maximum.reduce(s, axis=-1, keepdims=True)    # (..., h_kv, g, n_k) (s.max, without its Python layer)
     p = np.exp(s, out=s)                                 # (..., h_kv, g, n_k) unnormalised weights
     out = p @ c.v                                        # (..., h_kv, g, d_v)
-    out /= p.sum(axis=-1, keepdims=True)                 # (..., h_kv, g, d_v) out = Σ_j a_j v_j
+    out /= np.add.reduce(p, axis=-1, keepdims=True)      # (..., h_kv, g, d_v) out = Σ_j a_j v_j
     return unfold(out, g)                                # (..., h, 1, d_v)
 
 

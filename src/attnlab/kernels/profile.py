@@ -140,13 +140,14 @@ def _status(tune_file, xdg) -> Status:
 
 def choices() -> dict | None:
     """The profile's choices when one applies here, else None."""
-    return status().profile["choices"] if status().profile is not None else None
+    data = status().profile
+    return None if data is None else data["choices"]
 
 
 def choice(name: str):
     """One of the profile's choices (``None`` when no profile applies or it has no such entry)."""
-    c = choices()
-    return None if c is None else c.get(name)
+    data = _status(os.environ.get(TUNE_FILE_ENV), os.environ.get("XDG_CACHE_HOME")).profile   # status(), inlined:
+    return None if data is None else data["choices"].get(name)                                # a decode step's path
 
 
 def forget() -> None:
