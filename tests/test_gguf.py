@@ -308,3 +308,54 @@ def test_chat_cli_streams_the_reply_and_reports_tokens_per_second(capsys, tmp_pa
     turns = __import__("json").loads(capsys.readouterr().out)["turns"]
     assert [t["message"] for t in turns] == ["the cat", "the"]
     assert turns[1]["context_tokens"] > turns[0]["context_tokens"]
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.Q8_0, Q.Q4_0])
+def test_the_header_reader_equals_the_gguf_package(tmp_path, qtype):
+    """attnlab's one-pass header reader (models/gguf_header.py) hands out what gguf.GGUFReader does: every
+    metadata value, and every tensor's type, shape, offset and bytes (as the same numpy array)."""
+    from pathlib import Path
+
+    from attnlab.models import gguf as source
+    path = write_gguf(tmp_path / "h.gguf", qtype=qtype, rope_freqs=True)
+    ours, reader = source.open_gguf(str(path)), gguf.GGUFReader(str(path))
+    plain = {k: f.contents() for k, f in reader.fields.items()}
+    assert ours.fields.keys() == plain.keys()
+    for key, value in plain.items():
+        assert ours.fields[key] == (value.item() if isinstance(value, np.generic) else value), key
+    assert list(ours.infos) == [t.name for t in reader.tensors]
+    for t in reader.tensors:
+        mine = ours.infos[t.name]
+        assert (mine.tensor_type, mine.shape, mine.offset) == (t.tensor_type, tuple(int(n) for n in t.shape),
+                                                               t.data_offset)
+        assert mine.data.dtype == t.data.dtype and np.array_equal(mine.data, t.data), t.name
+    assert Path(ours.path) == Path(path)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K])
+def test_dequantizing_a_tensor_equals_the_gguf_package_bit_for_bit(qtype):
+    """Random blocks (finite float16 scales, every value of the nibbles and bytes) of each type, several
+    chunks long: the loading path's float32 values are gguf.quants.dequantize's, bit for bit."""
+    from attnlab.models import gguf as source
+    block, type_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(int(qtype))
+    rows, per_row = 48, 4
+    raw = rng.integers(0, 256, (rows, per_row * type_bytes), dtype=np.uint8)    # (rows, bytes)
+    blocks = raw.reshape(-1, type_bytes)
+    scales = rng.normal(0, 0.05, (blocks.shape[0], 2)).astype(np.float16)
+    blocks[:, :4] = scales.view(np.uint8)                                     # d (and m) finite
+    if qtype in (Q.Q4_K, Q.Q6_K):                                             # d, dmin at the end or start
+        blocks[:, -2:] = scales[:, :1].view(np.uint8)
+    expected = gguf.quants.dequantize(raw, qtype)                            # (rows, per_row · block)
+
+    class Tensor:                                                            # what dequantize_tensor reads
+        name, tensor_type, data = "w", qtype, raw
+        shape = (per_row * block, rows)
+    old = source.DEQUANT_CHUNK
+    try:
+        source.DEQUANT_CHUNK = 3 * block                                     # several chunks, one short
+        got = source.dequantize_tensor("x.gguf", Tensor)
+    finally:
+        source.DEQUANT_CHUNK = old
+    assert got.dtype == np.float32 and got.shape == expected.shape
+    assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))

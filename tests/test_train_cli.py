@@ -98,7 +98,7 @@ def test_bad_input_is_one_line_and_exit_2(cli, capsys, tmp_path):
               "the prompt has 11 tokens, more than the model's context n_ctx 8")
     cli.error(["generate", str(tmp_path / "ck"), "--prompt", "the fox"], "'f' is not in the vocabulary")
     cli.error(["generate", str(tmp_path / "ck"), "--prompt", "the", "--temperature", "-1"],
-              "temperature must be a number >= 0")
+              "--temperature: must be a number >= 0")
     cli.error(["generate", str(tmp_path / "ck"), "--prompt", "the", "--seed", "-1"],
               "argument --seed: expected an integer >= 0, got '-1'")
     cli.error(["train", "--seed", "-1"], "argument --seed: expected an integer >= 0, got '-1'")

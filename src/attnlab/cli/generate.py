@@ -117,6 +117,8 @@ def cmd_generate(args) -> int:
 
 def capped_tokens(tokens: int, n_prompt: int, n_ctx: int) -> tuple[int, str | None]:
     """``--tokens``, cut to the room the context leaves after the prompt, and the one line that says so."""
+    if n_prompt > n_ctx:
+        raise ValueError(f"the prompt has {n_prompt} tokens, more than the model's context n_ctx {n_ctx}")
     room = max(n_ctx - n_prompt, 1)
     if tokens <= room:
         return tokens, None

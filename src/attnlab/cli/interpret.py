@@ -69,9 +69,7 @@ def add_commands(sub) -> None:
                          "For a fast first look, 'attnlab attribute --no-patch' (same options) estimates both grids "
                          "from one forward and one backward pass, in seconds; then patch what it points to.",
                     examples=("attnlab patch --model induction --clean '|abcdefgabcde' --corrupt '|abcdzfgabcde' "
-                              "--answer f --wrong g",
-                              "attnlab attribute --model induction --clean '|abcdefgabcde' --corrupt '|abcdzfgabcde' "
-                              "--answer f --wrong g --no-patch   # the fast first look"))
+                              "--answer f --wrong g",))
     add_model_option(p, default="smollm2", decoder=True)
     p.add_argument("--clean", required=True, metavar="TEXT")
     p.add_argument("--corrupt", required=True, metavar="TEXT", help="as many tokens as --clean")
