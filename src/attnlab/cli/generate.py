@@ -86,7 +86,7 @@ def cmd_generate(args) -> int:
     from ..text.tokens import TextStream
 
     model, tokenizer = load_decoder(model_arg(args), quantized=args.quantized)
-    prompt = encode_prompt(tokenizer, args.prompt)
+    prompt = encode_prompt(tokenizer, args.prompt, model.config.n_ctx)
     stop = () if args.no_stop else model.config.eos_ids
     stream = None if args.json else TextStream(tokenizer, prompt)
     if stream is not None:
@@ -125,10 +125,13 @@ def load_decoder(name: str, what: str = "generate", *, quantized: bool = False):
     return model, tokenizer
 
 
-def encode_prompt(tokenizer, prompt: str) -> np.ndarray:
-    """The prompt's ids (n,); an error naming --prompt (and, for an own vocabulary, listing it)."""
-    from ..text.tokens import Vocab
+def encode_prompt(tokenizer, prompt: str, n_ctx: int | None = None) -> np.ndarray:
+    """The prompt's ids (n,); an error naming --prompt (and, for an own vocabulary, listing it). With ``n_ctx``,
+    a prompt too long for it in characters is refused before it is tokenised."""
+    from ..text.tokens import Vocab, check_length
 
+    if n_ctx is not None:
+        check_length(prompt, tokenizer, n_ctx, "--prompt")
     try:
         ids = tokenizer.encode(prompt)                                   # (n,)
     except ValueError as e:
