@@ -182,3 +182,18 @@ def write_gpt2(tmp_path):
 def tiny_gpt2_folder(tmp_path_factory):
     """One GPT-2 folder (2 layers, 4 heads, width 16, 16 positions) shared by a module's tests."""
     return write_gpt2_folder(tmp_path_factory.mktemp("tiny") / "gpt2")
+
+
+@pytest.fixture(scope="session")
+def gguf_files():
+    """tests/test_gguf.py, whose ``write_gguf`` writes tiny llama GGUF files with the gguf package's own
+    GGUFWriter, loaded by path (the tests are not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    pytest.importorskip("gguf")
+    pytest.importorskip("tokenizers")
+    spec = importlib.util.spec_from_file_location("_gguf_files", Path(__file__).with_name("test_gguf.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -74,12 +74,8 @@ def cmd_generate(args) -> int:
 
     if not args.prompt:
         raise ValueError("--prompt is empty: give the text to continue")
-    prompt = None
-
-    def check(tokenizer):
-        nonlocal prompt
-        prompt = encode_prompt(tokenizer, args.prompt)
-    model, tokenizer = load(args, "generate", check=check)
+    model, tokenizer = load(args, "generate")
+    prompt = encode_prompt(tokenizer, args.prompt, model.config.n_ctx)   # its characters bounded first
     n_new, cap = capped_tokens(args.tokens, prompt.size, model.config.n_ctx)
     stop = () if args.no_stop else model.config.eos_ids
     stream = None if args.json else TextStream(tokenizer, prompt)
@@ -155,10 +151,13 @@ def timings_line(t: dict) -> str:
             f"decode {rate(t['decode_tokens'], t['decode_tokens_per_second'])}")
 
 
-def encode_prompt(tokenizer, prompt: str) -> np.ndarray:
-    """The prompt's ids (n,); an error naming --prompt (and, for an own vocabulary, listing it)."""
-    from ..text.tokens import Vocab
+def encode_prompt(tokenizer, prompt: str, n_ctx: int | None = None) -> np.ndarray:
+    """The prompt's ids (n,); an error naming --prompt (and, for an own vocabulary, listing it). With ``n_ctx``,
+    a prompt too long for it in characters is refused before it is tokenised."""
+    from ..text.tokens import Vocab, check_length
 
+    if n_ctx is not None:
+        check_length(prompt, tokenizer, n_ctx, "--prompt")
     try:
         ids = tokenizer.encode(prompt)                                   # (n,)
     except ValueError as e:

@@ -11,9 +11,10 @@ uses ChatML::
     ...the model writes here, and ends with <|im_end|>
 
 The template is a Jinja2 program stored with the model (``tokenizer.chat_template`` in a GGUF file); it is
-rendered here with the engine it was written for, sandboxed, with the options transformers uses
-(``trim_blocks``, ``lstrip_blocks``). Each turn renders the whole conversation, keeps only the text past
-what the cache already holds, and feeds just those tokens: earlier turns are never read again.
+rendered with the engine it was written for, sandboxed and bounded in time, size and depth
+(:mod:`attnlab.stack.chat_template`), with the options transformers uses (``trim_blocks``, ``lstrip_blocks``).
+Each turn renders the whole conversation, keeps only the text past what the cache already holds, and feeds just
+those tokens: earlier turns are never read again.
 """
 
 from __future__ import annotations
@@ -22,37 +23,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..text.tokens import check_length
+from .chat_template import render_chat
 from .transformer import Transformer, check_decoder, generate, new_caches
 
-
-def render_chat(template: str, messages: list[dict], *, add_generation_prompt: bool = True,
-                **special_tokens) -> str:
-    """The text of ``messages`` (dicts with "role" and "content") as the Jinja2 ``template`` writes them,
-    ending, with ``add_generation_prompt``, where the assistant's reply begins.
-
-    >>> render_chat("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
-    ...             "{% if add_generation_prompt %}<assistant>{% endif %}", [{"role": "user", "content": "hi"}])
-    '<user>hi<assistant>'
-    """
-    from jinja2 import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    if not isinstance(template, str) or not template:
-        raise ValueError("the model has no chat template (tokenizer.chat_template)")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise ValueError(f"messages[{i}] must be a dict with str 'role' and 'content', got {m!r}")
-
-    def raise_exception(message):
-        raise TemplateError(message)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.globals["raise_exception"] = raise_exception
-    try:
-        return env.from_string(template).render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                                **special_tokens)
-    except TemplateError as e:
-        raise ValueError(f"the chat template could not be rendered: {e}") from None
+__all__ = ["Chat", "render_chat"]
 
 
 @dataclass(eq=False)
@@ -100,12 +75,21 @@ class Chat:
         """The ids of this turn: the pending id, then the rendered text past what is already held (n,)."""
         if not isinstance(text, str) or not text.strip():
             raise ValueError("a chat message must hold at least one non-space character")
+        capacity = self.caches[0].capacity
+        check_length(text, self.tokenizer, capacity, "the message")          # before anything tokenises it
         self.messages.append({"role": "user", "content": text})
         special = {name: getattr(self.tokenizer, "tokenizer").id_to_token(i) for name, i in
                    (("bos_token", getattr(self.tokenizer, "bos_id", None)),
                     ("eos_token", getattr(self.tokenizer, "eos_id", None))) if i is not None}
-        full = render_chat(self.template, self.messages, **special)
+        try:
+            full = render_chat(self.template, self.messages, most_chars=capacity * self.tokenizer.longest_token,
+                               source=f"{self.model.name or 'the model'}'s chat template (tokenizer.chat_template)",
+                               **special)
+        except ValueError:
+            self.messages.pop()
+            raise
         if not full.startswith(self.text):
+            self.messages.pop()
             raise ValueError("the chat template rewrote an earlier turn, so the cache cannot be kept")
         new = full[len(self.text):]
         inner = self.tokenizer.tokenizer

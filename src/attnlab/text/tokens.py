@@ -10,6 +10,7 @@ to OpenAI's originals); nothing is downloaded.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 from dataclasses import dataclass
@@ -27,6 +28,17 @@ def check_text(text) -> str:
         raise TypeError(f"text must be a str, got {type(text).__name__}")
     if not text.strip():
         raise ValueError("text must contain at least one non-space character")
+    return text
+
+
+def check_length(text: str, tokenizer, n_tokens: int, what: str) -> str:
+    """``text`` once sure it is not too long to fit ``n_tokens`` tokens, checked on its characters *before* it is
+    tokenised (a 30 MB line costs the tokenizer gigabytes): n_tokens × the longest token is a safe cap."""
+    longest = tokenizer.longest_token
+    if len(text) > n_tokens * longest:
+        raise ValueError(f"{what} has {len(text):,} characters, more than {n_tokens:,} tokens (the model's context) "
+                         f"can hold: at most {n_tokens * longest:,} with this tokenizer, whose longest token has "
+                         f"{longest} characters")
     return text
 
 
@@ -78,6 +90,11 @@ class Vocab:
     def decode(self, ids) -> str:
         return ("" if self.level == "char" else " ").join(self.labels(ids))
 
+    @property
+    def longest_token(self) -> int:
+        """The most characters one token stands for (a word, with the space that joins it)."""
+        return max(len(s) for s in self.symbols) + (self.level == "word")
+
 
 @dataclass(frozen=True, eq=False)
 class HFTokenizer:
@@ -88,6 +105,12 @@ class HFTokenizer:
 
     def encode(self, text: str) -> np.ndarray:
         return np.array(self.tokenizer.encode(check_text(text)).ids, np.int64)   # (n,)
+
+    @functools.cached_property
+    def longest_token(self) -> int:
+        """The most characters one token stands for: the longest vocabulary string (a byte-level token's string
+        has at least as many characters as the text it decodes to; "##ing" more than "ing")."""
+        return max((len(t) for t in self.tokenizer.get_vocab(with_added_tokens=True)), default=1)
 
     def labels(self, ids) -> tuple[str, ...]:
         if self.byte_level:
