@@ -179,7 +179,7 @@ def gemma2_patching(rng):
     return model, clean, corrupt
 
 
-def test_attribute_on_a_gemma2_shaped_model_reports_what_forward_gives(rng):
+def test_attribute_on_a_gemma2_shaped_model_reports_what_forward_gives(rng, tile_kernel):
     model, clean, corrupt = gemma2_patching(rng)
     a = attribute(model, clean, corrupt, answer=3, wrong=5)
     assert a.corrupt == logit_diff(forward(model, corrupt).logits, 3, 5)
