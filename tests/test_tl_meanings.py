@@ -42,7 +42,8 @@ def test_rms_norm_points_hold_what_tl_holds_there(rng):
     np.testing.assert_allclose(cache["blocks.1.ln_1.hook_scale"], scale, rtol=1e-13)
     np.testing.assert_allclose(cache["blocks.1.ln_1.hook_normalized"], x / scale, rtol=1e-13)
     np.testing.assert_allclose(cache["blocks.1.ln_1.hook_out"], x / scale * w, rtol=1e-13)
-    np.testing.assert_allclose(cache["ln_final.hook_out"], run_with_hooks(model, ids, {}).hidden_states[-1], rtol=0)
+    np.testing.assert_allclose(cache["ln_final.hook_out"], run_with_hooks(model, ids, {}).hidden_states[-1],
+                               rtol=1e-13)
 
 
 def test_layer_norm_points_hold_what_tl_holds_there(rng):

@@ -102,6 +102,7 @@ class Line:
 
 
 def line(*branches: tuple, after: str | None = None) -> Line:
+    """A :class:`Line` of these branches: ``line(("ln_1", "attn"))`` is ``x = x + attn(ln_1(x))``."""
     return Line(branches=tuple(branches), after=after)
 
 
