@@ -74,8 +74,12 @@ def cmd_generate(args) -> int:
 
     if not args.prompt:
         raise ValueError("--prompt is empty: give the text to continue")
-    model, tokenizer = load(args, "generate")
-    prompt = encode_prompt(tokenizer, args.prompt, model.config.n_ctx)   # its characters bounded first
+    prompt = None
+
+    def check(tokenizer):                         # before the weights load; the model's own n_ctx after
+        nonlocal prompt
+        prompt = encode_prompt(tokenizer, args.prompt, MOST_CONTEXT)
+    model, tokenizer = load(args, "generate", check=check)
     n_new, cap = capped_tokens(args.tokens, prompt.size, model.config.n_ctx)
     stop = () if args.no_stop else model.config.eos_ids
     stream = None if args.json else TextStream(tokenizer, prompt)
@@ -109,6 +113,12 @@ def cmd_generate(args) -> int:
             print(note, file=sys.stderr)
         print(timings_line(timings), file=sys.stderr)
     return 0
+
+
+# The longest context of any model attnlab loads (Llama 3's 131,072 tokens): a prompt's characters are bounded by
+# it times the tokenizer's longest token before the prompt is tokenised, while the weights (and so the model's
+# own n_ctx, which capped_tokens applies) are not read yet.
+MOST_CONTEXT = 1 << 17
 
 
 def capped_tokens(tokens: int, n_prompt: int, n_ctx: int) -> tuple[int, str | None]:
