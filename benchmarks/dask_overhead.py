@@ -30,7 +30,8 @@ import time
 
 import numpy as np
 
-from attnlab import KVCache, attention, tiled_attention
+from attnlab import KVCache, attention
+from attnlab.kernels.tiled import tiled_attention
 from attnlab.cli.bench_harness import blas_kernel, load_average, machine_info, paired
 from attnlab.distributed import ShardedKVCache, local_cluster, sequence_parallel_attention, worker_stats
 from attnlab.kernels.tiled import BLOCK_K, BLOCK_Q

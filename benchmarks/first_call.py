@@ -7,7 +7,7 @@ Each figure comes from a fresh interpreter (a subprocess), so nothing is loaded 
    kernel when numba has to compile it (an empty ``NUMBA_CACHE_DIR``) and when it loads the machine code from
    that cache (a second process on the same directory); then the first call of a second kernel.
 2. ``attention`` (12 heads, d_head 64, causal, float32) called twice: the first call against the second, as it
-   runs by default (numba loads only once the numpy path has spent what loading it would cost:
+   runs by default (numba loads only for calls of at least ``FUSED_MIN_SCORES`` scores, a size rule:
    :mod:`attnlab.kernels._kernels`), with ``ATTNLAB_NO_NUMBA=1``, and with the fused kernels loaded first.
 Memory is the resident set (/proc/self/statm) and tracemalloc's count of Python and numpy allocations.
 Prints the CPU and SIMD level first.

@@ -174,3 +174,13 @@ def test_a_run_killed_after_a_checkpoint_and_resumed_equals_the_whole_run(whole_
     a, b = checkpoint_arrays(whole_run), checkpoint_arrays(out)
     for name in a:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+@pytest.mark.parametrize("h, h_kv, n_q", [(9, 3, 1), (4, 4, 1), (6, 1, 1), (4, 2, 7)])
+def test_the_stacks_checked_once_entry_gives_the_front_doors_bits(rng, h, h_kv, n_q):
+    """attend (the layers' entry, which skips the argument checks) and attention agree bit for bit."""
+    from attnlab.kernels.attention import attend
+    q = rng.standard_normal((2, h, n_q, 16)).astype(np.float32)
+    k, v = (rng.standard_normal((2, h_kv, 30, 16)).astype(np.float32) for _ in range(2))
+    for kw in ({"is_causal": True}, {"is_causal": True, "window": 8}, {"scale": 0.3, "softcap": 5.0}):
+        np.testing.assert_array_equal(attend(q, k, v, check_finite=False, **kw), attention(q, k, v, **kw))

@@ -11,8 +11,8 @@ import sys
 from .. import __version__
 from ._app import ArgumentParser, UsageError, run
 
-COMMAND_MODULES = ("tour", "guide", "attend", "context", "weights", "train", "generate", "chat", "bench", "tune", "longctx",
-                   "interpret")
+COMMAND_MODULES = ("tour", "guide", "attend", "context", "weights", "train", "generate", "chat", "bench", "tune",
+                   "longctx", "interpret")
 
 
 def build_parser() -> ArgumentParser:

@@ -111,8 +111,8 @@ def print_table(r: dict) -> None:
     torch_text = f"{torch['version']}, {torch['threads']} threads, {torch['cpu_capability']}" if torch else NO_TORCH
     numba = m["numba"] or "not installed"
     print(f"torch: {torch_text}; numba: {numba}{' (disabled by ATTNLAB_NO_NUMBA)' if m['numba_disabled'] else ''}")
-    print(f"tile kernel from {m['fused_min_scores']:,} scores (causal): {m['tile_kernel']} ({m['tile_kernel_reason']}); "
-          f"numpy's exponential: {m['numpy_exp']['chosen']} ({m['numpy_exp']['reason']})")
+    print(f"tile kernel from {m['fused_min_scores']:,} scores (causal): {m['tile_kernel']} "
+          f"({m['tile_kernel_reason']}); numpy's exponential: {m['numpy_exp']['chosen']} ({m['numpy_exp']['reason']})")
     print(f"tune: {m['tune']}")
     print(f"float32, {r['shape']['n_heads']} heads, d_head {r['shape']['d_head']}; {r['method']}, "
           f"{r['shape']['rounds']} rounds")

@@ -86,7 +86,8 @@ def profile_lines(data: dict) -> list[str]:
     fmin = c.get("fused_min_scores") or {}
     for kind in ("masked", "full"):
         at = fmin.get(kind)
-        lines.append(f"tile kernel, {kind} calls: " + ("numpy at every size" if at is None else f"fused from {at:,} scores"))
+        where = "numpy at every size" if at is None else f"fused from {at:,} scores"
+        lines.append(f"tile kernel, {kind} calls: {where}")
     for r in m.get("tile_kernels", []):
         lines.append(f"  n={r['n']:>5} {'causal' if r['masked'] else 'full  '} fused {r['fused_ms']:8.2f} ms  "
                      f"numpy {r['numpy_ms']:8.2f} ms  ({r['fused_ms'] / r['numpy_ms']:.2f}x)")

@@ -32,7 +32,8 @@ def sequence_parallel_attention(query, key, value, *, client=None, shards=None, 
     """Scaled dot-product attention with the keys and values split across the workers of a Dask cluster.
 
     Same semantics as :func:`attnlab.attention` (``implementation="tiled"``): bottom-right causal alignment in
-    global positions, a sliding ``window``, a query that sees no key gets 0 (lse −inf), grouped-query heads, float16/32/64.
+    global positions, a sliding ``window``, a query that sees no key gets 0 (lse −inf), grouped-query heads,
+    float16/32/64.
 
     Parameters
     ----------

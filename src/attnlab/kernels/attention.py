@@ -94,7 +94,9 @@ def path_rule(c: Checked, *, training: bool = False, weights: bool = False, lse:
                          f"({TILED_MIN_SCORES}) per head, no bias")
     if not (weights or training) and decode.takes_decode_path(c):
         return "decode", "rule: one query per head, every key visible, no bias"
-    return "naive", "rule: below the tiled kernel's sizes" if c.bias is None else "rule: a bias (only the naive grid takes one)"
+    if c.bias is not None:
+        return "naive", "rule: a bias (only the naive grid takes one)"
+    return "naive", "rule: below the tiled kernel's sizes"
 
 
 def forced_path(c: Checked, name: str, *, training: bool, weights: bool) -> str:

@@ -55,7 +55,8 @@ def decode_kernel_rule(scores: int, groups: int, n_k: int, tuned: dict | None = 
     if groups > 1 and scores >= _kernels.FUSED_MIN_SCORES:
         return "fused", f"rule: grouped heads, {scores:,} scores >= FUSED_MIN_SCORES"
     if groups > 1:
-        return "numpy", f"rule: {scores:,} scores < FUSED_MIN_SCORES ({_kernels.FUSED_MIN_SCORES:,}): numba is not worth loading"
+        return "numpy", (f"rule: {scores:,} scores < FUSED_MIN_SCORES ({_kernels.FUSED_MIN_SCORES:,}): numba is not "
+                         "worth loading")
     return "numpy", "rule: one query head per key/value head streams faster through BLAS"
 
 

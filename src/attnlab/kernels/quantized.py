@@ -416,7 +416,8 @@ def kernel_threads() -> dict:
     tuned = profile.choice("quantized_threads")
     if isinstance(tuned, int) and tuned >= 1:
         return {"threads": tuned, "reason": "tune profile"}
-    return {"threads": kernel_threads_rule(), "reason": "rule: the calling thread (numba's threads spin on a shared machine)"}
+    return {"threads": kernel_threads_rule(),
+            "reason": "rule: the calling thread (numba's threads spin on a shared machine)"}
 
 
 def time_threads(rounds: int = 7) -> dict:
