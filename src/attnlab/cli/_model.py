@@ -11,6 +11,7 @@ weights, with a bar on stderr when it is a terminal (:mod:`attnlab.cli._progress
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 
 def model_help(*, default: str | None, decoder: bool) -> str:
@@ -55,13 +56,11 @@ def open_source(args):
     """The :class:`attnlab.models.ModelSource` of ``--model``: name, file and metadata checked, nothing big read.
     An unknown name lists the models that ship and the closest one."""
     from ..models.families import open_model, unknown_model
+    from ..models.registry import is_shipped, looks_like_name
     name = model_arg(args)
-    try:
-        return open_model(name, quantized=bool(getattr(args, "quantized", False)))
-    except ValueError as e:
-        if str(e).startswith("unknown model") and getattr(args, "model_decoder", False):
-            raise unknown_model(name, decoder=True) from None
-        raise
+    if looks_like_name(name) and not is_shipped(name) and not Path(name).exists():   # as open_model would say,
+        raise unknown_model(name, decoder=getattr(args, "model_decoder", False))     # but listing what fits here
+    return open_model(name, quantized=bool(getattr(args, "quantized", False)))
 
 
 def load(args, what: str | None = None, *, check=None):

@@ -59,8 +59,10 @@ def register(family: Family) -> Family:
 
 
 def family_titles() -> list[str]:
-    """Every registered family as people write it ("GPT-2", "Gemma-2", …), in registration order."""
-    return [f.title or f.name for f in FAMILIES.values()]
+    """Every registered family as people write it ("GPT-2", "Gemma-2", …), in registration order, attnlab's own
+    folders last."""
+    from ..lm.model import FAMILY as OWN
+    return [f.title or f.name for f in sorted(FAMILIES.values(), key=lambda f: f.name == OWN)]
 
 
 def model_choices(*, decoder: bool = False) -> str:
@@ -68,8 +70,9 @@ def model_choices(*, decoder: bool = False) -> str:
     (``decoder=True``: the causal LMs only), a .gguf file, or a checkpoint folder of each family."""
     shipped = ", ".join(SHIPPED[n].describe() for n in shipped_names(decoder=True if decoder else None))
     gguf = sorted(f.gguf_architecture for f in FAMILIES.values() if f.gguf_architecture)
+    *others, last = family_titles()
     return (f"{shipped}; a .gguf file ({', '.join(gguf)} architecture); or a checkpoint folder of "
-            f"{', '.join(family_titles())}")
+            f"{', '.join(others)} or {last}")
 
 
 def unknown_model(name: str, *, decoder: bool = False) -> ValueError:
