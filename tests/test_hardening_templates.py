@@ -66,7 +66,7 @@ def test_the_bounds_hold_off_the_main_thread():
 
 
 def test_a_render_writes_at_most_most_chars():
-    with pytest.raises(ValueError, match="it writes more than 1,000 characters"):
+    with pytest.raises(ValueError, match="the chat template writes more than 1,000 characters"):
         render_chat("{% for i in range(2000) %}x{% endfor %}", MESSAGES, most_chars=1000)
     assert render_chat("{% for i in range(1000) %}x{% endfor %}", MESSAGES, most_chars=1000) == "x" * 1000
 
@@ -118,7 +118,8 @@ def test_a_template_writing_more_than_the_context_can_hold_stops_before_tokenisi
     path = hostile_gguf("{{ 'a' * 1000000 }}", context_length=64)
     model, tok = load_model(path)
     most = 64 * tok.longest_token
-    with pytest.raises(ValueError, match=f"it writes more than {most:,} characters"):
+    with pytest.raises(ValueError, match=f"longer than {most:,} characters as the template writes it, more than "
+                                         "the context of 64 tokens"):
         Chat(model, tok).say("the cat", max_tokens=2)
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..text.tokens import check_length
-from .chat_template import render_chat
+from .chat_template import TextTooLong, render_chat
 from .transformer import Transformer, check_decoder, generate, new_caches
 
 __all__ = ["Chat", "StopReply", "render_chat"]
@@ -99,6 +99,11 @@ class Chat:
             full = render_chat(self.template, self.messages, most_chars=capacity * self.tokenizer.longest_token,
                                source=f"{self.model.name or 'the model'}'s chat template (tokenizer.chat_template)",
                                **special)
+        except TextTooLong:
+            self.messages.pop()
+            raise ValueError(f"the conversation is longer than {capacity * self.tokenizer.longest_token:,} "
+                             f"characters as the template writes it, more than the context of {capacity} tokens "
+                             "the model can see; start a new chat") from None
         except ValueError:
             self.messages.pop()
             raise
