@@ -71,9 +71,13 @@ def piped_lines(most_chars: int):
 
 class Terminal:
     """The prompt on a terminal: ``readline``'s line editing and history where it exists, and a Ctrl-C that is
-    never lost. A Ctrl-C the kernel hands to another thread (numpy's BLAS, tokenizers') leaves the main thread
-    blocked reading the terminal; Python's wakeup fd hears of every signal, so a watcher thread passes SIGINT on
-    to the main thread, whose read then ends in KeyboardInterrupt."""
+    never lost.
+
+    Python runs its SIGINT handler only in the main thread, and only once a blocked read there is interrupted
+    (EINTR). A Ctrl-C the kernel hands to another thread (numpy's BLAS, tokenizers'), or one that comes just
+    before readline starts waiting, interrupts nothing, and the read went on blocking. Python's wakeup fd hears
+    of every signal, whichever thread takes it; a watcher thread then interrupts the main thread (SIGUSR1, a
+    no-op) again and again until a SIGINT handler has run there."""
 
     def __init__(self):
         try:
@@ -82,12 +86,21 @@ class Terminal:
         except ImportError:
             self.readline = None
         self.main = threading.main_thread().ident
-        self.read_end, write_end = os.pipe()
-        os.set_blocking(write_end, False)
-        self.write_end = write_end
-        signal.signal(signal.SIGUSR1, lambda *_: None)              # only to interrupt the main thread's read
-        self.old_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        self.unhandled = threading.Event()                      # a SIGINT the main thread has not yet seen
+        self.read_end, self.write_end = os.pipe()
+        os.set_blocking(self.write_end, False)
+        signal.signal(signal.SIGUSR1, lambda *_: None)          # only to interrupt the main thread's read
+        self.old_fd = signal.set_wakeup_fd(self.write_end, warn_on_full_buffer=False)
+        self.old_handler = signal.signal(signal.SIGINT, self.interrupted)
         threading.Thread(target=self.watch, daemon=True, name="attnlab-sigint").start()
+
+    def interrupted(self, *_):
+        """The prompt's SIGINT handler (the main thread): Python's own, once the watcher may stop."""
+        self.unhandled.clear()
+        raise KeyboardInterrupt
+
+    def handled(self) -> None:
+        self.unhandled.clear()
 
     def watch(self) -> None:
         while True:
@@ -98,10 +111,15 @@ class Terminal:
             if not got:
                 return
             if signal.SIGINT in got:
-                signal.pthread_kill(self.main, signal.SIGUSR1)
+                self.unhandled.set()
+                while self.unhandled.is_set():                  # until a SIGINT handler has run
+                    signal.pthread_kill(self.main, signal.SIGUSR1)
+                    self.unhandled.wait(0.05)
 
     def close(self) -> None:
+        signal.signal(signal.SIGINT, self.old_handler)
         signal.set_wakeup_fd(self.old_fd)
+        self.unhandled.clear()
         os.close(self.write_end)
 
     def line(self, prompt: str) -> str | None:
@@ -121,10 +139,13 @@ class Terminal:
 
 
 @contextlib.contextmanager
-def stop_on_ctrl_c(stopped: threading.Event):
+def stop_on_ctrl_c(stopped: threading.Event, terminal: Terminal):
     """While a reply is written: Ctrl-C only sets ``stopped`` (the reply ends at its next token, the caches
-    whole); the usual KeyboardInterrupt again after."""
-    old = signal.signal(signal.SIGINT, lambda *_: stopped.set())
+    whole); the prompt's handler again after."""
+    def stop(*_):
+        stopped.set()
+        terminal.handled()
+    old = signal.signal(signal.SIGINT, stop)
     try:
         yield
     finally:
@@ -198,7 +219,8 @@ def cmd_chat(args) -> int:
 
             stopped.clear()
             start = time.perf_counter()
-            with one_blas_thread(), (stop_on_ctrl_c(stopped) if terminal is not None else contextlib.nullcontext()):
+            ctrl_c = stop_on_ctrl_c(stopped, terminal) if terminal is not None else contextlib.nullcontext()
+            with one_blas_thread(), ctrl_c:
                 reply = chat.say(message, max_tokens=args.tokens, temperature=args.temperature, rng=rng,
                                  top_k=args.top_k, top_p=args.top_p, on_token=on_token)
             seconds = time.perf_counter() - start
