@@ -28,13 +28,16 @@ def build_parser() -> ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     try:
+        parser = build_parser()                     # imports every command's module
         args = parser.parse_args(argv)
     except UsageError as e:
         print(f"attnlab: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\nattnlab: interrupted", file=sys.stderr)
+        return 130
     if not hasattr(args, "func"):
         parser.print_help()
         return 0

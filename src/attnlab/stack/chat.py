@@ -24,10 +24,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..text.tokens import check_length
-from .chat_template import render_chat
+from .chat_template import TextTooLong, render_chat
 from .transformer import Transformer, check_decoder, generate, new_caches
 
-__all__ = ["Chat", "render_chat"]
+__all__ = ["Chat", "StopReply", "render_chat"]
+
+
+class StopReply(Exception):
+    """Raised by a reply's ``on_token`` to end the reply at that token, keeping the conversation."""
 
 
 @dataclass(eq=False)
@@ -51,11 +55,21 @@ class Chat:
             raise ValueError(f"{self.model.name or 'this model'} has no chat template (tokenizer.chat_template)")
         self.capacity = self.model.config.n_ctx if self.capacity is None else self.capacity
         self.caches = new_caches(self.model, min(self.capacity, self.model.config.n_ctx))
+        self.stop = self.stop_ids()
         self.text = ""                          # what the caches (and the pending token) hold, as text
         self.pending: list[int] = []            # the last reply's final id, not yet in the caches
-        self.stop = self.stop_ids()
         if self.system is not None:
             self.messages.append({"role": "system", "content": self.system})
+
+    def reset(self, system: str | None = None) -> None:
+        """Start the conversation again (caches emptied), with ``system`` as its system message (None: the
+        template's own default)."""
+        if system is not None and not isinstance(system, str):
+            raise TypeError(f"system must be a str or None, got {type(system).__name__}")
+        for cache in self.caches:
+            cache.reset()
+        self.system, self.text, self.pending = system, "", []
+        self.messages[:] = [] if system is None else [{"role": "system", "content": system}]
 
     def stop_ids(self) -> tuple[int, ...]:
         """The model's end-of-text ids and the template's end of turn (``<|im_end|>``, ``<|eot_id|>``, …)."""
@@ -85,6 +99,11 @@ class Chat:
             full = render_chat(self.template, self.messages, most_chars=capacity * self.tokenizer.longest_token,
                                source=f"{self.model.name or 'the model'}'s chat template (tokenizer.chat_template)",
                                **special)
+        except TextTooLong:
+            self.messages.pop()
+            raise ValueError(f"the conversation is longer than {capacity * self.tokenizer.longest_token:,} "
+                             f"characters as the template writes it, more than the context of {capacity} tokens "
+                             "the model can see; start a new chat") from None
         except ValueError:
             self.messages.pop()
             raise
@@ -105,11 +124,25 @@ class Chat:
             rng: np.random.Generator | None = None, top_k: int | None = None, top_p: float | None = None,
             on_token=None) -> np.ndarray:
         """The reply's ids (m,) to the user message ``text``, ending with the end-of-turn id unless
-        ``max_tokens`` ran out first; ``on_token(id)`` sees each as it is chosen."""
+        ``max_tokens`` ran out first; ``on_token(id)`` sees each as it is chosen, and may end the reply there
+        by raising :class:`StopReply` (Ctrl-C in ``attnlab chat``): that id is its last, and the conversation
+        goes on from it as from any reply."""
         ids = self.prompt_ids(text)                                              # (n,)
         room = self.caches[0].capacity - self.length - ids.size
-        reply = generate(self.model, ids, min(max_tokens, room), temperature=temperature, rng=rng, stop=self.stop,
-                         top_k=top_k, top_p=top_p, on_token=on_token, caches=self.caches)   # (m,)
+        seen: list[int] = []
+
+        def see(i: int) -> None:
+            seen.append(i)
+            if on_token is not None:
+                on_token(i)
+
+        try:
+            reply = generate(self.model, ids, min(max_tokens, room), temperature=temperature, rng=rng,
+                             stop=self.stop, top_k=top_k, top_p=top_p, on_token=see, caches=self.caches)   # (m,)
+        except StopReply:                       # raised by on_token: the reply ends with the id it was given
+            if not seen:
+                raise
+            reply = np.array(seen, np.int64)                                     # (m,)
         self.pending = [int(reply[-1])]
         self.text += self.tokenizer.tokenizer.decode(reply.tolist(), skip_special_tokens=False)
         self.messages.append({"role": "assistant", "content": self.tokenizer.decode(reply)})

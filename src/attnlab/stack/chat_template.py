@@ -34,6 +34,10 @@ CONCAT = "_attnlab_concat"      # the filter every ~ becomes
 SERIALISING = ("tojson", "pprint", "string", "join", "format", "xmlattr", "urlencode", "list")
 
 
+class TextTooLong(ValueError):
+    """The rendered text passed ``most_chars``: the conversation, not the template, is too long."""
+
+
 class TemplateLimit(BaseException):
     """A bound the template ran into. A BaseException, so that no ``except Exception`` inside a filter swallows
     it; :func:`render_chat` turns it into a ValueError."""
@@ -280,7 +284,7 @@ def render_chat(template: str, messages: list[dict], *, add_generation_prompt: b
     ------
     ValueError
         No template, malformed messages, or anything the template raises or runs into, as one line beginning
-        with ``source`` (the model's chat template, named).
+        with ``source`` (the model's chat template, named); :class:`TextTooLong` past ``most_chars``.
 
     >>> render_chat("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
     ...             "{% if add_generation_prompt %}<assistant>{% endif %}", [{"role": "user", "content": "hi"}])
@@ -304,9 +308,11 @@ def render_chat(template: str, messages: list[dict], *, add_generation_prompt: b
                                                         **special_tokens):
             written += len(piece)
             if written > most_chars:
-                raise TemplateLimit(f"it writes more than {most_chars:,} characters")
+                raise TextTooLong(f"{source} writes more than {most_chars:,} characters")
             pieces.append(piece)
         return "".join(pieces)
+    except TextTooLong:
+        raise
     except TemplateLimit as e:
         raise ValueError(f"{source} could not be rendered: {e}") from None
     except (Exception, RecursionError, MemoryError) as e:     # 1/0, undefined names, syntax, raise_exception, …
