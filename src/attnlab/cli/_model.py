@@ -66,7 +66,8 @@ def open_source(args):
 def load(args, what: str | None = None, *, check=None):
     """``(model, tokenizer)`` of ``--model``; ``what`` (e.g. "patching"): the model must be a decoder.
 
-    ``check(tokenizer)``, if given, runs after the tokenizer is built and before the weights are read: the
+    ``check(tokenizer, n_ctx)``, if given, runs after the tokenizer is built and before the weights are read
+    (``n_ctx`` the context the model's file states, or None): the
     command's checks of its texts fail in a moment, not after the wait. The weights load under a bar on a
     terminal's stderr ("loading smollm2 (135M parameters, Q4_1 → float32)…"); ``args.load_seconds`` is then
     the wall time the load took.
@@ -77,7 +78,7 @@ def load(args, what: str | None = None, *, check=None):
     source = open_source(args)
     tokenizer = source.tokenizer()
     if check is not None:
-        check(tokenizer)
+        check(tokenizer, source.n_ctx)
     with progress(f"loading {source.summary}…", quiet=getattr(args, "json", False)) as step:
         model = source.network(progress=step)
     args.load_seconds = time.perf_counter() - start

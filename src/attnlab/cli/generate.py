@@ -76,9 +76,9 @@ def cmd_generate(args) -> int:
         raise ValueError("--prompt is empty: give the text to continue")
     prompt = None
 
-    def check(tokenizer):                         # before the weights load; the model's own n_ctx after
+    def check(tokenizer, n_ctx):                  # before the weights load
         nonlocal prompt
-        prompt = encode_prompt(tokenizer, args.prompt, MOST_CONTEXT)
+        prompt = encode_prompt(tokenizer, args.prompt, n_ctx or MOST_CONTEXT)
     model, tokenizer = load(args, "generate", check=check)
     n_new, cap = capped_tokens(args.tokens, prompt.size, model.config.n_ctx)
     stop = () if args.no_stop else model.config.eos_ids
@@ -115,9 +115,9 @@ def cmd_generate(args) -> int:
     return 0
 
 
-# The longest context of any model attnlab loads (Llama 3's 131,072 tokens): a prompt's characters are bounded by
-# it times the tokenizer's longest token before the prompt is tokenised, while the weights (and so the model's
-# own n_ctx, which capped_tokens applies) are not read yet.
+# A prompt's characters are bounded by the context its model's file states times the tokenizer's longest token,
+# before the prompt is tokenised; where a file states none, by the longest context of any model attnlab loads
+# (Llama 3's 131,072 tokens).
 MOST_CONTEXT = 1 << 17
 
 

@@ -225,7 +225,7 @@ def cmd_ablate(args) -> int:
     from ..interpret import ablate
     rows = []
 
-    def check(tokenizer):                  # before the weights load: a bad text fails at once
+    def check(tokenizer, n_ctx):           # before the weights load: a bad text fails at once
         rows.extend(encode_text(tokenizer, t, "TEXT", least=2, why="one to predict from, one to predict")
                     for t in args.text)
         if len({r.size for r in rows}) != 1:
@@ -286,7 +286,7 @@ class PatchTexts:
     def __init__(self, args, *, least: int):
         self.args, self.least = args, least
 
-    def __call__(self, tokenizer) -> None:
+    def __call__(self, tokenizer, n_ctx=None) -> None:
         a = self.args
         self.clean = encode_text(tokenizer, a.clean, "--clean", least=self.least,
                                  why="the answer is read at the last one")

@@ -19,6 +19,7 @@ from typing import Callable
 import numpy as np
 
 from ..stack.transformer import ModelConfig, Transformer
+from .._io import folder_file
 from .checkpoint import Tensors, read_checkpoint, read_config
 from .registry import MINILM, SHIPPED, closest, looks_like_name, minilm_path, shipped_names  # noqa: F401
 
@@ -104,7 +105,7 @@ def model_folder(model: str | Path) -> Path:
     if not folder.is_dir():
         raise FileNotFoundError(2, "model must be a shipped name, a .gguf file or a checkpoint folder; no such "
                                 "folder", str(folder))
-    if not (folder / "config.json").is_file():
+    if not folder_file(folder, "config.json").is_file():             # inside the folder (or a real hub blobs/)
         raise FileNotFoundError(2, "no checkpoint here (config.json is missing)", str(folder))
     return folder
 
@@ -167,6 +168,7 @@ class ModelSource:
     make_summary: Callable[[], str]
     make_tokenizer: Callable[[], object]
     make_network: Callable[[object], Transformer]    # (progress or None) -> the model
+    n_ctx: int | None = None                         # the context its file states, read before the weights
 
     @property
     def summary(self) -> str:
@@ -196,7 +198,8 @@ def open_model(path_or_name: str | Path = MINILM, *, quantized: bool = False) ->
         summary = f"{name} ({count_text(n)} parameters, {qtype} → {into})"
         return ModelSource(name, family, lambda: summary,
                            lambda: gguf_tokenizer(file),
-                           lambda progress: family.load_gguf(dataclasses.replace(file, progress=progress)))
+                           lambda progress: family.load_gguf(dataclasses.replace(file, progress=progress)),
+                           n_ctx=gguf_context(file))
     folder = model_folder(path_or_name)
     config = read_config(folder)
     family = family_of(folder, config)
@@ -205,7 +208,26 @@ def open_model(path_or_name: str | Path = MINILM, *, quantized: bool = False) ->
         n, dtype = folder_summary(folder)
         return f"{name} ({count_text(n)} parameters, {dtype})"
     return ModelSource(name, family, summary,
-                       lambda: family.tokenizer(folder, config), lambda progress: family.load(folder, config))
+                       lambda: family.tokenizer(folder, config), lambda progress: family.load(folder, config),
+                       n_ctx=stated_context(config))
+
+
+# where a config.json states the context: GPT-2's n_positions, the others' max_position_embeddings, attnlab's own
+CONTEXT_KEYS = ("n_positions", "max_position_embeddings")
+
+
+def gguf_context(file) -> int | None:
+    """The context length a GGUF file's metadata states (``{arch}.context_length``), or None."""
+    key = f"{file.architecture}.context_length"
+    return file.integer(key) if file.has(key) else None
+
+
+def stated_context(config: dict) -> int | None:
+    """The context length a config.json states (a positive int), or None where it states none."""
+    own = config.get("model")
+    values = [config.get(k) for k in CONTEXT_KEYS]
+    values += [own.get("attention", {}).get("n_ctx")] if isinstance(own, dict) and isinstance(own.get("attention"), dict) else []
+    return next((v for v in values if isinstance(v, int) and not isinstance(v, bool) and v > 0), None)
 
 
 def load_network(path_or_name: str | Path = MINILM, *, quantized: bool = False) -> Transformer:
