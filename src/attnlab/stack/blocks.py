@@ -190,31 +190,30 @@ class Block:
             names += points(ln.after) if ln.after else []
         return names + ["hook_resid_post"]
 
-    def lines(self) -> tuple:
-        """The lines this block runs, its parts looked up: ``(mid, branches, after)`` each, ``mid`` True for a
-        line after the first (``hook_resid_mid`` before it), ``branches`` ``(((field, part), …), in point, out
-        point)`` without the absent parts, ``after`` ``(field, part)`` or None. Built once per block."""
-        got = self.__dict__.get("_lines")
-        if got is None:
-            got = []
-            for j, ln in enumerate(self.LINES):
-                branches = tuple((tuple((f, getattr(self, f)) for f in b if getattr(self, f) is not None),
-                                  f"hook_{sublayer(b)}_in", f"hook_{sublayer(b)}_out")
-                                 for b in ln.branches if getattr(self, sublayer(b)) is not None)
-                part = None if ln.after is None else getattr(self, ln.after)
-                after = None if part is None else (ln.after, part)
-                if branches:
-                    got.append((j > 0, branches, after))
-            got = tuple(got)
-            object.__setattr__(self, "_lines", got)
-        return got
+    def __post_init__(self):
+        object.__setattr__(self, "_lines", self._resolve_lines())
+
+    def _resolve_lines(self) -> tuple:
+        """The lines this block runs, its parts looked up once: ``(mid, branches, after)`` each, ``mid`` True for
+        a line after the first (``hook_resid_mid`` before it), ``branches`` ``(((field, part, hook prefix), …),
+        in point, out point)`` without the absent parts, ``after`` ``(field, part, hook prefix)`` or None."""
+        got = []
+        part = lambda f: (f, getattr(self, f), f + ".")                    # noqa: E731
+        for j, ln in enumerate(self.LINES):
+            branches = tuple((tuple(part(f) for f in b if getattr(self, f) is not None),
+                              f"hook_{sublayer(b)}_in", f"hook_{sublayer(b)}_out")
+                             for b in ln.branches if getattr(self, sublayer(b)) is not None)
+            after = None if ln.after is None or getattr(self, ln.after) is None else part(ln.after)
+            if branches:
+                got.append((j > 0, branches, after))
+        return tuple(got)
 
     def attention_input(self, x: np.ndarray) -> np.ndarray:
         """What the attention of this block reads, given the block's input x (..., n, d_model): x through the
         parts before ``attn`` on its branch (ln_1 in a pre-norm block; nothing in a post-norm one)."""
-        for _, branches, _ in self.lines():
+        for _, branches, _ in self._lines:
             for chain, _, _ in branches:
-                for field, part in chain:
+                for field, part, _ in chain:
                     if field == "attn":
                         return x
                     x = part(x)                                            # (..., n, d_model)
@@ -229,20 +228,25 @@ class Block:
         positions (RoPE's angles), ``tape`` (scoped to the block) keeps each part's saved forward under its
         field name for :meth:`backward`."""
         x = h("hook_resid_pre", x)                                         # (..., n, d_model)
-        for mid, branches, after in self.lines():
+        for mid, branches, after in self._lines:
             if mid:
                 x = h("hook_resid_mid", x)
             y = None
             for chain, into, out in branches:                              # x = after(x + Σ_b chain_b(x))
                 z = h(into, x)                                             # (..., n, d_model) what it reads
-                for field, part in chain:
-                    z = _run(field, part, z, h, tape, is_causal=is_causal, cache=cache, mask=mask,
-                             positions=positions)
+                for field, part, prefix in chain:                          # each part, its hooks under its name
+                    t = None if tape is None else tape.scoped(field)
+                    if field == "attn":
+                        z = multihead_attention(part, z, mask=mask, is_causal=is_causal, cache=cache,
+                                                hook=h.scoped(prefix), tape=t, positions=positions)
+                    else:
+                        z = part(z, h.scoped(prefix), t)                   # (..., n, d_model)
                 z = h(out, z)                                              # (..., n, d_model) what it adds
                 y = z if y is None else y + z
             x = x + y                                                      # (..., n, d_model)
             if after is not None:
-                x = _run(*after, x, h, tape)                               # (..., n, d_model)
+                field, part, prefix = after
+                x = part(x, h.scoped(prefix), None if tape is None else tape.scoped(field))   # (..., n, d_model)
         return h("hook_resid_post", x)                                     # (..., n, d_model)
 
     def backward(self, tape, dx: np.ndarray):
@@ -250,15 +254,15 @@ class Block:
         named)`` from dL/dx_out, grads by the names of :meth:`params`, named the gradients at the block's points
         ("hook_resid_pre", "attn.hook_z", …). The lines are undone bottom to top, each chain last part first."""
         g, named = {}, {"hook_resid_post": dx}
-        for mid, branches, after in reversed(self.lines()):
+        for mid, branches, after in reversed(self._lines):
             # forward: x = after(x + Σ_b chain_b(x))
             if after is not None:
-                dx = _undo(*after, tape, dx, g, named)                     # (..., n, d_model)
+                dx = _undo(*after[:2], tape, dx, g, named)                 # (..., n, d_model)
             d_in = dx                                                      # the residual passes dx through
             for chain, into, out in branches:
                 named[out] = dx
                 dz = dx                                                    # (..., n, d_model)
-                for field, part in reversed(chain):
+                for field, part, _ in reversed(chain):
                     # forward: z = part(z)
                     dz = _undo(field, part, tape, dz, g, named)            # (..., n, d_model)
                 named[into] = dz
@@ -268,17 +272,6 @@ class Block:
                 named["hook_resid_mid"] = dx
         named["hook_resid_pre"] = dx
         return dx, g, named
-
-
-def _run(field: str, part, x: np.ndarray, h, tape, *, is_causal=False, cache=None, mask=None,
-         positions=None) -> np.ndarray:
-    """One part of a block on x (..., n, d_model), its hooks under ``{field}.``, what its backward needs kept
-    on ``tape`` under ``field``; the attention with the layer's mask, causality and cache."""
-    t = None if tape is None else tape.scoped(field)
-    if field == "attn":
-        return multihead_attention(part, x, mask=mask, is_causal=is_causal, cache=cache, hook=h.scoped("attn."),
-                                   tape=t, positions=positions)
-    return part(x, h.scoped(field + "."), t)
 
 
 @dataclass(frozen=True, eq=False)

@@ -230,7 +230,7 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, hook=NO_HOOKS, tape:
     if y.dtype != x.dtype:
         y = y.astype(x.dtype)
     y = hook("hook_normalized", y)                              # (..., d_model)
-    if tape is None and not hook.wants("hook_normalized"):
+    if tape is None and hook is NO_HOOKS:
         y *= weight                                             # (..., d_model) in place: nothing keeps xhat
     else:
         if tape is not None:
