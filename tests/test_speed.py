@@ -81,3 +81,15 @@ def test_llama_cpp_row_is_absent_without_llama_cpp(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", lambda name, *a, **k: (_ for _ in ()).throw(ImportError(name))
                         if name == "llama_cpp" else real_import(name, *a, **k))
     assert bench_model.llama_cpp_step("unused.gguf", threads=2) is None
+
+
+def test_a_decode_step_checks_once_at_the_door(shaped):
+    """The layers' attention goes through attend, which skips the argument checks the public door already made:
+    a 2-layer decode step makes at most 12 calls into kernels/_checks.py per layer (53 in all before issue 30)."""
+    from attnlab.cli.bench_model import fixed_cost, python_calls
+
+    calls = python_calls(Decoder(shaped(6, 2), context=8))
+    assert calls["by_file"].get("kernels/_checks.py", 0) <= 2 * 12 + 1, calls["by_file"]
+    assert calls["total"] == sum(calls["by_file"].values())
+    cost = fixed_cost(n_layers=2, rounds=1)
+    assert cost["ms"] > 0 and cost["n_layers"] == 2 and cost["python_calls"] > 0

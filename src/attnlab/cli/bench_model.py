@@ -333,15 +333,15 @@ def model_table(r: dict) -> list[str]:
              f"; load average {r['load_average']}",
              f"model: {r['model']} ({r['file']}); {r['rounds']} rounds, alternating, medians of per-round ratios; "
              f"weights streamed in {r['gemv_order']['wide']} order when wide, {r['gemv_order']['tall']} when tall "
-             f"(measured here: attnlab.kernels.matmul.gemv_order)",
+             f"(attnlab.kernels.matmul.gemv_order: its rule, or the tune profile)",
              "",
              f"decode float32    {f['ms_per_token']:8.1f} ms/token   bound {f['bound_ms']:.1f} ms ({f['weight_mb']:.0f} MB at "
              f"{f['stream_gb_s']:.1f} GB/s)   ratio {f['ratio_to_bound']:.2f}x [{f['ratio_min']:.2f}-{f['ratio_max']:.2f}]",
              f"decode quantized  {q['ms_per_token']:8.1f} ms/token   {q['weight_mb']:.0f} MB of weights   "
              f"{q['ratio']:.2f}x float32 [{q['ratio_min']:.2f}-{q['ratio_max']:.2f}]"
              + ("" if r["quantized_kernel"] else "   (no numba: float32 weights)")
-             + ("" if not r["quantized_threads"] else f"   on {r['quantized_threads']['threads']} thread(s), measured "
-                f"faster here"),
+             + ("" if not r["quantized_threads"] else f"   on {r['quantized_threads']['threads']} thread(s) "
+                f"({r['quantized_threads']['reason']})"),
              f"calls per decode step: {f['calls']['per_layer']:.0f} numpy/numba per layer float32, {c['per_layer']:.0f} "
              f"quantized ({c['numpy_numba']} in the step; cProfile, operators not counted); Python calls "
              f"{f['calls']['python_calls']} float32, {c['python_calls']} quantized (sys.setprofile)",
