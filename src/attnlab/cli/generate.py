@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from ._app import add_command, add_json_flag, non_negative_float, positive_int, print_json, probability, seed_arg
-from ._model import add_model_option, load, model_arg  # noqa: F401  (model_arg: chat's)
+from ._model import add_model_option, load
 
 
 def register(sub) -> None:
