@@ -9,7 +9,7 @@ attention) written by ``save_pretrained`` and read by attnlab, so both sides hol
 Measured, in one process, alternating the two sides, medians of per-round ratios (the machine is noisy):
 - a whole step (loss, every gradient, Adam's update) against torch's (forward, ``backward()``,
   ``torch.optim.Adam``) on the same number of threads (BLAS and torch), and the losses' difference;
-- the backward's cost over its forward: attnlab's ``forward_saved`` + cross-entropy against the rest of
+- the backward's cost over its forward: attnlab's ``forward(..., tape=)`` + cross-entropy against the rest of
   ``loss_and_grad``; torch's ``backward()`` over its forward, for reference;
 - memory a step keeps for its backward: the bytes of attnlab's tape (every saved array's buffer once, the
   weights left out) and of the tensors torch's autograd saves (``saved_tensors_hooks``, each storage once,
@@ -30,11 +30,11 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.cli.bench_harness import blas_kernel, machine_info
-from attnlab.lm.model import cross_entropy, loss_and_grad, unembed
+from attnlab.layer.tape import Tape
+from attnlab.lm.model import cross_entropy, loss_and_grad
 from attnlab.lm.training import AdamConfig, AdamState, adam_step
 from attnlab.models import load_network
-from attnlab.stack.backward import forward_saved
-from attnlab.stack.transformer import Transformer
+from attnlab.stack.transformer import Transformer, forward
 
 V, LAYERS, D, HEADS, CTX, BATCH = 96, 4, 128, 4, 128, 16
 
@@ -116,15 +116,16 @@ def main() -> None:
         ours_loss, _ = loss_and_grad(model, x, y)
         theirs_loss = torch_loss(hf, x, y).item()
         weights = {id(a) for a in params.values()}
-        tape = forward_saved(model, x)
-        kept = {"attnlab_tape_bytes": array_bytes(tape, weights, set()),
+        tape = Tape()
+        forward(model, x, tape=tape)
+        kept = {"attnlab_tape_bytes": array_bytes(tape.saved, weights, set()),
                 "torch_saved_bytes": torch_saved_bytes(hf, x, y)}
         step, fwd, bwd_ratio, t_fwd_ratio = [], [], [], []
         ms = {"attnlab_step": [], "torch_step": [], "attnlab_forward": [], "torch_forward": []}
         for _ in range(args.rounds):
             t0 = time.perf_counter()
-            tape = forward_saved(model, x)
-            cross_entropy(unembed(model, tape.hidden), y)
+            tape = Tape()
+            cross_entropy(forward(model, x, tape=tape).logits, y)
             t_f = time.perf_counter() - t0
             del tape
             t0 = time.perf_counter()

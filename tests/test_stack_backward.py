@@ -90,7 +90,8 @@ def test_named_activation_gradients_match_perturbing_them_through_the_hooks(wiri
     names = grad_hook_names(model)
     assert "blocks.0.attn.hook_z" in names and "blocks.1.hook_resid_pre" in names
     _, grads = loss_and_grad(model, ids, targets, grad_names=names)
-    from attnlab.lm.model import cross_entropy, unembed
+    from attnlab.lm.model import cross_entropy
+    from attnlab.stack.transformer import logits_of
 
     for name in names:
         g = grads[name]
@@ -101,6 +102,6 @@ def test_named_activation_gradients_match_perturbing_them_through_the_hooks(wiri
                     x[i] += delta
                     return x
                 hidden = run_with_hooks(model, ids, {name: hook}).hidden_states[-1]
-                return cross_entropy(unembed(model, hidden), targets)[0]
+                return cross_entropy(logits_of(model, hidden), targets)[0]
             numeric = (shifted(1e-6) - shifted(-1e-6)) / 2e-6
             assert g[i] == pytest.approx(numeric, rel=1e-5, abs=1e-8), (name, i)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..lm.model import unembed, unembed_backward
-from ..stack.backward import backward, forward_saved
+from ..layer.tape import Tape
+from ..stack.backward import backward
 from ..stack.hooks import run_with_cache
 from ..stack.transformer import Transformer, check_decoder
 from .interventions import Patching, check_patch_args, logit_diff
@@ -57,9 +57,9 @@ def attribute(model: Transformer, clean_ids, corrupt_ids, *, answer: int, wrong:
     c = model.config
     names = [f"blocks.{i}.{h}" for i in range(c.n_layers) for h in ("attn.hook_z", "hook_resid_pre")]
     clean_out, clean_acts = run_with_cache(model, clean_ids, names)
-    _, corrupt_acts = run_with_cache(model, corrupt_ids, names)
-    tape = forward_saved(model, corrupt_ids)
-    logits = unembed(model, tape.hidden)                                # (n, vocab)
+    tape = Tape()
+    corrupt_out, corrupt_acts = run_with_cache(model, corrupt_ids, names, tape=tape)   # the one forward, taped
+    logits = corrupt_out.logits                                         # (n, vocab)
     clean, corrupt = logit_diff(clean_out.logits, answer, wrong), logit_diff(logits, answer, wrong)
     if clean == corrupt:
         raise ValueError("the clean and corrupted texts give the same logit difference: nothing to restore")
@@ -67,8 +67,7 @@ def attribute(model: Transformer, clean_ids, corrupt_ids, *, answer: int, wrong:
     dlogits = np.zeros_like(logits)                                     # (n, vocab)
     dlogits[-1, answer] += 1
     dlogits[-1, wrong] -= 1
-    dx, _ = unembed_backward(model, tape.hidden, dlogits)               # (n, d_model)
-    _, grads = backward(model, tape, dx, grad_names=names)
+    _, grads = backward(model, tape, dlogits, grad_names=names)
     diff = {k: clean_acts[k].astype(np.float64) - corrupt_acts[k] for k in names}
     heads = np.array([(grads[f"blocks.{i}.attn.hook_z"] * diff[f"blocks.{i}.attn.hook_z"]).sum((-2, -1))
                       for i in range(c.n_layers)])                      # (n_layers, n_heads)

@@ -19,7 +19,8 @@ from ..kernels.matmul import as_weight, fuse_columns, streamed
 from .cache import KVCache
 from .config import AttentionConfig
 from .hookpoints import NO_HOOKS, KeepPattern
-from ..kernels.naive import naive_scores
+from .tape import Tape
+from ..kernels.naive import NaiveSaved, naive_scores
 from ..kernels.softmax import softmax
 
 
@@ -147,7 +148,7 @@ def param_shapes(c: AttentionConfig) -> dict[str, tuple]:
 
 
 def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_causal=False,
-                        cache: KVCache | None = None, hook=None) -> np.ndarray:
+                        cache: KVCache | None = None, hook=None, tape: Tape | None = None) -> np.ndarray:
     """Multi-head attention (Vaswani et al., 2017, §3.2.2):
     ``y = concat_i(attention(x W_Qᵢ + b_Qᵢ, x W_Kᵢ + b_Kᵢ, x W_Vᵢ + b_Vᵢ)) W_O + b_O``.
 
@@ -174,6 +175,9 @@ def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_ca
         with, for the names ``hook_q``, ``hook_k``, ``hook_v`` (after the position rotation),
         ``hook_scores``, ``hook_pattern`` and ``hook_z``; ``hook.wants(name)`` says which it takes. Asking
         for the scores or the pattern takes the path that holds the (n, n_k) grid.
+    tape : Tape, optional
+        Keep what :func:`multihead_attention_backward` needs (a :class:`SavedLayer`, under the tape's own
+        name): the same pass, for training. Not with a cache.
 
     Returns
     -------
@@ -185,8 +189,10 @@ def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_ca
     ValueError, TypeError
         When ``x`` is not (..., n, d_model), and as :func:`attnlab.kernels.attention` or :meth:`KVCache.append` do.
     """
+    if tape is not None and cache is not None:
+        raise ValueError("tape is for a pass without a KV cache (a training step's), got both")
     return _multihead(p, x, mask=mask, bias=bias, is_causal=is_causal, cache=cache,
-                      hook=NO_HOOKS if hook is None else hook)
+                      hook=NO_HOOKS if hook is None else hook, tape=tape)
 
 
 def multihead_attention_with_weights(p: MultiHeadAttention, x, *, mask=None, bias=None, is_causal=False,
@@ -217,8 +223,9 @@ def multihead_attention_with_weights(p: MultiHeadAttention, x, *, mask=None, bia
     return y, keep.pattern.astype(y.dtype, copy=False)
 
 
-def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook):
-    """The forward: y (..., n, d_model), calling ``hook`` at each of its points."""
+def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook, tape=None):
+    """The one forward: y (..., n, d_model), calling ``hook`` at each of its points, keeping its
+    :class:`SavedLayer` on ``tape`` when given one (no cache then)."""
     x = _check_x(p, x)
     start = 0 if cache is None else cache.length
     q, k, v = _project(p, x, start=start)            # (..., h, n, d_head), (..., h_kv, n, d_head) × 2
@@ -228,8 +235,11 @@ def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook):
     try:
         opts = dict(mask=mask, bias=_bias(p, bias, q.shape[-2], k.shape[-2], q.dtype), is_causal=is_causal,
                     **p.config.options)             # window, scale, softcap
+        saved = None
         if hook.wants("hook_scores") or hook.wants("hook_pattern"):
-            heads = _attention_on_the_grid(q, k, v, opts, hook, finite=cache is None)   # (..., h, n, d_head)
+            heads, saved = _attention_on_the_grid(q, k, v, opts, hook, finite=cache is None)   # (..., h, n, d_head)
+        elif tape is not None:
+            heads, saved = attention_forward(q, k, v, **opts)   # (..., h, n, d_head), the backward's share
         elif cache is None:
             heads = attention(q, k, v, **opts)       # (..., h, n, d_head)
         else:
@@ -244,31 +254,37 @@ def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook):
         raise
     heads = hook("hook_z", heads)                    # (..., h, n, d_head) per-head outputs before W_O
     if hook.wants("hook_result"):
-        return _output_by_head(p, heads, hook)       # (..., n, d_model)
-    return _output(p, heads)[1]                      # (..., n, d_model)
+        merged, y = _output_by_head(p, heads, hook)  # (..., n, h·d_head), (..., n, d_model)
+    else:
+        merged, y = _output(p, heads)                # (..., n, h·d_head), (..., n, d_model)
+    if tape is not None:
+        tape.keep(SavedLayer(x=x, merged=merged, attn=saved))
+    return y
 
 
-def _output_by_head(p: MultiHeadAttention, heads: np.ndarray, hook) -> np.ndarray:
-    """The layer's output with each head's own result ``z_h W_O[h]`` (..., h, n, d_model) seen at
-    ``hook_result``: ``merged W_O + b_O`` when the hook only looked (so recording changes no bit), the sum of
-    the results it returned plus b_O when it replaced them."""
+def _output_by_head(p: MultiHeadAttention, heads: np.ndarray, hook) -> tuple[np.ndarray, np.ndarray]:
+    """The merged heads and the layer's output with each head's own result ``z_h W_O[h]`` (..., h, n, d_model)
+    seen at ``hook_result``: ``merged W_O + b_O`` when the hook only looked (so recording changes no bit),
+    the sum of the results it returned plus b_O when it replaced them."""
     c = p.config
     W_O = p.W_O.reshape(c.n_heads, c.d_head, c.d_model)   # (h, d_head, d_model) head h's rows of W_O
     result = heads @ W_O                             # (..., h, n, d_model)
     replaced = hook("hook_result", result)           # (..., h, n, d_model)
+    merged, y = _output(p, heads)                    # (..., n, h·d_head), (..., n, d_model)
     if replaced is result:
-        return _output(p, heads)[1]                  # (..., n, d_model)
-    return replaced.sum(axis=-3) + p.b_O             # (..., n, d_model)
+        return merged, y
+    return merged, replaced.sum(axis=-3) + p.b_O     # (..., n, d_model)
 
 
 def _attention_on_the_grid(q, k, v, opts: dict, hook, *, finite: bool):
     """Attention through its (n, n_k) grid, so the scores and the pattern can be seen or replaced: the heads
-    (..., h, n, d_head); ``hook_pattern`` sees the weights (..., h, n, n_k) in the softmax's dtype."""
+    (..., h, n, d_head), and what the naive backward needs (the weights the pass went on with);
+    ``hook_pattern`` sees the weights (..., h, n, n_k) in the softmax's dtype."""
     c = check_attention_args(q, k, v, require_finite=finite, **opts)
     s = hook("hook_scores", naive_scores(c))         # (..., h, n, n_k) scaled, biased, masked with -inf
     a = hook("hook_pattern", softmax(s))             # (..., h, n, n_k) rows with no key are 0
-    heads = unfold(fold(a, c.groups) @ c.v, c.groups)   # (..., h, n, d_head) a group: one matmul
-    return heads.astype(c.out_dtype, copy=False)
+    out = unfold(fold(a, c.groups) @ c.v, c.groups)  # (..., h, n, d_head) a group: one matmul
+    return out.astype(c.out_dtype, copy=False), NaiveSaved(c=c, inputs=(q, k, v), out=out, a=a)
 
 
 def multihead_attention_grad(p: MultiHeadAttention, x, dy, *, mask=None, bias=None, is_causal=False):
@@ -308,7 +324,7 @@ class SavedLayer:
 
 
 def multihead_attention_forward(p: MultiHeadAttention, x, *, mask=None, bias=None, is_causal=False):
-    """:func:`multihead_attention` without a cache, and what its backward needs.
+    """:func:`multihead_attention` without a cache, run with a tape of its own, and what it kept.
 
     Parameters
     ----------
@@ -323,13 +339,9 @@ def multihead_attention_forward(p: MultiHeadAttention, x, *, mask=None, bias=Non
         For :func:`multihead_attention_backward`: the input, the merged heads, the attention's own
         saved forward (its weights below the crossover, one log-sum-exp per query above it).
     """
-    x = _check_x(p, x)
-    q, k, v = _project(p, x)                               # (..., h, n, d_head), (..., h_kv, n, d_head) × 2
-    n = q.shape[-2]
-    heads, attn = attention_forward(q, k, v, mask=mask, bias=_bias(p, bias, n, n, q.dtype), is_causal=is_causal,
-                                    **p.config.options)   # (..., h, n, d_head)
-    merged, y = _output(p, heads)                          # (..., n, h·d_head), (..., n, d_model)
-    return y, SavedLayer(x=x, merged=merged, attn=attn)
+    tape = Tape()
+    y = multihead_attention(p, x, mask=mask, bias=bias, is_causal=is_causal, tape=tape)   # (..., n, d_model)
+    return y, tape.value
 
 
 def multihead_attention_backward(p: MultiHeadAttention, saved: SavedLayer, dy):

@@ -12,8 +12,9 @@ blocks instead. The model is a :class:`attnlab.stack.transformer.Transformer` (:
 shape); it runs through the stack's ``forward`` and ``generate`` like GPT-2 does.
 
 :func:`loss_and_grad` is the one loss and gradient of every model the stack runs (this LM, GPT-2, BERT,
-the Llama family): the backward is written by hand beside each forward (:mod:`attnlab.stack.backward`),
-each line naming the forward line it undoes.
+the Llama family, GPT-NeoX, Gemma-2): its forward is the stack's one ``forward``, given a tape; the backward
+is written by hand beside each forward (:mod:`attnlab.stack.backward`), each line naming the forward line it
+undoes.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from ..kernels._checks import as_token_ids
 from ..layer.config import AttentionConfig
 from ..layer.positions import Learned, PositionScheme
 from ..stack.layers import LayerNorm
-from ..stack.backward import backward, check_grad_names, forward_saved
-from ..stack.transformer import ModelConfig, Transformer, check_ids, forward
+from ..layer.tape import Tape
+from ..stack.backward import backward, check_grad_names
+from ..stack.transformer import ModelConfig, Transformer, check_ids, forward, logits_of
 
 FAMILY = "attnlab"
 
@@ -56,13 +58,9 @@ IGNORE = -100   # a target that is not scored (transformers' ignore_index): a ma
 
 
 def check_model(model: Transformer) -> None:
+    """A Transformer of any family: the backward covers every piece the stack runs."""
     if not isinstance(model, Transformer):
         raise TypeError(f"model must be a Transformer, got {type(model).__name__}")
-    c = model.config
-    extra = [what for what, has in (("an embedding scale", c.embed_scale != 1.0),
-                                    ("a logit soft-cap", c.logit_softcap is not None)) if has]
-    if extra:
-        raise ValueError(f"loss_and_grad has no backward for {' or '.join(extra)} yet; this model has it")
 
 
 def cross_entropy(logits: np.ndarray, targets: np.ndarray) -> tuple[float, np.ndarray]:
@@ -81,33 +79,19 @@ def cross_entropy(logits: np.ndarray, targets: np.ndarray) -> tuple[float, np.nd
     return float(-(picked * keep).sum() / count), dlogits / count        # predicted minus correct, over N
 
 
-def unembed(model: Transformer, x: np.ndarray) -> np.ndarray:
-    """Logits (..., n, vocab) of the last hidden state x (..., n, d_model): ``x W_U + b_U``, or ``x W_Eᵀ`` with
-    tied embeddings. An encoder without a head (BERT) is scored against its word embeddings too, as
-    BertForMaskedLM's decoder is tied to them (its transform layer and bias are not part of attnlab's BERT)."""
-    if model.W_U is not None:
-        return x @ model.W_U + model.b_U                                 # (..., n, vocab)
-    return x @ model.W_E.T                                               # (..., n, vocab)
-
-
-def unembed_backward(model: Transformer, x: np.ndarray, dlogits: np.ndarray):
-    """Backward of :func:`unembed`: ``(dx, grads)`` from dL/dlogits (..., n, vocab), grads holding dL/dW_U and
-    dL/db_U, or the unembedding's part of dL/dW_E when it is tied (the embedding adds its own)."""
-    V, d = model.config.vocab_size, model.config.d_model
-    dlogits2 = dlogits.reshape(-1, V)                                    # (N, vocab)
-    if model.W_U is not None:
-        # forward: logits = x @ W_U + b_U
-        grads = {"W_U": x.reshape(-1, d).T @ dlogits2, "b_U": dlogits2.sum(0)}   # (d_model, vocab), (vocab,)
-        return dlogits @ model.W_U.T, grads                              # (..., n, d_model)
-    # forward: logits = x @ W_Eᵀ
-    return dlogits @ model.W_E, {"W_E": dlogits2.T @ x.reshape(-1, d)}   # (..., n, d_model), (vocab, d_model)
+def scored_logits(model: Transformer, ids, *, token_types=None, tape: Tape | None = None) -> np.ndarray:
+    """The logits (..., n, vocab) the loss scores: the forward's (one pass, kept on ``tape`` when given); an
+    encoder without a head (BERT) is scored against its word embeddings, as BertForMaskedLM's decoder is tied
+    to them (its transform layer and bias are not part of attnlab's BERT)."""
+    out = forward(model, ids, token_types=token_types, tape=tape)
+    return out.logits if out.logits is not None else logits_of(model, out.hidden_states[-1], tape)
 
 
 def loss(model: Transformer, ids, targets, *, token_types=None) -> float:
     """Cross-entropy of ``targets`` (..., n) given ``ids`` (..., n), in nats per token."""
     check_model(model)
-    hidden = forward(model, ids, token_types=token_types).hidden_states[-1]   # (..., n, d_model)
-    return cross_entropy(unembed(model, hidden), check_targets(targets, hidden.shape[:-1], model.config.vocab_size))[0]
+    logits = scored_logits(model, ids, token_types=token_types)          # (..., n, vocab)
+    return cross_entropy(logits, check_targets(targets, logits.shape[:-1], model.config.vocab_size))[0]
 
 
 def check_targets(targets, shape: tuple, vocab_size: int) -> np.ndarray:
@@ -129,10 +113,11 @@ def loss_and_grad(model: Transformer, ids, targets, *, grad_names=(), token_type
     and to the named activations ``grad_names``: one forward pass, one backward pass.
 
     Every family the stack runs: attnlab's own LM, GPT-2 (tied), BERT (post-norm; its masked-LM loss, the
-    unmasked positions' targets :data:`IGNORE`, scored as :func:`unembed` says), the Llama family (RMSNorm,
-    gated MLP, grouped KV heads, RoPE). The forward keeps what each piece's backward needs
-    (:func:`attnlab.stack.backward.forward_saved`); the backward walks it in reverse
-    (:func:`attnlab.stack.backward.backward`).
+    unmasked positions' targets :data:`IGNORE`, scored as :func:`scored_logits` says), the Llama family
+    (RMSNorm, gated MLP, grouped KV heads, RoPE), GPT-NeoX (parallel blocks), Gemma-2 (sandwich norms, the
+    embedding scale, both soft-caps, alternating windows). The forward is the one inference runs
+    (:func:`attnlab.stack.transformer.forward`), given a tape on which each piece keeps what its backward
+    needs; the backward walks it in reverse (:func:`attnlab.stack.backward.backward`).
 
     Parameters
     ----------
@@ -164,12 +149,8 @@ def loss_and_grad(model: Transformer, ids, targets, *, grad_names=(), token_type
     ids = check_ids(model, ids)                                          # (..., n)
     targets = check_targets(targets, ids.shape, model.config.vocab_size)
     names = check_grad_names(model, grad_names)
-    tape = forward_saved(model, ids, token_types=token_types)
-    x = tape.hidden                                                      # (..., n, d_model)
-    value, dlogits = cross_entropy(unembed(model, x), targets)           # (..., n, vocab)
-    dx, head = unembed_backward(model, x, dlogits)                       # (..., n, d_model)
-    grads, named = backward(model, tape, dx, grad_names=names)
-    if "W_E" in head:
-        grads["W_E"] += head.pop("W_E")
-    grads.update(head)
-    return value, {**{name: grads[name] for name in model.params()}, **named}
+    tape = Tape()
+    logits = scored_logits(model, ids, token_types=token_types, tape=tape)   # (..., n, vocab)
+    value, dlogits = cross_entropy(logits, targets)                      # (..., n, vocab)
+    grads, named = backward(model, tape, dlogits, grad_names=names)
+    return value, {**grads, **named}

@@ -1,49 +1,34 @@
-"""The whole stack's backward, beside its forward: the embeddings, every block, the final norm.
+"""The whole stack's backward, from what its one forward kept on a tape.
 
-:func:`forward_saved` runs the pass of :func:`attnlab.stack.transformer.forward` (no cache, no hooks) and
-keeps, per piece, exactly what that piece's backward needs; each piece's pair lives beside it (the block
-kinds' ``forward_saved`` / ``backward`` in :mod:`attnlab.stack.blocks`, the norms' and MLPs' in
-:mod:`attnlab.stack.layers`, attention's in :mod:`attnlab.layer.multihead`,
-:func:`attnlab.stack.transformer.embed_forward` / ``embed_backward``). :func:`backward` walks it in reverse
-from dL/d(the last hidden state) and returns dL/d(every parameter) by the names of
+There is one forward (:func:`attnlab.stack.transformer.forward`): inference, hooks, training and attribution
+all run it. Given a :class:`~attnlab.layer.tape.Tape` it also keeps, piece by piece, exactly what each piece's
+backward needs; each piece's pair lives beside it (the block kinds' residual lines in
+:mod:`attnlab.stack.blocks`, the norms' and MLPs' in :mod:`attnlab.stack.layers`, attention's in
+:mod:`attnlab.layer.multihead`, :func:`attnlab.stack.transformer.embed` / ``embed_backward`` and
+:func:`~attnlab.stack.transformer.logits_of` / ``logits_backward``). :func:`backward` walks the tape in reverse
+from dL/d(the logits) (or dL/d(the last hidden state)) and returns dL/d(every parameter) by the names of
 :meth:`Transformer.params`, and dL/d(any named activation asked for) by the hook names of
-:mod:`attnlab.stack.hooks` (``blocks.3.attn.hook_z``, ``blocks.0.hook_resid_pre``, …).
+:mod:`attnlab.stack.hooks` (``blocks.3.attn.hook_z``, ``blocks.0.hook_resid_pre``, …)::
+
+    tape = Tape()
+    logits = forward(model, ids, tape=tape).logits          # the pass inference runs, bit for bit
+    grads, named = backward(model, tape, dlogits, grad_names=["blocks.0.attn.hook_z"])
+
+Hooks that replace an activation during a taped pass are taken as constants of the backward's pieces: the
+gradient flows through the hook point as if the hook had returned its input, at the values the pass went on
+with (TransformerLens's hooks behave so under torch when a hook returns a detached tensor).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from .transformer import SavedEmbedding, Transformer, check_ids, embed_backward, embed_forward, hook_names
+from ..layer.tape import Tape
+from .transformer import Transformer, embed_backward, hook_names, logits_backward
 
 # hook points the backward gives no gradient at: the (n, n_k) grids (the tiled path never builds them), the
 # norms' divisors and the MLPs' hidden layers
 NOT_DIFFERENTIATED = ("hook_scores", "hook_pattern", "hook_scale", "mlp.hook_pre", "mlp.hook_post")
-
-
-@dataclass(frozen=True, eq=False)
-class Tape:
-    """A forward pass kept for its backward: the embedding's, each block's and the final norm's saved forward."""
-    embedding: SavedEmbedding
-    blocks: tuple                # one dict per block, from the block's forward_saved
-    final: tuple | None          # ln_final's saved forward
-    hidden: np.ndarray           # (..., n, d_model) the last hidden state (after ln_final)
-
-
-def forward_saved(model: Transformer, ids, *, token_types=None) -> Tape:
-    """The forward pass of ``ids`` (..., n), keeping what :func:`backward` needs."""
-    ids = check_ids(model, ids)                                          # (..., n)
-    x, emb = embed_forward(model, ids, token_types=token_types)          # (..., n, d_model)
-    blocks = []
-    for block in model.blocks:
-        x, s = block.forward_saved(x, is_causal=model.config.is_causal)  # (..., n, d_model)
-        blocks.append(s)
-    final = None
-    if model.ln_final is not None:
-        x, final = model.ln_final.forward(x)                             # (..., n, d_model)
-    return Tape(embedding=emb, blocks=tuple(blocks), final=final, hidden=x)
 
 
 def grad_hook_names(model: Transformer) -> list[str]:
@@ -65,26 +50,76 @@ def check_grad_names(model: Transformer, grad_names) -> tuple[str, ...]:
     return tuple(grad_names)
 
 
-def backward(model: Transformer, tape: Tape, d_hidden: np.ndarray, *, grad_names=()):
-    """dL/d(every parameter) and dL/d(the named activations ``grad_names``) from dL/d ``tape.hidden``.
+def backward(model: Transformer, tape: Tape, dlogits=None, *, d_hidden=None, grad_names=()):
+    """dL/d(every parameter) and dL/d(the named activations ``grad_names``), from what
+    ``forward(model, ids, tape=tape)`` kept.
 
-    Returns ``(grads, named)``: two dicts, by the names of :meth:`Transformer.params` (the unembedding is
-    not part of the stack: the caller adds its own) and by the hook names asked for.
+    Parameters
+    ----------
+    model : Transformer
+        The model the taped pass ran.
+    tape : Tape
+        What the pass kept.
+    dlogits : float array (..., k, vocab), optional
+        dL/d(the pass's logits), in their shape (``logits_to_keep`` rows when the pass kept only those).
+    d_hidden : float array (..., n, d_model), optional
+        Or dL/d(the last hidden state, after the final norm), for a loss that does not go through the logits.
+        Exactly one of the two.
+    grad_names : list of str
+        Activations to differentiate too (see :func:`grad_hook_names`).
+
+    Returns
+    -------
+    grads, named : dict, dict
+        dL/d(every parameter) by the names of :meth:`Transformer.params` (the unembedding's with ``dlogits``;
+        a tied W_E gets both its uses), and dL/d(each activation of ``grad_names``) by its hook name.
+
+    Raises
+    ------
+    ValueError, TypeError
+        A tape that did not record a pass of this model, a gradient of the wrong shape, unknown names.
     """
     names = check_grad_names(model, grad_names)
+    if not isinstance(tape, Tape) or "embed" not in tape:
+        raise TypeError("tape must be a Tape that forward(model, ids, tape=tape) filled")
+    shape = (*tape["embed"].ids.shape, model.config.d_model)           # the hidden states' (..., n, d_model)
+    if (dlogits is None) == (d_hidden is None):
+        raise TypeError("give exactly one of dlogits and d_hidden")
     grads, named = {}, {}
-    dx = d_hidden                                                        # (..., n, d_model)
+    if dlogits is not None:
+        if "unembed" not in tape:
+            raise ValueError("dlogits given, but the taped pass computed no logits (an encoder without a head: "
+                             "call logits_of(model, hidden, tape) after it)")
+        x = tape["unembed"].x                                           # (..., k, d_model)
+        dlogits = np.asarray(dlogits)
+        if dlogits.shape != (*x.shape[:-1], model.config.vocab_size):
+            raise ValueError(f"dlogits must have the logits' shape {(*x.shape[:-1], model.config.vocab_size)}, "
+                             f"got {dlogits.shape}")
+        dk, grads = logits_backward(model, tape, dlogits)               # (..., k, d_model)
+        dx = dk if dk.shape == shape else _rows_into(dk, shape)         # (..., n, d_model)
+    else:
+        dx = np.asarray(d_hidden)                                       # (..., n, d_model)
+        if dx.shape != shape:
+            raise ValueError(f"d_hidden must have the hidden states' shape {shape}, got {dx.shape}")
     if model.ln_final is not None:
         # forward: hidden = ln_final(x)
         named["ln_final.hook_normalized"] = dx
-        dx, g = model.ln_final.backward(tape.final, dx)                  # (..., n, d_model)
+        dx, g = model.ln_final.backward(tape["ln_final"], dx)           # (..., n, d_model)
         grads.update({f"ln_final.{k}": v for k, v in g.items()})
     for i in reversed(range(model.config.n_layers)):
         # forward: x = block_i.forward(x)
-        dx, g, points = model.blocks[i].backward(tape.blocks[i], dx)     # (..., n, d_model)
+        dx, g, points = model.blocks[i].backward(tape.scoped(f"blocks.{i}."), dx)   # (..., n, d_model)
         grads.update({f"blocks.{i}.{k}": v for k, v in g.items()})
         named.update({f"blocks.{i}.{k}": v for k, v in points.items() if f"blocks.{i}.{k}" in names})
     if model.ln_embed is not None:
         named["ln_embed.hook_normalized"] = dx
-    grads.update(embed_backward(model, tape.embedding, dx))
-    return grads, {n: named[n] for n in names}
+    for k, v in embed_backward(model, tape, dx).items():
+        grads[k] = grads[k] + v if k in grads else v                    # a tied W_E: the unembedding's use too
+    return {k: grads[k] for k in model.params() if k in grads}, {n: named[n] for n in names}
+
+
+def _rows_into(dk: np.ndarray, shape: tuple) -> np.ndarray:
+    """dL/d(the last k rows) placed in zeros of the whole (..., n, d_model): the other rows had no logits."""
+    dx = np.zeros(shape, dk.dtype)                                      # (..., n, d_model)
+    dx[..., shape[-2] - dk.shape[-2]:, :] = dk
+    return dx

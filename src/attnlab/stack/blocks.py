@@ -1,11 +1,19 @@
 """Block kinds: how a block wires its attention, its MLP and its norms, each kind one small class.
 
-Every kind's ``forward`` is its residual lines, as nanoGPT's ``Block`` is::
+A kind states its residual lines once, as data (:class:`Line`: ``x = after(x + Σ branch(x))``, each branch a
+chain of the block's parts), as nanoGPT's ``Block`` writes them::
 
     PreNormBlock   (GPT-2, Llama)    x = x + attn(ln_1(x));           x = x + mlp(ln_2(x))
     PostNormBlock  (BERT)            x = ln_1(x + attn(x));           x = ln_2(x + mlp(x))
     ParallelBlock  (GPT-NeoX, GPT-J) x = x + attn(ln_1(x)) + mlp(ln_2(x))
     SandwichBlock  (Gemma-2)         x = x + ln_1_post(attn(ln_1(x))); x = x + ln_2_post(mlp(ln_2(x)))
+
+One interpreter runs the lines forward (:meth:`Block.forward`) for inference, hooks and training alike: with
+a tape (:class:`attnlab.layer.tape.Tape`) each part keeps what its backward needs, under its field name.
+One runs them backward (:meth:`Block.backward`), bottom to top, from what the tape holds, and records the
+gradient at each named point it passes (the hook names, block-relative) for attribution patching. The hook
+names themselves (:meth:`Block.hook_names`) follow the lines too. Each part's own pair sits beside it
+(:mod:`attnlab.stack.layers`, :func:`attnlab.layer.multihead.multihead_attention`).
 
 A block's fields are its parts (an attention layer, norms, an MLP; a norm or the MLP may be None). What a
 field holds for a model is a :class:`Slot`: its class, its arrays' shapes, how to build it from arrays and
@@ -13,16 +21,10 @@ how to draw it at random. :meth:`Block.slots` states a kind's slots once; the pa
 ``param_names``, ``from_params``, ``init`` and the shape checks of :class:`~attnlab.stack.transformer.Transformer`)
 walks them, and the hook names too. A new kind is one more class here, registered in :data:`BLOCKS`.
 
-Each kind's backward sits beside its forward (llm.c's pairs): ``forward_saved`` runs the residual lines
-without hooks or a cache and keeps each part's saved forward (the parts' own ``forward``/``backward``
-pairs, :mod:`attnlab.stack.layers` and :func:`attnlab.layer.multihead.multihead_attention_forward`);
-``backward`` undoes them line by line, bottom to top, and records the gradient at each named point it
-passes (the hook names, block-relative) for attribution patching.
-
 Hooks are at the same named points in every kind (see :mod:`attnlab.stack.hooks`): ``hook_resid_pre``,
 the parts' own (``ln_1.hook_scale``, ``attn.hook_q``, ``mlp.hook_pre``, …), ``hook_attn_out`` and
 ``hook_mlp_out`` (what each sublayer adds to the stream), ``hook_resid_mid`` (the stream between the two
-sublayers; a parallel block has none) and ``hook_resid_post``.
+lines; a parallel block has one line, so none) and ``hook_resid_post``.
 """
 
 from __future__ import annotations
@@ -33,9 +35,7 @@ from typing import Callable
 import numpy as np
 
 from ..layer.config import AttentionConfig
-from ..layer.hookpoints import NO_HOOKS
-from ..layer.multihead import (MultiHeadAttention, multihead_attention, multihead_attention_backward_named,
-                               multihead_attention_forward, param_shapes)
+from ..layer.multihead import MultiHeadAttention, multihead_attention, multihead_attention_backward_named, param_shapes
 
 
 @dataclass(frozen=True)
@@ -82,49 +82,49 @@ def mlp_slot(c) -> Slot | None:
                 lambda rng, std, dtype: cls.init(c.d_model, c.d_mlp, c.activation, rng=rng, std=std, dtype=dtype))
 
 
-def _norm(norm, name: str, x: np.ndarray, hook) -> np.ndarray:
-    """``norm(x)`` with its hooks, or x where the model has no norms."""
-    return x if norm is None else norm(x, hook.scoped(name + "."))
+@dataclass(frozen=True)
+class Line:
+    """One residual line of a block: ``x = after(x + Σ_b branch_b(x))``, each branch a chain of the block's parts
+    (field names) applied first to last; ``after`` a norm on the sum (post-norm), or None.
+
+    A branch is there when its sublayer (its ``attn`` or ``mlp`` field) is: an attention-only block has no MLP
+    line. What a branch adds is seen at ``hook_attn_out`` or ``hook_mlp_out``, by its sublayer."""
+    branches: tuple               # of tuples of field names, e.g. (("ln_1", "attn"),)
+    after: str | None = None      # a norm field, on the line's sum
 
 
-# the backward's helpers: each part's forward keeps its own saved state in ``saved[field]``; its backward
-# puts the part's gradients into ``grads`` ("ln_1.weight", …) and the gradients at its points into ``named``
+def line(*branches: tuple, after: str | None = None) -> Line:
+    return Line(branches=tuple(branches), after=after)
 
-def _keep(block, field: str, x: np.ndarray, saved: dict, **options) -> np.ndarray:
-    """Part ``field`` of the block on x, its saved forward in ``saved[field]``; x itself where it is None."""
-    part = getattr(block, field)
-    if part is None:
-        return x
+
+def sublayer(branch: tuple) -> str:
+    """The branch's sublayer, "attn" or "mlp": the part it is there for."""
+    return next(f for f in branch if f in ("attn", "mlp"))
+
+
+def _undo(field: str, part, tape, dy: np.ndarray, grads: dict, named: dict) -> np.ndarray:
+    """Backward of one part from what its forward kept on ``tape`` under ``field``: dL/dx from dL/dy; the
+    part's gradients go into ``grads`` ("ln_1.weight", …), the gradients at its points into ``named``."""
     if field == "attn":
-        y, saved[field] = multihead_attention_forward(part, x, **options)
-    else:
-        y, saved[field] = part.forward(x)
-    return y
-
-
-def _undo(block, field: str, saved: dict, dy: np.ndarray, grads: dict, named: dict) -> np.ndarray:
-    """Backward of :func:`_keep`: dL/dx from dL/dy; dy itself where the part is None."""
-    part = getattr(block, field)
-    if part is None:
-        return dy
-    if field == "attn":
-        dx, g, points = multihead_attention_backward_named(part, saved[field], dy)
+        dx, g, points = multihead_attention_backward_named(part, tape[field], dy)
         g = g.params()
         named.update({f"attn.{k}": v for k, v in points.items()})
     else:
         if field.startswith("ln"):
             named[f"{field}.hook_normalized"] = dy
-        dx, g = part.backward(saved[field], dy)
+        dx, g = part.backward(tape[field], dy)
     grads.update({f"{field}.{k}": v for k, v in g.items()})
     return dx
 
 
 class Block:
-    """What every block kind shares: the walk over its parts. Subclasses are frozen dataclasses whose
-    fields are the parts, and state ``slots``, ``POINTS`` and ``forward``."""
+    """What every block kind shares: the walk over its parts. Subclasses are frozen dataclasses whose fields
+    are the parts, and state ``slots`` and ``LINES``; one interpreter runs the lines forward (:meth:`forward`:
+    hooks, a cache, a mask, a tape), one runs them backward from the tape (:meth:`backward`), and the hook
+    names follow them (:meth:`hook_names`)."""
     name = ""              # its key in BLOCKS
     final_norm = True      # the stack normalises once more before the logits (ln_final)
-    POINTS: tuple = ()     # hook points in pass order: "hook_…" names, part fields, (name, the part it needs)
+    LINES: tuple = ()      # the residual lines, in pass order (see Line)
 
     @classmethod
     def slots(cls, c, a: AttentionConfig) -> dict[str, Slot | None]:
@@ -164,36 +164,104 @@ class Block:
 
     @classmethod
     def hook_names(cls, c, a: AttentionConfig) -> list[str]:
-        """The block's hook names (without the ``blocks.{i}.`` prefix), in the order the pass reaches them."""
-        slots, names = cls.slots(c, a), []
-        for point in cls.POINTS:
-            if isinstance(point, tuple):                     # (name, the part it needs)
-                names += [point[0]] if slots[point[1]] is not None else []
-            elif point in slots:                             # a part: its own points
-                names += [f"{point}.{h}" for h in slots[point].cls.HOOKS] if slots[point] is not None else []
-            else:
-                names.append(point)
-        return names
+        """The block's hook names (without the ``blocks.{i}.`` prefix), in the order the pass reaches them:
+        ``hook_resid_pre``; per line (``hook_resid_mid`` before the second), each branch's parts' own points
+        and its output's point, then the ``after`` norm's points; ``hook_resid_post``."""
+        slots = cls.slots(c, a)
+        points = lambda field: [f"{field}.{h}" for h in slots[field].cls.HOOKS] if slots[field] else []   # noqa: E731
+        names = ["hook_resid_pre"]
+        for j, ln in enumerate(cls.LINES):
+            branches = [b for b in ln.branches if slots[sublayer(b)] is not None]
+            if not branches:
+                continue
+            names += ["hook_resid_mid"] if j else []
+            for b in branches:
+                names += [p for field in b for p in points(field)] + [f"hook_{sublayer(b)}_out"]
+            names += points(ln.after) if ln.after else []
+        return names + ["hook_resid_post"]
+
+    def lines(self) -> tuple:
+        """The lines this block runs, its parts looked up: ``(mid, branches, after)`` each, ``mid`` True for a
+        line after the first (``hook_resid_mid`` before it), ``branches`` ``(((field, part), …), out point)``
+        without the absent parts, ``after`` ``(field, part)`` or None. Built once per block."""
+        got = self.__dict__.get("_lines")
+        if got is None:
+            got = []
+            for j, ln in enumerate(self.LINES):
+                branches = tuple((tuple((f, getattr(self, f)) for f in b if getattr(self, f) is not None),
+                                  f"hook_{sublayer(b)}_out") for b in ln.branches if getattr(self, sublayer(b)) is not None)
+                after = None if ln.after is None or getattr(self, ln.after) is None else (ln.after, getattr(self, ln.after))
+                if branches:
+                    got.append((j > 0, branches, after))
+            got = tuple(got)
+            object.__setattr__(self, "_lines", got)
+        return got
 
     def attention_input(self, x: np.ndarray) -> np.ndarray:
-        """What the attention of this block reads, given the block's input x (..., n, d_model)."""
-        return _norm(self.ln_1, "ln_1", x, NO_HOOKS)
+        """What the attention of this block reads, given the block's input x (..., n, d_model): x through the
+        parts before ``attn`` on its branch (ln_1 in a pre-norm block; nothing in a post-norm one)."""
+        for _, branches, _ in self.lines():
+            for chain, _ in branches:
+                for field, part in chain:
+                    if field == "attn":
+                        return x
+                    x = part(x)                                            # (..., n, d_model)
+        raise AssertionError("every block kind has an attention branch")
 
-    def forward_saved(self, x: np.ndarray, *, is_causal: bool):
-        """The block's residual lines on x (..., n, d_model) without hooks or a cache: ``(x_out, saved)``,
-        saved holding each part's saved forward by field name, for :meth:`backward`."""
-        raise NotImplementedError
+    def forward(self, x: np.ndarray, h, *, is_causal: bool, cache=None, mask=None, tape=None) -> np.ndarray:
+        """The block's residual lines on x (..., n, d_model): the one forward of inference, hooks and training.
 
-    def backward(self, saved: dict, dx: np.ndarray):
-        """Backward of :meth:`forward_saved`: ``(dx_in, grads, named)`` from dL/dx_out, grads by the names
-        of :meth:`params`, named the gradients at the block's points ("hook_resid_pre", "attn.hook_z", …)."""
-        raise NotImplementedError
+        ``h`` the hooks (block-relative names), ``cache`` this layer's KV cache, ``mask`` (B, 1, 1, n_k) True =
+        a real key (a padded batch's keys, ANDed with the causal mask), ``tape`` (scoped to the block) keeps
+        each part's saved forward under its field name for :meth:`backward`."""
+        x = h("hook_resid_pre", x)                                         # (..., n, d_model)
+        for mid, branches, after in self.lines():
+            if mid:
+                x = h("hook_resid_mid", x)
+            y = None
+            for chain, out in branches:                                    # x = after(x + Σ_b chain_b(x))
+                z = x
+                for field, part in chain:
+                    z = _run(field, part, z, h, tape, is_causal=is_causal, cache=cache, mask=mask)
+                z = h(out, z)                                              # (..., n, d_model) what it adds
+                y = z if y is None else y + z
+            x = x + y                                                      # (..., n, d_model)
+            if after is not None:
+                x = _run(*after, x, h, tape)                               # (..., n, d_model)
+        return h("hook_resid_post", x)                                     # (..., n, d_model)
 
-    def attend(self, x: np.ndarray, hook, *, is_causal: bool, cache, mask=None) -> np.ndarray:
-        """The attention sublayer on x (..., n, d_model), its hooks under ``attn.``; ``mask`` (B, 1, 1, n_k)
-        True = a real key (a padded batch's keys), ANDed with the causal mask."""
-        return multihead_attention(self.attn, x, mask=mask, is_causal=is_causal, cache=cache,
-                                   hook=hook.scoped("attn."))
+    def backward(self, tape, dx: np.ndarray):
+        """Backward of :meth:`forward` from what it kept on ``tape`` (scoped to the block): ``(dx_in, grads,
+        named)`` from dL/dx_out, grads by the names of :meth:`params`, named the gradients at the block's points
+        ("hook_resid_pre", "attn.hook_z", …). The lines are undone bottom to top, each chain last part first."""
+        g, named = {}, {"hook_resid_post": dx}
+        for mid, branches, after in reversed(self.lines()):
+            # forward: x = after(x + Σ_b chain_b(x))
+            if after is not None:
+                dx = _undo(*after, tape, dx, g, named)                     # (..., n, d_model)
+            d_in = dx                                                      # the residual passes dx through
+            for chain, out in branches:
+                named[out] = dx
+                dz = dx                                                    # (..., n, d_model)
+                for field, part in reversed(chain):
+                    # forward: z = part(z)
+                    dz = _undo(field, part, tape, dz, g, named)            # (..., n, d_model)
+                d_in = d_in + dz                                           # each branch adds its part
+            dx = d_in
+            if mid:
+                named["hook_resid_mid"] = dx
+        named["hook_resid_pre"] = dx
+        return dx, g, named
+
+
+def _run(field: str, part, x: np.ndarray, h, tape, *, is_causal=False, cache=None, mask=None) -> np.ndarray:
+    """One part of a block on x (..., n, d_model), its hooks under ``{field}.``, what its backward needs kept
+    on ``tape`` under ``field``; the attention with the layer's mask, causality and cache."""
+    t = None if tape is None else tape.scoped(field)
+    if field == "attn":
+        return multihead_attention(part, x, mask=mask, is_causal=is_causal, cache=cache, hook=h.scoped("attn."),
+                                   tape=t)
+    return part(x, h.scoped(field + "."), t)
 
 
 @dataclass(frozen=True, eq=False)
@@ -205,42 +273,13 @@ class PreNormBlock(Block):
     mlp: object | None = None       # an MLP or GatedMLP
     ln_2: object | None = None      # before the MLP
     name = "pre_norm"
-    POINTS = ("hook_resid_pre", "ln_1", "attn", "hook_attn_out", ("hook_resid_mid", "mlp"), "ln_2", "mlp",
-              ("hook_mlp_out", "mlp"), "hook_resid_post")
+    LINES = (line(("ln_1", "attn")),           # x = x + attn(ln_1(x))
+             line(("ln_2", "mlp")))            # x = x + mlp(ln_2(x))
 
     @classmethod
     def slots(cls, c, a):
         return {"attn": attention_slot(a), "ln_1": norm_slot(c), "mlp": mlp_slot(c),
                 "ln_2": norm_slot(c) if c.d_mlp is not None else None}
-
-    def forward(self, x: np.ndarray, h, *, is_causal: bool, cache=None, mask=None) -> np.ndarray:
-        x = h("hook_resid_pre", x)                                                         # (..., n, d_model)
-        x = x + h("hook_attn_out", self.attend(_norm(self.ln_1, "ln_1", x, h), h, is_causal=is_causal, cache=cache,
-                                               mask=mask))
-        if self.mlp is not None:
-            x = h("hook_resid_mid", x)
-            x = x + h("hook_mlp_out", self.mlp(_norm(self.ln_2, "ln_2", x, h), h.scoped("mlp.")))
-        return h("hook_resid_post", x)                                                     # (..., n, d_model)
-
-    def forward_saved(self, x: np.ndarray, *, is_causal: bool):
-        s = {}
-        x = x + _keep(self, "attn", _keep(self, "ln_1", x, s), s, is_causal=is_causal)    # (..., n, d_model)
-        if self.mlp is not None:
-            x = x + _keep(self, "mlp", _keep(self, "ln_2", x, s), s)                       # (..., n, d_model)
-        return x, s
-
-    def backward(self, saved: dict, dx: np.ndarray):
-        g, named = {}, {"hook_resid_post": dx}
-        if self.mlp is not None:
-            # forward: x = x + mlp(ln_2(x)): the residual passes dx through, the MLP adds its part
-            named["hook_mlp_out"] = dx
-            dx = dx + _undo(self, "ln_2", saved, _undo(self, "mlp", saved, dx, g, named), g, named)
-            named["hook_resid_mid"] = dx
-        # forward: x = x + attn(ln_1(x))
-        named["hook_attn_out"] = dx
-        dx = dx + _undo(self, "ln_1", saved, _undo(self, "attn", saved, dx, g, named), g, named)
-        named["hook_resid_pre"] = dx
-        return dx, g, named
 
 
 @dataclass(frozen=True, eq=False)
@@ -253,43 +292,9 @@ class PostNormBlock(Block):
     ln_2: object | None = None      # after the MLP's residual
     name = "post_norm"
     final_norm = False
-    POINTS = ("hook_resid_pre", "attn", "hook_attn_out", "ln_1", ("hook_resid_mid", "mlp"), "mlp",
-              ("hook_mlp_out", "mlp"), "ln_2", "hook_resid_post")
+    LINES = (line(("attn",), after="ln_1"),    # x = ln_1(x + attn(x))
+             line(("mlp",), after="ln_2"))     # x = ln_2(x + mlp(x))
     slots = PreNormBlock.slots
-
-    def forward(self, x: np.ndarray, h, *, is_causal: bool, cache=None, mask=None) -> np.ndarray:
-        x = h("hook_resid_pre", x)                                                         # (..., n, d_model)
-        x = _norm(self.ln_1, "ln_1", x + h("hook_attn_out", self.attend(x, h, is_causal=is_causal, cache=cache,
-                                                                        mask=mask)), h)
-        if self.mlp is not None:
-            x = h("hook_resid_mid", x)
-            x = _norm(self.ln_2, "ln_2", x + h("hook_mlp_out", self.mlp(x, h.scoped("mlp."))), h)
-        return h("hook_resid_post", x)                                                     # (..., n, d_model)
-
-    def forward_saved(self, x: np.ndarray, *, is_causal: bool):
-        s = {}
-        x = _keep(self, "ln_1", x + _keep(self, "attn", x, s, is_causal=is_causal), s)    # (..., n, d_model)
-        if self.mlp is not None:
-            x = _keep(self, "ln_2", x + _keep(self, "mlp", x, s), s)                       # (..., n, d_model)
-        return x, s
-
-    def backward(self, saved: dict, dx: np.ndarray):
-        g, named = {}, {"hook_resid_post": dx}
-        if self.mlp is not None:
-            # forward: x = ln_2(x + mlp(x))
-            dx = _undo(self, "ln_2", saved, dx, g, named)
-            named["hook_mlp_out"] = dx
-            dx = dx + _undo(self, "mlp", saved, dx, g, named)
-            named["hook_resid_mid"] = dx
-        # forward: x = ln_1(x + attn(x))
-        dx = _undo(self, "ln_1", saved, dx, g, named)
-        named["hook_attn_out"] = dx
-        dx = dx + _undo(self, "attn", saved, dx, g, named)
-        named["hook_resid_pre"] = dx
-        return dx, g, named
-
-    def attention_input(self, x: np.ndarray) -> np.ndarray:
-        return x
 
 
 @dataclass(frozen=True, eq=False)
@@ -301,34 +306,8 @@ class ParallelBlock(Block):
     mlp: object | None = None
     ln_2: object | None = None      # before the MLP
     name = "parallel"
-    POINTS = ("hook_resid_pre", "ln_1", "attn", "hook_attn_out", "ln_2", "mlp", ("hook_mlp_out", "mlp"),
-              "hook_resid_post")
+    LINES = (line(("ln_1", "attn"), ("ln_2", "mlp")),)   # x = x + attn(ln_1(x)) + mlp(ln_2(x))
     slots = PreNormBlock.slots
-
-    def forward(self, x: np.ndarray, h, *, is_causal: bool, cache=None, mask=None) -> np.ndarray:
-        x = h("hook_resid_pre", x)                                                         # (..., n, d_model)
-        y = h("hook_attn_out", self.attend(_norm(self.ln_1, "ln_1", x, h), h, is_causal=is_causal, cache=cache,
-                                           mask=mask))
-        if self.mlp is not None:
-            y = y + h("hook_mlp_out", self.mlp(_norm(self.ln_2, "ln_2", x, h), h.scoped("mlp.")))
-        return h("hook_resid_post", x + y)                                                 # (..., n, d_model)
-
-    def forward_saved(self, x: np.ndarray, *, is_causal: bool):
-        s = {}
-        y = _keep(self, "attn", _keep(self, "ln_1", x, s), s, is_causal=is_causal)        # (..., n, d_model)
-        if self.mlp is not None:
-            y = y + _keep(self, "mlp", _keep(self, "ln_2", x, s), s)                       # (..., n, d_model)
-        return x + y, s
-
-    def backward(self, saved: dict, dx: np.ndarray):
-        # forward: x = x + attn(ln_1(x)) + mlp(ln_2(x)): dx reaches all three terms
-        g, named = {}, {"hook_resid_post": dx, "hook_attn_out": dx}
-        dx_in = dx + _undo(self, "ln_1", saved, _undo(self, "attn", saved, dx, g, named), g, named)
-        if self.mlp is not None:
-            named["hook_mlp_out"] = dx
-            dx_in = dx_in + _undo(self, "ln_2", saved, _undo(self, "mlp", saved, dx, g, named), g, named)
-        named["hook_resid_pre"] = dx_in
-        return dx_in, g, named
 
 
 @dataclass(frozen=True, eq=False)
@@ -342,47 +321,14 @@ class SandwichBlock(Block):
     ln_2: object | None = None        # before the MLP
     ln_2_post: object | None = None   # on the MLP's output
     name = "sandwich"
-    POINTS = ("hook_resid_pre", "ln_1", "attn", "ln_1_post", "hook_attn_out", ("hook_resid_mid", "mlp"), "ln_2",
-              "mlp", "ln_2_post", ("hook_mlp_out", "mlp"), "hook_resid_post")
+    LINES = (line(("ln_1", "attn", "ln_1_post")),   # x = x + ln_1_post(attn(ln_1(x)))
+             line(("ln_2", "mlp", "ln_2_post")))    # x = x + ln_2_post(mlp(ln_2(x)))
 
     @classmethod
     def slots(cls, c, a):
         with_mlp = c.d_mlp is not None
         return {"attn": attention_slot(a), "ln_1": norm_slot(c), "ln_1_post": norm_slot(c), "mlp": mlp_slot(c),
                 "ln_2": norm_slot(c) if with_mlp else None, "ln_2_post": norm_slot(c) if with_mlp else None}
-
-    def forward(self, x: np.ndarray, h, *, is_causal: bool, cache=None, mask=None) -> np.ndarray:
-        x = h("hook_resid_pre", x)                                                         # (..., n, d_model)
-        y = self.attend(_norm(self.ln_1, "ln_1", x, h), h, is_causal=is_causal, cache=cache, mask=mask)
-        x = x + h("hook_attn_out", _norm(self.ln_1_post, "ln_1_post", y, h))
-        if self.mlp is not None:
-            x = h("hook_resid_mid", x)
-            y = self.mlp(_norm(self.ln_2, "ln_2", x, h), h.scoped("mlp."))
-            x = x + h("hook_mlp_out", _norm(self.ln_2_post, "ln_2_post", y, h))
-        return h("hook_resid_post", x)                                                     # (..., n, d_model)
-
-    def forward_saved(self, x: np.ndarray, *, is_causal: bool):
-        s = {}
-        y = _keep(self, "attn", _keep(self, "ln_1", x, s), s, is_causal=is_causal)        # (..., n, d_model)
-        x = x + _keep(self, "ln_1_post", y, s)                                             # (..., n, d_model)
-        if self.mlp is not None:
-            x = x + _keep(self, "ln_2_post", _keep(self, "mlp", _keep(self, "ln_2", x, s), s), s)
-        return x, s
-
-    def backward(self, saved: dict, dx: np.ndarray):
-        g, named = {}, {"hook_resid_post": dx}
-        if self.mlp is not None:
-            # forward: x = x + ln_2_post(mlp(ln_2(x)))
-            named["hook_mlp_out"] = dx
-            dm = _undo(self, "mlp", saved, _undo(self, "ln_2_post", saved, dx, g, named), g, named)
-            dx = dx + _undo(self, "ln_2", saved, dm, g, named)
-            named["hook_resid_mid"] = dx
-        # forward: x = x + ln_1_post(attn(ln_1(x)))
-        named["hook_attn_out"] = dx
-        dy = _undo(self, "attn", saved, _undo(self, "ln_1_post", saved, dx, g, named), g, named)
-        dx = dx + _undo(self, "ln_1", saved, dy, g, named)
-        named["hook_resid_pre"] = dx
-        return dx, g, named
 
 
 BLOCKS = {cls.name: cls for cls in (PreNormBlock, PostNormBlock, ParallelBlock, SandwichBlock)}   # name -> kind

@@ -51,13 +51,14 @@ __all__ = ["ActivationCache", "Hooks", "hook_names", "run_with_cache", "run_with
 
 
 def run_with_hooks(model: Transformer, ids, hooks: dict, *, caches=None, return_weights: bool = False,
-                   token_types=None, attention_mask=None) -> ModelOutput:
+                   token_types=None, attention_mask=None, tape=None) -> ModelOutput:
     """:func:`attnlab.stack.transformer.forward` with ``hooks`` {name: fn}: each ``fn(array, name)`` sees that activation
     and returns a replacement of the same shape (the pass goes on with it), or None to keep it.
 
     ``ids`` may be a list of prompts of different lengths (or a :class:`~attnlab.stack.batch.Batch`): they
     are padded (:func:`~attnlab.stack.batch.pad_prompts`, left for a decoder, right for an encoder) and run
-    as one batch with their attention mask; the output's ``batch`` says where each prompt sits.
+    as one batch with their attention mask; the output's ``batch`` says where each prompt sits. A ``tape``
+    keeps what the backward needs, as :func:`~attnlab.stack.transformer.forward`'s does.
 
     >>> # zero head 3's output in layer 0 (an ablation):
     >>> # run_with_hooks(model, ids, {"blocks.0.attn.hook_z": lambda z, name: np.where(
@@ -74,12 +75,12 @@ def run_with_hooks(model: Transformer, ids, hooks: dict, *, caches=None, return_
         batch = pad_prompts(ids, vocab_size=model.config.vocab_size, is_causal=model.config.is_causal)
         ids, attention_mask = batch.ids, batch.mask
     out = forward(model, ids, caches=caches, return_weights=return_weights, token_types=token_types, hooks=hooks,
-                  attention_mask=attention_mask)
+                  attention_mask=attention_mask, tape=tape)
     return out if batch is None else dataclasses.replace(out, batch=batch)
 
 
 def run_with_cache(model: Transformer, ids, names=None, *, caches=None, return_weights: bool = False,
-                   token_types=None, attention_mask=None) -> tuple[ModelOutput, ActivationCache]:
+                   token_types=None, attention_mask=None, tape=None) -> tuple[ModelOutput, ActivationCache]:
     """:func:`attnlab.stack.transformer.forward`, and the activations ``names`` (default: every one of
     :func:`hook_names`) as an :class:`~attnlab.stack.activation_cache.ActivationCache`: a mapping
     name -> array, in the order the pass reached them, with the decompositions of the residual stream, direct
@@ -98,6 +99,7 @@ def run_with_cache(model: Transformer, ids, names=None, *, caches=None, return_w
         store[name] = x
 
     out = run_with_hooks(model, ids, {name: record for name in names}, caches=caches,
-                         return_weights=return_weights, token_types=token_types, attention_mask=attention_mask)
+                         return_weights=return_weights, token_types=token_types, attention_mask=attention_mask,
+                         tape=tape)
     batched = out.batch is not None or np.ndim(ids) > 1
     return out, ActivationCache(store, model, batched=batched, batch=out.batch)

@@ -2,10 +2,11 @@
 and its gated (SwiGLU) form, each with its backward beside its forward.
 
 Each is a pure function; the small dataclasses only hold parameters, as MultiHeadAttention does. As in
-llm.c, every piece comes as a pair: ``piece.forward(x) -> (y, saved)`` keeps exactly what
-``piece.backward(saved, dy) -> (dx, grads)`` needs, and each backward line names the forward line it
-undoes. ``grads`` is a dict by the names of ``piece.params()``; calling the piece (``piece(x)``) is the
-forward that keeps nothing.
+llm.c, every piece comes as a pair, and has one forward: ``piece(x, hook, tape)`` runs for inference, hooks
+and training alike; given a tape (:class:`attnlab.layer.tape.Tape`) it keeps exactly what
+``piece.backward(saved, dy) -> (dx, grads)`` needs, and without one it keeps nothing. Each backward line
+names the forward line it undoes; ``grads`` is a dict by the names of ``piece.params()``.
+``piece.forward(x) -> (y, saved)`` is the call with a tape of its own.
 :data:`NORMS` maps a norm's name to its class and :data:`MLPS` an MLP's name to its class (what
 :class:`attnlab.stack.transformer.ModelConfig` names). Each class lists its parameter names in ``PARAMS``.
 """
@@ -18,6 +19,7 @@ import numpy as np
 
 from ..kernels.matmul import fuse_columns, streamed
 from ..layer.hookpoints import NO_HOOKS
+from ..layer.tape import Tape
 
 # erfc(z) for z >= 0 as t·exp(-z² + P(t)), t = 1/(1 + z/2): Numerical Recipes' Chebyshev fit (Press et al.,
 # 2007, §6.2), relative error below 1.2e-7 everywhere: about two float32 ulps. numpy has no erf.
@@ -125,41 +127,44 @@ def relu_grad(x: np.ndarray, dy: np.ndarray) -> np.ndarray:
     return np.where(x > 0, dy, 0).astype(dy.dtype, copy=False)
 
 
+def taped(piece, x: np.ndarray):
+    """``(y, saved)``: ``piece(x)`` run with a tape of its own, and what it kept for ``piece.backward``."""
+    tape = Tape()
+    y = piece(x, tape=tape)
+    return y, tape.value
+
+
 ACTIVATIONS = {"gelu": gelu, "gelu_new": gelu_tanh, "gelu_pytorch_tanh": gelu_tanh, "silu": silu, "relu": relu}
 ACTIVATION_GRADS = {"gelu": gelu_grad, "gelu_new": gelu_tanh_grad, "gelu_pytorch_tanh": gelu_tanh_grad,
                     "silu": silu_grad, "relu": relu_grad}   # name -> (x, dy) -> dx: each activation's backward
 
 
-def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float, hook=NO_HOOKS) -> np.ndarray:
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float, hook=NO_HOOKS,
+               tape: Tape | None = None) -> np.ndarray:
     """(..., d_model) -> (..., d_model): each row to mean 0 and variance 1, then scaled and shifted.
 
-    ``hook`` sees ``hook_scale`` (..., 1), the divisor √(var + eps), and ``hook_normalized``, the output."""
+    ``hook`` sees ``hook_scale`` (..., 1), the divisor √(var + eps), and ``hook_normalized``, the output.
+    With a ``tape``, keeps what :func:`layer_norm_backward` needs: the normalised rows and the divisor."""
     mu = x.mean(axis=-1, keepdims=True)                  # (..., 1)
     var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)   # (..., 1) biased, as torch's LayerNorm
     scale = hook("hook_scale", np.sqrt(var + eps))       # (..., 1)
-    return hook("hook_normalized", (x - mu) / scale * weight + bias)   # (..., d_model)
-
-
-def layer_norm_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float):
-    """:func:`layer_norm`, and what its backward needs: ``(y, (xhat, rstd))``."""
-    mu = x.mean(axis=-1, keepdims=True)                  # (..., 1)
-    var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)   # (..., 1) biased, as torch's LayerNorm
-    rstd = 1 / np.sqrt(var + eps)                        # (..., 1)
-    xhat = (x - mu) * rstd                               # (..., d_model)
-    return xhat * weight + bias, (xhat, rstd)            # (..., d_model)
+    xhat = (x - mu) / scale                              # (..., d_model)
+    if tape is not None:
+        tape.keep((xhat, scale))
+    return hook("hook_normalized", xhat * weight + bias)   # (..., d_model)
 
 
 def layer_norm_backward(saved, dy: np.ndarray, weight: np.ndarray):
-    """Backward of :func:`layer_norm_forward`: ``(dx, dweight, dbias)``, the last two summed over every row."""
-    xhat, rstd = saved                                   # (..., d_model), (..., 1)
+    """Backward of :func:`layer_norm`: ``(dx, dweight, dbias)``, the last two summed over every row."""
+    xhat, scale = saved                                  # (..., d_model), (..., 1)
     d = xhat.shape[-1]
     # forward: y = xhat * weight + bias
     dweight = (dy * xhat).reshape(-1, d).sum(0)          # (d_model,)
     dbias = dy.reshape(-1, d).sum(0)                     # (d_model,)
     dxhat = dy * weight                                  # (..., d_model)
-    # forward: xhat = (x − mean(x)) * rstd, rstd = 1/√(var(x) + eps): the mean's and the variance's paths
+    # forward: xhat = (x − mean(x)) / scale, scale = √(var(x) + eps): the mean's and the variance's paths
     # take out dxhat's mean and its component along xhat
-    dx = rstd * (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True))
+    dx = (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True)) / scale
     return dx, dweight, dbias                            # (..., d_model), (d_model,), (d_model,)
 
 
@@ -172,15 +177,15 @@ class LayerNorm:
     PARAMS = ("weight", "bias")
     HOOKS = ("hook_scale", "hook_normalized")
 
-    def __call__(self, x: np.ndarray, hook=NO_HOOKS) -> np.ndarray:
-        return layer_norm(x, self.weight, self.bias, self.eps, hook)
+    def __call__(self, x: np.ndarray, hook=NO_HOOKS, tape: Tape | None = None) -> np.ndarray:
+        return layer_norm(x, self.weight, self.bias, self.eps, hook, tape)
 
     def forward(self, x: np.ndarray):
-        """``(y, saved)``: y as ``self(x)``, saved the normalised rows and 1/std (..., 1)."""
-        return layer_norm_forward(x, self.weight, self.bias, self.eps)
+        """``(y, saved)``: the call with a tape, and what it kept (the normalised rows and the divisor)."""
+        return taped(self, x)
 
     def backward(self, saved, dy: np.ndarray):
-        """``(dx, {"weight": …, "bias": …})`` from what :meth:`forward` kept."""
+        """``(dx, {"weight": …, "bias": …})`` from what the forward kept."""
         dx, dw, db = layer_norm_backward(saved, dy, self.weight)
         return dx, {"weight": dw, "bias": db}
 
@@ -200,10 +205,12 @@ class LayerNorm:
                    eps)
 
 
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, hook=NO_HOOKS) -> np.ndarray:
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, hook=NO_HOOKS, tape: Tape | None = None) -> np.ndarray:
     """(..., d_model) -> (..., d_model): each row divided by its root mean square, then scaled; no centring,
     no bias (Zhang & Sennrich, 2019). The mean of squares is taken in at least float32, as Llama's code does.
     ``hook`` sees ``hook_scale`` (..., 1), the divisor √(mean(x²) + eps), and ``hook_normalized``, the output.
+    With a ``tape``, keeps what :func:`rms_norm_backward` needs: the normalised rows (in x's dtype, as they are
+    multiplied) and the divisor.
 
     >>> rms_norm(np.array([[3.0, 4.0]]), np.ones(2), 0.0).round(4)     # rms of (3, 4) is √12.5
     array([[0.8485, 1.1314]])
@@ -216,27 +223,22 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, hook=NO_HOOKS) -> np
     y = x32 / scale                                             # (..., d_model)
     if y.dtype != x.dtype:
         y = y.astype(x.dtype)
-    y *= weight
+    if tape is None:
+        y *= weight                                             # (..., d_model) in place: nothing keeps xhat
+    else:
+        tape.keep((y, scale))
+        y = y * weight                                          # (..., d_model)
     return hook("hook_normalized", y)                           # (..., d_model)
 
 
-def rms_norm_forward(x: np.ndarray, weight: np.ndarray, eps: float):
-    """:func:`rms_norm`, and what its backward needs: ``(y, (xhat, rstd))``, xhat in x's dtype as the forward
-    multiplies it."""
-    x32 = x.astype(np.result_type(x, np.float32), copy=False)
-    rstd = 1 / np.sqrt((x32 * x32).mean(axis=-1, keepdims=True) + eps)   # (..., 1)
-    xhat = (x32 * rstd).astype(x.dtype, copy=False)                      # (..., d_model)
-    return xhat * weight, (xhat, rstd)                                   # (..., d_model)
-
-
 def rms_norm_backward(saved, dy: np.ndarray, weight: np.ndarray):
-    """Backward of :func:`rms_norm_forward`: ``(dx, dweight)``."""
-    xhat, rstd = saved                                   # (..., d_model), (..., 1)
+    """Backward of :func:`rms_norm`: ``(dx, dweight)``."""
+    xhat, scale = saved                                  # (..., d_model), (..., 1)
     # forward: y = xhat * weight
     dweight = (dy * xhat).reshape(-1, xhat.shape[-1]).sum(0)   # (d_model,)
     dxhat = dy * weight                                  # (..., d_model)
-    # forward: xhat = x * rstd, rstd = 1/√(mean(x²) + eps): the rms's path takes out dxhat's part along xhat
-    dx = rstd * (dxhat - xhat * (dxhat * xhat).mean(-1, keepdims=True))   # (..., d_model)
+    # forward: xhat = x / scale, scale = √(mean(x²) + eps): the rms's path takes out dxhat's part along xhat
+    dx = (dxhat - xhat * (dxhat * xhat).mean(-1, keepdims=True)) / scale   # (..., d_model)
     return dx.astype(dy.dtype, copy=False), dweight
 
 
@@ -249,15 +251,15 @@ class RMSNorm:
     PARAMS = ("weight",)
     HOOKS = ("hook_scale", "hook_normalized")
 
-    def __call__(self, x: np.ndarray, hook=NO_HOOKS) -> np.ndarray:
-        return rms_norm(x, self.weight, self.eps, hook)
+    def __call__(self, x: np.ndarray, hook=NO_HOOKS, tape: Tape | None = None) -> np.ndarray:
+        return rms_norm(x, self.weight, self.eps, hook, tape)
 
     def forward(self, x: np.ndarray):
-        """``(y, saved)``: y as ``self(x)``, saved the normalised rows and 1/rms (..., 1)."""
-        return rms_norm_forward(x, self.weight, self.eps)
+        """``(y, saved)``: the call with a tape, and what it kept (the normalised rows and the divisor)."""
+        return taped(self, x)
 
     def backward(self, saved, dy: np.ndarray):
-        """``(dx, {"weight": …})`` from what :meth:`forward` kept."""
+        """``(dx, {"weight": …})`` from what the forward kept."""
         dx, dw = rms_norm_backward(saved, dy, self.weight)
         return dx, {"weight": dw}
 
@@ -291,9 +293,12 @@ class MLP:
         for name in ("W_in", "W_out"):                   # in the layout x @ W streams fastest (kernels.matmul)
             object.__setattr__(self, name, streamed(getattr(self, name)))
 
-    def __call__(self, x: np.ndarray, hook=NO_HOOKS) -> np.ndarray:
+    def __call__(self, x: np.ndarray, hook=NO_HOOKS, tape: Tape | None = None) -> np.ndarray:
+        """y (..., n, d_model); with a ``tape``, keeps the input, the pre-activation and the hidden layer."""
         pre = hook("hook_pre", x @ self.W_in + self.b_in)                   # (..., n, d_mlp)
         hidden = hook("hook_post", ACTIVATIONS[self.activation](pre))       # (..., n, d_mlp)
+        if tape is not None:
+            tape.keep((x, pre, hidden))
         return hidden @ self.W_out + self.b_out                             # (..., n, d_model)
 
     @staticmethod
@@ -301,10 +306,8 @@ class MLP:
         return {"W_in": (d_model, d_mlp), "b_in": (d_mlp,), "W_out": (d_mlp, d_model), "b_out": (d_model,)}
 
     def forward(self, x: np.ndarray):
-        """``(y, saved)``: y as ``self(x)``; saved the input, the pre-activation and the hidden layer."""
-        pre = x @ self.W_in + self.b_in                                     # (..., n, d_mlp)
-        hidden = ACTIVATIONS[self.activation](pre)                          # (..., n, d_mlp)
-        return hidden @ self.W_out + self.b_out, (x, pre, hidden)          # (..., n, d_model)
+        """``(y, saved)``: the call with a tape, and what it kept."""
+        return taped(self, x)
 
     def backward(self, saved, dy: np.ndarray):
         """``(dx, grads)``, grads by the names of :meth:`params`."""
@@ -357,7 +360,9 @@ class GatedMLP:
         for name, value in (("W_gate_in", fused), ("W_gate", W_gate), ("W_in", W_in), ("W_out", streamed(self.W_out))):
             object.__setattr__(self, name, value)
 
-    def __call__(self, x: np.ndarray, hook=NO_HOOKS) -> np.ndarray:
+    def __call__(self, x: np.ndarray, hook=NO_HOOKS, tape: Tape | None = None) -> np.ndarray:
+        """y (..., n, d_model); with a ``tape``, keeps the input, the gate's pre-activation, the linear path and
+        the hidden layer."""
         if self.W_gate_in is None:
             gate, up = x @ self.W_gate, x @ self.W_in                               # (..., n, d_mlp) each
         else:
@@ -368,6 +373,8 @@ class GatedMLP:
         hidden = ACTIVATIONS[self.activation](pre)                                  # (..., n, d_mlp) a new array
         hidden *= up
         hidden = hook("hook_post", hidden)                                          # (..., n, d_mlp)
+        if tape is not None:
+            tape.keep((x, pre, up, hidden))
         return hidden @ self.W_out                                                  # (..., n, d_model)
 
     @staticmethod
@@ -375,12 +382,8 @@ class GatedMLP:
         return {"W_gate": (d_model, d_mlp), "W_in": (d_model, d_mlp), "W_out": (d_mlp, d_model)}
 
     def forward(self, x: np.ndarray):
-        """``(y, saved)``: y as ``self(x)``; saved the input, the gate's pre-activation, the linear path
-        and the hidden layer."""
-        gate = x @ self.W_gate                           # (..., n, d_mlp)
-        up = x @ self.W_in                               # (..., n, d_mlp)
-        hidden = ACTIVATIONS[self.activation](gate) * up   # (..., n, d_mlp)
-        return hidden @ self.W_out, (x, gate, up, hidden)  # (..., n, d_model)
+        """``(y, saved)``: the call with a tape, and what it kept."""
+        return taped(self, x)
 
     def backward(self, saved, dy: np.ndarray):
         """``(dx, grads)``, grads by the names of :meth:`params`."""

@@ -13,7 +13,8 @@ attnlab's own LM is the plainest case: no norms, no MLP, its positions learned, 
 What differs between models is stated in :class:`ModelConfig`; a family (:mod:`attnlab.models.families`)
 only maps its checkpoint's names onto :class:`Transformer`. :func:`forward`, :func:`new_caches` and
 :func:`generate` serve all of them; ``forward(..., hooks=…)`` (and :func:`attnlab.stack.hooks.run_with_cache`,
-``run_with_hooks``) runs the same pass with named activations.
+``run_with_hooks``) runs the same pass with named activations, and ``forward(..., tape=…)`` the same pass for
+training: each piece keeps what its backward needs (:mod:`attnlab.stack.backward`).
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..kernels._checks import as_positive_float, as_positive_int, as_stop_ids, as_token_ids, cap_scores, check_flag, check_rng
+from ..kernels._checks import (as_positive_float, as_positive_int, as_stop_ids, as_token_ids, cap_scores, cap_slope,
+                               check_flag, check_rng)
 from ..kernels.matmul import as_weight, streamed
 from ..layer.cache import KVCache
 from ..layer.config import AttentionConfig
 from ..layer.hookpoints import NO_HOOKS, Hooks
 from ..layer.multihead import PARAMS as ATTENTION_PARAMS
+from ..layer.tape import Tape
 from .blocks import BLOCKS, Block, PostNormBlock, PreNormBlock
 from .layers import ACTIVATIONS, MLPS, NORMS, LayerNorm, RMSNorm
 from .sampling import check_temperature, check_top, sample_next
@@ -342,10 +345,11 @@ def type_ids(model: Transformer, ids: np.ndarray, token_types) -> np.ndarray | N
 
 
 def embed(model: Transformer, ids: np.ndarray, *, start: int = 0, token_types=None, hook=NO_HOOKS,
-          position_ids=None) -> np.ndarray:
-    """The first block's input (..., n, d_model): token rows (``hook_embed``), plus position rows (learned or
-    sinusoidal, ``hook_pos_embed``) at start, start + 1, … (or at ``position_ids`` (..., n), a padded
-    batch's), plus token-type rows, normalised where the model says so."""
+          position_ids=None, tape: Tape | None = None) -> np.ndarray:
+    """The first block's input (..., n, d_model): token rows (``hook_embed``) times ``embed_scale``, plus position
+    rows (learned or sinusoidal, ``hook_pos_embed``) at start, start + 1, … (or at ``position_ids`` (..., n), a
+    padded batch's), plus token-type rows, normalised where the model says so. With a ``tape`` (the whole
+    pass's), keeps what :func:`embed_backward` needs under "embed" (and the norm's under "ln_embed")."""
     c, n = model.config, ids.shape[-1]
     x = hook("hook_embed", model.W_E[ids])                              # (..., n, d_model)
     if c.embed_scale != 1.0:
@@ -358,53 +362,45 @@ def embed(model: Transformer, ids: np.ndarray, *, start: int = 0, token_types=No
     types = type_ids(model, ids, token_types)                            # (..., n) or None
     if types is not None:
         x = x + model.W_T[types]                                        # (..., n, d_model)
+    if tape is not None:
+        tape.scoped("embed").keep(SavedEmbedding(ids=ids, types=types, start=start, position_ids=position_ids))
     if model.ln_embed is not None:
-        x = model.ln_embed(x, hook.scoped("ln_embed."))                 # (..., n, d_model)
+        x = model.ln_embed(x, hook.scoped("ln_embed."), None if tape is None else tape.scoped("ln_embed"))
     return x
 
 
 @dataclass(frozen=True, eq=False)
 class SavedEmbedding:
-    """What :func:`embed_forward` keeps for :func:`embed_backward`: the rows it read, and the norm's own."""
+    """What :func:`embed` keeps for :func:`embed_backward`: which rows it read."""
     ids: np.ndarray                  # (..., n)
     types: np.ndarray | None         # (..., n) token types, with a token-type table
     start: int                       # the first position
-    norm: tuple | None               # ln_embed's saved forward
+    position_ids: np.ndarray | None  # (..., n) a padded batch's positions (from start), or None: start, start + 1, …
 
 
-def embed_forward(model: Transformer, ids: np.ndarray, *, start: int = 0, token_types=None):
-    """:func:`embed` (without hooks), and what :func:`embed_backward` needs: ``(x, saved)``."""
-    c, n = model.config, ids.shape[-1]
-    x = model.W_E[ids]                                                  # (..., n, d_model)
-    pos = c.attention.positions.embed(model.W_P, n, start=start, d_model=c.d_model, dtype=model.dtype)
-    if pos is not None:
-        x = x + pos                                                     # (..., n, d_model)
-    types = type_ids(model, ids, token_types)                            # (..., n) or None
-    if types is not None:
-        x = x + model.W_T[types]                                        # (..., n, d_model)
-    norm = None
-    if model.ln_embed is not None:
-        x, norm = model.ln_embed.forward(x)                             # (..., n, d_model)
-    return x, SavedEmbedding(ids=ids, types=types, start=start, norm=norm)
-
-
-def embed_backward(model: Transformer, saved: SavedEmbedding, dx: np.ndarray) -> dict[str, np.ndarray]:
-    """Backward of :func:`embed_forward`: dL/dW_E (a row per token id, summed over its uses), dL/dW_P,
-    dL/dW_T and the embedding norm's, by the names of :meth:`Transformer.params`, from dL/dx (..., n, d_model)."""
-    d, grads = model.config.d_model, {}
+def embed_backward(model: Transformer, tape: Tape, dx: np.ndarray) -> dict[str, np.ndarray]:
+    """Backward of :func:`embed` from what it kept on ``tape`` (the whole pass's): dL/dW_E (a row per token id,
+    summed over its uses), dL/dW_P, dL/dW_T and the embedding norm's, by the names of :meth:`Transformer.params`,
+    from dL/dx (..., n, d_model)."""
+    saved, d, grads = tape["embed"], model.config.d_model, {}
     if model.ln_embed is not None:
         # forward: x = ln_embed(x)
-        dx, g = model.ln_embed.backward(saved.norm, dx)                 # (..., n, d_model)
+        dx, g = model.ln_embed.backward(tape["ln_embed"], dx)           # (..., n, d_model)
         grads.update({f"ln_embed.{k}": v for k, v in g.items()})
     rows = dx.reshape(-1, d)                                            # (N, d_model)
-    # forward: x = W_E[ids]: each id's row gathers the gradient of every place it was read
+    # forward: x = W_E[ids] · embed_scale: each id's row gathers the gradient of every place it was read
+    scale = model.config.embed_scale
     grads["W_E"] = np.zeros_like(model.W_E)                             # (vocab, d_model)
-    np.add.at(grads["W_E"], saved.ids.reshape(-1), rows)
+    np.add.at(grads["W_E"], saved.ids.reshape(-1), rows if scale == 1.0 else rows * rows.dtype.type(scale))
     if model.W_P is not None:
-        # forward: x += W_P[start … start + n − 1], the same rows for every sequence of the batch
         n = saved.ids.shape[-1]
         grads["W_P"] = np.zeros_like(model.W_P)                         # (n_ctx, d_model)
-        grads["W_P"][saved.start:saved.start + n] = dx.reshape(-1, n, d).sum(0)   # (n, d_model)
+        if saved.position_ids is None:
+            # forward: x += W_P[start … start + n − 1], the same rows for every sequence of the batch
+            grads["W_P"][saved.start:saved.start + n] = dx.reshape(-1, n, d).sum(0)   # (n, d_model)
+        else:
+            # forward: x += W_P[start + position_ids], each row's own
+            np.add.at(grads["W_P"], saved.start + saved.position_ids.reshape(-1), rows)
     if model.W_T is not None:
         # forward: x += W_T[types]
         grads["W_T"] = np.zeros_like(model.W_T)                         # (n_types, d_model)
@@ -426,7 +422,8 @@ def hook_names(model: Transformer) -> list[str]:
 
 
 def forward(model: Transformer, ids, *, caches: list[KVCache] | None = None, token_types=None, hooks=None,
-            return_weights: bool = False, attention_mask=None, logits_to_keep: int = 0) -> ModelOutput:
+            return_weights: bool = False, attention_mask=None, logits_to_keep: int = 0,
+            tape: Tape | None = None) -> ModelOutput:
     """Token ids (..., n) through the whole model: a :class:`ModelOutput`.
 
     Parameters
@@ -456,6 +453,10 @@ def forward(model: Transformer, ids, *, caches: list[KVCache] | None = None, tok
         argument of that name; 0 (the default) keeps all n. A prompt before generation needs only its last
         position's: the others would cost a (n, d_model) × (d_model, vocab) product (for SmolLM2 at n = 512, a
         fifth of the prefill's arithmetic).
+    tape : Tape, optional
+        An empty :class:`~attnlab.layer.tape.Tape`: the same pass also keeps, piece by piece, what its backward
+        needs (:func:`attnlab.stack.backward.backward`): training, attribution and gradients at hook points run
+        this forward. Not with caches.
 
     Raises
     ------
@@ -475,19 +476,21 @@ def forward(model: Transformer, ids, *, caches: list[KVCache] | None = None, tok
         fns = dict(fns, **{f"blocks.{i}.attn.hook_pattern": _keeping(fns.get(f"blocks.{i}.attn.hook_pattern"),
                                                                      weights, i) for i in range(c.n_layers)})
     h = NO_HOOKS if isinstance(fns, dict) and not fns else Hooks(hook_names(model), fns)   # Hooks checks fns
+    check_tape(tape, caches)
     start = check_caches(model, caches)
     ids = check_ids(model, ids, start=start)                            # (..., n)
     keys, position_ids = padding(attention_mask, ids, caches)           # (..., 1, 1, n), (..., n) or None
-    x = embed(model, ids, start=start, token_types=token_types, hook=h, position_ids=position_ids)
+    x = embed(model, ids, start=start, token_types=token_types, hook=h, position_ids=position_ids, tape=tape)
     hidden = [x]                                                        # (..., n, d_model)
     for i, (block, cache) in enumerate(zip(model.blocks, caches or itertools.repeat(None))):
-        x = block.forward(x, h.scoped(f"blocks.{i}."), is_causal=c.is_causal, cache=cache, mask=keys)
+        x = block.forward(x, h.scoped(f"blocks.{i}."), is_causal=c.is_causal, cache=cache, mask=keys,
+                          tape=None if tape is None else tape.scoped(f"blocks.{i}."))
         hidden.append(x)
     if model.ln_final is not None:
-        x = model.ln_final(x, h.scoped("ln_final."))                    # (..., n, d_model)
+        x = model.ln_final(x, h.scoped("ln_final."), None if tape is None else tape.scoped("ln_final"))
         hidden[-1] = x                                                  # as transformers returns it
     kept = x[..., -logits_to_keep:, :] if logits_to_keep else x          # (..., k, d_model) the rows to unembed
-    logits = logits_of(model, kept) if c.has_logits else None           # (..., k, vocab)
+    logits = logits_of(model, kept, tape) if c.has_logits else None     # (..., k, vocab)
     attentions = [a.astype(x.dtype, copy=False) for a in weights] if return_weights else None
     return ModelOutput(logits=logits, hidden_states=hidden, attentions=attentions)
 
@@ -508,12 +511,50 @@ def padding(attention_mask, ids: np.ndarray, caches) -> tuple[np.ndarray | None,
     return m[..., None, None, :], np.maximum(np.cumsum(m, -1) - 1, 0)
 
 
-def logits_of(model: Transformer, x: np.ndarray) -> np.ndarray:
-    """The logits (..., vocab) of the last stream x (..., d_model), after the final norm: ``x W_Eᵀ`` (tied) or
-    ``x W_U + b_U``, soft-capped where the config says (Gemma-2's final_logit_softcapping)."""
+def check_tape(tape, caches) -> None:
+    if tape is not None and not isinstance(tape, Tape):
+        raise TypeError(f"tape must be an attnlab.layer.tape.Tape (empty, one per pass), got {type(tape).__name__}")
+    if tape is not None and caches is not None:
+        raise ValueError("tape is for one pass without caches (a training step's), got both")
+
+
+@dataclass(frozen=True, eq=False)
+class SavedLogits:
+    """What :func:`logits_of` keeps for :func:`logits_backward`."""
+    x: np.ndarray                    # (..., k, d_model) the rows unembedded
+    capped: np.ndarray | None        # (..., k, vocab) the soft-capped logits, with a cap
+
+
+def logits_of(model: Transformer, x: np.ndarray, tape: Tape | None = None) -> np.ndarray:
+    """The logits (..., vocab) of the last stream x (..., d_model), after the final norm: ``x W_U + b_U``, or
+    ``x W_Eᵀ`` without W_U (tied embeddings; an encoder without a head is scored against its word embeddings,
+    as BertForMaskedLM's decoder is tied to them), soft-capped where the config says (Gemma-2's
+    final_logit_softcapping). With a ``tape`` (the whole pass's), keeps what :func:`logits_backward` needs
+    under "unembed"."""
     c = model.config
-    logits = x @ model.W_E.T if c.tied_embeddings else x @ model.W_U + model.b_U   # (..., vocab)
-    return cap_scores(logits, c.logit_softcap)                          # (..., vocab) in place: a fresh array
+    logits = x @ model.W_E.T if model.W_U is None else x @ model.W_U + model.b_U   # (..., vocab)
+    logits = cap_scores(logits, c.logit_softcap)                        # (..., vocab) in place: a fresh array
+    if tape is not None:
+        tape.scoped("unembed").keep(SavedLogits(x=x, capped=None if c.logit_softcap is None else logits.copy()))
+    return logits
+
+
+def logits_backward(model: Transformer, tape: Tape, dlogits: np.ndarray):
+    """Backward of :func:`logits_of` from what it kept on ``tape``: ``(dx, grads)`` from dL/dlogits (..., k, vocab),
+    grads holding dL/dW_U and dL/db_U, or the unembedding's part of dL/dW_E when there is no W_U (the
+    embedding adds its own)."""
+    saved, c = tape["unembed"], model.config
+    x, V, d = saved.x, c.vocab_size, c.d_model
+    if saved.capped is not None:
+        # forward: logits = cap · tanh(z / cap), so dz = dlogits · (1 − tanh²)
+        dlogits = dlogits * cap_slope(saved.capped, c.logit_softcap)    # (..., k, vocab)
+    dlogits2 = dlogits.reshape(-1, V)                                   # (N, vocab)
+    if model.W_U is not None:
+        # forward: z = x @ W_U + b_U
+        grads = {"W_U": x.reshape(-1, d).T @ dlogits2, "b_U": dlogits2.sum(0)}   # (d_model, vocab), (vocab,)
+        return dlogits @ model.W_U.T, grads                             # (..., k, d_model)
+    # forward: z = x @ W_Eᵀ
+    return dlogits @ model.W_E, {"W_E": dlogits2.T @ x.reshape(-1, d)}   # (..., k, d_model), (vocab, d_model)
 
 
 def _keeping(fn, weights: list, i: int):
