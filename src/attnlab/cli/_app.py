@@ -13,6 +13,8 @@ import textwrap
 
 import numpy as np
 
+from ._progress import stderr_progress  # noqa: F401  (the commands' bars: one helper, cli/_progress.py)
+
 
 class UsageError(Exception):
     """A bad command line: printed as one line, exit code 2."""
@@ -107,16 +109,6 @@ def jsonable(x):
 
 def print_json(data) -> None:
     print(json.dumps(jsonable(data), indent=2))
-
-
-def stderr_progress(*columns, **options):
-    """A transient rich progress bar on stderr, drawn only when stderr is a terminal: a pipe or a log file
-    gets nothing, not even the blank line rich leaves behind, so an error stays one line."""
-    from rich.console import Console
-    from rich.progress import Progress
-
-    console = Console(stderr=True)
-    return Progress(*columns, console=console, transient=True, disable=not console.is_terminal, **options)
 
 
 def seed_arg(text: str) -> int:

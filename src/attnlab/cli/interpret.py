@@ -246,7 +246,8 @@ def cmd_ablate(args) -> int:
                     "loss": r.loss,
                     "ablated": r.ablated, "delta": r.delta})
         return 0
-    print(f"{model_arg(args)}: next-token loss {r.loss:.4f} nats on {len(rows)} × {rows[0].size} tokens; with one head "
+    print(f"{model_arg(args)}: next-token loss {r.loss:.4f} nats on {len(rows)} × {rows[0].size} tokens; with one "
+          "head "
           f"removed "
           f"({args.mode}), the change:")
     print_grid(r.delta, [f"H{h}" for h in range(r.delta.shape[1])], width=8, digits=4)

@@ -44,7 +44,7 @@ def cmd_scan(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
     t0 = time.perf_counter()
     with _client(args) as client, stderr_progress(TextColumn("scanning"), BarColumn(), MofNCompleteColumn(),
-                                                  TimeRemainingColumn()) as bar:
+                                                  TimeRemainingColumn(), quiet=args.json) as bar:
         task = bar.add_task("scan", total=len(lines))
         sums = scan_corpus(model_arg(args), lines, client=client, chunk_size=args.chunk, quantized=args.quantized,
                            on_progress=lambda done, total: bar.update(task, completed=done))

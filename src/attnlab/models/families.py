@@ -195,8 +195,8 @@ def open_model(path_or_name: str | Path = MINILM, *, quantized: bool = False) ->
         family = family_for(file, FAMILIES)
         n, qtype = gguf_summary(file)
         into = f"kept in {qtype}" if quantized else "float32"
-        summary = f"{name} ({count_text(n)} parameters, {qtype} → {into})"
-        return ModelSource(name, family, lambda: summary,
+        text = f"{name} ({count_text(n)} parameters, {qtype} → {into})"
+        return ModelSource(name, family, lambda: text,
                            lambda: gguf_tokenizer(file),
                            lambda progress: family.load_gguf(dataclasses.replace(file, progress=progress)),
                            n_ctx=gguf_context(file))
@@ -258,7 +258,8 @@ def load_model(path_or_name: str | Path = MINILM, *, quantized: bool = False) ->
         No such folder, or a file the family needs is missing (or the package of a shipped model).
     ValueError
         A name that is neither shipped nor a path (naming the closest shipped one), a pickled checkpoint, a
-        truncated file, a missing tensor or one whose shape does not match the config, a config.json no family reads; for GGUF, a damaged file or metadata, naming the key.
+        truncated file, a missing tensor or one whose shape does not match the config, a config.json no family
+        reads; for GGUF, a damaged file or metadata, naming the key.
     """
     source = open_model(path_or_name, quantized=quantized)
     return source.network(), source.tokenizer()
