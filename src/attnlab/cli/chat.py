@@ -39,7 +39,8 @@ def register(sub) -> None:
                          "terminal: Ctrl-C stops a reply, Ctrl-C or Ctrl-D at an empty prompt exits; /help, "
                          "/reset, /system TEXT and /exit are commands.",
                     examples=("attnlab chat --message 'What is the capital of France?' --tokens 12",
-                              "attnlab chat --system 'You answer in one sentence.'"))
+                              "attnlab chat --system 'You answer in one sentence.' --message 'What is a cat?' "
+                              "--tokens 12"))
     add_model_flag(p)
     p.add_argument("--message", default=None, help="one message: print the reply and exit (default: a loop on "
                                                    "a terminal, or one message per line of stdin)")
