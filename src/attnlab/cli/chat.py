@@ -182,13 +182,13 @@ def command(chat, line: str) -> bool | None:
 def cmd_chat(args) -> int:
     from ..kernels._threads import one_blas_thread
     from ..stack.chat import Chat, StopReply
-    from ..text.tokens import TextStream
+    from ..text.tokens import TextStream, most_chars
 
     check_stdin(args)
     model, tokenizer = load(args, "chat")
     chat = Chat(model, tokenizer, system=args.system)
     rng, turns = np.random.default_rng(args.seed), []
-    most_chars = chat.caches[0].capacity * tokenizer.longest_token
+    longest_line = most_chars(tokenizer, chat.caches[0].capacity)
     terminal = Terminal() if args.message is None and sys.stdin.isatty() else None
     if terminal is not None and not args.json:
         print(banner(model, chat), file=sys.stderr)
@@ -197,7 +197,7 @@ def cmd_chat(args) -> int:
         if args.message is not None:
             yield args.message
         elif terminal is None:
-            yield from piped_lines(most_chars)
+            yield from piped_lines(longest_line)
         else:
             while (line := terminal.line("you> ")) is not None:
                 if line.strip():

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..text.tokens import check_length
+from ..text.tokens import check_length, most_chars
 from .chat_template import TextTooLong, render_chat
 from .transformer import Transformer, check_decoder, generate, new_caches
 
@@ -96,12 +96,12 @@ class Chat:
                    (("bos_token", getattr(self.tokenizer, "bos_id", None)),
                     ("eos_token", getattr(self.tokenizer, "eos_id", None))) if i is not None}
         try:
-            full = render_chat(self.template, self.messages, most_chars=capacity * self.tokenizer.longest_token,
+            full = render_chat(self.template, self.messages, most_chars=most_chars(self.tokenizer, capacity),
                                source=f"{self.model.name or 'the model'}'s chat template (tokenizer.chat_template)",
                                **special)
         except TextTooLong:
             self.messages.pop()
-            raise ValueError(f"the conversation is longer than {capacity * self.tokenizer.longest_token:,} "
+            raise ValueError(f"the conversation is longer than {most_chars(self.tokenizer, capacity):,} "
                              f"characters as the template writes it, more than the context of {capacity} tokens "
                              "the model can see; start a new chat") from None
         except ValueError:

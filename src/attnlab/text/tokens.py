@@ -31,14 +31,23 @@ def check_text(text) -> str:
     return text
 
 
+CHEAP_CHARS = 1 << 16      # a text this short tokenises in milliseconds; its token count then says how far over it is
+
+
+def most_chars(tokenizer, n_tokens: int) -> int:
+    """The most characters a text of at most ``n_tokens`` tokens can have: n_tokens × the longest token (a safe
+    cap), or ``CHEAP_CHARS`` if that is more, below which tokenising is cheap and its count exact."""
+    return max(n_tokens * tokenizer.longest_token, CHEAP_CHARS)
+
+
 def check_length(text: str, tokenizer, n_tokens: int, what: str) -> str:
     """``text`` once sure it is not too long to fit ``n_tokens`` tokens, checked on its characters *before* it is
-    tokenised (a 30 MB line costs the tokenizer gigabytes): n_tokens × the longest token is a safe cap."""
-    longest = tokenizer.longest_token
-    if len(text) > n_tokens * longest:
+    tokenised (a 30 MB line costs the tokenizer gigabytes): :func:`most_chars`."""
+    most = most_chars(tokenizer, n_tokens)
+    if len(text) > most:
         raise ValueError(f"{what} has {len(text):,} characters, more than {n_tokens:,} tokens (the model's context) "
-                         f"can hold: at most {n_tokens * longest:,} with this tokenizer, whose longest token has "
-                         f"{longest} characters")
+                         f"can hold: at most {most:,} with this tokenizer, whose longest token has "
+                         f"{tokenizer.longest_token} characters")
     return text
 
 
