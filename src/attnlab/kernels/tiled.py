@@ -16,7 +16,7 @@ each row keeps its reference fixed while m stays within ±SHIFT_SLACK of it: the
 the subtraction pass nor the rescaling; when ‖q_i‖ ‖k_j‖ · scale bounds every score of a block, m is not
 even tracked (see :func:`forward_rows`). The numpy kernel uses numpy's exp or exp2, as the rule for this CPU
 (or the tune profile) says (:mod:`attnlab.kernels._kernels`); the fused kernel (:mod:`attnlab.kernels._fused`, numba) does the shift, the
-exponential, the causal diagonal and the row sum in one pass per row. The plan cuts a causal block's
+exponential and the causal diagonal in one pass per row (the row sums by BLAS). The plan cuts a causal block's
 diagonal tile into row strips that skip most of the hidden triangle.
 
 Backward, FlashAttention-2's: the forward keeps only ``out`` and ``lse`` (one number per query); the
@@ -407,7 +407,8 @@ class NumpyTile:
 
 class FusedTile:
     """The numba tile step (:func:`attnlab.kernels._fused.tile_softmax`): shift, exponential, the causal diagonal
-    and window, and row sum in one pass per row; base 2. A dense mask is still applied by numpy first."""
+    and window in one pass per row; base 2; the row sums by BLAS, as the numpy step's. A dense mask is still
+    applied by numpy first."""
     fused = True
     unit, exp, log = LOG2E, np.exp2, np.log2
 
@@ -423,6 +424,10 @@ class FusedTile:
         hi0 = r0 + plan.offset + 1 - j0 if plan.is_causal else far          # row r sees columns < hi0 + r
         lo0 = r0 + plan.offset - plan.window + 1 - j0 if plan.window is not None else -far   # and >= lo0 + r
         self.softmax(s, m, shift, l, acc, hi0, lo0, first, not bounded)
+        if first:
+            np.matmul(s, buf.ones[:j1 - j0], out=l)             # (br,) l = rowsum p (a written order: BLAS's)
+        else:
+            l += s @ buf.ones[:j1 - j0]                         # (br,) l += rowsum p
         return s
 
     def exp_rows(self, s, shift):
