@@ -76,11 +76,13 @@ def load(args, what: str | None = None, *, check=None):
     from ._progress import progress
     start = time.perf_counter()
     source = open_source(args)
-    tokenizer = source.tokenizer()
-    if check is not None:
+    tokenizer = None
+    if check is not None:                          # the texts need the tokenizer: build it before the wait
+        tokenizer = source.tokenizer()
         check(tokenizer, source.n_ctx)
     with progress(f"loading {source.summary}…", quiet=getattr(args, "json", False)) as step:
-        model = source.network(progress=step)
+        model = source.network(progress=step)      # a damaged checkpoint says so before a missing tokenizer
+    tokenizer = tokenizer or source.tokenizer()
     args.load_seconds = time.perf_counter() - start
     if what is not None:
         check_decoder(model, what)

@@ -65,14 +65,15 @@ def attend(text: str, model: str | Path | tuple = MINILM) -> Attended:
         raise ValueError(f"text has {ids.size} tokens, more than the model's {c.n_ctx} positions (n_ctx); "
                          "shorten it")
     labels = tokenizer.labels(ids)
-    names = [f"blocks.{i}.attn.hook_{x}" for i in range(c.n_layers) for x in "qk"]
+    qk = ("rot_q", "rot_k") if c.attention.positions.rotates else ("q", "k")   # as the scores see them: after RoPE
+    names = [f"blocks.{i}.attn.hook_{x}" for i in range(c.n_layers) for x in qk]
     out, cache = run_with_cache(network, ids, names, return_weights=True)
     windows = {c.layer_attention(i).window for i in range(c.n_layers)}
     window = windows.pop() if len(windows) == 1 else None          # windows that alternate: the widest, all
     keep = causal_mask(len(ids), window=window) if c.is_causal else None   # (n, n)
     group = c.attention.n_heads // c.attention.n_kv_heads
-    q = np.stack([cache["q", i] for i in range(c.n_layers)])                   # (L, h, n, d_head)
-    k = np.stack([np.repeat(cache["k", i], group, axis=0) for i in range(c.n_layers)])   # (L, h, n, d_head)
+    q = np.stack([cache[qk[0], i] for i in range(c.n_layers)])                 # (L, h, n, d_head)
+    k = np.stack([np.repeat(cache[qk[1], i], group, axis=0) for i in range(c.n_layers)])   # (L, h, n, d_head)
     amap = AttentionMap(labels, np.stack(out.attentions), keep=keep, source=f"{name} ({c.family})",
                         n_kv_heads=c.attention.n_kv_heads, queries=q, keys=k)
     return Attended(tokens=labels, ids=ids, attentions=amap, hidden_states=np.stack(out.hidden_states),
