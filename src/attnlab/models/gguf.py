@@ -3,8 +3,11 @@
 A GGUF file is one file holding everything: metadata (key/value pairs such as ``llama.block_count`` or
 ``tokenizer.ggml.merges``) and the tensors, each stored as float32, float16, bfloat16 or in one of llama.cpp's
 block-quantized types (Q4_0, Q4_1, Q8_0, the K-quants, …). The ``gguf`` package, written by llama.cpp's
-authors, reads it: :class:`gguf.GGUFReader` maps the file into memory and :func:`gguf.quants.dequantize`
-turns one tensor into float32. attnlab writes no parser and no dequantizer of its own.
+authors, defines it: its constants give each type's block layout and :func:`gguf.quants.dequantize` turns a
+tensor into float32. The header is read by :mod:`attnlab.models.gguf_header`, one pass with ``struct`` over
+the mapped file (``gguf.GGUFReader`` took 4.5 s of a 9 s load on SmolLM2's vocabulary), which is also the
+boundary against a hostile file: every count, length and tensor span is bounded by the bytes the file holds
+before it is used (docs/hardening.md); the tests hold it to ``GGUFReader`` on the same files.
 
 Which family reads a file comes from its ``general.architecture``; a family that reads GGUF says so with
 ``Family.gguf_architecture`` and maps the file's tensor names (``token_embd``, ``blk.{i}.attn_q``, …) onto the
@@ -24,7 +27,6 @@ imports the package.
 from __future__ import annotations
 
 import dataclasses
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,10 +37,6 @@ from ..kernels.quantized import KERNEL_TYPES, weight_from_gguf
 from ..text.tokens import HFTokenizer
 from .checkpoint import Tensors
 from .registry import SHIPPED, SMOLLM2, SMOLLM2_FILE, is_shipped, smollm2_path  # noqa: F401  (where they live)
-MAGIC = b"GGUF"
-# the fewest bytes one metadata entry (key length u64, 1-byte key, type u32, 1-byte value) and one tensor
-# entry (name length u64, 1-byte name, n_dims u32, one u64 dim, type u32, offset u64) take in the header
-MIN_KV_BYTES, MIN_TENSOR_BYTES = 8 + 1 + 4 + 1, 8 + 1 + 4 + 8 + 4 + 8
 MISSING = object()
 
 
@@ -54,205 +52,6 @@ def gguf_path(model) -> Path:
     if not path.is_file():
         raise FileNotFoundError(2, "No such GGUF file", str(path))
     return path
-
-
-def check_header(path: Path) -> None:
-    """The whole header of a GGUF file, walked before the ``gguf`` reader trusts it (:class:`HeaderWalk`): the
-    magic, the version, and every count, length, type and tensor offset bounded by the bytes the file holds; a
-    tensor whose bytes would begin before the data section, end past the file or overlap another's is refused,
-    naming it. Every refusal is one ValueError naming the file and the field."""
-    import mmap
-
-    size = path.stat().st_size
-    with path.open("rb") as f:
-        head = f.read(24)
-        if len(head) < 4 or head[:4] != MAGIC:
-            raise ValueError(f"{path} is not a GGUF file: it does not begin with the magic {MAGIC!r}")
-        if len(head) < 24:
-            raise ValueError(f"{path} is truncated or damaged: {size} bytes, too short for a GGUF header (24 bytes)")
-        version, n_tensors, n_kv = struct.unpack("<IQQ", head[4:])
-        if version not in (2, 3):
-            raise ValueError(f"{path}: GGUF version {version}; the gguf package reads versions 2 and 3")
-        for field, count, least in (("tensor_count", n_tensors, MIN_TENSOR_BYTES), ("kv_count", n_kv, MIN_KV_BYTES)):
-            if count * least > size - 24:
-                raise ValueError(f"{path} is truncated or damaged: the header's {field} is {count}, more entries "
-                                 f"than a file of {size} bytes can hold")
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            walk = HeaderWalk(path, buf, size)
-            walk.metadata(n_kv)
-            tensors = walk.tensor_infos(n_tensors)
-            check_tensor_bytes(path, tensors, walk.data_start(), size)
-
-
-# GGUF's value types (gguf.GGUFValueType): a scalar's size in bytes, then the two of variable length
-SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-STRING, ARRAY, UINT32 = 8, 9, 4
-MOST_ARRAY_ITEMS = 1 << 22      # more than any vocabulary or merge list (Llama 3: 280,147 merges); the reader
-                                # keeps ~200 bytes of Python objects per string item
-MOST_NESTING = 4                # arrays of arrays of …: no model file nests deeper
-MOST_DIMS = 4                   # GGML_MAX_DIMS
-
-
-@dataclass(frozen=True)
-class TensorEntry:
-    """One tensor as the header lists it: its name, bytes, and where they begin after the data section's start."""
-    name: str
-    n_bytes: int
-    offset: int
-
-
-class HeaderWalk:
-    """A cursor over a GGUF header that reads each count or length and refuses it, naming the field, before
-    anything is read past the end of the file; values are skipped, not decoded (but ``general.alignment``)."""
-
-    def __init__(self, path: Path, buf, size: int):
-        self.path, self.buf, self.size, self.pos = path, buf, size, 24
-        self.alignment = 32                                       # GGUF_DEFAULT_ALIGNMENT
-
-    def damaged(self, what: str) -> ValueError:
-        return ValueError(f"{self.path} is truncated or damaged: {what}")
-
-    def need(self, n: int, what: str) -> None:
-        if n > self.size - self.pos:
-            raise self.damaged(f"{what} needs {n} bytes, {self.size - self.pos} are left in the file at byte "
-                               f"{self.pos}")
-
-    def number(self, fmt: str, what: str) -> int:
-        n = struct.calcsize(fmt)
-        self.need(n, what)
-        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
-        self.pos += n
-        return value
-
-    def string(self, what: str, *, keep: bool = False) -> str | None:
-        n = self.number("<Q", f"the length of {what}")
-        self.need(n, f"{what} (a string of {n} bytes)")
-        text = bytes(self.buf[self.pos:self.pos + n]).decode("utf-8", "replace") if keep else None
-        self.pos += n
-        return text
-
-    def metadata(self, n_kv: int) -> None:
-        for i in range(n_kv):
-            key = self.string(f"metadata key {i}", keep=True)
-            kind = self.number("<I", f"the type of metadata {key!r}")
-            if key == "general.alignment" and kind == UINT32:
-                alignment = self.number("<I", f"metadata {key!r}")
-                if alignment == 0 or alignment & (alignment - 1):
-                    raise ValueError(f"{self.path}: GGUF metadata 'general.alignment' is {alignment}; it must be a "
-                                     "power of two")
-                self.alignment = alignment
-            else:
-                self.value(kind, f"metadata {key!r}", 0)
-
-    def value(self, kind: int, what: str, depth: int) -> None:
-        if kind in SCALAR_BYTES:
-            self.need(SCALAR_BYTES[kind], what)
-            self.pos += SCALAR_BYTES[kind]
-        elif kind == STRING:
-            self.string(what)
-        elif kind == ARRAY:
-            self.array(what, depth)
-        else:
-            raise self.damaged(f"{what} has value type {kind}, not a GGUF type (0 … 12)")
-
-    def array(self, what: str, depth: int) -> None:
-        if depth >= MOST_NESTING:
-            raise self.damaged(f"{what} nests arrays more than {MOST_NESTING} deep")
-        kind = self.number("<I", f"the item type of {what}")
-        count = self.number("<Q", f"the item count of {what}")
-        least = SCALAR_BYTES.get(kind, 8 if kind in (STRING, ARRAY) else 0)   # a string or array: its length
-        if kind not in SCALAR_BYTES and kind not in (STRING, ARRAY):
-            raise self.damaged(f"{what} is an array of value type {kind}, not a GGUF type (0 … 12)")
-        if count > MOST_ARRAY_ITEMS or count * least > self.size - self.pos:
-            raise self.damaged(f"{what} is an array of {count} items, more than the {self.size - self.pos} bytes "
-                               f"left in the file (or {MOST_ARRAY_ITEMS}, the most attnlab reads) can hold")
-        if kind in SCALAR_BYTES:
-            self.pos += count * least
-        elif kind == STRING:
-            self.strings(count, what)
-        else:
-            self.arrays(count, what, depth)
-
-    def strings(self, count: int, what: str) -> None:
-        """Skip ``count`` strings (a vocabulary: 49,152 in SmolLM2's file), each length bounded (one tight loop)."""
-        length, pos, size, buf = struct.Struct("<Q").unpack_from, self.pos, self.size, self.buf
-        for i in range(count):
-            end = pos + 8 + (length(buf, pos)[0] if pos + 8 <= size else 0)
-            if end > size:
-                self.pos = pos
-                self.string(f"{what}[{i}]")                   # refuses it, naming the item
-            pos = end
-        self.pos = pos
-
-    def arrays(self, count: int, what: str, depth: int) -> None:
-        for i in range(count):
-            self.array(f"{what}[{i}]", depth + 1)
-
-    def tensor_infos(self, n_tensors: int) -> list[TensorEntry]:
-        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-        out = []
-        for i in range(n_tensors):
-            name = self.string(f"the name of tensor {i}", keep=True)
-            n_dims = self.number("<I", f"the dims count of tensor {name!r}")
-            if n_dims > MOST_DIMS:
-                raise self.damaged(f"tensor {name!r} has {n_dims} dims; GGUF tensors have at most {MOST_DIMS}")
-            self.need(8 * n_dims, f"the dims of tensor {name!r}")
-            dims = struct.unpack_from(f"<{n_dims}Q", self.buf, self.pos)
-            self.pos += 8 * n_dims
-            kind = self.number("<I", f"the type of tensor {name!r}")
-            offset = self.number("<Q", f"the offset of tensor {name!r}")
-            try:
-                block, type_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
-            except (ValueError, KeyError):
-                raise self.damaged(f"tensor {name!r} has type {kind}, not a GGML type") from None
-            n = int(np.prod(dims, dtype=object)) if dims else 1
-            if n % block:
-                raise self.damaged(f"tensor {name!r} has {n} elements, not a whole number of its type's blocks of "
-                                   f"{block}")
-            out.append(TensorEntry(name, n // block * type_bytes, offset))
-        return out
-
-    def data_start(self) -> int:
-        """Where the data section begins: the header's end, rounded up to the alignment."""
-        return -(-self.pos // self.alignment) * self.alignment
-
-
-def check_tensor_bytes(path: Path, tensors: list[TensorEntry], start: int, size: int) -> None:
-    """Every tensor's bytes lie inside the data section [start, size), and no two share a byte. The sums are
-    Python's integers: an offset that would wrap the reader's uint64 arithmetic (2⁶⁴ − start + 64) begins past
-    the end here, not inside the header."""
-    spans = []
-    for t in tensors:
-        begin, end = start + t.offset, start + t.offset + t.n_bytes
-        if end > size:
-            where = "past 2**64, an overflow" if begin >= 1 << 64 else f"at byte {end}"
-            raise ValueError(f"{path} is truncated or damaged: tensor {t.name!r} ({t.n_bytes} bytes at offset "
-                             f"{t.offset} of the data section, which begins at byte {start}) ends {where}; the file "
-                             f"has {size} bytes")
-        if t.n_bytes:
-            spans.append((begin, end, t.name))
-    spans.sort()
-    for (_, end_a, a), (begin_b, end_b, b) in zip(spans, spans[1:]):
-        if begin_b < end_a:
-            raise ValueError(f"{path} is damaged: tensors {a!r} and {b!r} share bytes {begin_b}..{min(end_a, end_b)} "
-                             "(every tensor's bytes must be its own)")
-
-
-def open_reader(path: Path):
-    """A :class:`gguf.GGUFReader` of the file (memory-mapped); every failure is a ValueError naming the file,
-    and a tensor whose data would end past the end of the file is refused."""
-    try:
-        from gguf import GGUFReader
-    except ImportError:
-        raise ImportError("reading GGUF files needs the gguf package: pip install gguf") from None
-    check_header(path)
-    try:
-        reader = GGUFReader(path)
-    except (ValueError, KeyError, IndexError, TypeError, OverflowError, UnicodeDecodeError, MemoryError) as e:
-        raise ValueError(f"{path} is truncated or damaged: the gguf reader stopped with {type(e).__name__}: {e}") \
-            from None
-    return reader
 
 
 DEQUANT_CHUNK = 1 << 20      # values per call of gguf.quants.dequantize: its scratch stays a few MB
@@ -440,20 +239,19 @@ def open_gguf(model) -> GGUFFile:
     """The GGUF file ``"smollm2"`` or a ``.gguf`` path names, open: metadata read, tensors mapped.
 
     The header is read by :func:`attnlab.models.gguf_header.read_gguf_header` (one pass, about 0.1 s on
-    SmolLM2's 98,000 vocabulary strings, where ``gguf.GGUFReader`` takes seconds); a tensor whose data would end
-    past the end of the file is refused."""
+    SmolLM2's 98,000 vocabulary strings, where ``gguf.GGUFReader`` takes seconds), every count, length and tensor
+    span bounded by the file's bytes."""
     from .gguf_header import read_gguf_header, tensor_view
 
     path = gguf_path(model)
-    check_header(path)
+    if path.stat().st_size < 24:
+        raise ValueError(f"{path} is truncated or damaged: {path.stat().st_size} bytes, too short for a GGUF "
+                         "header (24 bytes)")
     mapped = np.memmap(path, mode="r")                                  # (size,) uint8, the whole file
-    fields, tensors, data_start = read_gguf_header(path, mapped)
-    size, infos = mapped.size, {}
+    fields, tensors, data_start = read_gguf_header(path, mapped)       # every count, length and span bounded
+    infos = {}
     for name, qtype, shape, offset, n_bytes in tensors:
         start = data_start + offset
-        if start + n_bytes > size:
-            raise ValueError(f"{path} is truncated or damaged: tensor {name!r} ends at byte {start + n_bytes}, "
-                             f"the file has {size}")
         infos[name] = TensorInfo(name, qtype, shape, tensor_view(mapped, qtype, shape, start, n_bytes), start)
     return GGUFFile(path, fields, infos, mapped)
 

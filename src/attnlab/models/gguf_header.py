@@ -10,6 +10,12 @@ alignment (``general.alignment``, a power of two, default 32), each tensor's byt
 ``gguf.constants.GGML_QUANT_SIZES``, and the array shape it hands out (numpy order; a block type as uint8 rows
 of its bytes). The tests hold it to :class:`gguf.GGUFReader` on the same files.
 
+It is also where a hostile file stops (docs/hardening.md): every read is checked against the file's end, every
+array count and string length against the bytes left (and an array against :data:`MOST_ARRAY_ITEMS`) before
+anything is built from it, and every tensor's span (:func:`check_spans`) against the data section, the end of
+the file and every other tensor's, in Python's integers (no uint64 wrap). Each refusal is one ValueError
+naming the file and the field.
+
 The layout (little-endian)::
 
     magic "GGUF", version u32, n_tensors u64, n_kv u64
@@ -31,6 +37,11 @@ STRING, ARRAY = 8, 9
 PLAIN_TYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8, "I16": np.int16,
                "I32": np.int32, "I64": np.int64}      # handed out as these; every other type as uint8 bytes
 DEFAULT_ALIGNMENT = 32
+MAGIC = b"GGUF"
+MOST_ARRAY_ITEMS = 1 << 22      # more than any vocabulary or merge list (Llama 3: 280,147 merges): a string item
+                                # costs ~60 bytes of Python objects, so a count is bounded before it is read
+MOST_DIMS = 4                   # GGML_MAX_DIMS
+MIN_KV_BYTES, MIN_TENSOR_BYTES = 8 + 1 + 4 + 1, 8 + 1 + 4 + 8 + 4 + 8   # the smallest entry of each table
 
 
 class Damaged(ValueError):
@@ -54,8 +65,8 @@ class Cursor:
         return struct.unpack_from(fmt, self.buf, start)[0]
 
     def string(self, what: str) -> str:
-        n = self.scalar("<Q", what)
-        start = self.need(n, what)
+        n = self.scalar("<Q", f"the length of {what}")
+        start = self.need(n, f"{what} (a string of {n} bytes)")
         return str(self.buf[start:start + n], "utf-8")
 
     def value(self, vtype: int, key: str):
@@ -66,6 +77,10 @@ class Cursor:
         if vtype != ARRAY:
             raise Damaged(f"metadata {key!r} has value type {vtype}, which GGUF does not define")
         item, count = self.scalar("<I", f"the array type of {key!r}"), self.scalar("<Q", f"the length of {key!r}")
+        least = 8 if item == STRING else struct.calcsize(SCALARS[item]) if item in SCALARS else 0
+        if count > MOST_ARRAY_ITEMS or count * least > self.size - self.pos:
+            raise Damaged(f"metadata {key!r} is an array of {count} items, more than the {self.size - self.pos} bytes "
+                          f"left in the file (or {MOST_ARRAY_ITEMS:,}, the most attnlab reads) can hold")
         if item == STRING:
             return [self.string(f"a string of {key!r}") for _ in range(count)]
         if item not in SCALARS:
@@ -84,11 +99,16 @@ def read_gguf_header(path: Path, mapped: np.memmap) -> tuple[dict, list[tuple], 
 
     buf = memoryview(mapped).cast("B")
     size = len(buf)
+    if bytes(buf[:4]) != MAGIC:
+        raise ValueError(f"{path} is not a GGUF file: it does not begin with the magic {MAGIC!r}")
     try:
         c = Cursor(buf, size, 4)
         version, n_tensors, n_kv = c.scalar("<I", "version"), c.scalar("<Q", "tensor_count"), c.scalar("<Q", "kv_count")
         if version not in (2, 3):
             raise Damaged(f"GGUF version {version}; attnlab reads versions 2 and 3")
+        for field, count, least in (("tensor_count", n_tensors, MIN_TENSOR_BYTES), ("kv_count", n_kv, MIN_KV_BYTES)):
+            if count * least > size - c.pos:
+                raise Damaged(f"the header's {field} is {count}, more entries than a file of {size} bytes can hold")
         fields = {"GGUF.version": version, "GGUF.tensor_count": n_tensors, "GGUF.kv_count": n_kv}   # as the reader
         for _ in range(n_kv):
             key = c.string("a metadata key")
@@ -100,8 +120,8 @@ def read_gguf_header(path: Path, mapped: np.memmap) -> tuple[dict, list[tuple], 
                 raise Damaged(f"tensor {name!r} is listed twice")
             names.add(name)
             n_dims = c.scalar("<I", f"the rank of {name!r}")
-            if n_dims > 8:
-                raise Damaged(f"tensor {name!r} has {n_dims} dimensions")
+            if n_dims > MOST_DIMS:
+                raise Damaged(f"tensor {name!r} has {n_dims} dimensions; GGUF tensors have at most {MOST_DIMS}")
             shape = tuple(c.scalar("<Q", f"a dimension of {name!r}") for _ in range(n_dims))
             raw_type, offset = c.scalar("<I", f"the type of {name!r}"), c.scalar("<Q", f"the offset of {name!r}")
             try:
@@ -118,11 +138,32 @@ def read_gguf_header(path: Path, mapped: np.memmap) -> tuple[dict, list[tuple], 
                 or alignment & (alignment - 1):
             raise Damaged(f"'general.alignment' is {alignment!r}; it must be a power of two")
         data_start = -(-c.pos // alignment) * alignment
+        check_spans(tensors, data_start, size)
     except (UnicodeDecodeError, struct.error, OverflowError, MemoryError) as e:
         raise ValueError(f"{path} is truncated or damaged: {type(e).__name__}: {e}") from None
     except Damaged as e:
         raise ValueError(f"{path} is truncated or damaged: {e}") from None
     return fields, tensors, data_start
+
+
+def check_spans(tensors: list[tuple], start: int, size: int) -> None:
+    """Every tensor's bytes lie inside the data section [start, size), and no two share a byte. The sums are
+    Python's integers: an offset that would wrap a reader's uint64 arithmetic (2⁶⁴ − start + 64) begins past the
+    end here, not inside the header."""
+    spans = []
+    for name, _, _, offset, n_bytes in tensors:
+        begin, end = start + offset, start + offset + n_bytes
+        if end > size:
+            where = "past 2**64, an overflow" if begin >= 1 << 64 else f"at byte {end}"
+            raise Damaged(f"tensor {name!r} ({n_bytes} bytes at offset {offset} of the data section, which begins "
+                          f"at byte {start}) ends {where}; the file has {size} bytes")
+        if n_bytes:
+            spans.append((begin, end, name))
+    spans.sort()
+    for (_, end_a, a), (begin_b, end_b, b) in zip(spans, spans[1:]):
+        if begin_b < end_a:
+            raise Damaged(f"tensors {a!r} and {b!r} share bytes {begin_b}..{min(end_a, end_b)} (every tensor's bytes "
+                          "must be its own)")
 
 
 def tensor_view(mapped: np.memmap, qtype, shape: tuple, start: int, n_bytes: int) -> np.ndarray:
