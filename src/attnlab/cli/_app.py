@@ -122,37 +122,24 @@ def seed_arg(text: str) -> int:
     return value
 
 
-def positive_int(text: str) -> int:
-    """An argparse type for counts such as ``--tokens``: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
+def number_type(convert, ok, expected: str):
+    """An argparse type: ``convert(text)`` (int or float) when ``ok`` of it, else argparse's error
+    "{expected}, got '…'" (argparse prefixes the option's name)."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"{expected}, got {text!r}")
+        return value
+    return parse
 
 
-def non_negative_float(text: str) -> float:
-    """An argparse type for ``--temperature``: a finite number >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number >= 0 (finite; 0 = greedy), got {text!r}")
-    return value
-
-
-def probability(text: str) -> float:
-    """An argparse type for ``--top-p``: a number in (0, 1]."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text!r}")
-    return value
+positive_int = number_type(int, lambda v: v >= 1, "expected an integer >= 1")              # --tokens, --top, …
+non_negative_float = number_type(float, lambda v: 0 <= v < float("inf"),
+                                 "must be a number >= 0 (finite; 0 = greedy)")              # --temperature
+probability = number_type(float, lambda v: 0 < v <= 1, "must be a number in (0, 1]")      # --top-p
 
 
 @contextlib.contextmanager

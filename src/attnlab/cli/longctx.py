@@ -2,31 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 
-from ._app import add_command, add_json_flag, print_json, seed_arg, stderr_progress
+from ._app import add_command, add_json_flag, number_type, print_json, seed_arg, stderr_progress
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text.replace("_", "").replace(",", ""))
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
+# --n 1_000_000 and --n 1,000,000 as well as 1000000
+positive_int = number_type(lambda text: int(text.replace("_", "").replace(",", "")), lambda v: v >= 1,
+                           "expected a positive integer")
+positive_float = number_type(float, lambda v: v > 0, "expected a positive number of seconds")
 
 
 def register(sub) -> None:

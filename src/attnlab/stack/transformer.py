@@ -30,7 +30,6 @@ from ..kernels.matmul import as_weight, streamed
 from ..layer.cache import KVCache
 from ..layer.config import AttentionConfig
 from ..layer.hookpoints import NO_HOOKS, Hooks
-from ..layer.multihead import PARAMS as ATTENTION_PARAMS
 from ..layer.tape import Tape
 from .blocks import BLOCKS, Block, PostNormBlock, PreNormBlock
 from .layers import ACTIVATIONS, MLPS, NORMS, LayerNorm, RMSNorm
