@@ -71,6 +71,9 @@ def piped_lines(most_chars: int):
             yield line.rstrip("\n")
 
 
+NUDGES = 40                 # the watcher's tries (every 50 ms) to bring a pending Ctrl-C to the prompt's read
+
+
 class Terminal:
     """The prompt on a terminal: ``readline``'s line editing and history where it exists, and a Ctrl-C that is
     never lost.
@@ -88,7 +91,9 @@ class Terminal:
         except ImportError:
             self.readline = None
         self.main = threading.main_thread().ident
-        self.unhandled = threading.Event()                      # a SIGINT the main thread has not yet seen
+        self.received = 0                                       # SIGINTs the watcher heard of (its count)
+        self.handled_count = 0                                  # SIGINT handlers run in the main thread (its count)
+        self.reading = threading.Event()                        # the main thread is at the prompt (input())
         self.read_end, self.write_end = os.pipe()
         os.set_blocking(self.write_end, False)
         signal.signal(signal.SIGUSR1, lambda *_: None)          # only to interrupt the main thread's read
@@ -98,13 +103,17 @@ class Terminal:
 
     def interrupted(self, *_):
         """The prompt's SIGINT handler (the main thread): Python's own, once the watcher may stop."""
-        self.unhandled.clear()
+        self.handled()
         raise KeyboardInterrupt
 
     def handled(self) -> None:
-        self.unhandled.clear()
+        """A SIGINT handler ran in the main thread (the prompt's, or a reply's :func:`stop_on_ctrl_c`)."""
+        self.handled_count += 1
 
     def watch(self) -> None:
+        """Nudge the main thread while it waits at the prompt and a SIGINT it has not handled is pending. The
+        counts tell a new Ctrl-C from one a reply's handler already took (whose byte may reach the wakeup fd
+        only after the prompt is back); a burst that Python's handler took as one gives up after NUDGES."""
         while True:
             try:
                 got = os.read(self.read_end, 64)
@@ -112,22 +121,23 @@ class Terminal:
                 return
             if not got:
                 return
-            if signal.SIGINT in got:
-                self.unhandled.set()
-                while self.unhandled.is_set():                  # until a SIGINT handler has run
-                    signal.pthread_kill(self.main, signal.SIGUSR1)
-                    self.unhandled.wait(0.05)
+            self.received += got.count(signal.SIGINT)
+            for _ in range(NUDGES):
+                if self.received <= self.handled_count or not self.reading.is_set():
+                    break
+                signal.pthread_kill(self.main, signal.SIGUSR1)
+                time.sleep(0.05)
 
     def close(self) -> None:
         signal.signal(signal.SIGINT, self.old_handler)
         signal.set_wakeup_fd(self.old_fd)
-        self.unhandled.clear()
         os.close(self.write_end)
 
     def line(self, prompt: str) -> str | None:
         """The next line typed; None at Ctrl-D or Ctrl-C on an empty line; Ctrl-C on a half-typed line gives
         a new prompt."""
         while True:
+            self.reading.set()
             try:
                 return input(prompt)
             except EOFError:
@@ -138,6 +148,8 @@ class Terminal:
                 print(file=sys.stderr)
                 if not typed.strip():
                     return None
+            finally:
+                self.reading.clear()
 
 
 @contextlib.contextmanager
