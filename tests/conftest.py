@@ -44,6 +44,27 @@ def central_differences(f, x, eps=1e-6):
     return g
 
 
+def check_param_grads(grads: dict, params: dict, f, entries, *, eps=1e-6, tag=()) -> None:
+    """Each parameter's gradient, at the positions ``entries(p)`` of p, against central differences of the
+    scalar f() (the parameters changed in place, then put back); grads named and shaped as params."""
+    assert list(grads) == list(params)
+    for name, p in params.items():
+        assert grads[name].shape == p.shape and grads[name].dtype == p.dtype
+        for i in entries(p):
+            old = p[i]
+            p[i] = old + eps
+            up = f()
+            p[i] = old - eps
+            down = f()
+            p[i] = old
+            assert grads[name][i] == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-8), (*tag, name, i)
+
+
+@pytest.fixture
+def param_grads():
+    return check_param_grads
+
+
 @pytest.fixture
 def numeric_grad():
     return central_differences

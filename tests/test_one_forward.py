@@ -108,7 +108,7 @@ def test_bit_for_bit_on_the_tiled_path_too(option, rng, tile_kernel):
 
 
 @pytest.mark.parametrize("option", sorted(OPTIONS))
-def test_loss_and_grad_matches_central_differences(option, rng):
+def test_loss_and_grad_matches_central_differences(option, rng, param_grads):
     model = tiny(option, rng)
     ids, targets = rng.integers(0, V, (2, 5)), rng.integers(0, V, (2, 5))
     if not model.config.is_causal:
@@ -118,19 +118,9 @@ def test_loss_and_grad_matches_central_differences(option, rng):
     value, grads = loss_and_grad(model, ids, targets, token_types=types)
     f = lambda: loss(model, ids, targets, token_types=types)            # noqa: E731
     assert value == pytest.approx(f(), rel=1e-13)                       # bit for bit on one kernel: above
-    params = model.params()
-    assert list(grads) == list(params)
-    eps = 1e-6
-    for name, p in params.items():
-        assert grads[name].shape == p.shape and grads[name].dtype == p.dtype
-        for i in [np.unravel_index(j, p.shape) for j in rng.choice(p.size, size=min(3, p.size), replace=False)]:
-            old = p[i]
-            p[i] = old + eps
-            up = f()
-            p[i] = old - eps
-            down = f()
-            p[i] = old
-            assert grads[name][i] == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-8), (option, name, i)
+    entries = lambda p: [np.unravel_index(j, p.shape) for j in rng.choice(p.size, size=min(3, p.size),   # noqa: E731
+                                                                           replace=False)]
+    param_grads(grads, model.params(), f, entries, tag=(option,))
 
 
 def test_gradients_of_any_logits_metric_a_padded_batch_and_the_last_rows_only(rng):

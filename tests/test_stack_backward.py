@@ -61,26 +61,14 @@ def sample_entries(p, rng, k=4):
 
 
 @pytest.mark.parametrize("wiring", sorted(WIRINGS))
-def test_every_parameter_gradient_matches_finite_differences(wiring, rng):
+def test_every_parameter_gradient_matches_finite_differences(wiring, rng, param_grads):
     model = tiny(wiring, rng)
     ids, targets = data(model, rng)
     types = rng.integers(0, 2, ids.shape) if model.config.n_types else None
     value, grads = loss_and_grad(model, ids, targets, token_types=types)
     f = lambda: loss(model, ids, targets, token_types=types)           # noqa: E731
     assert value == pytest.approx(f(), rel=1e-12)
-    params = model.params()
-    assert list(grads) == list(params)
-    eps = 1e-6
-    for name, p in params.items():
-        assert grads[name].shape == p.shape and grads[name].dtype == p.dtype
-        for i in sample_entries(p, rng):
-            old = p[i]
-            p[i] = old + eps
-            up = f()
-            p[i] = old - eps
-            down = f()
-            p[i] = old
-            assert grads[name][i] == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-8), (name, i)
+    param_grads(grads, model.params(), f, lambda p: sample_entries(p, rng))
 
 
 @pytest.mark.parametrize("wiring", ["gpt2", "bert", "llama", "neox-parallel", "gemma2-sandwich"])
