@@ -34,6 +34,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..layer import latent
 from ..layer.config import AttentionConfig
 from ..layer.multihead import (MultiHeadAttention, hook_points, multihead_attention, multihead_attention_backward_named,
                                param_shapes)
@@ -66,7 +67,16 @@ class Slot:
         return None
 
 
+# each attention layer's class -> its forward and its backward (named), as the block's attn field calls them
+ATTENTION = {MultiHeadAttention: (multihead_attention, multihead_attention_backward_named),
+             latent.LatentAttention: (latent.latent_attention, latent.latent_attention_backward_named)}
+
+
 def attention_slot(a: AttentionConfig) -> Slot:
+    if isinstance(a, latent.LatentConfig):                       # multi-head latent attention (DeepSeek)
+        return Slot(latent.LatentAttention, latent.param_shapes(a), lambda p: latent.LatentAttention.from_params(p, a),
+                    lambda rng, std, dtype: latent.LatentAttention.init(a, rng=rng, std=std, dtype=dtype), config=a,
+                    points=latent.hook_points(a))
     return Slot(MultiHeadAttention, param_shapes(a), lambda p: MultiHeadAttention(**p, config=a),
                 lambda rng, std, dtype: MultiHeadAttention.init(a, rng=rng, std=std, dtype=dtype), config=a,
                 points=hook_points(a))
@@ -115,8 +125,8 @@ def _undo(field: str, part, tape, dy: np.ndarray, grads: dict, named: dict) -> n
     """Backward of one part from what its forward kept on ``tape`` under ``field``: dL/dx from dL/dy; the
     part's gradients go into ``grads`` ("ln_1.weight", …), the gradients at its points into ``named``."""
     if field == "attn":
-        dx, g, points = multihead_attention_backward_named(part, tape[field], dy)
-        g = g.params()
+        dx, g, points = ATTENTION[type(part)][1](part, tape[field], dy)
+        g = g if isinstance(g, dict) else g.params()
         named.update({f"attn.{k}": v for k, v in points.items()})
     else:
         dx, g, points = part.backward_named(tape[field], dy)
@@ -237,7 +247,7 @@ class Block:
                 for field, part, prefix in chain:                          # each part, its hooks under its name
                     t = None if tape is None else tape.scoped(field)
                     if field == "attn":
-                        z = multihead_attention(part, z, mask=mask, is_causal=is_causal, cache=cache,
+                        z = ATTENTION[type(part)][0](part, z, mask=mask, is_causal=is_causal, cache=cache,
                                                 hook=h.scoped(prefix), tape=t, positions=positions)
                     else:
                         z = part(z, h.scoped(prefix), t)                   # (..., n, d_model)
