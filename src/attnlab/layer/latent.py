@@ -167,7 +167,7 @@ class LatentAttention:
     def new_cache(self, capacity: int, *, batch_shape: tuple = ()) -> "LatentCache":
         """An empty cache of ``capacity`` tokens, each r + d_rope numbers."""
         return LatentCache.empty(1, capacity, self.config.cache_width, batch_shape=batch_shape,
-                                 dtype=np.result_type(self.W_DKV, np.float32))
+                                 dtype=np.result_type(self.W_DKV, np.float32), r=self.config.kv_lora_rank)
 
     def __call__(self, x, *, mask=None, is_causal=False, cache=None) -> np.ndarray:
         return latent_attention(self, x, mask=mask, is_causal=is_causal, cache=cache)

@@ -5,7 +5,8 @@ On the stack: token embeddings, pre-norm blocks with RMSNorm, multi-head latent 
 (:class:`attnlab.layer.latent.LatentAttention`: K and V from a shared latent of ``kv_lora_rank``, RoPE on a
 ``qk_rope_head_dim`` slice, the query through its own latent of ``q_lora_rank`` or straight from x when that
 is null), a gated SiLU MLP in the first ``first_k_dense_replace`` layers and the mixture of experts after
-them, a final RMSNorm, untied logits.
+them (:mod:`attnlab.stack.experts`: the group-limited sigmoid router, routed and shared experts), a final
+RMSNorm, untied logits.
 
 Tensor names: ``self_attn.q_a_proj`` (W_DQ, with a bias under ``attention_bias``), ``q_a_layernorm``,
 ``q_b_proj`` (W_UQ) or ``q_proj`` (W_Q), ``kv_a_proj_with_mqa`` (W_DKV: the latent's r columns then the
@@ -28,6 +29,7 @@ import numpy as np
 
 from ..layer.latent import LatentAttention, LatentConfig
 from ..stack.blocks import PreNormBlock
+from ..stack.experts import Experts, ExpertsConfig
 from ..stack.layers import RMSNorm, activation_name
 from ..stack.transformer import ModelConfig, Transformer
 from ..text.tokens import json_folder_tokenizer
@@ -70,10 +72,6 @@ def deepseek_v3_config(config: dict, source: str) -> ModelConfig:
     if n("num_key_value_heads", n_heads) != n_heads:
         raise ValueError(f"{source}: config.json has num_key_value_heads={n('num_key_value_heads')}, "
                          f"num_attention_heads={n_heads}; DeepSeek's latent attention gives every head its own K and V")
-    dense = n("first_k_dense_replace", n_layers)
-    if dense < n_layers and n("n_routed_experts", 0):
-        raise ValueError(f"{source}: config.json has mixture-of-experts layers (first_k_dense_replace={dense} < "
-                         f"num_hidden_layers={n_layers}); attnlab reads DeepSeek-V3 with dense MLPs only")
     attention = LatentConfig(d_model=n("hidden_size"), n_heads=n_heads, n_ctx=n("max_position_embeddings"),
                              positions=rope_scheme(config, source), scale=softmax_scale(config, d_nope + d_rope),
                              q_lora_rank=None if q_lora is None else n("q_lora_rank"), kv_lora_rank=n("kv_lora_rank"),
@@ -83,7 +81,37 @@ def deepseek_v3_config(config: dict, source: str) -> ModelConfig:
                        mlp="gated", norm=RMSNorm, norm_eps=config_float(config, "rms_norm_eps", source, 1e-6),
                        block=PreNormBlock, is_causal=True,
                        tied_embeddings=bool(config.get("tie_word_embeddings", False)), family="deepseek_v3",
-                       eos_ids=config_eos_ids(config, source, n("vocab_size")))
+                       eos_ids=config_eos_ids(config, source, n("vocab_size")), experts=experts_config(config, source))
+
+
+def positive(config: dict, key: str, source: str, default: float) -> float:
+    """config.json's ``key``, a positive number (``default`` where it is absent or null)."""
+    v = config.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+        raise ValueError(f"{source}: config.json field {key!r} must be a positive number, got {v!r}")
+    return float(v)
+
+
+def experts_config(config: dict, source: str) -> ExpertsConfig | None:
+    """The mixture of experts on the layers from ``first_k_dense_replace`` on (None when every layer is dense):
+    DeepSeek's group-limited sigmoid router, ``n_routed_experts`` gated experts of ``moe_intermediate_size``,
+    ``n_shared_experts`` shared ones."""
+    n = lambda key, default=None: config_int(config, key, source, default)   # noqa: E731
+    first_dense = config.get("first_k_dense_replace")
+    first_dense = 0 if first_dense is None else n("first_k_dense_replace")
+    if first_dense >= n("num_hidden_layers") or not config.get("n_routed_experts"):
+        return None
+    return ExpertsConfig(n_experts=n("n_routed_experts"), top_k=n("num_experts_per_tok"),
+                         d_expert=n("moe_intermediate_size"), router="group_sigmoid",
+                         glu=activation_name(config, "hidden_act", source), bias=False,
+                         n_group=n("n_group", 1) if config.get("n_group") is not None else 1,
+                         topk_group=n("topk_group", 1) if config.get("topk_group") is not None else 1,
+                         norm_topk_prob=bool(config.get("norm_topk_prob", True)),
+                         routed_scaling_factor=positive(config, "routed_scaling_factor", source, 1.0),
+                         n_shared=n("n_shared_experts", 0) if config.get("n_shared_experts") is not None else 0,
+                         first_dense=first_dense)
 
 
 def rope_order(a: LatentConfig, interleaved: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -120,6 +148,30 @@ def latent_attention_from(t: Tensors, a: LatentConfig, prefix: str, *, bias: boo
     return LatentAttention.from_params(p, a)
 
 
+def experts_from(t: Tensors, d: int, e: ExpertsConfig, prefix: str) -> Experts:
+    """One layer's experts from ``{prefix}.gate`` (the router and its correction bias), ``{prefix}.experts.{j}``
+    (gate_proj, up_proj, down_proj, as DeepSeek's checkpoints and transformers' save_pretrained store them; or
+    the fused ``experts.gate_up_proj`` and ``experts.down_proj`` of transformers' modules) and
+    ``{prefix}.shared_experts``."""
+    E, m = e.n_experts, e.d_expert
+    p = {"router.W": t.linear(f"{prefix}.gate", d, E)[0],                       # (d, E)
+         "router.correction": t.take(f"{prefix}.gate.e_score_correction_bias", (E,))}
+    if f"{prefix}.experts.gate_up_proj" in t.arrays:
+        gate_up = t.take(f"{prefix}.experts.gate_up_proj", (E, 2 * m, d))       # (E, 2·m, d) gate rows, then up
+        p["W_gate"], p["W_in"] = gate_up[:, :m].transpose(0, 2, 1), gate_up[:, m:].transpose(0, 2, 1)
+        p["W_out"] = t.take(f"{prefix}.experts.down_proj", (E, d, m)).transpose(0, 2, 1)   # (E, m, d)
+    else:
+        each = lambda name, d_in, d_out: np.stack([t.linear(f"{prefix}.experts.{j}.{name}", d_in, d_out)[0]
+                                                   for j in range(E)])          # noqa: E731  (E, d_in, d_out)
+        p["W_gate"], p["W_in"], p["W_out"] = each("gate_proj", d, m), each("up_proj", d, m), each("down_proj", m, d)
+    if e.n_shared:
+        w = e.n_shared * m
+        p.update({"shared.W_gate": t.linear(f"{prefix}.shared_experts.gate_proj", d, w)[0],
+                  "shared.W_in": t.linear(f"{prefix}.shared_experts.up_proj", d, w)[0],
+                  "shared.W_out": t.linear(f"{prefix}.shared_experts.down_proj", w, d)[0]})
+    return Experts.from_params(p, e)
+
+
 def deepseek_v3_from_tensors(tensors: Tensors, cfg: ModelConfig, config: dict | None = None) -> Transformer:
     """The model from a DeepSeek-V3 checkpoint's tensors, every shape checked against the config."""
     config = config or {}
@@ -136,7 +188,10 @@ def deepseek_v3_from_tensors(tensors: Tensors, cfg: ModelConfig, config: dict | 
     def block(i: int) -> PreNormBlock:
         at = f"layers.{i}"
         attn = latent_attention_from(t, a, f"{at}.self_attn", bias=bias, interleaved=interleaved)
-        mlp = gated_mlp(t, cfg, f"{at}.mlp.gate_proj", f"{at}.mlp.up_proj", f"{at}.mlp.down_proj")
+        if cfg.at_layer(i).experts is None:
+            mlp = gated_mlp(t, cfg, f"{at}.mlp.gate_proj", f"{at}.mlp.up_proj", f"{at}.mlp.down_proj")
+        else:
+            mlp = experts_from(t, cfg.d_model, cfg.experts, f"{at}.mlp")
         return PreNormBlock(attn=attn, ln_1=norm(f"{at}.input_layernorm"), mlp=mlp,
                             ln_2=norm(f"{at}.post_attention_layernorm"))
 
