@@ -71,6 +71,22 @@ def test_the_layer_matches_the_equations_written_out(q_lora_rank, rng):
     np.testing.assert_allclose(latent_attention(layer, x, is_causal=True), reference(layer, x), rtol=0, atol=1e-12)
 
 
+def test_every_path_of_the_layer(rng, tile_kernel):
+    """200 tokens take the tiled kernel (d_v != d_qk), its taped pass too; a decode step the decode kernel, in
+    the absorbed form (d_k = r + d_rope, one key/value head) — on the numpy and the fused kernels."""
+    layer = random_layer(latent(n_ctx=256), rng)
+    x = rng.normal(size=(200, 12))
+    want = reference(layer, x)
+    np.testing.assert_allclose(latent_attention(layer, x, is_causal=True), want, rtol=0, atol=1e-11)
+    tape = Tape()
+    np.testing.assert_allclose(latent_attention(layer, x, is_causal=True, tape=tape), want, rtol=0, atol=1e-11)
+    assert type(tape.value.attn).__name__ == "TiledSaved"
+    cache = layer.new_cache(200)
+    latent_attention(layer, x[:199], is_causal=True, cache=cache)
+    np.testing.assert_allclose(latent_attention(layer, x[199:], is_causal=True, cache=cache), want[199:], rtol=0,
+                               atol=1e-11)
+
+
 def test_the_cache_keeps_the_latent_and_the_shared_key_only(rng):
     """r + d_rope numbers a token (7 + 2), not 2·h·d_head; and it holds [c | rope(k_r)], seen at hook_kv_latent."""
     c = latent()
@@ -154,6 +170,22 @@ def test_the_backward_matches_central_differences(q_lora_rank, rng, param_grads)
     entries = lambda p: [np.unravel_index(j, p.shape) for j in rng.choice(p.size, size=min(4, p.size),   # noqa: E731
                                                                            replace=False)]
     param_grads(grads, model.params(), f, entries, tag=(q_lora_rank,))
+
+
+def test_the_layers_backward_on_the_tiled_path(rng, param_grads):
+    """200 tokens: the taped pass keeps the tiled kernel's lse; the layer's gradients match central differences."""
+    from attnlab.layer.latent import latent_attention_backward_named
+    layer = random_layer(latent(n_ctx=256), rng)
+    x, w = rng.normal(size=(200, 12)), rng.normal(size=(200, 12))
+    tape = Tape()
+    latent_attention(layer, x, is_causal=True, tape=tape)
+    assert type(tape.value.attn).__name__ == "TiledSaved"
+    dx, grads, _ = latent_attention_backward_named(layer, tape.value, w)
+    f = lambda: float((latent_attention(layer, x, is_causal=True) * w).sum())   # noqa: E731
+    entries = lambda p: [np.unravel_index(j, p.shape) for j in rng.choice(p.size, size=min(2, p.size),   # noqa: E731
+                                                                           replace=False)]
+    param_grads(grads, layer.params(), f, entries)
+    param_grads({"x": dx}, {"x": x}, f, lambda p: [(0, 3), (150, 7), (199, 0)])
 
 
 def test_gradients_at_the_latent_and_the_query(rng, numeric_grad):
