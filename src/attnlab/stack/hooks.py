@@ -24,6 +24,8 @@ Per layer i, at the same names in every block kind (:mod:`attnlab.stack.blocks`)
     blocks.{i}.attn.hook_pattern     (n_heads, n, n_k)     the attention weights
     blocks.{i}.attn.hook_z           (n_heads, n, d_head)  each head's output, before W_O
     blocks.{i}.attn.hook_result      (n_heads, n, d_model) each head's output after its own rows of W_O
+    blocks.{i}.attn.hook_kv_latent   (n, kv_lora_rank)     latent attention (MLA) only: the latent c_KV that K and V
+                                                          are made from, what its cache keeps (attnlab.layer.latent)
     blocks.{i}.hook_attn_out         (n, d_model)         what the attention adds to the stream (b_O included)
     blocks.{i}.hook_resid_mid        (n, d_model)         the stream between the sublayers (not in a parallel block)
     blocks.{i}.hook_mlp_in           (n, d_model)         the stream the MLP branch reads
