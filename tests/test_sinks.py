@@ -149,3 +149,57 @@ def test_torch_formula_as_gpt_oss_writes_it():
     w = w - w.max(dim=-1, keepdim=True).values
     want = (torch.softmax(w, dim=-1)[..., :-1] @ tv).numpy()
     np.testing.assert_allclose(attention(q, k, v, sink=sink), want, atol=2e-6)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the layer and the stack: sinks as a parameter of the attention, its hook, its KV cache, its gradient
+
+from attnlab.layer.config import AttentionConfig  # noqa: E402
+from attnlab.layer.positions import RoPE  # noqa: E402
+from attnlab.stack.hooks import hook_names, run_with_cache  # noqa: E402
+from attnlab.stack.layers import RMSNorm  # noqa: E402
+from attnlab.stack.transformer import ModelConfig, Transformer, forward, generate, new_caches  # noqa: E402
+
+
+def sink_model(dtype=np.float32, window=None):
+    a = AttentionConfig(d_model=16, n_heads=4, n_kv_heads=2, n_ctx=256, positions=RoPE(), sinks=True, window=window)
+    c = ModelConfig(vocab_size=50, n_layers=2, attention=a, d_mlp=24, mlp="gated", activation="silu", norm=RMSNorm)
+    rng = np.random.default_rng(7)
+    model = Transformer.init(c, rng=rng, std=0.4, dtype=dtype)
+    for b in model.blocks:
+        b.attn.sinks[...] = rng.normal(0, 1.5, b.attn.sinks.shape)
+    return model
+
+
+def test_hook_sink_is_what_the_pattern_rows_leave_and_the_output_does_not_change():
+    model = sink_model()
+    ids = np.random.default_rng(0).integers(0, 50, 9)
+    assert "blocks.0.attn.hook_sink" in hook_names(model)
+    plain = forward(model, ids).logits
+    out, cache = run_with_cache(model, ids)
+    p, pattern = cache["blocks.1.attn.hook_sink"], cache["blocks.1.attn.hook_pattern"]
+    assert p.shape == (4, 9) and (p > 0).all()
+    np.testing.assert_allclose(pattern.sum(-1) + p, 1, rtol=1e-6)
+    np.testing.assert_allclose(out.logits, plain, rtol=1e-5, atol=1e-6)
+
+
+def test_kv_cache_decode_equals_the_full_forward_with_sinks():
+    model = sink_model(window=5)
+    ids = np.random.default_rng(1).integers(0, 50, 12)
+    full = forward(model, ids).logits
+    caches = new_caches(model, 16)
+    steps = [forward(model, ids[:4], caches=caches).logits]
+    steps += [forward(model, ids[i:i + 1], caches=caches).logits for i in range(4, 12)]
+    np.testing.assert_allclose(np.concatenate(steps), full, rtol=1e-5, atol=1e-5)
+    assert len(generate(model, ids, 5)) == 5
+
+
+def test_every_parameter_gradient_with_sinks_matches_finite_differences(param_grads):
+    from attnlab.lm.model import loss, loss_and_grad
+    model = sink_model(np.float64)
+    rng = np.random.default_rng(2)
+    ids, targets = rng.integers(0, 50, (2, 6)), rng.integers(0, 50, (2, 6))
+    value, grads = loss_and_grad(model, ids, targets)
+    assert "blocks.0.attn.sinks" in grads and np.abs(grads["blocks.0.attn.sinks"]).max() > 0
+    f = lambda: loss(model, ids, targets)                               # noqa: E731
+    param_grads(grads, model.params(), f, lambda p: [np.unravel_index(i, p.shape) for i in range(min(p.size, 3))])

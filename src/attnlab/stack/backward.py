@@ -30,7 +30,7 @@ from .transformer import Transformer, embed_backward, forward, hook_names, logit
 
 # hook points the backward gives no gradient at: the (n, n_k) grids (the tiled path never builds them) and the
 # norms' divisors
-NOT_DIFFERENTIATED = ("hook_scores", "hook_pattern", "hook_scale")
+NOT_DIFFERENTIATED = ("hook_scores", "hook_pattern", "hook_sink", "hook_scale")
 
 
 def grad_hook_names(model: Transformer) -> list[str]:
