@@ -265,7 +265,8 @@ def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook, 
         if p.sinks is not None:
             opts["sink"] = p.sinks                   # (h,) one logit per head in each row's denominator
         saved = None
-        if hook.wants("hook_scores") or hook.wants("hook_pattern") or hook.wants("hook_sink"):
+        if (hook.wants("hook_scores") or hook.wants("hook_pattern")
+                or (p.sinks is not None and hook.wants("hook_sink"))):
             heads, saved = _attention_on_the_grid(q, k, v, opts, hook, finite=cache is None)   # (..., h, n, d_head)
         elif tape is not None:
             heads, saved = attention_forward(q, k, v, **opts)   # (..., h, n, d_head), the backward's share
