@@ -161,3 +161,32 @@ def test_what_is_not_read_is_refused_by_name(folders, tmp_path):
         (bad / "config.json").write_text(json.dumps({**config, **edit}))
         with pytest.raises(ValueError, match=match):
             load_network(bad)
+
+
+def test_gradients_match_transformers_autograd(folders):
+    """The loss's gradient, sinks and experts and router included, against torch's autograd of the same model."""
+    from attnlab.lm.model import loss_and_grad
+
+    folder = folders("small")
+    model = load_network(folder)
+    rng = np.random.default_rng(6)
+    ids, targets = rng.integers(0, 300, 16), rng.integers(0, 300, 16)
+    value, grads = loss_and_grad(model, ids, targets)
+    hf = hf_model(folder)
+    logits = hf(torch.from_numpy(ids)[None]).logits[0]
+    theirs = torch.nn.functional.cross_entropy(logits, torch.from_numpy(targets))
+    theirs.backward()
+    assert value == pytest.approx(theirs.item(), rel=1e-5)
+    g = {n: p.grad.numpy() for n, p in hf.named_parameters()}
+    for i in range(2):
+        p = f"model.layers.{i}."
+        want = {f"blocks.{i}.attn.sinks": g[p + "self_attn.sinks"],
+                f"blocks.{i}.attn.W_V": g[p + "self_attn.v_proj.weight"].T,
+                f"blocks.{i}.mlp.router.W": g[p + "mlp.router.weight"].T,
+                f"blocks.{i}.mlp.router.b": g[p + "mlp.router.bias"],
+                f"blocks.{i}.mlp.W_gate": g[p + "mlp.experts.gate_up_proj"][..., ::2],
+                f"blocks.{i}.mlp.W_in": g[p + "mlp.experts.gate_up_proj"][..., 1::2],
+                f"blocks.{i}.mlp.b_out": g[p + "mlp.experts.down_proj_bias"],
+                f"blocks.{i}.ln_2.weight": g[p + "post_attention_layernorm.weight"]}
+        for name, w in want.items():
+            assert relative(grads[name], w) < 1e-4, name
