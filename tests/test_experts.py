@@ -84,11 +84,29 @@ def test_hooks_see_the_choice_and_can_zero_an_expert():
     assert not y.any()
 
 
-def test_training_through_experts_is_refused_with_a_value_error():
-    from attnlab.layer.tape import Tape
-    m = Experts.init(8, GPT_OSS, rng=np.random.default_rng(0))
-    with pytest.raises(ValueError, match="not supported"):
-        m(np.zeros((2, 8), np.float32), tape=Tape())
+@pytest.mark.parametrize("c", [GPT_OSS, DEEPSEEK, ExpertsConfig(**{**DEEPSEEK.to_json(), "norm_topk_prob": False})],
+                         ids=["gpt-oss", "deepseek", "deepseek-unnormalised"])
+def test_backward_matches_finite_differences(c, numeric_grad):
+    rng = np.random.default_rng(3)
+    m = Experts.init(6, c, rng=rng, std=0.6, dtype=np.float64)
+    x = rng.normal(size=(2, 5, 6)) * 1.5
+    if c.glu == "swiglu_clamped":
+        m.W_gate[...] *= 6                                   # so that the clamps act on some units
+        m.W_in[...] *= 6
+    dy = rng.normal(size=x.shape)
+    y, saved = m.forward(x)
+    dx, grads, named = m.backward_named(saved, dy)
+    f = lambda: float((m(x) * dy).sum())                     # noqa: E731
+    np.testing.assert_allclose(dx, numeric_grad(f, x), rtol=1e-5, atol=1e-7)
+    for name, p in m.params().items():
+        if name == "router.correction":
+            assert not grads[name].any()                     # it moves the choice only
+            continue
+        np.testing.assert_allclose(grads[name], numeric_grad(f, p), rtol=1e-5, atol=1e-7, err_msg=name)
+    assert named["hook_router_logits"].shape == (2, 5, c.n_experts)
+    if c.glu == "swiglu_clamped":                            # the clamps did act
+        gate = np.einsum("bnd,edm->bnem", x, m.W_gate) + m.b_gate
+        assert (gate > c.swiglu_limit).any()
 
 
 def test_bad_configs_name_the_field():
@@ -98,6 +116,19 @@ def test_bad_configs_name_the_field():
         ExpertsConfig(n_experts=2, top_k=1, d_expert=4, router="hash")
     with pytest.raises(ValueError, match="n_group"):
         ExpertsConfig(n_experts=6, top_k=1, d_expert=4, n_group=4)
+
+
+def test_a_stack_with_experts_trains_its_every_parameter(param_grads):
+    from attnlab.lm.model import loss, loss_and_grad
+    a = AttentionConfig(d_model=8, n_heads=2, n_ctx=16, sinks=True)
+    c = ModelConfig(vocab_size=20, n_layers=2, attention=a, d_mlp=6, mlp="gated", activation="silu", norm=RMSNorm,
+                    experts=ExpertsConfig(n_experts=4, top_k=2, d_expert=5, swiglu_limit=1.0))
+    model = Transformer.init(c, rng=np.random.default_rng(0), std=0.5, dtype=np.float64)
+    rng = np.random.default_rng(1)
+    ids, targets = rng.integers(0, 20, (2, 5)), rng.integers(0, 20, (2, 5))
+    _, grads = loss_and_grad(model, ids, targets)
+    f = lambda: loss(model, ids, targets)                    # noqa: E731
+    param_grads(grads, model.params(), f, lambda p: [np.unravel_index(i, p.shape) for i in range(0, p.size, 7)][:4])
 
 
 def test_a_stack_with_dense_then_experts_layers():

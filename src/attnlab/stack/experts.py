@@ -25,7 +25,11 @@ Hooks: ``hook_router_logits`` (..., n, E) the router's logits before any choice,
 (..., n, k) the chosen experts (ints) and ``hook_expert_weights`` (..., n, k) their weights; a hook that
 replaces the weights or the ids changes what the layer computes (ablate an expert by zeroing its weight).
 
-Training through the experts is not supported: a forward with a tape raises a ValueError saying so.
+Forward and backward come as a pair, as every piece of the stack: with a tape the forward keeps the input,
+the router's logits, its choice and the weights, and :meth:`Experts.backward_named` recomputes each expert's
+hidden layer from them (its rows only). The choice itself is discrete: the gradient reaches the router through
+the chosen weights (gpt-oss: their softmax; DeepSeek-V3: the chosen sigmoids, normalised and scaled), never
+through which experts were chosen; DeepSeek-V3's correction bias moves only the choice, so its gradient is 0.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import numpy as np
 from ..kernels._checks import as_positive_float, as_positive_int, check_flag
 from ..layer.hookpoints import NO_HOOKS
 from ..layer.tape import Tape
-from .layers import ACTIVATIONS, GatedMLP
+from .layers import ACTIVATION_GRADS, ACTIVATIONS, GatedMLP, taped
 
 ROUTERS = ("softmax_topk", "group_sigmoid")   # gpt-oss's, DeepSeek-V3's
 CLAMPED_SWIGLU = "swiglu_clamped"             # gpt-oss's gated unit; any other glu is an ACTIVATIONS name
@@ -157,6 +161,18 @@ class SoftmaxTopKRouter:
         ids = _top_k(logits, self.top_k)                         # (..., n, k)
         return ids, _softmax(np.take_along_axis(logits, ids, axis=-1))   # (..., n, k) softmax over the k chosen
 
+    def weights_backward(self, logits: np.ndarray, ids: np.ndarray, w: np.ndarray, dw: np.ndarray) -> np.ndarray:
+        """dL/dlogits (N, E) from dL/dw (N, k): the softmax's backward on the chosen k, 0 elsewhere."""
+        # forward: w = softmax(logits[ids])
+        d_chosen = w * (dw - (w * dw).sum(-1, keepdims=True))   # (N, k)
+        dlogits = np.zeros_like(logits)                          # (N, E)
+        np.put_along_axis(dlogits, ids, d_chosen, axis=-1)
+        return dlogits
+
+    def backward(self, x: np.ndarray, dlogits: np.ndarray) -> tuple[np.ndarray, dict]:
+        """``(dx, grads)`` of ``logits = x W + b`` from dL/dlogits; x (N, d_model)."""
+        return dlogits @ self.W.T, {"W": x.T @ dlogits, "b": dlogits.sum(0)}
+
 
 @dataclass(frozen=True, eq=False)
 class GroupSigmoidRouter:
@@ -205,6 +221,39 @@ class GroupSigmoidRouter:
         if self.norm_topk_prob:
             w = w / (w.sum(-1, keepdims=True) + 1e-20)
         return ids, w * self.routed_scaling_factor               # (..., n, k)
+
+    def weights_backward(self, logits: np.ndarray, ids: np.ndarray, w: np.ndarray, dw: np.ndarray) -> np.ndarray:
+        """dL/dlogits (N, E) from dL/dw (N, k), through the chosen sigmoids (the correction chose, nothing more)."""
+        with np.errstate(over="ignore"):
+            s = 1 / (1 + np.exp(-np.take_along_axis(logits, ids, axis=-1)))   # (N, k) σ of the chosen
+        c = self.routed_scaling_factor
+        if self.norm_topk_prob:
+            # forward: w_j = c · s_j / S, S = Σ s + 1e-20
+            S = s.sum(-1, keepdims=True) + 1e-20                 # (N, 1)
+            ds = c * (dw / S - (dw * s).sum(-1, keepdims=True) / (S * S))   # (N, k)
+        else:
+            ds = c * dw                                          # (N, k) forward: w = c · s
+        dlogits = np.zeros_like(logits)                          # (N, E)
+        np.put_along_axis(dlogits, ids, ds * s * (1 - s), axis=-1)   # forward: s = σ(logits)
+        return dlogits
+
+    def backward(self, x: np.ndarray, dlogits: np.ndarray) -> tuple[np.ndarray, dict]:
+        """``(dx, grads)`` of ``logits = x W`` from dL/dlogits; x (N, d_model). The correction bias gets 0."""
+        return dlogits @ self.W.T, {"W": x.T @ dlogits, "correction": np.zeros_like(self.correction)}
+
+
+def clamped_swiglu_grad(gate: np.ndarray, up: np.ndarray, alpha: float, limit: float,
+                        dy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(dgate, dup)`` of :func:`clamped_swiglu` from dy; torch's clamps pass the gradient where the input is
+    within its bounds, ends included."""
+    g = np.minimum(gate, limit)                                  # (..., m)
+    u = np.clip(up, -limit, limit)                               # (..., m)
+    with np.errstate(over="ignore"):
+        sig = 1 / (1 + np.exp(-alpha * g))                       # (..., m) σ(α g)
+    # forward: y = (u + 1) · g σ(α g)
+    dup = dy * g * sig * (np.abs(up) <= limit)                   # (..., m) the clip passes inside [−limit, limit]
+    dg = dy * (u + 1) * (sig + alpha * g * sig * (1 - sig))      # (..., m) d(g σ(αg))/dg
+    return dg * (gate <= limit), dup                             # the min passes below the limit
 
 
 def clamped_swiglu(gate: np.ndarray, up: np.ndarray, alpha: float, limit: float) -> np.ndarray:
@@ -283,10 +332,9 @@ class Experts:
         return y if self.b_out is None else y + self.b_out[e]
 
     def __call__(self, x: np.ndarray, hook=NO_HOOKS, tape: Tape | None = None) -> np.ndarray:
-        """y (..., n, d_model): each token through its k experts, weighted; plus the shared experts."""
-        if tape is not None:
-            raise ValueError("training through a mixture-of-experts MLP is not supported: attnlab runs the "
-                             "experts forward only (no tape, no backward)")
+        """y (..., n, d_model): each token through its k experts, weighted; plus the shared experts. With a
+        ``tape``, keeps the input, the logits, the choice and the weights (:meth:`backward_named` recomputes the
+        experts' hidden layers), and the shared experts' own."""
         logits = hook("hook_router_logits", self.router.logits(x))   # (..., n, E)
         ids, w = self.router.choose(logits)                      # (..., n, k) each
         ids = hook("hook_expert_ids", ids)                       # (..., n, k) ints
@@ -299,6 +347,75 @@ class Experts:
             tok, slot = np.nonzero(flat_ids == e)                # (m,) each: the tokens that chose e
             out[tok] += self.expert(int(e), rows[tok]) * flat_w[tok, slot, None]   # (m, d_model)
         out = out.reshape(x.shape)                               # (..., n, d_model)
-        if self.shared is not None:
+        shared_saved = None
+        if self.shared is not None and tape is not None:
+            y_shared, shared_saved = self.shared.forward(x)      # (..., n, d_model), the shared MLP's own
+            out += y_shared
+        elif self.shared is not None:
             out += self.shared(x)
+        if tape is not None:
+            tape.keep((x, logits.reshape(len(rows), -1), flat_ids, flat_w, shared_saved))
         return out
+
+    def forward(self, x: np.ndarray):
+        """``(y, saved)``: the call with a tape of its own, and what it kept."""
+        return taped(self, x)
+
+    def backward(self, saved, dy: np.ndarray):
+        """``(dx, grads)``, grads by the names of :meth:`params`."""
+        return self.backward_named(saved, dy)[:2]
+
+    def _expert_backward(self, e: int, x: np.ndarray, dy: np.ndarray, grads: dict):
+        """Expert e on rows x (m, d_model), dL/dy (m, d_model) already weighted: ``(dx, y)``, y its output
+        (recomputed, for the weights' gradient); its parameters' gradients added into ``grads``."""
+        c = self.config
+        gate, up = x @ self.W_gate[e], x @ self.W_in[e]          # (m, d_expert) each
+        if self.b_gate is not None:
+            gate, up = gate + self.b_gate[e], up + self.b_in[e]
+        hidden = self._glu(gate, up)                             # (m, d_expert)
+        # forward: y = hidden @ W_out[e] + b_out[e]
+        grads["W_out"][e] += hidden.T @ dy
+        dhidden = dy @ self.W_out[e].T                           # (m, d_expert)
+        # forward: hidden = glu(gate, up)
+        if c.glu == CLAMPED_SWIGLU:
+            dgate, dup = clamped_swiglu_grad(gate, up, c.swiglu_alpha, c.swiglu_limit, dhidden)
+        else:
+            dup = dhidden * ACTIVATIONS[c.glu](gate)
+            dgate = ACTIVATION_GRADS[c.glu](gate, dhidden * up)
+        if self.b_out is not None:
+            grads["b_out"][e] += dy.sum(0)
+            grads["b_gate"][e] += dgate.sum(0)
+            grads["b_in"][e] += dup.sum(0)
+        # forward: gate = x @ W_gate[e] (+ b), up = x @ W_in[e] (+ b)
+        grads["W_gate"][e] += x.T @ dgate
+        grads["W_in"][e] += x.T @ dup
+        y = hidden @ self.W_out[e] + (0 if self.b_out is None else self.b_out[e])   # (m, d_model)
+        return dgate @ self.W_gate[e].T + dup @ self.W_in[e].T, y
+
+    def backward_named(self, saved, dy: np.ndarray):
+        """``(dx, grads, named)``: named the gradients at ``hook_router_logits`` (..., n, E) and
+        ``hook_expert_weights`` (..., n, k)."""
+        x, logits, ids, w, shared_saved = saved          # (..., n, d_model), (N, E), (N, k) × 2, the shared's
+        d = x.shape[-1]
+        rows, dy2 = x.reshape(-1, d), dy.reshape(-1, d)          # (N, d_model) each
+        grads = {k: np.zeros_like(v) for k, v in self.params().items() if not k.startswith(("router.", "shared."))}
+        dx, dw = np.zeros_like(rows), np.zeros_like(w)          # (N, d_model), (N, k)
+        for e in np.unique(ids):
+            tok, slot = np.nonzero(ids == e)                     # (m,) each
+            # forward: out[tok] += w[tok, slot] · expert_e(x[tok])
+            d_in, y = self._expert_backward(int(e), rows[tok], dy2[tok] * w[tok, slot, None], grads)
+            dx[tok] += d_in
+            dw[tok, slot] = np.einsum("md,md->m", dy2[tok], y)  # (m,) dL/dw = dy · expert_e(x)
+        dlogits = self.router.weights_backward(logits, ids, w, dw)   # (N, E)
+        d_router, g_router = self.router.backward(rows, dlogits)
+        dx += d_router
+        grads.update({f"router.{k}": v for k, v in g_router.items()})
+        dx = dx.reshape(x.shape)                                 # (..., n, d_model)
+        if self.shared is not None:
+            # forward: out += shared(x)
+            d_shared, g_shared = self.shared.backward(shared_saved, dy)
+            dx = dx + d_shared
+            grads.update({f"shared.{k}": v for k, v in g_shared.items()})
+        named = {"hook_router_logits": dlogits.reshape(*x.shape[:-1], -1),
+                 "hook_expert_weights": dw.reshape(*x.shape[:-1], -1)}
+        return dx, {k: grads[k] for k in self.params()}, named
