@@ -12,6 +12,7 @@ from attnlab.layer.positions import RoPE
 from attnlab.layer.tape import Tape
 from attnlab.lm.model import loss, loss_and_grad
 from attnlab.stack.backward import backward
+from attnlab.stack.experts import ExpertsConfig
 from attnlab.stack.hooks import run_with_cache
 from attnlab.stack.layers import RMSNorm
 from attnlab.stack.transformer import ModelConfig, Transformer, forward, generate, new_caches
@@ -147,9 +148,14 @@ def test_a_decode_step_is_absorbed_unless_a_hook_asks_for_the_heads_keys(rng, mo
     assert calls == [1]
 
 
-def model_config(q_lora_rank=5, **kw):
+# DeepSeek-V3's mixture of experts on layer 1 (layer 0 dense): the group-limited sigmoid router, shared experts
+MOE = ExpertsConfig(n_experts=4, top_k=2, d_expert=3, router="group_sigmoid", glu="silu", bias=False, n_group=2,
+                    topk_group=1, routed_scaling_factor=2.5, n_shared=1, first_dense=1)
+
+
+def model_config(q_lora_rank=5, experts=None, **kw):
     return ModelConfig(vocab_size=V, n_layers=2, attention=latent(q_lora_rank, **kw), d_mlp=10, activation="silu",
-                       mlp="gated", norm=RMSNorm)
+                       mlp="gated", norm=RMSNorm, experts=experts)
 
 
 def tiny(rng, dtype=np.float64, **kw):
@@ -160,16 +166,16 @@ def tiny(rng, dtype=np.float64, **kw):
     return model
 
 
-@pytest.mark.parametrize("q_lora_rank", [5, None])
-def test_the_backward_matches_central_differences(q_lora_rank, rng, param_grads):
-    model = tiny(rng, q_lora_rank=q_lora_rank)
+@pytest.mark.parametrize("q_lora_rank,experts", [(5, None), (None, None), (5, MOE)], ids=["q_lora", "q", "moe"])
+def test_the_backward_matches_central_differences(q_lora_rank, experts, rng, param_grads):
+    model = tiny(rng, q_lora_rank=q_lora_rank, experts=experts)
     ids, targets = rng.integers(0, V, (2, 6)), rng.integers(0, V, (2, 6))
     value, grads = loss_and_grad(model, ids, targets)
     f = lambda: loss(model, ids, targets)                       # noqa: E731
     assert value == pytest.approx(f(), rel=1e-13)
     entries = lambda p: [np.unravel_index(j, p.shape) for j in rng.choice(p.size, size=min(4, p.size),   # noqa: E731
                                                                            replace=False)]
-    param_grads(grads, model.params(), f, entries, tag=(q_lora_rank,))
+    param_grads(grads, model.params(), f, entries, tag=(q_lora_rank, experts is not None))
 
 
 def test_the_layers_backward_on_the_tiled_path(rng, param_grads):
