@@ -211,6 +211,19 @@ def test_gradients_at_the_latent_and_the_query(rng, numeric_grad):
         np.testing.assert_allclose(named[name], numeric_grad(metric, delta), rtol=1e-6, atol=1e-8)
 
 
+def test_run_with_cache_on_a_latent_model(rng):
+    """The latent's hook (..., n, r), the heads' z (..., h, n, d_v), and each head's write into the stream from z
+    and W_O adding up to what the attention adds."""
+    model = tiny(rng)
+    ids = rng.integers(0, V, 6)
+    _, cache = run_with_cache(model, ids)
+    assert cache["blocks.0.attn.hook_kv_latent"].shape == (6, 7)
+    assert cache["blocks.1.attn.hook_z"].shape == (3, 6, 5) and cache["blocks.1.attn.hook_pattern"].shape == (3, 6, 6)
+    heads = cache.stack_head_results(layer=2)                   # (2·h, n, d_model)
+    b_O = model.blocks[1].attn.b_O
+    np.testing.assert_allclose(heads[3:].sum(0) + b_O, cache["blocks.1.hook_attn_out"], rtol=0, atol=1e-12)
+
+
 def test_generate_decodes_from_latent_caches(rng):
     """Greedy tokens from the cached, absorbed decode equal those of the full pass re-run each step."""
     model = tiny(rng, dtype=np.float32)

@@ -184,7 +184,7 @@ class ActivationCache(Mapping):
         cache has it, else from ``attn.hook_z`` and the weights (no second pass)."""
         end = self._layer(layer)
         c = self.model.config
-        h, d_head = c.attention.n_heads, c.attention.d_head
+        h = c.attention.n_heads
         head_axis = -2 if isinstance(pos_slice, (int, np.integer)) else -3   # an int drops the position axis
         parts = []
         for i in range(end):
@@ -193,7 +193,7 @@ class ActivationCache(Mapping):
                 r = positions(self._store[name], pos_slice)             # (..., h, n, d_model)
             else:
                 z = positions(self._need([f"blocks.{i}.attn.hook_z"], "stack_head_results")[0], pos_slice)
-                W_O = self.model.blocks[i].attn.W_O.reshape(h, d_head, c.d_model)   # (h, d_head, d_model)
+                W_O = self.model.blocks[i].attn.W_O.reshape(h, -1, c.d_model)   # (h, d_head, d_model) (MLA: d_v rows)
                 spec = "...hd,hde->...he" if head_axis == -2 else "...hnd,hde->...hne"
                 r = np.einsum(spec, z, W_O)                             # (..., h, n, d_model)
             parts.append(np.moveaxis(r, head_axis, 0))                  # (h, ..., n, d_model)
