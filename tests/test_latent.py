@@ -335,3 +335,28 @@ def test_deepseek_v3_absorbed_decode_equals_the_plain_form(deepseek):
     scale = np.abs(logits[False]).max()
     np.testing.assert_allclose(logits[True], logits[False], rtol=0, atol=1e-5 * scale)
     np.testing.assert_allclose(logits[True], forward(model, ids).logits[-1], rtol=0, atol=1e-5 * scale)
+
+
+def test_deepseek_v3_folders_ignore_the_mtp_layer_and_refuse_float8(tmp_path):
+    """DeepSeek's checkpoints store the multi-token-prediction module as one more layer (transformers ignores
+    it); their published float8 weights are refused by name."""
+    import json
+    transformers = _transformers()
+    from safetensors.numpy import load_file, save_file
+    from attnlab.models import load_network
+    cfg = transformers.DeepseekV3Config(vocab_size=30, hidden_size=16, intermediate_size=20, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=6, q_lora_rank=None,
+                                        qk_rope_head_dim=2, qk_nope_head_dim=4, v_head_dim=3, first_k_dense_replace=1,
+                                        max_position_embeddings=32)
+    transformers.DeepseekV3ForCausalLM(cfg).save_pretrained(tmp_path)
+    want = forward(load_network(tmp_path), [1, 2, 3]).logits
+    weights = load_file(tmp_path / "model.safetensors")
+    weights["model.layers.1.eh_proj.weight"] = np.ones((16, 32), np.float32)      # the MTP module's
+    weights["model.layers.1.self_attn.kv_a_layernorm.weight"] = np.ones(6, np.float32)
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    np.testing.assert_array_equal(forward(load_network(tmp_path), [1, 2, 3]).logits, want)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="quantization_config.*fp8"):
+        load_network(tmp_path)

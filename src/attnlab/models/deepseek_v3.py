@@ -24,6 +24,7 @@ The softmax scale is (qk_nope_head_dim + qk_rope_head_dim)^-½, times mscale² w
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
@@ -63,8 +64,16 @@ def softmax_scale(config: dict, d_qk: int) -> float:
 
 
 def deepseek_v3_config(config: dict, source: str) -> ModelConfig:
-    """The stack's config from a DeepSeek-V3 config.json."""
+    """The stack's config from a DeepSeek-V3 config.json; what attnlab does not read is refused by name."""
     n = lambda key, default=None: config_int(config, key, source, default)   # noqa: E731
+    if config.get("quantization_config") is not None:
+        kind = config["quantization_config"].get("quant_method") if isinstance(config["quantization_config"], dict) else None
+        raise ValueError(f"{source}: config.json has a quantization_config ({kind!r}: DeepSeek's published weights are "
+                         "float8 blocks); attnlab reads float checkpoints (F32, F16, BF16): dequantize them first")
+    for key, ours in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")):
+        if config.get(key) not in (None, ours):
+            raise ValueError(f"{source}: config.json has {key}={config[key]!r}; attnlab reads DeepSeek-V3's router "
+                             f"({key}={ours!r})")
     n_layers = n("num_hidden_layers")
     q_lora = config.get("q_lora_rank")
     d_nope, d_rope = n("qk_nope_head_dim"), n("qk_rope_head_dim")
@@ -172,6 +181,18 @@ def experts_from(t: Tensors, d: int, e: ExpertsConfig, prefix: str) -> Experts:
     return Experts.from_params(p, e)
 
 
+def without_mtp(tensors: Tensors, n_layers: int) -> Tensors:
+    """The tensors without the multi-token-prediction modules DeepSeek's checkpoints store as layers n_layers,
+    n_layers + 1, … (``num_nextn_predict_layers``; transformers ignores them too): a decoder predicts one
+    token at a time."""
+    extra = re.compile(r"(model\.)?layers\.(\d+)\.")
+    drop = {k for k in tensors.arrays if (m := extra.match(k)) and int(m.group(2)) >= n_layers}
+    if not drop:
+        return tensors
+    return Tensors({k: v for k, v in tensors.arrays.items() if k not in drop}, tensors.source, tensors.why,
+                   tensors.header)
+
+
 def deepseek_v3_from_tensors(tensors: Tensors, cfg: ModelConfig, config: dict | None = None) -> Transformer:
     """The model from a DeepSeek-V3 checkpoint's tensors, every shape checked against the config."""
     config = config or {}
@@ -179,7 +200,7 @@ def deepseek_v3_from_tensors(tensors: Tensors, cfg: ModelConfig, config: dict | 
     why = (f"hidden_size={cfg.d_model}, num_attention_heads={a.n_heads}, q_lora_rank={a.q_lora_rank}, "
            f"kv_lora_rank={a.kv_lora_rank}, qk_nope_head_dim={a.d_nope}, qk_rope_head_dim={a.d_rope}, "
            f"v_head_dim={a.d_v}, intermediate_size={cfg.d_mlp}")
-    t = llama_layout(tensors, cfg, why=why)
+    t = llama_layout(without_mtp(tensors, cfg.n_layers), cfg, why=why)
     bias, interleaved = bool(config.get("attention_bias", False)), bool(config.get("rope_interleave", True))
 
     def norm(prefix: str) -> RMSNorm:
