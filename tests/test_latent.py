@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from attnlab.layer.latent import LatentAttention, LatentCache, LatentConfig, latent_attention
-from attnlab.layer.positions import RoPE
+from attnlab.layer.positions import Learned, RoPE
 from attnlab.layer.tape import Tape
 from attnlab.lm.model import loss, loss_and_grad
 from attnlab.stack.backward import backward
@@ -224,6 +224,17 @@ def test_run_with_cache_on_a_latent_model(rng):
     np.testing.assert_allclose(heads[3:].sum(0) + b_O, cache["blocks.1.hook_attn_out"], rtol=0, atol=1e-12)
 
 
+def test_a_padded_batch_gives_each_prompt_its_own_activations(rng):
+    """Left padding: each row's positions count from its first real token, so the rope slices turn as unpadded."""
+    model = tiny(rng)
+    a, b = rng.integers(0, V, 6), rng.integers(0, V, 4)
+    ids = np.stack([a, np.concatenate([[0, 0], b])])
+    mask = np.stack([np.ones(6, bool), np.arange(6) >= 2])
+    out = forward(model, ids, attention_mask=mask).logits
+    np.testing.assert_allclose(out[0], forward(model, a).logits, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(out[1, 2:], forward(model, b).logits, rtol=0, atol=1e-12)
+
+
 def test_generate_decodes_from_latent_caches(rng):
     """Greedy tokens from the cached, absorbed decode equal those of the full pass re-run each step."""
     model = tiny(rng, dtype=np.float32)
@@ -244,6 +255,11 @@ def test_bad_configs_are_refused():
         latent(d_head=5)
     with pytest.raises(ValueError, match="kv_lora_rank"):
         latent(kv_lora_rank=0)
+    with pytest.raises(ValueError, match="positions must be RoPE"):
+        latent(positions=Learned())
+    with pytest.raises(TypeError, match="LatentCache"):
+        latent_attention(LatentAttention.init(latent(), rng=np.random.default_rng(0)), np.zeros((2, 12)),
+                         cache=object())
     with pytest.raises(ValueError, match="absorb"):
         latent_attention(LatentAttention.init(latent(), rng=np.random.default_rng(0)), np.zeros((2, 12)), absorb=True)
 

@@ -24,7 +24,7 @@ the latent, ``r_q`` the query latent.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from ..kernels._checks import as_float_array, as_positive_int, check_finite, che
 from ..kernels.attention import Saved, attend, attention, attention_backward, attention_forward
 from .cache import KVCache
 from .config import AttentionConfig
+from .positions import PositionScheme, RoPE
 from .hookpoints import NO_HOOKS
 from .multihead import _attention_on_the_grid, _heads, merge_heads
 from .tape import Tape
@@ -41,7 +42,8 @@ from .tape import Tape
 class LatentConfig(AttentionConfig):
     """The sizes of one MLA layer. ``d_head`` is the width q and k are scored at (d_nope + d_rope, set here);
     every head has its own key and value (``n_kv_heads`` = ``n_heads``), made from the one latent. The
-    position scheme (RoPE) turns the d_rope-wide slices only. Defaults are DeepSeek-V3's."""
+    position scheme, RoPE, turns the d_rope-wide slices only. Defaults are DeepSeek-V3's."""
+    positions: PositionScheme = field(default_factory=RoPE)   # RoPE (with YaRN, DeepSeek's): the rope slices only
     q_lora_rank: int | None = 1536   # the query's latent; None = q straight from x (DeepSeek-V2-Lite)
     kv_lora_rank: int = 512          # r: the latent c_KV each token keeps in the cache
     d_nope: int = 128                # each head's key/query features without position (qk_nope_head_dim)
@@ -64,6 +66,9 @@ class LatentConfig(AttentionConfig):
             raise ValueError("latent attention here has no sliding window, soft-cap or QK-norm (DeepSeek has none: "
                              "its latents have their own norms)")
         super().__post_init__()
+        if not self.positions.rotates:
+            raise ValueError(f"positions must be RoPE for latent attention (it turns the d_rope slices; K and V come "
+                             f"from a latent without position), got {self.positions.name}")
         self.positions.check(self.d_model, self.d_rope)     # RoPE turns the d_rope-wide slices
 
     @property
@@ -260,8 +265,7 @@ class SavedLatent:
 
 
 def latent_attention(p: LatentAttention, x, *, mask=None, is_causal=False, cache: LatentCache | None = None,
-                     hook=None, tape: Tape | None = None, positions=None, absorb: bool | None = None,
-                     bias=None) -> np.ndarray:
+                     hook=None, tape: Tape | None = None, positions=None, absorb: bool | None = None) -> np.ndarray:
     """Multi-head latent attention on x (..., n, d_model): y (..., n, d_model). See the module's docstring.
 
     Parameters
@@ -287,11 +291,13 @@ def latent_attention(p: LatentAttention, x, *, mask=None, is_causal=False, cache
         With a cache: attend in the latent's space (W_UK folded into the query, W_UV after the weighted sum)
         instead of rebuilding every head's K and V. None (default): absorbed for a decode step (one new token)
         unless a hook asks for the keys, values, scores or pattern.
-    bias : None
-        Taken for the block's call shape; latent attention has no position bias.
+
+    Raises
+    ------
+    ValueError, TypeError
+        When ``x`` is not (..., n, d_model), for a cache that is not a LatentCache, and as
+        :func:`attnlab.kernels.attention` or :meth:`LatentCache.append` do.
     """
-    if bias is not None:
-        raise ValueError("latent attention takes no bias (DeepSeek's positions are RoPE's), got one")
     if tape is not None and cache is not None:
         raise ValueError("tape is for a pass without a KV cache (a training step's), got both")
     if positions is not None and cache is not None:
