@@ -376,3 +376,14 @@ def test_deepseek_v3_folders_ignore_the_mtp_layer_and_refuse_float8(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="quantization_config.*fp8"):
         load_network(tmp_path)
+
+
+def test_deepseek_v3_on_the_tiled_path(deepseek):
+    """200 tokens (no weights asked for): each layer's attention takes the tiled kernel; logits within 1e-5."""
+    import torch
+    name, hf, model = deepseek
+    ids = np.random.default_rng(8).integers(0, 61, 200)
+    with torch.no_grad():
+        want = hf(torch.tensor(ids[None])).logits[0].numpy()
+    got = forward(model, ids).logits
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-5, name
