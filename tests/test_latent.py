@@ -207,7 +207,8 @@ def test_gradients_at_the_latent_and_the_query(rng, numeric_grad):
     _, acts = run_with_cache(model, ids, names=names)
     for name in names:
         delta = np.zeros_like(acts[name])
-        metric = lambda: float((forward(model, ids, hooks={name: lambda a, _: a + delta}).logits * w).sum())   # noqa: E731
+        hooks = {name: lambda a, _: a + delta}
+        metric = lambda: float((forward(model, ids, hooks=hooks).logits * w).sum())   # noqa: E731
         np.testing.assert_allclose(named[name], numeric_grad(metric, delta), rtol=1e-6, atol=1e-8)
 
 

@@ -217,7 +217,8 @@ class LatentCache(KVCache):
         if key.dtype != self.k.dtype:
             raise TypeError(f"key has dtype {key.dtype}, the cache holds {self.k.dtype}")
         if key.shape[:-2] != self.k.shape[:-2] or key.shape[-1] != self.k.shape[-1]:
-            raise ValueError(f"key has shape {key.shape}, the cache expects {(*self.k.shape[:-2], 't', self.k.shape[-1])}")
+            want = (*self.k.shape[:-2], "t", self.k.shape[-1])
+            raise ValueError(f"key has shape {key.shape}, the cache expects {want}")
         top = float(np.maximum.reduce(np.abs(key), axis=None)) if key.size else 0.0
         if not top < np.inf:
             raise ValueError("key must be finite to enter the cache, got NaN or inf")
@@ -421,7 +422,7 @@ def latent_attention_backward_named(p: LatentAttention, saved: SavedLatent, dy):
     the names of :meth:`LatentAttention.params`, named the gradients at its points (``hook_q``,
     ``hook_kv_latent``, ``hook_rot_q``, ``hook_k``, ``hook_v``, ``hook_z``, ``hook_result``)."""
     c, x = p.config, saved.x
-    h, r, d_nope = c.n_heads, c.kv_lora_rank, c.d_nope
+    h, d_nope = c.n_heads, c.d_nope
     dy = as_float_array("dy", dy)
     if dy.shape != x.shape:
         raise ValueError(f"dy must have the shape of x {x.shape}, got {dy.shape}")

@@ -67,7 +67,8 @@ def deepseek_v3_config(config: dict, source: str) -> ModelConfig:
     """The stack's config from a DeepSeek-V3 config.json; what attnlab does not read is refused by name."""
     n = lambda key, default=None: config_int(config, key, source, default)   # noqa: E731
     if config.get("quantization_config") is not None:
-        kind = config["quantization_config"].get("quant_method") if isinstance(config["quantization_config"], dict) else None
+        q = config["quantization_config"]
+        kind = q.get("quant_method") if isinstance(q, dict) else None
         raise ValueError(f"{source}: config.json has a quantization_config ({kind!r}: DeepSeek's published weights are "
                          "float8 blocks); attnlab reads float checkpoints (F32, F16, BF16): dequantize them first")
     for key, ours in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")):
@@ -136,7 +137,8 @@ def rope_order(a: LatentConfig, interleaved: bool) -> tuple[np.ndarray, np.ndarr
     return q, np.concatenate([kv[:r], r + turn])
 
 
-def latent_attention_from(t: Tensors, a: LatentConfig, prefix: str, *, bias: bool, interleaved: bool) -> LatentAttention:
+def latent_attention_from(t: Tensors, a: LatentConfig, prefix: str, *, bias: bool,
+                          interleaved: bool) -> LatentAttention:
     """One layer's MLA from ``{prefix}.q_a_proj`` … ``{prefix}.o_proj``."""
     d, h, r, d_qk = a.d_model, a.n_heads, a.kv_lora_rank, a.d_nope + a.d_rope
     q_order, kv_order = rope_order(a, interleaved)
