@@ -62,9 +62,10 @@ class LatentConfig(AttentionConfig):
             raise ValueError(f"n_kv_heads must be n_heads ({self.n_heads}) for latent attention: every head has its "
                              f"own key and value, made from the one latent; got {self.n_kv_heads}")
         object.__setattr__(self, "d_head", self.d_nope + self.d_rope)
-        if self.window is not None or self.softcap is not None or getattr(self, "qk_norm", None) is not None:
-            raise ValueError("latent attention here has no sliding window, soft-cap or QK-norm (DeepSeek has none: "
-                             "its latents have their own norms)")
+        if (self.window is not None or self.softcap is not None or getattr(self, "qk_norm", None) is not None
+                or getattr(self, "sinks", False)):
+            raise ValueError("latent attention here has no sliding window, soft-cap, QK-norm or sinks (DeepSeek has "
+                             "none: its latents have their own norms)")
         super().__post_init__()
         if not self.positions.rotates:
             raise ValueError(f"positions must be RoPE for latent attention (it turns the d_rope slices; K and V come "
