@@ -287,6 +287,7 @@ PRE_SPLITS = {
     "smollm": (r"\p{N}", GPT2_SPLIT), "starcoder": (r"\p{N}", GPT2_SPLIT),     # each digit alone, then GPT-2's
     "llama3": (LLAMA3_SPLIT,), "llama-bpe": (LLAMA3_SPLIT,), "llama-v3": (LLAMA3_SPLIT,),
 }
+WHOLE_FIRST = {"llama3", "llama-bpe", "llama-v3"}   # a piece that is one token is that token, merges or not
 CONTROL = 3          # tokenizer.ggml.token_type: 1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte
 USER_DEFINED = 4
 
@@ -368,7 +369,8 @@ def byte_level_bpe(file: GGUFFile, tokens: list, types: list):
         raise ValueError(f"{file.path}: GGUF metadata 'tokenizer.ggml.pre' is {pre!r}; attnlab knows "
                          f"{sorted(PRE_SPLITS)}")
     try:
-        tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, pairs, fuse_unk=False, byte_fallback=False))
+        tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, pairs, fuse_unk=False, byte_fallback=False,
+                                   ignore_merges=pre in WHOLE_FIRST))
     except Exception as e:        # tokenizers raises its own Exception for a merge of unknown tokens
         raise ValueError(f"{file.path}: GGUF metadata 'tokenizer.ggml.merges' does not fit the tokens ({e})") \
             from None
