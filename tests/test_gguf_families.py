@@ -44,8 +44,9 @@ SPM_TYPES = [2, 3, 3] + [6] * 256 + [1] * len(SPM_PIECES) + [4, 3]
 SPM_SCORES = [0.0, 0.0, 0.0] + [0.0] * 256 + [-float(i) for i in range(len(SPM_PIECES))] + [0.0, 0.0]
 
 
-def write_tokenizer(w, kind: str) -> int:
-    """The vocabulary of ``kind`` ("gpt2" byte-level, "llama" SentencePiece) into the writer; its size."""
+def write_tokenizer(w, kind: str, *, space_prefix: bool | None = None) -> int:
+    """The vocabulary of ``kind`` ("gpt2" byte-level, "llama" SentencePiece) into the writer; its size.
+    ``space_prefix``: ``tokenizer.ggml.add_space_prefix`` (False in Gemma's files; absent: llama.cpp's True)."""
     if kind == "gpt2":
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre("qwen2")
@@ -63,7 +64,9 @@ def write_tokenizer(w, kind: str) -> int:
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
-    w.add_chat_template("{% for m in messages %}<|user|>{{ m.content }}<|end|>{% endfor %}")
+    if space_prefix is not None:
+        w.add_add_space_prefix(space_prefix)
+    w.add_chat_template("{{ bos_token }}{% for m in messages %}<|user|>{{ m.content }}<|end|>{% endfor %}")
     return len(SPM_TOKENS)
 
 
@@ -187,7 +190,7 @@ def write_family_gguf(path, family: str, model, qtype=Q.F32) -> Path:
     ``qtype``; 1-D ones, norms and biases, in F32, as llama.cpp's converter keeps them)."""
     kind, tensors, meta = FAMILIES[family]
     w = gguf.GGUFWriter(str(path), family)
-    write_tokenizer(w, kind)
+    write_tokenizer(w, kind, space_prefix=False if family == "gemma2" else None)
     for key, value in meta(model.config).items():
         (w.add_float32 if isinstance(value, float) else w.add_uint32)(f"{family}.{key}", value)
     for name, t in tensors({k: v.detach().numpy() for k, v in model.state_dict().items()}, model.config).items():
