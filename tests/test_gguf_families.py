@@ -301,3 +301,17 @@ def test_quantized_family_files_keep_their_types(tmp_path, case):
         assert rel(forward(quant, [t], caches=cq).logits, forward(exact, [t], caches=ce).logits) < 1e-5
     ref, _ = transformers_reads(path, ids, **EXTRA.get(family, {}))
     assert rel(logits, ref) < 1e-5
+
+
+def test_a_chat_on_a_sentencepiece_file_starts_with_one_bos(tmp_path):
+    """The file's template writes ``{{ bos_token }}`` and its vocabulary adds bos too (SentencePiece's
+    default): the first turn starts with one bos, as transformers' apply_chat_template has it."""
+    pytest.importorskip("jinja2")
+    from attnlab.stack.chat import Chat
+
+    path = write_family_gguf(tmp_path / "phi3.gguf", "phi3", hf_model("phi3", len(SPM_TOKENS)))
+    model, tok = load_model(path)
+    assert tok.chat_template.startswith("{{ bos_token }}")
+    ids = Chat(model, tok).prompt_ids("the cat").tolist()
+    ID = {t: i for i, t in enumerate(SPM_TOKENS)}
+    assert ids == [ID["<s>"], ID["<|user|>"], ID["▁the"], ID["▁cat"], ID["<|end|>"]]
