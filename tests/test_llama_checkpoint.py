@@ -221,8 +221,9 @@ def test_a_tensor_missing_from_every_shard_is_named(tmp_path, tensors):
 
 @pytest.mark.parametrize("change,message", [
     ({"num_key_value_heads": 3}, "num_attention_heads=4, which is not a multiple of num_key_value_heads=3"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
-    ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4}}, "rope_type 'dynamic'"),
+    ({"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, "rope_type 'longrope'"),
+    ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4}}, "dynamic rope scaling needs a positive 'factor'"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 0}}, "yarn rope scaling needs a positive 'factor'"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "needs a positive 'low_freq_factor'"),
     ({"mlp_bias": True}, "mlp_bias"),
     ({"model_type": "qwen2", "use_sliding_window": True, "layer_types": ["full_attention", "sliding_attention"]},

@@ -243,6 +243,7 @@ class Checked:
     q_offset: int = 0        # the key index query 0 sits at (causal and window)
     groups: int = 1          # query heads per key/value head
     softcap: float | None = None   # scores capped to cap · tanh(s / cap) before bias and mask (Gemma-2)
+    sink: np.ndarray | None = None  # learned sink logits (gpt-oss), as given: broadcast to (..., h); see kernels.sinks
 
     @property
     def causal_hides_keys(self) -> bool:
@@ -259,7 +260,7 @@ def hides_keys(n_q: int, n_k: int, window: int | None, q_offset: int) -> bool:
 
 
 def check_attention_args(query, key, value, *, mask=None, bias=None, is_causal=False, window=None, q_offset=None,
-                         scale=None, softcap=None, require_finite: bool = True) -> Checked:
+                         scale=None, softcap=None, sink=None, require_finite: bool = True) -> Checked:
     """Validate the arguments that every attention path shares; raise with names and shapes."""
     is_causal = check_flag("is_causal", is_causal)
     window = as_positive_int("window", window, allow_none=True)
@@ -291,11 +292,16 @@ def check_attention_args(query, key, value, *, mask=None, bias=None, is_causal=F
     scale = (1.0 / np.sqrt(d_k) if d_k else 1.0) if scale is None else as_positive_float("scale", scale)
     softcap = None if softcap is None else as_positive_float("softcap", softcap)
     dt = compute_dtype(query, key, value)
+    if sink is not None:                                     # one logit per head, joining each row's softmax
+        sink = as_float_array("sink", sink)
+        broadcast_to("sink", sink, batch, "the heads' axes (..., h) =")
+        check_finite("sink", sink)
+        sink = sink.astype(dt, copy=False)
     c = Checked(q=query.astype(dt, copy=False), k=key.astype(dt, copy=False), v=value.astype(dt, copy=False),
                    keep=keep, bias=bias, scale=float(scale), out_dtype=np.result_type(query, key, value),
                    batch=batch, is_causal=is_causal, window=window,
                    q_offset=n_k - n_q if q_offset is None else as_int("q_offset", q_offset), groups=groups,
-                softcap=softcap)
+                softcap=softcap, sink=sink)
     if require_finite:
         finite_bias = 0.0 if bias is None else float(np.max(np.abs(given), initial=0.0, where=np.isfinite(given)))
         check_ranges(c, largest["query"], largest["key"], largest["value"], finite_bias)

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from . import _kernels, decode, naive, tiled
+from . import _kernels, decode, naive, sinks, tiled
 from ._checks import Checked, as_choice, as_positive_int, check_attention_args, check_dout, check_flag, grads_like
 from .naive import NaiveSaved
 from .tiled import TiledSaved
@@ -125,6 +125,8 @@ def forced_kernel(c: Checked, path: str, kernel: str) -> str:
             raise ValueError("kernel='fused' needs numba (pip install 'attnlab[fast]'), which is not installed")
         if path == "naive" and c.bias is not None:
             raise ValueError("kernel='fused' takes no bias on the naive path: its fused softmax has none")
+        if path in ("naive", "decode") and c.sink is not None:
+            raise ValueError(f"kernel='fused' takes no sink on the {path} path (the tiled path's does)")
         if path == "decode" and not decode.fused_fits(c):
             raise ValueError("kernel='fused' on the decode path needs the key/value heads' leading axes to be the "
                              "query's (no broadcasting) and d_head > 0")
@@ -155,6 +157,8 @@ def choose_path(c: Checked, *, training: bool = False, weights: bool = False, im
         kernel, kernel_why = decode.decode_choice(c, scores)
     elif name == "naive" and c.bias is not None:
         kernel, kernel_why = "numpy", "the fused softmax takes no bias"
+    elif name == "naive" and c.sink is not None:
+        kernel, kernel_why = "numpy", "the fused softmax takes no sink"
     else:
         kernel, kernel_why = _kernels.kernel_choice(scores, masked=c.is_causal or c.keep is not None)
     path = Path(name, kernel, scores, f"{why}; {kernel_why}")
@@ -164,8 +168,8 @@ def choose_path(c: Checked, *, training: bool = False, weights: bool = False, im
 
 
 def attention_path(query, key, value, *, mask=None, bias=None, is_causal=False, window=None, q_offset=None,
-                   scale=None, softcap=None, implementation=None, kernel=None, return_lse=False,
-                   training=False) -> Path:
+                   scale=None, softcap=None, sink=None, implementation=None, kernel=None,
+                   return_lse=False, training=False) -> Path:
     """The path and kernel :func:`attention` (or, with ``training``, :func:`attention_forward`) takes for these
     arguments, and why (``Path.reason``), computing no attention: what ``attnlab bench`` reports beside each
     figure. Raises what :func:`attention` raises for arguments it refuses, and ValueError for an
@@ -179,7 +183,7 @@ def attention_path(query, key, value, *, mask=None, bias=None, is_causal=False, 
     ('decode', 'rule: one query per head, every key visible, no bias')
     """
     c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, window=window,
-                             q_offset=q_offset, scale=scale, softcap=softcap, require_finite=False)
+                             q_offset=q_offset, scale=scale, softcap=softcap, sink=sink, require_finite=False)
     return choose_path(c, training=check_flag("training", training), implementation=implementation, kernel=kernel,
                        lse=check_flag("return_lse", return_lse))
 
@@ -190,6 +194,8 @@ def run_path(c: Checked, path: Path, *, workers=None, lse: bool = False):
     if path.name == "tiled":
         out, l = tiled.tiled_forward(c, tiled.make_plan(c, workers=workers), kernel=path.kernel,
                                      workers=workers)    # (..., h, n_q, d_v), (..., h, n_q)
+        if c.sink is not None:
+            out, l = sinks.rescale(out, l, c.sink)       # the sink in each row's denominator, once per row
         out = out.astype(c.out_dtype, copy=False)
         return (out, l) if lse else out
     if path.name == "decode":
@@ -200,7 +206,8 @@ def run_path(c: Checked, path: Path, *, workers=None, lse: bool = False):
 
 
 def attention(query, key, value, *, mask=None, bias=None, is_causal=False, window=None, q_offset=None, scale=None,
-              softcap=None, check_finite=True, implementation=None, kernel=None, return_lse=False, workers=None):
+              softcap=None, sink=None, check_finite=True, implementation=None, kernel=None, return_lse=False,
+              workers=None):
     """Scaled dot-product attention: ``softmax(q kᵀ · scale + bias, masked) v``; with ``softcap``,
     ``softmax(cap · tanh(q kᵀ · scale / cap) + bias, masked) v``.
 
@@ -232,6 +239,11 @@ def attention(query, key, value, *, mask=None, bias=None, is_causal=False, windo
         Soft-caps the scaled scores to ``cap · tanh(s / cap)`` before the bias and the mask, so none exceeds
         ``cap`` (Gemma-2's ``attn_logit_softcapping``). Every path (naive, tiled, fused, decode) and the
         backward take it.
+    sink : float array broadcasting to (..., h), optional
+        Learned attention sinks (gpt-oss): one logit per head that joins each row's softmax denominator and
+        has no value, ``a_ij = exp(s_ij) / (exp(sink_h) + Σ_j exp(s_ij))`` (:mod:`attnlab.kernels.sinks`).
+        Every path takes it (the fused kernel on the tiled path only); :func:`attention_grad` then returns a
+        fourth gradient, dL/dsink in the sink's shape.
     check_finite : bool
         Refuse NaN/inf in the inputs (default), or let them propagate.
     implementation : {None, "naive", "tiled", "decode"}
@@ -281,7 +293,7 @@ def attention(query, key, value, *, mask=None, bias=None, is_causal=False, windo
     array([[0.335, 0.91 ]])
     """
     c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, window=window,
-                             q_offset=q_offset, scale=scale, softcap=softcap,
+                             q_offset=q_offset, scale=scale, softcap=softcap, sink=sink,
                              require_finite=check_flag("check_finite", check_finite))
     lse = check_flag("return_lse", return_lse)
     workers = as_positive_int("workers", workers, allow_none=True)
@@ -290,7 +302,7 @@ def attention(query, key, value, *, mask=None, bias=None, is_causal=False, windo
 
 
 def attend(query, key, value, *, mask=None, bias=None, is_causal=False, window=None, q_offset=None, scale=None,
-           softcap=None, check_finite=True):
+           softcap=None, sink=None, check_finite=True):
     """:func:`attention` for the stack's own arrays, checked once at the public door: the internal entry.
 
     A layer's q, k and v are float arrays of one dtype, (..., h, n_q, d) and (..., h_kv, n_k, d) with the same
@@ -304,19 +316,20 @@ def attend(query, key, value, *, mask=None, bias=None, is_causal=False, window=N
             or query.dtype != value.dtype or query.dtype == np.float16 or query.ndim < 3
             or query.shape[:-3] != key.shape[:-3] or key.shape[:-3] != value.shape[:-3]):
         return attention(query, key, value, mask=mask, bias=bias, is_causal=is_causal, window=window,
-                         q_offset=q_offset, scale=scale, softcap=softcap, check_finite=check_finite)
+                         q_offset=q_offset, scale=scale, softcap=softcap, sink=sink, check_finite=check_finite)
     h, h_kv, n_q, n_k, d_k = query.shape[-3], key.shape[-3], query.shape[-2], key.shape[-2], query.shape[-1]
     assert h % h_kv == 0 and key.shape[-1] == d_k and value.shape[-2] == n_k, (query.shape, key.shape, value.shape)
     c = Checked(q=query, k=key, v=value, keep=None, bias=None,
                 scale=(1.0 / math.sqrt(d_k) if d_k else 1.0) if scale is None else float(scale), out_dtype=query.dtype,
                 batch=query.shape[:-2], is_causal=is_causal, window=window,
                 q_offset=n_k - n_q if q_offset is None else q_offset,
-                groups=h // h_kv if h > h_kv > 1 else 1, softcap=softcap)
+                groups=h // h_kv if h > h_kv > 1 else 1, softcap=softcap,
+                sink=None if sink is None else sink.astype(query.dtype, copy=False))
     return run_path(c, choose_path(c))
 
 
 def attention_weights(query, key, *, mask=None, bias=None, is_causal=False, window=None, q_offset=None,
-                      scale=None, softcap=None) -> np.ndarray:
+                      scale=None, softcap=None, sink=None) -> np.ndarray:
     """The attention weights ``a = softmax(q kᵀ · scale + bias, masked)``: the whole (n_q, n_k) grid.
 
     Parameters
@@ -344,7 +357,7 @@ def attention_weights(query, key, *, mask=None, bias=None, is_causal=False, wind
     array([[0.09 , 0.665, 0.245]])
     """
     c = check_attention_args(query, key, key, mask=mask, bias=bias, is_causal=is_causal, window=window,
-                             q_offset=q_offset, scale=scale, softcap=softcap)
+                             q_offset=q_offset, scale=scale, softcap=softcap, sink=sink)
     path = choose_path(c, weights=True)
     a = naive.naive_weights(c, path.kernel)              # (..., h, n_q, n_k)
     return a.astype(c.out_dtype, copy=False)
@@ -355,7 +368,7 @@ def attention_weights(query, key, *, mask=None, bias=None, is_causal=False, wind
 
 
 def attention_forward(query, key, value, *, mask=None, bias=None, is_causal=False, window=None, q_offset=None,
-                      scale=None, softcap=None) -> tuple[np.ndarray, Saved]:
+                      scale=None, softcap=None, sink=None) -> tuple[np.ndarray, Saved]:
     """:func:`attention`, and what its backward needs (for training).
 
     The same crossover as :func:`attention` picks the path: below it the naive grid, whose weights are
@@ -381,10 +394,13 @@ def attention_forward(query, key, value, *, mask=None, bias=None, is_causal=Fals
         As :func:`attention` does.
     """
     c = check_attention_args(query, key, value, mask=mask, bias=bias, is_causal=is_causal, window=window,
-                             q_offset=q_offset, scale=scale, softcap=softcap)
+                             q_offset=q_offset, scale=scale, softcap=softcap, sink=sink)
     path = choose_path(c, training=True)
     if path.name == "tiled":
         out, saved = tiled.tiled_forward_saved(c, (query, key, value), kernel=path.kernel)   # (..., h, n_q, d_v)
+        if c.sink is not None:                           # the backward reads the sink-aware out and lse
+            out, lse = sinks.rescale(out, saved.lse, c.sink)   # (..., h, n_q, d_v), (..., h, n_q)
+            saved = replace(saved, out=out, lse=lse)
     else:
         out, saved = naive.naive_forward(c, (query, key, value), path.kernel)   # (..., h, n_q, d_v), NaiveSaved
     return out.astype(c.out_dtype, copy=False), saved
@@ -422,11 +438,16 @@ def attention_backward(saved: Saved, dout) -> tuple:
         grads = tiled.tiled_backward(c, saved.plan, saved.out, saved.lse, do, kernel=saved.kernel)
     else:
         grads = naive.naive_backward(c, saved.out, saved.a, do)
-    return grads_like(grads, saved.inputs)
+    grads = grads_like(grads, saved.inputs)
+    if c.sink is None:
+        return grads
+    # forward: the sink is one more score of value 0 in each row: dsink = −Σ_i p_sink,i (dout_i · out_i)
+    p_sink = saved.p_sink if isinstance(saved, NaiveSaved) else sinks.sink_weight(saved.lse, c.sink)   # (..., h, n_q)
+    return (*grads, sinks.sink_grad(p_sink, saved.out, do, c.sink.shape))
 
 
 def attention_grad(query, key, value, dout, *, mask=None, bias=None, is_causal=False, window=None, q_offset=None,
-                   scale=None, softcap=None) -> tuple:
+                   scale=None, softcap=None, sink=None) -> tuple:
     """Backward of :func:`attention`: the gradients ``(dq, dk, dv)`` of a loss L.
 
     The forward is run once (:func:`attention_forward`), then its backward (:func:`attention_backward`).
@@ -445,7 +466,7 @@ def attention_grad(query, key, value, dout, *, mask=None, bias=None, is_causal=F
     dq, dk, dv : arrays
         dL/dquery, dL/dkey, dL/dvalue, each in the shape and dtype of its input; leading axes that were
         broadcast in the forward pass are summed back, and with grouped-query attention dk and dv are summed
-        over each group of query heads.
+        over each group of query heads. With a ``sink``, a fourth: dL/dsink in the sink's shape.
 
     Raises
     ------
@@ -453,5 +474,5 @@ def attention_grad(query, key, value, dout, *, mask=None, bias=None, is_causal=F
         As :func:`attention` does, and when ``dout`` does not have the output's shape.
     """
     _, saved = attention_forward(query, key, value, mask=mask, bias=bias, is_causal=is_causal, window=window,
-                                 q_offset=q_offset, scale=scale, softcap=softcap)
+                                 q_offset=q_offset, scale=scale, softcap=softcap, sink=sink)
     return attention_backward(saved, dout)

@@ -66,6 +66,8 @@ def decode_choice(c: Checked, scores: int) -> tuple[str, str]:
     :func:`decode_kernel_rule` with the tune profile's table when one applies. Loads numba for "fused"."""
     if _kernels.numba_disabled():
         return "numpy", f"{_kernels.NO_NUMBA_ENV} is set"
+    if c.sink is not None:
+        return "numpy", "the fused decode kernel takes no sink"
     forced = _kernels.forced_kernel()
     if forced is not None:
         kernel, reason = _kernels.kernel_choice(scores)            # the forced kernel, numba loaded or refused
@@ -95,6 +97,8 @@ def decode_attention(c: Checked, kernel: str | None = None) -> np.ndarray:
     sum instead of the weights.
     """
     kernel = decode_choice(c, 0)[0] if kernel is None else kernel
+    if c.sink is not None:
+        return _decode_with_sink(c)
     if kernel == "fused" and fused_fits(c):
         return _decode_fused(c)
     g = c.groups
@@ -105,6 +109,21 @@ def decode_attention(c: Checked, kernel: str | None = None) -> np.ndarray:
     p = np.exp(s, out=s)                                 # (..., h_kv, g, n_k) unnormalised weights
     out = p @ c.v                                        # (..., h_kv, g, d_v)
     out /= np.add.reduce(p, axis=-1, keepdims=True)      # (..., h_kv, g, d_v) out = Σ_j a_j v_j
+    return unfold(out, g)                                # (..., h, 1, d_v)
+
+
+def _decode_with_sink(c: Checked) -> np.ndarray:
+    """:func:`decode_attention` with a learned sink (:mod:`attnlab.kernels.sinks`): the sink joins each row's
+    max and sum, and adds no value. (..., h, 1, d_v)."""
+    g = c.groups
+    qs = fold(c.q * c.scale, g)                          # (..., h_kv, g, d_k)
+    s = cap_scores(qs @ c.k.swapaxes(-1, -2), c.softcap)   # (..., h_kv, g, n_k)
+    sink = fold(np.broadcast_to(c.sink, c.batch)[..., None, None], g)   # (..., h_kv, g, 1)
+    m = np.maximum(np.maximum.reduce(s, axis=-1, keepdims=True), sink)  # (..., h_kv, g, 1)
+    s -= m
+    p = np.exp(s, out=s)                                 # (..., h_kv, g, n_k)
+    out = p @ c.v                                        # (..., h_kv, g, d_v)
+    out /= np.add.reduce(p, axis=-1, keepdims=True) + np.exp(sink - m)   # the sink in the sum only
     return unfold(out, g)                                # (..., h, 1, d_v)
 
 

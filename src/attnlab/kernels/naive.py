@@ -20,6 +20,7 @@ from ._checks import Checked, cap_scores, cap_slope, fold, unfold
 from ._kernels import LOG2E
 from ._threads import l2_cache_bytes, run_items, usable_cores
 from .masks import causal_mask
+from .sinks import softmax_with_sink
 from .softmax import softmax
 
 
@@ -30,6 +31,7 @@ class NaiveSaved:
     inputs: tuple            # the caller's query, key, value: the gradients take their shapes and dtypes
     out: np.ndarray          # (..., h, n_q, d_v) in the compute dtype
     a: np.ndarray            # (..., h, n_q, n_k) the weights
+    p_sink: np.ndarray | None = None   # (..., h, n_q) the sink's weight, with a sink (kernels.sinks)
 
 
 def visible(c: Checked) -> np.ndarray | None:
@@ -45,6 +47,8 @@ def naive_weights(c: Checked, kernel: str = "numpy") -> np.ndarray:
     """The grid of weights A = softmax(S + M), (..., h, n_q, n_k), in the compute dtype. ``kernel="fused"``
     (numba, no bias): the scale, shift, exponential, sum and division in one pass per row
     (:func:`attnlab.kernels._fused.softmax_rows`), where numpy takes six passes and two temporaries."""
+    if c.sink is not None:
+        return softmax_with_sink(naive_scores(c), c.sink)[0]   # (..., h, n_q, n_k) rows sum to 1 − p_sink
     fused = kernel == "fused" and c.bias is None
     scaled = not fused or c.softcap is not None          # a capped score is capped after scaling
     s = naive_scores(c, scaled=scaled)                   # (..., h, n_q, n_k) S + M, unscaled when fused
@@ -91,6 +95,14 @@ def naive_attention(c: Checked, kernel: str = "numpy") -> tuple[np.ndarray, np.n
     a = naive_weights(c, kernel)                         # (..., h, n_q, n_k)
     out = unfold(fold(a, c.groups) @ c.v, c.groups)      # (..., h, n_q, d_v) out = A V
     return out, a
+
+
+def naive_sink_attention(c: Checked) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`naive_attention` with the sink (``c.sink``): ``(out, a, p_sink)``, p_sink (..., h, n_q) the
+    weight each query gave the sink."""
+    a, p_sink = softmax_with_sink(naive_scores(c), c.sink)   # (..., h, n_q, n_k), (..., h, n_q)
+    out = unfold(fold(a, c.groups) @ c.v, c.groups)      # (..., h, n_q, d_v) out = A V: the sink has no value
+    return out, a, p_sink
 
 
 # Splitting the batch over threads pays when each worker gets at least this many scores: a share then takes
@@ -151,6 +163,9 @@ def naive_attention_out(c: Checked, kernel: str = "numpy", workers=None) -> np.n
 
 def naive_forward(c: Checked, inputs: tuple, kernel: str = "numpy") -> tuple[np.ndarray, NaiveSaved]:
     """:func:`naive_attention`'s output (compute dtype), and what :func:`naive_backward` needs."""
+    if c.sink is not None:
+        out, a, p_sink = naive_sink_attention(c)         # (..., h, n_q, d_v), (..., h, n_q, n_k), (..., h, n_q)
+        return out, NaiveSaved(c=c, inputs=inputs, out=out, a=a, p_sink=p_sink)
     out, a = naive_attention(c, kernel)                  # (..., h, n_q, d_v), (..., h, n_q, n_k)
     return out, NaiveSaved(c=c, inputs=inputs, out=out, a=a)
 

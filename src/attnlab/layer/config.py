@@ -25,6 +25,7 @@ class AttentionConfig:
     window: int | None = None  # sliding window: each query sees the last `window` keys (with a causal mask)
     scale: float | None = None     # multiplies the scores; None = 1/√d_head (Gemma-2: query_pre_attn_scalar^-½)
     softcap: float | None = None   # scores capped to softcap · tanh(s / softcap) (Gemma-2); None = no cap
+    sinks: bool = False        # a learned sink logit per head in each softmax's denominator (gpt-oss)
 
     def __post_init__(self):
         for name in ("d_model", "n_heads", "n_ctx"):
@@ -46,6 +47,8 @@ class AttentionConfig:
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, as_positive_float(name, getattr(self, name)))
         check_scheme(self.positions).check(self.d_model, self.d_head)
+        if not isinstance(self.sinks, bool):
+            raise TypeError(f"sinks must be True or False, got {type(self.sinks).__name__} {self.sinks!r}")
 
     @property
     def groups(self) -> int:
@@ -70,7 +73,8 @@ class AttentionConfig:
     def to_json(self) -> dict:
         return {"d_model": self.d_model, "n_heads": self.n_heads, "d_head": self.d_head,
                 "n_kv_heads": self.n_kv_heads, "n_ctx": self.n_ctx, "positions": self.positions.to_json(),
-                "window": self.window, "scale": self.scale, "softcap": self.softcap}
+                "window": self.window, "scale": self.scale, "softcap": self.softcap,
+                **({"sinks": True} if self.sinks else {})}
 
     @classmethod
     def from_json(cls, data: dict) -> "AttentionConfig":

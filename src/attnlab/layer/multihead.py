@@ -21,6 +21,7 @@ from .config import AttentionConfig
 from .hookpoints import NO_HOOKS, KeepPattern
 from .tape import Tape
 from ..kernels.naive import NaiveSaved, naive_scores
+from ..kernels.sinks import softmax_with_sink
 from ..kernels.softmax import softmax
 
 
@@ -61,6 +62,7 @@ class MultiHeadAttention:
     b_V: np.ndarray   # (h_kv·d_head,)
     b_O: np.ndarray   # (d_model,)
     config: AttentionConfig
+    sinks: np.ndarray | None = None   # (h,) the learned sink logits, with config.sinks (gpt-oss; kernels.sinks)
     # W_Q | W_K | W_V side by side (d_model, (h + 2·h_kv)·d_head), and b_Q | b_K | b_V: one product projects q, k
     # and v (attnlab.kernels.matmul). Float weights are views of its columns; None when the three differ in type
     W_QKV: object | None = field(init=False, repr=False, default=None)
@@ -78,6 +80,11 @@ class MultiHeadAttention:
                 c = self.config
                 raise ValueError(f"{name} has shape {got}, the config (d_model {c.d_model}, n_heads {c.n_heads}, "
                                  f"n_kv_heads {c.n_kv_heads}, d_head {c.d_head}) asks for {shape}")
+        if self.config.sinks or self.sinks is not None:
+            object.__setattr__(self, "sinks", as_weight("sinks", self.sinks))
+            if self.sinks.shape != expected.get("sinks"):
+                raise ValueError(f"sinks has shape {self.sinks.shape}, the config (n_heads {self.config.n_heads}, "
+                                 f"sinks {self.config.sinks}) asks for {expected.get('sinks')}")
         object.__setattr__(self, "W_O", streamed(self.W_O))         # in the layout x @ W_O streams fastest
         for fused, names in (("W_QKV", ("W_Q", "W_K", "W_V")), ("b_QKV", ("b_Q", "b_K", "b_V"))):
             whole, parts = fuse_columns(*(getattr(self, n) for n in names))
@@ -114,11 +121,11 @@ class MultiHeadAttention:
     @property
     def n_params(self) -> int:
         """Every number in the layer: four matrices and four biases."""
-        return sum(getattr(self, n).size for n in PARAMS)
+        return sum(a.size for a in self.params().values())
 
     def params(self) -> dict[str, np.ndarray]:
-        """The eight arrays by name (the arrays themselves, not copies)."""
-        return {n: getattr(self, n) for n in PARAMS}
+        """The eight arrays by name (the arrays themselves, not copies), and the sinks where there are some."""
+        return {n: getattr(self, n) for n in PARAMS} | ({} if self.sinks is None else {"sinks": self.sinks})
 
     def new_cache(self, capacity: int, *, batch_shape: tuple = ()) -> KVCache:
         """An empty KV cache for this layer, with room for ``capacity`` tokens of its n_kv_heads heads."""
@@ -143,15 +150,20 @@ MultiHeadAttention.HOOKS = HOOKS
 
 
 def hook_points(c: AttentionConfig) -> tuple[str, ...]:
-    """The hook points of a layer with config ``c``: :data:`HOOKS`, ``hook_rot_q``/``hook_rot_k`` with RoPE only."""
-    return HOOKS if c.positions.rotates else tuple(h for h in HOOKS if not h.startswith("hook_rot"))
+    """The hook points of a layer with config ``c``: :data:`HOOKS`, ``hook_rot_q``/``hook_rot_k`` with RoPE only,
+    ``hook_sink`` (..., h, n) after ``hook_pattern`` with sinks only (the weight each query gave its head's sink)."""
+    points = HOOKS if c.positions.rotates else tuple(h for h in HOOKS if not h.startswith("hook_rot"))
+    if c.sinks:
+        i = points.index("hook_pattern") + 1
+        points = (*points[:i], "hook_sink", *points[i:])
+    return points
 
 
 def param_shapes(c: AttentionConfig) -> dict[str, tuple]:
     """The shape of each weight of a layer with config ``c``."""
     d, w, w_kv = c.d_model, c.n_heads * c.d_head, c.n_kv_heads * c.d_head
     return {"W_Q": (d, w), "W_K": (d, w_kv), "W_V": (d, w_kv), "W_O": (w, d),
-            "b_Q": (w,), "b_K": (w_kv,), "b_V": (w_kv,), "b_O": (d,)}
+            "b_Q": (w,), "b_K": (w_kv,), "b_V": (w_kv,), "b_O": (d,), **({"sinks": (c.n_heads,)} if c.sinks else {})}
 
 
 def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_causal=False,
@@ -250,8 +262,11 @@ def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook, 
     try:
         opts = dict(mask=mask, bias=_bias(p, bias, q.shape[-2], k.shape[-2], q.dtype), is_causal=is_causal,
                     **p.config.options)             # window, scale, softcap
+        if p.sinks is not None:
+            opts["sink"] = p.sinks                   # (h,) one logit per head in each row's denominator
         saved = None
-        if hook.wants("hook_scores") or hook.wants("hook_pattern"):
+        if (hook.wants("hook_scores") or hook.wants("hook_pattern")
+                or (p.sinks is not None and hook.wants("hook_sink"))):
             heads, saved = _attention_on_the_grid(q, k, v, opts, hook, finite=cache is None)   # (..., h, n, d_head)
         elif tape is not None:
             heads, saved = attention_forward(q, k, v, **opts)   # (..., h, n, d_head), the backward's share
@@ -297,9 +312,14 @@ def _attention_on_the_grid(q, k, v, opts: dict, hook, *, finite: bool):
     ``hook_pattern`` sees the weights (..., h, n, n_k) in the softmax's dtype."""
     c = check_attention_args(q, k, v, require_finite=finite, **opts)
     s = hook("hook_scores", naive_scores(c))         # (..., h, n, n_k) scaled, biased, masked with -inf
-    a = hook("hook_pattern", softmax(s))             # (..., h, n, n_k) rows with no key are 0
+    p_sink = None
+    if c.sink is None:
+        a = hook("hook_pattern", softmax(s))         # (..., h, n, n_k) rows with no key are 0
+    else:
+        a, p_sink = softmax_with_sink(s, c.sink)     # (..., h, n, n_k) rows sum to 1 − p_sink, (..., h, n)
+        a, p_sink = hook("hook_pattern", a), hook("hook_sink", p_sink)
     out = unfold(fold(a, c.groups) @ c.v, c.groups)  # (..., h, n, d_head) a group: one matmul
-    return out.astype(c.out_dtype, copy=False), NaiveSaved(c=c, inputs=(q, k, v), out=out, a=a)
+    return out.astype(c.out_dtype, copy=False), NaiveSaved(c=c, inputs=(q, k, v), out=out, a=a, p_sink=p_sink)
 
 
 def multihead_attention_grad(p: MultiHeadAttention, x, dy, *, mask=None, bias=None, is_causal=False):
@@ -407,7 +427,7 @@ def multihead_attention_backward_named(p: MultiHeadAttention, saved: SavedLayer,
     d_merged = dy @ p.W_O.T                                # (..., n, h·d_head)
     # forward: heads = attention(q, k, v); dk, dv summed over each group of query heads
     dz = split_heads(d_merged, c.n_heads)                  # (..., h, n, d_head) dL/d hook_z
-    dq, dk, dv = attention_backward(saved.attn, dz)        # (..., h|h_kv, n, d_head)
+    dq, dk, dv, *dsink = attention_backward(saved.attn, dz)   # (..., h|h_kv, n, d_head); (h,) with sinks
     # forward: y = Σ_h result_h + b_O, so every head's result gets dy itself
     d_result = np.broadcast_to(dy[..., None, :, :], (*dy.shape[:-2], c.n_heads, *dy.shape[-2:]))   # (..., h, n, d)
     named = {"hook_v": dv, "hook_z": dz, "hook_result": d_result}
@@ -427,6 +447,8 @@ def multihead_attention_backward_named(p: MultiHeadAttention, saved: SavedLayer,
         grads[f"W_{name}"] = x2.T @ d_lin.reshape(-1, w)   # (d_model, w)
         grads[f"b_{name}"] = d_lin.reshape(-1, w).sum(0)   # (w,)
         dx += d_lin @ getattr(p, f"W_{name}").T            # (..., n, d_model)
+    if dsink:
+        grads["sinks"] = dsink[0]                          # (h,)
     return dx, MultiHeadAttention(**grads, W_O=dW_O, b_O=db_O, config=c), named
 
 

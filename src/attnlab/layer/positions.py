@@ -25,8 +25,9 @@ a scheme's name.
 from __future__ import annotations
 
 import functools
+import math
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -89,7 +90,8 @@ def rope(x, *, start: int = 0, inverse: bool = False, theta: float = ROPE_BASE, 
     the rest through (partial rotation: GPT-NeoX's ``rotary_pct``, GPT-J's ``rotary_dim``).
     A rotation keeps lengths, and rotating q by m·θ and k by n·θ turns their dot product by (m − n)·θ: the
     score sees only the offset. ``inverse=True`` rotates back, which is also RoPE's backward pass (the
-    transpose of a rotation is its inverse).
+    transpose of a rotation is its inverse). A scaling with an attention factor m (YaRN) multiplies the
+    rotated vector by m, both ways: ``inverse=True`` is then the transpose m·Rᵀ, the backward.
 
     >>> q = np.array([[1.0, 0.0]])
     >>> rope(q, start=1).round(4)                # one radian at position 1, θ_0 = 1
@@ -119,7 +121,12 @@ def rope(x, *, start: int = 0, inverse: bool = False, theta: float = ROPE_BASE, 
 
 
 def _hashable(scaling):
-    return None if scaling is None else tuple(sorted(dict(scaling).items()))
+    """The scaling as sorted (key, value) pairs: what the RoPE object stores, and the cache keys on."""
+    if scaling is None:
+        return None
+    if isinstance(scaling, RopeScaling):
+        scaling = scaling.to_dict()
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in dict(scaling).items()))
 
 
 @functools.lru_cache(maxsize=64)
@@ -127,10 +134,11 @@ def _rope_turns(n: int, start: int, d_head: int, theta: float, scaling, inverse:
     """cos and ±sin of RoPE's angles at positions start … start + n − 1, each (n, d_head/2, 2) so a pair
     (x_2i, x_2i+1) turns as ``pair · cos + reversed(pair) · sin``: the sin row is (−sin, +sin) (+, − to
     rotate back). Kept for the last 64 (n, start) asked: a decode step asks for one position at a time."""
-    freq = rope_frequencies(d_head, theta, None if scaling is None else dict(scaling))   # (d_head/2,)
+    freq = rope_frequencies(d_head, theta, scaling)          # (d_head/2,)
     angle = position_ids(n, start=start)[:, None] * freq      # (n, d_head/2)
-    sign = np.array([1.0, -1.0] if inverse else [-1.0, 1.0])  # (2,)
+    sign = np.array([1.0, -1.0] if inverse else [-1.0, 1.0]) * rope_attention_factor(scaling)   # (2,) YaRN's factor
     cos = np.repeat(np.cos(angle)[..., None], 2, axis=-1)     # (n, d_head/2, 2)
+    cos *= abs(sign[0])
     sin = np.sin(angle)[..., None] * sign                     # (n, d_head/2, 2)
     cos, sin = cos.astype(dtype), sin.astype(dtype)
     cos.flags.writeable = sin.flags.writeable = False         # shared between calls
@@ -139,38 +147,183 @@ def _rope_turns(n: int, start: int, d_head: int, theta: float, scaling, inverse:
 
 def _turns_at(pos: np.ndarray, d_head: int, theta: float, scaling, inverse: bool, dtype):
     """:func:`_rope_turns` at any positions (..., n): cos and ±sin (..., n, d_head/2, 2)."""
-    freq = rope_frequencies(d_head, theta, None if scaling is None else dict(scaling))   # (d_head/2,)
+    freq = rope_frequencies(d_head, theta, scaling)            # (d_head/2,)
     angle = pos[..., None].astype(np.float64) * freq           # (..., n, d_head/2)
-    sign = np.array([1.0, -1.0]) if inverse else np.array([-1.0, 1.0])
-    cos = np.repeat(np.cos(angle)[..., None], 2, -1)           # (..., n, d_head/2, 2)
+    sign = (np.array([1.0, -1.0]) if inverse else np.array([-1.0, 1.0])) * rope_attention_factor(scaling)
+    cos = np.repeat(np.cos(angle)[..., None], 2, -1) * abs(sign[0])   # (..., n, d_head/2, 2)
     sin = np.sin(angle)[..., None] * sign                      # (..., n, d_head/2, 2)
     return cos.astype(dtype, copy=False), sin.astype(dtype, copy=False)
 
 
 def rope_frequencies(d_head: int, theta: float = ROPE_BASE, scaling=None) -> np.ndarray:
-    """θ_i = theta^(−2i/d_head) for i = 0 … d_head/2 − 1, (d_head/2,); with ``scaling`` stretched as
-    Llama 3 (``rope_type`` "llama3": wavelengths past ``original_max_position_embeddings / low_freq_factor``
-    divided by ``factor``, those below ``… / high_freq_factor`` kept, a smooth blend between) or linearly
-    (``rope_type`` "linear": all divided by ``factor``), or each divided by its own of ``factors`` (``rope_type``
-    "factors", the d_head/2 divisors a GGUF file's ``rope_freqs`` tensor holds, Llama 3's scaling worked out).
+    """θ_i = theta^(−2i/d_head) for i = 0 … d_head/2 − 1, (d_head/2,); with ``scaling`` (a scaling object of
+    :data:`ROPE_SCALINGS`, or its dict: ``{"rope_type": "llama3", …}``) stretched as that object says: Llama 3's
+    blend, linear, one divisor per pair ("factors", a GGUF file's ``rope_freqs``), YaRN's ramp ("yarn") or
+    NTK-aware's larger base ("dynamic").
 
     >>> rope_frequencies(4, 100.0)
     array([1. , 0.1])
+    >>> rope_frequencies(4, 100.0, {"rope_type": "linear", "factor": 2.0})
+    array([0.5 , 0.05])
     """
-    freq = theta ** (-np.arange(0, d_head, 2) / d_head)         # (d_head/2,)
     if scaling is None:
-        return freq
-    s = dict(scaling)
-    if s.get("rope_type") == "factors":                          # one divisor per pair, as llama.cpp stores them
-        return freq / np.asarray(s["factors"], np.float64)       # (d_head/2,)
-    factor = float(s["factor"])
-    if s.get("rope_type", s.get("type")) == "linear":
-        return freq / factor
-    low, high = float(s.get("low_freq_factor", 1.0)), float(s.get("high_freq_factor", 4.0))
-    old = float(s.get("original_max_position_embeddings", 8192))
-    wavelength = 2 * np.pi / freq                                # (d_head/2,)
-    smooth = np.clip((old / wavelength - low) / (high - low), 0.0, 1.0)   # 0: long waves, 1: short waves
-    return (1 - smooth) * freq / factor + smooth * freq          # (d_head/2,)
+        return theta ** (-np.arange(0, d_head, 2) / d_head)     # (d_head/2,)
+    return rope_scaling(scaling).frequencies(d_head, theta)     # (d_head/2,)
+
+
+def rope_attention_factor(scaling) -> float:
+    """What a scaling multiplies RoPE's cos and sin by (YaRN's attention factor, "mscale"): the rotated q and k
+    both grow by it, so the scores by its square. 1 without a scaling, or for a scaling that has none."""
+    return 1.0 if scaling is None else rope_scaling(scaling).attention_factor
+
+
+class RopeScaling:
+    """What every RoPE scaling answers: its frequencies for a head width and base, the factor its rotated
+    vectors are multiplied by, and its dict (config.json's ``rope_scaling`` / ``rope_parameters`` spelling)."""
+    kind = ""
+    attention_factor = 1.0
+
+    def frequencies(self, d_rot: int, theta: float) -> np.ndarray:
+        raise NotImplementedError
+
+    def to_dict(self) -> dict:
+        return {"rope_type": self.kind, **{k: v for k, v in self.__dict__.items() if v is not None}}
+
+
+def _plain(d_rot: int, theta: float) -> np.ndarray:
+    return theta ** (-np.arange(0, d_rot, 2) / d_rot)            # (d_rot/2,)
+
+
+@dataclass(frozen=True)
+class LinearScaling(RopeScaling):
+    """Position interpolation (Chen et al., 2023): every frequency divided by ``factor``."""
+    factor: float
+    kind = "linear"
+
+    def frequencies(self, d_rot: int, theta: float) -> np.ndarray:
+        return _plain(d_rot, theta) / self.factor                # (d_rot/2,)
+
+
+@dataclass(frozen=True)
+class Llama3Scaling(RopeScaling):
+    """Llama 3's: wavelengths past ``original_max_position_embeddings / low_freq_factor`` divided by
+    ``factor``, those below ``… / high_freq_factor`` kept, a smooth blend between."""
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: float = 8192
+    kind = "llama3"
+
+    def frequencies(self, d_rot: int, theta: float) -> np.ndarray:
+        freq = _plain(d_rot, theta)                              # (d_rot/2,)
+        low, high, old = float(self.low_freq_factor), float(self.high_freq_factor), float(self.original_max_position_embeddings)
+        wavelength = 2 * np.pi / freq                            # (d_rot/2,)
+        smooth = np.clip((old / wavelength - low) / (high - low), 0.0, 1.0)   # 0: long waves, 1: short waves
+        return (1 - smooth) * freq / self.factor + smooth * freq   # (d_rot/2,)
+
+
+@dataclass(frozen=True)
+class FactorsScaling(RopeScaling):
+    """One divisor per pair, as llama.cpp stores them (a GGUF file's ``rope_freqs``: Llama 3's scaling worked out)."""
+    factors: tuple
+    kind = "factors"
+
+    def frequencies(self, d_rot: int, theta: float) -> np.ndarray:
+        return _plain(d_rot, theta) / np.asarray(self.factors, np.float64)   # (d_rot/2,)
+
+
+def _mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+@dataclass(frozen=True)
+class YaRN(RopeScaling):
+    """YaRN (Peng et al., 2023), as transformers' ``_compute_yarn_parameters`` computes it: the pairs that turn
+    fewer than ``beta_slow`` times over the trained context ``original_max_position_embeddings`` are
+    interpolated (divided by ``factor``), those that turn more than ``beta_fast`` times are kept, a linear
+    ramp over the pair index between (its ends floored and ceiled unless ``truncate`` is False). The rotated
+    q and k are multiplied by ``attention_factor``, default ``0.1 ln(factor) + 1`` (with ``mscale`` and
+    ``mscale_all_dim``, DeepSeek's, the ratio of the two such terms), so the scores by its square.
+
+    >>> YaRN(factor=4.0, original_max_position_embeddings=64).attention_factor.__round__(4)
+    1.1386
+    """
+    factor: float
+    original_max_position_embeddings: float
+    beta_fast: float | None = None           # None = 32, as transformers' default
+    beta_slow: float | None = None           # None = 1
+    attention_factor: float | None = None    # None = from factor (and mscale, mscale_all_dim), set on init
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool | None = None             # None = True
+    kind = "yarn"
+
+    def __post_init__(self):
+        as_positive_float("yarn factor", self.factor)
+        as_positive_float("yarn original_max_position_embeddings", self.original_max_position_embeddings)
+        if self.attention_factor is None:                        # worked out once, then stated
+            m, m_all = self.mscale, self.mscale_all_dim
+            af = _mscale(self.factor, m) / _mscale(self.factor, m_all) if m and m_all else _mscale(self.factor)
+        else:
+            af = as_positive_float("yarn attention_factor", self.attention_factor)
+        object.__setattr__(self, "attention_factor", float(af))
+
+    def frequencies(self, d_rot: int, theta: float) -> np.ndarray:
+        fast, slow = self.beta_fast or 32, self.beta_slow or 1
+        old = float(self.original_max_position_embeddings)
+
+        def dim_of(rotations):                                   # the pair index turning `rotations` times in `old`
+            return d_rot * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+        low, high = dim_of(fast), dim_of(slow)
+        if self.truncate is None or self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, d_rot - 1)
+        if low == high:
+            high += 0.001                                        # transformers' guard against 0/0
+        ramp = np.clip((np.arange(d_rot // 2) - low) / (high - low), 0.0, 1.0)   # (d_rot/2,) 0: kept, 1: divided
+        freq = _plain(d_rot, theta)                              # (d_rot/2,)
+        return freq / self.factor * ramp + freq * (1 - ramp)     # (d_rot/2,)
+
+
+@dataclass(frozen=True)
+class NTKScaling(RopeScaling):
+    """NTK-aware scaling (bloc97, 2023): a larger base ``theta · α^(d/(d−2))`` instead of smaller frequencies,
+    with α = ``factor · seq_len / max_position_embeddings − (factor − 1)``: the frequencies transformers'
+    "dynamic" RoPE computes for a pass of ``seq_len`` tokens (``_compute_dynamic_ntk_parameters``), here fixed
+    once for that length (None or at most the trained context: α = 1, plain RoPE). transformers recomputes them
+    per pass past the trained context; attnlab keeps one set for every pass and for the KV cache."""
+    factor: float
+    max_position_embeddings: float
+    seq_len: float | None = None
+    kind = "dynamic"
+
+    def frequencies(self, d_rot: int, theta: float) -> np.ndarray:
+        trained = float(self.max_position_embeddings)
+        n = trained if self.seq_len is None else max(float(self.seq_len), trained)
+        base = theta * (self.factor * n / trained - (self.factor - 1)) ** (d_rot / (d_rot - 2))
+        return _plain(d_rot, base)                               # (d_rot/2,)
+
+
+ROPE_SCALINGS = {cls.kind: cls for cls in (LinearScaling, Llama3Scaling, FactorsScaling, YaRN, NTKScaling)}
+
+
+@functools.lru_cache(maxsize=64)
+def _scaling_from_pairs(pairs: tuple) -> RopeScaling:
+    s = {k: v for k, v in pairs if k not in ("rope_theta", "partial_rotary_factor")}   # the RoPE's own, not the scaling's
+    kind = as_choice("scaling rope_type", s.pop("rope_type", s.pop("type", None)), tuple(ROPE_SCALINGS))
+    try:
+        return ROPE_SCALINGS[kind](**s)
+    except TypeError as e:
+        raise ValueError(f"scaling {kind!r} takes {[f.name for f in fields(ROPE_SCALINGS[kind])]}, got "
+                         f"{sorted(s)} ({e})") from None
+
+
+def rope_scaling(scaling) -> RopeScaling:
+    """The scaling object of ``scaling``: itself, or built from its dict (or sorted pairs) by ``rope_type``."""
+    if isinstance(scaling, RopeScaling):
+        return scaling
+    return _scaling_from_pairs(_hashable(scaling))
 
 
 def alibi_slopes(n_heads: int) -> np.ndarray:
@@ -280,10 +433,12 @@ class Sinusoidal(PositionScheme):
 @dataclass(frozen=True)
 class RoPE(PositionScheme):
     """Rotary positions (Su et al., 2021): q and k rotated inside attention by ``pos · θ_i``,
-    ``θ_i = theta^(−2i/d_head)``. ``scaling`` (a dict, e.g. Llama 3's ``{"rope_type": "llama3", "factor": 8.0,
-    "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}``, or
-    ``{"rope_type": "linear", "factor": f}``, or ``{"rope_type": "factors", "factors": (f_0, …)}``, one divisor
-    per pair) stretches the slow frequencies; None leaves them."""
+    ``θ_i = theta^(−2i/d_head)``. ``scaling`` (a scaling object of :data:`ROPE_SCALINGS`, or its dict, e.g.
+    Llama 3's ``{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192}``, ``{"rope_type": "linear", "factor": f}``,
+    ``{"rope_type": "factors", "factors": (f_0, …)}`` (one divisor per pair), ``YaRN(factor, original_max_…)``
+    or ``NTKScaling(factor, max_position_embeddings, seq_len)``) stretches the slow frequencies; None leaves
+    them. It is kept as its dict's sorted pairs (hashable, as it is written to JSON)."""
     rotates = True
     theta: float = ROPE_BASE
     scaling: tuple | None = None   # sorted (key, value) pairs of the scaling dict: hashable, frozen
@@ -292,12 +447,10 @@ class RoPE(PositionScheme):
 
     def __post_init__(self):
         object.__setattr__(self, "theta", as_positive_float("theta", self.theta))
-        if isinstance(self.scaling, dict):
-            object.__setattr__(self, "scaling", tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
-                                                             for k, v in self.scaling.items())))
+        if isinstance(self.scaling, (dict, RopeScaling)):
+            object.__setattr__(self, "scaling", _hashable(self.scaling))
         if self.scaling is not None:
-            kind = dict(self.scaling).get("rope_type", dict(self.scaling).get("type"))
-            as_choice("scaling rope_type", kind, ("linear", "llama3", "factors"))
+            rope_scaling(self.scaling)                           # its kind and fields checked once, here
         if self.rotary_dim is not None and (as_positive_int("rotary_dim", self.rotary_dim) % 2):
             raise ValueError(f"rotary_dim must be even (features rotate in pairs), got {self.rotary_dim}")
 

@@ -46,11 +46,16 @@ from .families import Family, register
 MODEL_TYPES = ("llama", "mistral", "qwen2")
 TITLES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}   # as the families write their names
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+# each scaling's fields as config.json states them: (needed, optional), read by rope_scaling_of
+SCALING_KEYS = {"llama3": (LLAMA3_KEYS, ()),
+                "yarn": (("factor", "original_max_position_embeddings"),
+                         ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim")),
+                "dynamic": (("factor",), ())}
 
 
 def rope_scheme(config: dict, source: str, d_head: int | None = None) -> RoPE:
-    """RoPE with the config's base θ and, for ``rope_type`` "llama3", its frequency scaling; any other
-    scaling type is refused, naming it. With ``d_head``, a ``partial_rotary_factor`` below 1 (Phi-3,
+    """RoPE with the config's base θ and, for ``rope_type`` "llama3", "yarn" or "dynamic" (NTK-aware), its
+    frequency scaling (:func:`rope_scaling_of`); any other scaling type is refused, naming it. With ``d_head``, a ``partial_rotary_factor`` below 1 (Phi-3,
     GPT-NeoX) rotates only the first ``d_head · factor`` features of each head."""
     params = config.get("rope_parameters")                       # transformers 5: one dict
     if params is None:                                           # transformers 4: two fields
@@ -72,16 +77,33 @@ def rope_scheme(config: dict, source: str, d_head: int | None = None) -> RoPE:
     rotary_dim = None if factor == 1 or d_head is None else int(d_head * factor)
     if kind in (None, "default"):
         return RoPE(float(theta), rotary_dim=rotary_dim)
-    if kind != "llama3":
+    if kind not in SCALING_KEYS:
         raise ValueError(f"{source}: config.json asks for rope_type {kind!r} (in 'rope_scaling' or "
-                         f"'rope_parameters'); attnlab reads 'default' and 'llama3'")
-    scaling = {"rope_type": "llama3"}
-    for key in LLAMA3_KEYS:
+                         f"'rope_parameters'); attnlab reads 'default', {', '.join(map(repr, SCALING_KEYS))}")
+    scaling = rope_scaling_of(params, kind, config, source)
+    return RoPE(float(theta), scaling=scaling, rotary_dim=rotary_dim)
+
+
+def rope_scaling_of(params: dict, kind: str, config: dict, source: str) -> dict:
+    """The scaling dict of ``rope_type`` ``kind`` from config.json's rope parameters, each field checked (a
+    positive number). YaRN's trained context defaults to max_position_embeddings, as transformers' does;
+    "dynamic" is NTK-aware scaling fixed for the stated context (:class:`attnlab.layer.positions.NTKScaling`:
+    plain RoPE within max_position_embeddings, where transformers' dynamic RoPE is too)."""
+    needed, optional = SCALING_KEYS[kind]
+    params = dict(params)
+    if kind == "yarn" and params.get("original_max_position_embeddings") is None:
+        params["original_max_position_embeddings"] = config.get("max_position_embeddings")
+    scaling = {"rope_type": kind}
+    for key in needed + tuple(k for k in optional if params.get(k) is not None):
         v = params.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-            raise ValueError(f"{source}: config.json's llama3 rope scaling needs a positive {key!r}, got {v!r}")
+            raise ValueError(f"{source}: config.json's {kind} rope scaling needs a positive {key!r}, got {v!r}")
         scaling[key] = float(v)
-    return RoPE(float(theta), scaling=scaling, rotary_dim=rotary_dim)
+    if kind == "yarn" and params.get("truncate") is not None:
+        scaling["truncate"] = bool(params["truncate"])
+    if kind == "dynamic":
+        scaling["max_position_embeddings"] = float(config_int(config, "max_position_embeddings", source))
+    return scaling
 
 
 def sliding_window(config: dict, source: str) -> int | None:

@@ -28,9 +28,9 @@ import numpy as np
 from ..layer.tape import Tape
 from .transformer import Transformer, embed_backward, forward, hook_names, logits_backward
 
-# hook points the backward gives no gradient at: the (n, n_k) grids (the tiled path never builds them) and the
-# norms' divisors
-NOT_DIFFERENTIATED = ("hook_scores", "hook_pattern", "hook_scale")
+# hook points the backward gives no gradient at: the (n, n_k) grids (the tiled path never builds them), the
+# norms' divisors, and the experts' choice (ids, not numbers)
+NOT_DIFFERENTIATED = ("hook_scores", "hook_pattern", "hook_sink", "hook_scale", "hook_expert_ids")
 
 
 def grad_hook_names(model: Transformer) -> list[str]:

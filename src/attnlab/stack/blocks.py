@@ -37,6 +37,7 @@ import numpy as np
 from ..layer.config import AttentionConfig
 from ..layer.multihead import (MultiHeadAttention, hook_points, multihead_attention, multihead_attention_backward_named,
                                param_shapes)
+from .experts import Experts
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,12 @@ def norm_slot(c) -> Slot | None:
 
 
 def mlp_slot(c) -> Slot | None:
-    """The config's MLP (d_model -> d_mlp -> d_model), or None for attention-only blocks."""
+    """The config's MLP (d_model -> d_mlp -> d_model), its experts MLP where it has one (see
+    ``ModelConfig.at_layer``), or None for attention-only blocks."""
+    if c.experts is not None:
+        e = c.experts
+        return Slot(Experts, e.shapes(c.d_model), lambda p: Experts.from_params(p, e),
+                    lambda rng, std, dtype: Experts.init(c.d_model, e, rng=rng, std=std, dtype=dtype), config=e)
     if c.d_mlp is None:
         return None
     cls = c.mlp_class

@@ -22,6 +22,8 @@ Per layer i, at the same names in every block kind (:mod:`attnlab.stack.blocks`)
     blocks.{i}.attn.hook_rot_k       (n_kv_heads, n, d_head)
     blocks.{i}.attn.hook_scores      (n_heads, n, n_k)     scaled, biased scores; -inf where masked
     blocks.{i}.attn.hook_pattern     (n_heads, n, n_k)     the attention weights
+    blocks.{i}.attn.hook_sink        (n_heads, n)         the weight each query gave its head's learned sink (sinks
+                                                          only, gpt-oss; the pattern's rows sum to 1 minus it)
     blocks.{i}.attn.hook_z           (n_heads, n, d_head)  each head's output, before W_O
     blocks.{i}.attn.hook_result      (n_heads, n, d_model) each head's output after its own rows of W_O
     blocks.{i}.hook_attn_out         (n, d_model)         what the attention adds to the stream (b_O included)
@@ -30,6 +32,9 @@ Per layer i, at the same names in every block kind (:mod:`attnlab.stack.blocks`)
     blocks.{i}.mlp.hook_pre          (n, d_mlp)           the MLP's hidden layer before its nonlinearity (the gate's)
     blocks.{i}.mlp.hook_pre_linear   (n, d_mlp)           a gated MLP's linear path x W_in
     blocks.{i}.mlp.hook_post         (n, d_mlp)           after it (gated: act(gate) ⊙ x W_in)
+    blocks.{i}.mlp.hook_router_logits  (n, n_experts)     an experts MLP's router logits (attnlab.stack.experts)
+    blocks.{i}.mlp.hook_expert_ids     (n, top_k)         the experts each token chose (ints)
+    blocks.{i}.mlp.hook_expert_weights (n, top_k)         their weights in the token's output
     blocks.{i}.hook_mlp_out          (n, d_model)         what the MLP adds to the stream
     blocks.{i}.hook_resid_post       (n, d_model)         the residual stream out of the block
 
@@ -41,8 +46,8 @@ TransformerLens and transformers turn (i, i + d_head/2): :meth:`ActivationCache.
 order.
 
 Nothing is recorded and nothing is copied unless asked: a pass without hooks makes one function call per
-point (:data:`attnlab.layer.hookpoints.NO_HOOKS`). Asking for ``hook_scores`` or ``hook_pattern`` runs that
-layer's attention through the (n, n_k) grid instead of the tiled kernel; ``hook_result`` is computed only
+point (:data:`attnlab.layer.hookpoints.NO_HOOKS`). Asking for ``hook_scores``, ``hook_pattern`` or
+``hook_sink`` runs that layer's attention through the (n, n_k) grid instead of the tiled kernel; ``hook_result`` is computed only
 when asked.
 """
 

@@ -19,6 +19,7 @@ training: each piece keeps what its backward needs (:mod:`attnlab.stack.backward
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
@@ -32,6 +33,7 @@ from ..layer.config import AttentionConfig
 from ..layer.hookpoints import NO_HOOKS, Hooks
 from ..layer.tape import Tape
 from .blocks import BLOCKS, Block, PostNormBlock, PreNormBlock
+from .experts import ExpertsConfig
 from .layers import ACTIVATIONS, MLPS, NORMS, LayerNorm, RMSNorm
 from .sampling import check_temperature, check_top, sample_next
 
@@ -61,6 +63,8 @@ class ModelConfig:
     logit_softcap: float | None = None   # logits capped to cap · tanh(logits / cap) (Gemma-2); None = no cap
     layers: tuple = ()              # one AttentionConfig per layer where they differ (Gemma-2's alternating
     #                                 windows), each with attention's sizes; () = every layer has `attention`
+    experts: ExpertsConfig | None = None   # a mixture-of-experts MLP (gpt-oss, DeepSeek-V3) in place of the
+    #                                 dense one, on every layer from experts.first_dense on; None = dense MLPs
     family: str = field(default="", compare=False)
     eos_ids: tuple[int, ...] = field(default=(), compare=False)   # config.json's eos_token_id: the ids that end
     #                                 a text, generate's stop; () = none (attnlab's own folders)
@@ -89,6 +93,10 @@ class ModelConfig:
         if self.logit_softcap is not None:
             as_positive_float("logit_softcap", self.logit_softcap)
         self._check_layers()
+        if self.experts is not None and not isinstance(self.experts, ExpertsConfig):
+            raise TypeError(f"experts must be an ExpertsConfig or None, got {type(self.experts).__name__}")
+        if self.experts is not None and self.d_mlp is None:
+            raise ValueError("experts needs d_mlp (the dense layers' width, and the blocks' MLP line)")
         if not isinstance(self.eos_ids, tuple):
             raise TypeError(f"eos_ids must be a tuple of token ids, got {type(self.eos_ids).__name__}")
         as_stop_ids("eos_ids", self.eos_ids, self.vocab_size)
@@ -123,6 +131,12 @@ class ModelConfig:
     def mlp_class(self) -> type:
         return MLPS[self.mlp]
 
+    def at_layer(self, i: int) -> "ModelConfig":
+        """The config as layer i's block sees it: without the experts on a dense layer (below first_dense)."""
+        if self.experts is None or i >= self.experts.first_dense:
+            return self
+        return dataclasses.replace(self, experts=None)
+
     def layer_attention(self, i: int) -> AttentionConfig:
         """The attention config of layer i."""
         return self.layers[i] if self.layers else self.attention
@@ -134,7 +148,8 @@ class ModelConfig:
                 "block": self.block.name, "is_causal": self.is_causal, "tied_embeddings": self.tied_embeddings,
                 "has_logits": self.has_logits, "n_types": self.n_types, "embed_norm": self.embed_norm,
                 "embed_scale": self.embed_scale, "logit_softcap": self.logit_softcap,
-                "layers": [a.to_json() for a in self.layers], "family": self.family}
+                "layers": [a.to_json() for a in self.layers], "family": self.family,
+                **({} if self.experts is None else {"experts": self.experts.to_json()})}
 
     @classmethod
     def from_json(cls, data: dict) -> "ModelConfig":
@@ -143,6 +158,8 @@ class ModelConfig:
             data = dict(data)
             data["attention"] = AttentionConfig.from_json(data["attention"])
             data["layers"] = tuple(AttentionConfig.from_json(a) for a in data.get("layers", ()))
+            if data.get("experts") is not None:
+                data["experts"] = ExpertsConfig.from_json(data["experts"])
             norm = data.get("norm")
             if norm is not None and norm not in NORMS:
                 raise ValueError(f"norm must be one of {sorted(NORMS)}, got {norm!r}")
@@ -203,7 +220,7 @@ class Transformer:
             if not isinstance(b, c.block):
                 raise TypeError(f"blocks[{i}] must be a {c.block.__name__} (the config's block), got "
                                 f"{type(b).__name__}")
-            problems = b.problems(c, c.layer_attention(i))
+            problems = b.problems(c.at_layer(i), c.layer_attention(i))
             if problems:
                 raise ValueError(f"blocks[{i}].{problems[0]} (d_model {c.d_model}, d_mlp {c.d_mlp}, norm "
                                  f"{None if c.norm is None else c.norm.__name__}, mlp {c.mlp!r})")
@@ -215,7 +232,7 @@ class Transformer:
         c, rng = model_config(config), check_rng(rng)
         draw = lambda *shape: rng.normal(0.0, std, shape).astype(dtype)   # noqa: E731
         norm = (lambda: c.norm.init(c.d_model, c.norm_eps, dtype)) if c.norm else (lambda: None)   # noqa: E731
-        blocks = tuple(c.block.init(c, c.layer_attention(i), rng=rng, std=std, dtype=dtype) for i in range(c.n_layers))
+        blocks = tuple(c.block.init(c.at_layer(i), c.layer_attention(i), rng=rng, std=std, dtype=dtype) for i in range(c.n_layers))
         W_E = draw(c.vocab_size, c.d_model)                        # drawn after the blocks, as attnlab always has
         W_P = draw(c.n_ctx, c.d_model) if c.attention.positions.has_table else None
         untied = c.has_logits and not c.tied_embeddings
@@ -261,7 +278,7 @@ class Transformer:
             raise ValueError(f"the weights do not fit the config: missing {missing}, extra {extra}")
         p = params
         norm = lambda prefix: c.norm(*(p[f"{prefix}.{k}"] for k in c.norm.PARAMS), c.norm_eps)   # noqa: E731
-        blocks = [c.block.from_params(c, c.layer_attention(i), {k[len(f"blocks.{i}."):]: v for k, v in p.items()
+        blocks = [c.block.from_params(c.at_layer(i), c.layer_attention(i), {k[len(f"blocks.{i}."):]: v for k, v in p.items()
                                                                  if k.startswith(f"blocks.{i}.")})
                   for i in range(c.n_layers)]
         return cls(config=c, W_E=p["W_E"], blocks=blocks, W_P=p.get("W_P"), W_T=p.get("W_T"),
@@ -283,7 +300,7 @@ def param_names(config: ModelConfig) -> list[str]:
     names = ["W_E"] + ["W_P"] * c.attention.positions.has_table + ["W_T"] * (c.n_types > 0)
     names += norm("ln_embed") if c.embed_norm else []
     for i in range(c.n_layers):
-        names += [f"blocks.{i}.{k}" for k in c.block.param_names(c, c.layer_attention(i))]
+        names += [f"blocks.{i}.{k}" for k in c.block.param_names(c.at_layer(i), c.layer_attention(i))]
     names += norm("ln_final") if c.final_norm else []
     return names + (["W_U", "b_U"] if c.has_logits and not c.tied_embeddings else [])
 
@@ -423,7 +440,7 @@ def hook_names(model: Transformer) -> list[str]:
     names = ["hook_embed"] + ["hook_pos_embed"] * c.attention.positions.adds_rows
     names += [f"ln_embed.{h}" for h in model.ln_embed.HOOKS] if model.ln_embed is not None else []
     for i in range(c.n_layers):
-        names += [f"blocks.{i}.{h}" for h in c.block.hook_names(c, c.layer_attention(i))]
+        names += [f"blocks.{i}.{h}" for h in c.block.hook_names(c.at_layer(i), c.layer_attention(i))]
     names += [f"ln_final.{h}" for h in model.ln_final.HOOKS] if model.ln_final is not None else []
     return names + ["hook_unembed"] * c.has_logits
 
