@@ -315,3 +315,124 @@ def test_a_chat_on_a_sentencepiece_file_starts_with_one_bos(tmp_path):
     ids = Chat(model, tok).prompt_ids("the cat").tolist()
     ID = {t: i for i, t in enumerate(SPM_TOKENS)}
     assert ids == [ID["<s>"], ID["<|user|>"], ID["▁the"], ID["▁cat"], ID["<|end|>"]]
+
+
+# gpt-oss (llama.cpp's architecture "gpt-oss"): sinks, alternating windows, YaRN, and the experts, whose gate and
+# up rows llama.cpp's converter takes apart from transformers' interleaved gate_up_proj
+OSS_YARN = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0, "original_max_position_embeddings": 64,
+            "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
+
+
+def gpt_oss_model(vocab: int, *, d_expert=32, seed=0):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    cfg = transformers.GptOssConfig(vocab_size=vocab, hidden_size=64, intermediate_size=d_expert, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+                                    num_experts_per_tok=2, sliding_window=6, max_position_embeddings=512,
+                                    rope_parameters=OSS_YARN, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    model = transformers.GptOssForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith(("bias", "sinks")):
+                p.add_((1.0 if name.endswith("sinks") else 0.2) * torch.randn_like(p))
+            elif "experts" in name or "router" in name:
+                p.normal_(0, 0.3)
+    return model
+
+
+def gpt_oss_tensors(sd: dict, cfg) -> dict:
+    out = {"token_embd.weight": sd["model.embed_tokens.weight"], "output_norm.weight": sd["model.norm.weight"],
+           "output.weight": sd["lm_head.weight"]}
+    for i in range(cfg.num_hidden_layers):
+        p, b = f"model.layers.{i}", f"blk.{i}"
+        out |= {f"{b}.attn_norm.weight": sd[f"{p}.input_layernorm.weight"],
+                f"{b}.post_attention_norm.weight": sd[f"{p}.post_attention_layernorm.weight"],
+                f"{b}.attn_sinks.weight": sd[f"{p}.self_attn.sinks"],
+                f"{b}.ffn_gate_inp.weight": sd[f"{p}.mlp.router.weight"],
+                f"{b}.ffn_gate_inp.bias": sd[f"{p}.mlp.router.bias"]}
+        for hf, cpp in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output")):
+            for leaf in ("weight", "bias"):
+                out[f"{b}.{cpp}.{leaf}"] = sd[f"{p}.self_attn.{hf}.{leaf}"]
+        gate_up = sd[f"{p}.mlp.experts.gate_up_proj"].transpose(0, 2, 1)                 # (E, 2·m, d)
+        bias = sd[f"{p}.mlp.experts.gate_up_proj_bias"]                                  # (E, 2·m)
+        out |= {f"{b}.ffn_gate_exps.weight": gate_up[:, ::2], f"{b}.ffn_up_exps.weight": gate_up[:, 1::2],
+                f"{b}.ffn_gate_exps.bias": bias[:, ::2], f"{b}.ffn_up_exps.bias": bias[:, 1::2],
+                f"{b}.ffn_down_exps.weight": sd[f"{p}.mlp.experts.down_proj"].transpose(0, 2, 1),   # (E, d, m)
+                f"{b}.ffn_down_exps.bias": sd[f"{p}.mlp.experts.down_proj_bias"]}
+    return out
+
+
+def gpt_oss_meta(cfg) -> dict:
+    y = cfg.rope_parameters
+    return {"block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
+            "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
+            "attention.head_count": cfg.num_attention_heads, "attention.head_count_kv": cfg.num_key_value_heads,
+            "attention.layer_norm_rms_epsilon": float(cfg.rms_norm_eps), "rope.freq_base": float(y["rope_theta"]),
+            "attention.key_length": cfg.head_dim, "attention.value_length": cfg.head_dim,
+            "expert_count": cfg.num_local_experts, "expert_used_count": cfg.num_experts_per_tok,
+            "expert_feed_forward_length": cfg.intermediate_size, "attention.sliding_window": cfg.sliding_window,
+            "rope.scaling.type": "yarn", "rope.scaling.factor": float(y["factor"]),
+            "rope.scaling.original_context_length": y["original_max_position_embeddings"],
+            "rope.scaling.yarn_beta_fast": float(y["beta_fast"]), "rope.scaling.yarn_beta_slow": float(y["beta_slow"])}
+
+
+def write_gpt_oss_gguf(path, model, qtype=Q.F32, experts=Q.F32) -> Path:
+    """As llama.cpp's converter writes gpt-oss: 2-D weights in ``qtype``, the experts in ``experts`` (MXFP4 in
+    the released files), biases (the experts' are 2-D) and norms in F32."""
+    w = gguf.GGUFWriter(str(path), "gpt-oss")
+    write_tokenizer(w, "gpt2")
+    for key, value in gpt_oss_meta(model.config).items():
+        (w.add_float32 if isinstance(value, float) else w.add_string if isinstance(value, str) else w.add_uint32)(
+            f"gpt-oss.{key}", value)
+    for name, t in gpt_oss_tensors({k: v.detach().numpy() for k, v in model.state_dict().items()},
+                                   model.config).items():
+        arr = np.ascontiguousarray(t, np.float32)
+        kind = experts if "_exps.weight" in name else qtype if arr.ndim == 2 and name.endswith(".weight") else Q.F32
+        w.add_tensor(name, arr) if kind == Q.F32 else w.add_tensor(name, gguf.quants.quantize(arr, kind), raw_dtype=kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("qtype, experts", [(Q.F32, Q.F32), (Q.Q8_0, Q.F32), (Q.F32, Q.MXFP4), (Q.Q8_0, Q.MXFP4)])
+def test_a_gpt_oss_gguf_matches_the_model_it_was_written_from(tmp_path, qtype, experts):
+    """transformers reads no llama.cpp gpt-oss file (its GGUF reader expects other expert names), so the
+    reference is the transformers model the file was written from, its weights put through the same
+    quantization (MXFP4 by gguf.quants): logits and attention weights within 1e-5, past the window of 6."""
+    import torch
+
+    model = gpt_oss_model(len(BPE.TOKENS))
+    path = write_gpt_oss_gguf(tmp_path / "oss.gguf", model, qtype, experts)
+    if (qtype, experts) != (Q.F32, Q.F32):    # the reference gets the file's values: dequantized from the file
+        reader = gguf.GGUFReader(str(path))
+        back = {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in reader.tensors}
+        names = gpt_oss_tensors({k: v.detach().numpy() for k, v in model.state_dict().items()}, model.config)
+        assert set(back) == set(names)
+        sd = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+        for i in range(2):
+            p, b = f"model.layers.{i}", f"blk.{i}"
+            gate, up = back[f"{b}.ffn_gate_exps.weight"], back[f"{b}.ffn_up_exps.weight"]      # (E, m, d)
+            gate_up = np.empty((gate.shape[0], 2 * gate.shape[1], gate.shape[2]), np.float32)
+            gate_up[:, ::2], gate_up[:, 1::2] = gate, up
+            sd[f"{p}.mlp.experts.gate_up_proj"] = gate_up.transpose(0, 2, 1)
+            sd[f"{p}.mlp.experts.down_proj"] = back[f"{b}.ffn_down_exps.weight"].transpose(0, 2, 1)
+            for hf, cpp in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output")):
+                sd[f"{p}.self_attn.{hf}.weight"] = back[f"{b}.{cpp}.weight"]
+            sd[f"{p}.mlp.router.weight"] = back[f"{b}.ffn_gate_inp.weight"]
+        sd["model.embed_tokens.weight"], sd["lm_head.weight"] = back["token_embd.weight"], back["output.weight"]
+        model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in sd.items()})
+    ids = np.random.default_rng(3).integers(0, len(BPE.TOKENS) - 2, 30)                # (30,)
+    ours, tok = load_model(path)
+    assert ours.config.family == "gpt_oss" and ours.config.experts.n_experts == 4
+    assert [c.window for c in ours.config.layers] == [6, None]
+    out = forward(ours, ids, return_weights=True)
+    ref, ref_weights = source_reads(model, ids)
+    assert rel(out.logits, ref) < 1e-5
+    assert max(np.abs(a - b).max() for a, b in zip(out.attentions, ref_weights)) < 1e-5
+    if qtype != Q.F32:
+        pytest.importorskip("numba")
+        quant, _ = load_model(path, quantized=True)
+        assert rel(forward(quant, ids).logits, out.logits) < 1e-5

@@ -97,10 +97,11 @@ def gemma2_from_tensors(tensors: Tensors, cfg: ModelConfig) -> Transformer:
     return llama_layout_model(t, cfg, block, norm)
 
 
-def gguf_sliding_layers(file, n_layers: int) -> list[bool]:
-    """Which layers slide, as llama.cpp reads it: ``gemma2.attention.sliding_window_pattern``, one bool per
-    layer, or a period n (layer i slides unless i % n == n − 1); every other layer from the first without it."""
-    key = "gemma2.attention.sliding_window_pattern"
+def gguf_sliding_layers(file, n_layers: int, arch: str = "gemma2") -> list[bool]:
+    """Which layers slide, as llama.cpp reads it: ``{arch}.attention.sliding_window_pattern``, one bool per
+    layer, or a period n (layer i slides unless i % n == n − 1); every other layer from the first without it
+    (Gemma-2, gpt-oss)."""
+    key = f"{arch}.attention.sliding_window_pattern"
     pattern = file.value(key, 2)
     if isinstance(pattern, list):
         if len(pattern) != n_layers or not all(isinstance(x, (bool, int, np.integer)) for x in pattern):

@@ -282,10 +282,13 @@ LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_SPLIT = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+               r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")        # gpt-oss's o200k
 PRE_SPLITS = {
     "default": (GPT2_SPLIT,), "gpt2": (GPT2_SPLIT,), "gpt-2": (GPT2_SPLIT,), "qwen2": (QWEN2_SPLIT,),
     "smollm": (r"\p{N}", GPT2_SPLIT), "starcoder": (r"\p{N}", GPT2_SPLIT),     # each digit alone, then GPT-2's
-    "llama3": (LLAMA3_SPLIT,), "llama-bpe": (LLAMA3_SPLIT,), "llama-v3": (LLAMA3_SPLIT,),
+    "llama3": (LLAMA3_SPLIT,), "llama-bpe": (LLAMA3_SPLIT,), "llama-v3": (LLAMA3_SPLIT,), "gpt-4o": (GPT4O_SPLIT,),
 }
 WHOLE_FIRST = {"llama3", "llama-bpe", "llama-v3"}   # a piece that is one token is that token, merges or not
 CONTROL = 3          # tokenizer.ggml.token_type: 1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte

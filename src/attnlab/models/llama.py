@@ -172,17 +172,18 @@ def half_to_pairs(n_heads: int, d_head: int, rotary_dim: int | None = None) -> n
 
 
 def rope_attention(q: tuple, k: tuple, v: tuple, o: tuple, a: AttentionConfig, *,
-                   pairs: bool = False) -> MultiHeadAttention:
+                   pairs: bool = False, sinks=None) -> MultiHeadAttention:
     """The layer from Hugging Face's (weight (d_in, d_out), bias) pairs of q, k, v and o, W_Q's and W_K's
     columns (and b_Q's, b_K's) taken from rotate_half's layout into RoPE pairs, head by head (only the first
-    rotary_dim features of a head with partial rotation); ``pairs``: the columns already pair (GGUF)."""
+    rotary_dim features of a head with partial rotation); ``pairs``: the columns already pair (GGUF);
+    ``sinks``: the learned sink logits (h,), per head, so never reordered (gpt-oss)."""
     r = getattr(a.positions, "rotary_dim", None)
     if pairs:
         q_order = k_order = slice(None)
     else:
         q_order, k_order = half_to_pairs(a.n_heads, a.d_head, r), half_to_pairs(a.n_kv_heads, a.d_head, r)
     return MultiHeadAttention(q[0][:, q_order], k[0][:, k_order], v[0], o[0], q[1][q_order], k[1][k_order], v[1],
-                              o[1], config=a)
+                              o[1], config=a, **({} if sinks is None else {"sinks": sinks}))
 
 
 def gated_mlp(t: Tensors, cfg: ModelConfig, gate: str, up: str, down: str) -> GatedMLP:
@@ -288,11 +289,12 @@ def load_llama(folder: Path, config: dict) -> Transformer:
     return llama_from_tensors(tensors, llama_config(config, tensors.source), qkv_bias=qkv_bias, o_bias=o_bias)
 
 
-def llama_gguf_config(file, arch: str = "llama", *, partial_rope: bool = False) -> tuple[ModelConfig, str]:
+def llama_gguf_config(file, arch: str = "llama", *, partial_rope: bool = False,
+                      yarn_truncate: bool | None = None) -> tuple[ModelConfig, str]:
     """The stack's config from the metadata of a GGUF file of a Llama-like ``arch`` (``{arch}.embedding_length``,
     ``{arch}.attention.head_count``, …: llama.cpp writes the same keys for llama, qwen2, gemma2 and phi3), and
     the keys it came from, for shape errors. ``partial_rope``: ``{arch}.rope.dimension_count`` may be below d_head
-    (Phi-3), only that many features of a head turn."""
+    (Phi-3), only that many features of a head turn; ``yarn_truncate`` as :func:`gguf_rope` takes it."""
     n = lambda name, *default: file.integer(f"{arch}.{name}", *default)          # noqa: E731
     d_model, n_heads = n("embedding_length"), n("attention.head_count")
     n_kv_heads = n("attention.head_count_kv", n_heads)
@@ -313,7 +315,8 @@ def llama_gguf_config(file, arch: str = "llama", *, partial_rope: bool = False) 
     eos = file.integer("tokenizer.ggml.eos_token_id", -1, least=-1)
     attention = AttentionConfig(d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=d_head,
                                 n_ctx=n("context_length"),
-                                positions=gguf_rope(file, d_head, arch, None if rotary == d_head else rotary))
+                                positions=gguf_rope(file, d_head, arch, None if rotary == d_head else rotary,
+                                                    yarn_truncate=yarn_truncate))
     cfg = ModelConfig(vocab_size=vocab, n_layers=n("block_count"), attention=attention,
                       d_mlp=n("feed_forward_length"), activation="silu", mlp="gated", norm=RMSNorm,
                       norm_eps=file.number(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5), block=PreNormBlock,
@@ -324,17 +327,31 @@ def llama_gguf_config(file, arch: str = "llama", *, partial_rope: bool = False) 
     return cfg, why
 
 
-def gguf_rope(file, d_head: int, arch: str = "llama", rotary_dim: int | None = None) -> RoPE:
-    """RoPE with ``{arch}.rope.freq_base``; linear scaling from ``{arch}.rope.scaling.type`` and ``.factor``;
-    Llama 3's scaling from the ``rope_freqs`` tensor llama.cpp's converter writes (one factor per pair)."""
-    theta = file.number(f"{arch}.rope.freq_base", 10000.0)
-    kind = file.string(f"{arch}.rope.scaling.type", "none")
+def gguf_rope(file, d_head: int, arch: str = "llama", rotary_dim: int | None = None, *,
+              yarn_truncate: bool | None = None) -> RoPE:
+    """RoPE with ``{arch}.rope.freq_base``; its scaling from ``{arch}.rope.scaling.type``: "linear" with
+    ``.factor``, "yarn" with ``.factor``, ``.original_context_length`` and, where stated, ``.yarn_beta_fast``,
+    ``.yarn_beta_slow`` and ``.yarn_attn_factor`` (``yarn_truncate``: whether the ramp's ends are floored and
+    ceiled, None = yes, as llama.cpp does); Llama 3's from the ``rope_freqs`` tensor llama.cpp's converter
+    writes (one factor per pair)."""
+    key = lambda name: f"{arch}.rope.{name}"                                    # noqa: E731
+    theta = file.number(key("freq_base"), 10000.0)
+    kind = file.string(key("scaling.type"), "none")
     if kind == "linear":
-        return RoPE(theta, scaling={"rope_type": "linear", "factor": file.number(f"{arch}.rope.scaling.factor")},
+        return RoPE(theta, scaling={"rope_type": "linear", "factor": file.number(key("scaling.factor"))},
                     rotary_dim=rotary_dim)
+    if kind == "yarn":
+        scaling = {"rope_type": "yarn", "factor": file.number(key("scaling.factor")),
+                   "original_max_position_embeddings": float(file.integer(key("scaling.original_context_length")))}
+        for name, field in (("beta_fast", "beta_fast"), ("beta_slow", "beta_slow"), ("attn_factor", "attention_factor")):
+            if file.has(key(f"scaling.yarn_{name}")):
+                scaling[field] = file.number(key(f"scaling.yarn_{name}"))
+        if yarn_truncate is not None:
+            scaling["truncate"] = yarn_truncate
+        return RoPE(theta, scaling=scaling, rotary_dim=rotary_dim)
     if kind != "none":
-        raise ValueError(f"{file.path}: GGUF metadata '{arch}.rope.scaling.type' is {kind!r}; attnlab reads "
-                         "'none' and 'linear' (and Llama 3's rope_freqs tensor)")
+        raise ValueError(f"{file.path}: GGUF metadata {key('scaling.type')!r} is {kind!r}; attnlab reads "
+                         "'none', 'linear' and 'yarn' (and Llama 3's rope_freqs tensor)")
     if "rope_freqs.weight" in file.tensors.arrays:
         r = rotary_dim or d_head
         factors = file.tensors.take("rope_freqs.weight", (r // 2,), f"rotary features {r}")   # (r/2,)
