@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from ..layer.config import AttentionConfig
 from ..stack.blocks import SandwichBlock
 from ..stack.layers import RMSNorm, activation_name
@@ -25,7 +27,8 @@ from ..stack.transformer import ModelConfig, Transformer
 from ..text.tokens import json_folder_tokenizer
 from .checkpoint import Tensors, config_eos_ids, config_float, config_int
 from .families import Family, checkpoint_loader, register
-from .llama import gated_mlp, llama_layout, llama_layout_model, rope_attention, rope_scheme
+from .llama import (gated_mlp, gguf_names, llama_gguf_config, llama_layout, llama_layout_model, rope_attention,
+                    rope_scheme)
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
@@ -94,6 +97,64 @@ def gemma2_from_tensors(tensors: Tensors, cfg: ModelConfig) -> Transformer:
     return llama_layout_model(t, cfg, block, norm)
 
 
+def gguf_sliding_layers(file, n_layers: int, arch: str = "gemma2") -> list[bool]:
+    """Which layers slide, as llama.cpp reads it: ``{arch}.attention.sliding_window_pattern``, one bool per
+    layer, or a period n (layer i slides unless i % n == n − 1); every other layer from the first without it
+    (Gemma-2, gpt-oss)."""
+    key = f"{arch}.attention.sliding_window_pattern"
+    pattern = file.value(key, 2)
+    if isinstance(pattern, list):
+        if len(pattern) != n_layers or not all(isinstance(x, (bool, int, np.integer)) for x in pattern):
+            raise ValueError(f"{file.path}: GGUF metadata {key!r} must be {n_layers} booleans, one per layer")
+        return [bool(x) for x in pattern]
+    period = file.integer(key, 2)
+    return [i % period < period - 1 for i in range(n_layers)]
+
+
+def gemma2_gguf_config(file) -> tuple[ModelConfig, str]:
+    """The stack's config from a gemma2 GGUF file's metadata, as llama.cpp reads it: the score scale
+    ``key_length^-½`` (``(embedding_length / head_count)^-½`` for the 46-layer 27B, as Gemma's own code has it;
+    the file does not state query_pre_attn_scalar), the soft-caps ``gemma2.attn_logit_softcapping`` and
+    ``final_logit_softcapping`` (50 and 30 when absent), ``gemma2.attention.sliding_window`` (4096) on the
+    sliding layers, tied logits (llama.cpp ignores any ``output.weight``)."""
+    cfg, why = llama_gguf_config(file, "gemma2")
+    a = cfg.attention
+    scale = (a.d_model // a.n_heads if cfg.n_layers == 46 else a.d_head) ** -0.5
+    attention = dataclasses.replace(a, scale=scale, softcap=file.number("gemma2.attn_logit_softcapping", 50.0))
+    window = file.integer("gemma2.attention.sliding_window", 4096)
+    layers = tuple(dataclasses.replace(attention, window=window if slides else None)
+                   for slides in gguf_sliding_layers(file, cfg.n_layers))
+    return dataclasses.replace(cfg, attention=attention, layers=layers, activation="gelu_pytorch_tanh",
+                               block=SandwichBlock, tied_embeddings=True, embed_scale=a.d_model ** 0.5,
+                               logit_softcap=file.number("gemma2.final_logit_softcapping", 30.0)), why
+
+
+def load_gemma2_gguf(file) -> Transformer:
+    """A gemma2 GGUF file's model: llama.cpp's names (``post_attention_norm``, ``post_ffw_norm`` for the
+    sandwich's second norms), its norms loaded as they are (llama.cpp's converter already added Gemma's 1 to
+    each weight), q and k in rotate_half's layout taken into pairs."""
+    cfg, why = gemma2_gguf_config(file)
+    a, d = cfg.attention, cfg.d_model
+    width, width_kv = a.n_heads * a.d_head, a.n_kv_heads * a.d_head
+    names = gguf_names("gemma2", rope_pairs=False)
+    t = llama_layout(file.tensors, cfg, names, why)
+
+    def norm(prefix: str) -> RMSNorm:
+        return RMSNorm.load(t, prefix, d_model=d, eps=cfg.norm_eps)
+
+    def block(i: int) -> SandwichBlock:
+        p = f"blk.{i}"
+        attn = rope_attention(*(t.linear(f"{p}.attn_{n}", d, w) for n, w in (("q", width), ("k", width_kv),
+                                                                             ("v", width_kv))),
+                              t.linear(f"{p}.attn_output", width, d), cfg.layer_attention(i))
+        return SandwichBlock(attn=attn, ln_1=norm(f"{p}.attn_norm"), ln_1_post=norm(f"{p}.post_attention_norm"),
+                             mlp=gated_mlp(t, cfg, *(f"{p}.ffn_{n}" for n in ("gate", "up", "down"))),
+                             ln_2=norm(f"{p}.ffn_norm"), ln_2_post=norm(f"{p}.post_ffw_norm"))
+
+    return llama_layout_model(t, cfg, block, norm, names)
+
+
 GEMMA2 = register(Family(name="gemma2", title="Gemma-2", matches=lambda config: config.get("model_type") == "gemma2",
                          load=checkpoint_loader(gemma2_config, gemma2_from_tensors),
-                         tokenizer=lambda folder, config: json_folder_tokenizer(folder)))
+                         tokenizer=lambda folder, config: json_folder_tokenizer(folder),
+                         gguf_architecture="gemma2", load_gguf=load_gemma2_gguf))

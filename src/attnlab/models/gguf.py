@@ -280,11 +280,17 @@ def family_for(file: GGUFFile, families: dict):
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_SPLIT = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+               r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")        # gpt-oss's o200k
 PRE_SPLITS = {
-    "default": (GPT2_SPLIT,), "gpt2": (GPT2_SPLIT,),
+    "default": (GPT2_SPLIT,), "gpt2": (GPT2_SPLIT,), "gpt-2": (GPT2_SPLIT,), "qwen2": (QWEN2_SPLIT,),
     "smollm": (r"\p{N}", GPT2_SPLIT), "starcoder": (r"\p{N}", GPT2_SPLIT),     # each digit alone, then GPT-2's
-    "llama3": (LLAMA3_SPLIT,), "llama-bpe": (LLAMA3_SPLIT,), "llama-v3": (LLAMA3_SPLIT,),
+    "llama3": (LLAMA3_SPLIT,), "llama-bpe": (LLAMA3_SPLIT,), "llama-v3": (LLAMA3_SPLIT,), "gpt-4o": (GPT4O_SPLIT,),
 }
+WHOLE_FIRST = {"llama3", "llama-bpe", "llama-v3"}   # a piece that is one token is that token, merges or not
 CONTROL = 3          # tokenizer.ggml.token_type: 1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte
 USER_DEFINED = 4
 
@@ -302,15 +308,58 @@ class GGUFTokenizer(HFTokenizer):
 
 
 def gguf_tokenizer(file: GGUFFile) -> GGUFTokenizer:
-    """The tokenizer a GGUF file describes (``tokenizer.ggml.model`` "gpt2": byte-level BPE), built with
-    ``tokenizers`` from the metadata; an error naming the key that is missing or malformed."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    """The tokenizer a GGUF file describes, built with ``tokenizers`` from the metadata, of either kind GGUF
+    files carry (``tokenizer.ggml.model``): "gpt2", byte-level BPE (:func:`byte_level_bpe`), or "llama",
+    SentencePiece (:func:`sentencepiece_bpe`). Then, for both as llama.cpp does: control tokens (type 3) kept
+    whole where the text writes them, user-defined ones (type 4) too, the bos token put first when
+    ``tokenizer.ggml.add_bos_token`` (SentencePiece's default: yes) and the eos token last when
+    ``add_eos_token``. An error naming the key that is missing or malformed."""
+    from tokenizers import AddedToken, processors
 
     kind = file.string("tokenizer.ggml.model")
-    if kind != "gpt2":
+    if kind not in TOKENIZER_KINDS:
         raise ValueError(f"{file.path}: GGUF metadata 'tokenizer.ggml.model' is {kind!r}; attnlab builds "
-                         "tokenizers of kind 'gpt2' (byte-level BPE)")
+                         "tokenizers of kind 'gpt2' (byte-level BPE) and 'llama' (SentencePiece)")
+    tokens, types = vocabulary(file)
+    tok = TOKENIZER_KINDS[kind](file, tokens, types)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t, k in zip(tokens, types) if k == CONTROL])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == USER_DEFINED])
+    bos = special_id(file, "bos", len(tokens))
+    eos = special_id(file, "eos", len(tokens))
+    first = [tokens[bos]] if bool(file.value("tokenizer.ggml.add_bos_token", kind == "llama")) and bos is not None else []
+    last = [tokens[eos]] if bool(file.value("tokenizer.ggml.add_eos_token", False)) and eos is not None else []
+    if first or last:
+        specials = [(tokens[i], i) for i in dict.fromkeys(([bos] if first else []) + ([eos] if last else []))]
+        tok.post_processor = processors.TemplateProcessing(single=" ".join(first + ["$A"] + last),
+                                                           pair=" ".join(first + ["$A", "$B"] + last),
+                                                           special_tokens=specials)
+    return GGUFTokenizer(tok, byte_level=kind == "gpt2", bos_id=bos, eos_id=eos,
+                         chat_template=file.string("tokenizer.chat_template", None))
+
+
+def vocabulary(file: GGUFFile) -> tuple[list, list]:
+    """``tokenizer.ggml.tokens`` (every string one id) and ``token_type`` (one per token; 1, normal, for all
+    when absent)."""
     tokens = file.strings("tokenizer.ggml.tokens")
+    types = file.value("tokenizer.ggml.token_type", [1] * len(tokens))
+    if not isinstance(types, list) or len(types) != len(tokens):
+        raise ValueError(f"{file.path}: GGUF metadata 'tokenizer.ggml.token_type' has "
+                         f"{len(types) if isinstance(types, list) else type(types).__name__} entries, "
+                         f"'tokenizer.ggml.tokens' {len(tokens)}")
+    if len(set(tokens)) != len(tokens):
+        seen = {}
+        first, again = next((seen[t], i) for i, t in enumerate(tokens) if seen.setdefault(t, i) != i)
+        raise ValueError(f"{file.path}: GGUF metadata 'tokenizer.ggml.tokens' lists {tokens[again]!r} twice (ids "
+                         f"{first} and {again}); every token string must be one id")
+    return tokens, types
+
+
+def byte_level_bpe(file: GGUFFile, tokens: list, types: list):
+    """GPT-2's kind ("gpt2"): BPE over bytes spelt as characters, the file's merges, the text first split
+    by the regexes llama.cpp names in ``tokenizer.ggml.pre``."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
     merges = file.strings("tokenizer.ggml.merges", None)
     if not merges:
         raise ValueError(f"{file.path}: GGUF metadata has no 'tokenizer.ggml.merges'; a byte-level BPE "
@@ -318,22 +367,13 @@ def gguf_tokenizer(file: GGUFFile) -> GGUFTokenizer:
     pairs = [tuple(m.split(" ", 1)) for m in merges]
     if any(len(p) != 2 for p in pairs):
         raise ValueError(f"{file.path}: GGUF metadata 'tokenizer.ggml.merges' must hold pairs 'a b'")
-    types = file.value("tokenizer.ggml.token_type", [1] * len(tokens))
-    if len(types) != len(tokens):
-        raise ValueError(f"{file.path}: GGUF metadata 'tokenizer.ggml.token_type' has {len(types)} entries, "
-                         f"'tokenizer.ggml.tokens' {len(tokens)}")
     pre = file.string("tokenizer.ggml.pre", "default")
     if pre not in PRE_SPLITS:
         raise ValueError(f"{file.path}: GGUF metadata 'tokenizer.ggml.pre' is {pre!r}; attnlab knows "
                          f"{sorted(PRE_SPLITS)}")
-    vocab = {t: i for i, t in enumerate(tokens)}
-    if len(vocab) != len(tokens):
-        seen = {}
-        first, again = next((seen[t], i) for i, t in enumerate(tokens) if seen.setdefault(t, i) != i)
-        raise ValueError(f"{file.path}: GGUF metadata 'tokenizer.ggml.tokens' lists {tokens[again]!r} twice (ids "
-                         f"{first} and {again}); every token string must be one id")
     try:
-        tok = Tokenizer(models.BPE(vocab, pairs, fuse_unk=False, byte_fallback=False))
+        tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, pairs, fuse_unk=False, byte_fallback=False,
+                                   ignore_merges=pre in WHOLE_FIRST))
     except Exception as e:        # tokenizers raises its own Exception for a merge of unknown tokens
         raise ValueError(f"{file.path}: GGUF metadata 'tokenizer.ggml.merges' does not fit the tokens ({e})") \
             from None
@@ -341,16 +381,63 @@ def gguf_tokenizer(file: GGUFFile) -> GGUFTokenizer:
         [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_SPLITS[pre]]
         + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t, k in zip(tokens, types) if k == CONTROL])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == USER_DEFINED])
-    bos = special_id(file, "bos", len(tokens))
-    eos = special_id(file, "eos", len(tokens))
-    if bool(file.value("tokenizer.ggml.add_bos_token", False)) and bos is not None:
-        tok.post_processor = processors.TemplateProcessing(single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A $B",
-                                                           special_tokens=[(tokens[bos], bos)])
-    return GGUFTokenizer(tok, byte_level=True, bos_id=bos, eos_id=eos,
-                         chat_template=file.string("tokenizer.chat_template", None))
+    return tok
+
+
+SPACE = "\u2581"    # "▁", SentencePiece's visible space: "▁the" is " the"
+BYTE_TOKEN = 6       # tokenizer.ggml.token_type of "<0x0A>" and its kin: one byte, for text no token spells
+
+
+def sentencepiece_bpe(file: GGUFFile, tokens: list, types: list):
+    """SentencePiece's kind ("llama": Llama 2, Mistral, Gemma, Phi-3), as llama.cpp's tokenizer runs it: every
+    space written "▁", and one more before the text when ``tokenizer.ggml.add_space_prefix`` (the default; after
+    a control token too, since each stretch of text between them is tokenized alone); the text's characters
+    then merged, over and over, at the adjacent pair whose join is the token of the highest score
+    (``tokenizer.ggml.scores``); a character no token spells becomes its UTF-8 bytes, the tokens "<0xNN>".
+
+    That is BPE with one merge per way of cutting a token in two, ranked by the token's score
+    (:func:`score_merges`), and byte fallback: ``tokenizers`` runs it. Decoding turns "▁" back into spaces,
+    joins the bytes and drops the one space the prefix added."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+
+    scores = file.value("tokenizer.ggml.scores", None)
+    if scores is not None and (not isinstance(scores, list) or len(scores) != len(tokens) or any(
+            isinstance(x, bool) or not isinstance(x, (int, float)) for x in scores)):
+        raise ValueError(f"{file.path}: GGUF metadata 'tokenizer.ggml.scores' must be one number per token "
+                         f"({len(tokens)})")
+    merges = file.strings("tokenizer.ggml.merges", None)
+    pairs = ([tuple(m.split(" ", 1)) for m in merges] if merges else
+             score_merges(tokens, [0.0] * len(tokens) if scores is None else scores))
+    unk = special_id(file, "unknown", len(tokens))
+    try:
+        tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, pairs, byte_fallback=True, fuse_unk=True,
+                                   unk_token=None if unk is None else tokens[unk]))
+    except Exception as e:        # tokenizers raises its own Exception for a merge of unknown tokens
+        raise ValueError(f"{file.path}: GGUF metadata 'tokenizer.ggml.merges' does not fit the tokens ({e})") \
+            from None
+    prefix = bool(file.value("tokenizer.ggml.add_space_prefix", True))
+    spaces = normalizers.Replace(" ", SPACE)
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend(SPACE), spaces]) if prefix else spaces
+    tok.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+                                    + ([decoders.Strip(" ", 1, 0)] if prefix else []))
+    return tok
+
+
+def score_merges(tokens: list, scores: list) -> list[tuple[str, str]]:
+    """The merges llama.cpp's SentencePiece tokenizer makes, as BPE's ranked list: ``(a, b)`` for every token
+    ``a + b`` whose halves are tokens too, best first by the joined token's score (then its id, then the cut,
+    so that equal scores still give one order).
+
+    >>> score_merges(["a", "b", "c", "ab", "bc", "abc"], [0, 0, 0, -1, -2, -3])
+    [('a', 'b'), ('b', 'c'), ('a', 'bc'), ('ab', 'c')]
+    """
+    ids = {t: i for i, t in enumerate(tokens)}
+    ranked = [(-float(scores[i]), i, len(a), a, t[len(a):]) for i, t in enumerate(tokens)
+              for a in (t[:k] for k in range(1, len(t))) if a in ids and t[len(a):] in ids]
+    return [(a, b) for *_, a, b in sorted(ranked)]
+
+
+TOKENIZER_KINDS = {"gpt2": byte_level_bpe, "llama": sentencepiece_bpe}
 
 
 def special_id(file: GGUFFile, which: str, vocab_size: int) -> int | None:

@@ -34,8 +34,9 @@ from ..stack.transformer import ModelConfig, Transformer
 from ..text.tokens import json_folder_tokenizer
 from .checkpoint import Tensors, config_eos_ids, config_float, config_int
 from .families import Family, checkpoint_loader, register
-from .gemma2 import layer_windows
-from .llama import half_to_pairs, llama_layout, llama_layout_model, rope_scheme
+from .gemma2 import gguf_sliding_layers, layer_windows
+from .llama import (gguf_names, half_to_pairs, llama_gguf_config, llama_layout, llama_layout_model, rope_attention,
+                    rope_scheme)
 
 
 def positive_number(config: dict, key: str, source: str, default: float) -> float:
@@ -123,5 +124,65 @@ def load_gpt_oss(folder, config: dict) -> Transformer:
     return checkpoint_loader(gpt_oss_config, lambda t, cfg: gpt_oss_from_tensors(t, cfg, bias=bias))(folder, config)
 
 
+GGUF_ARCH = "gpt-oss"      # llama.cpp's name for it
+
+
+def gpt_oss_gguf_config(file) -> tuple[ModelConfig, str]:
+    """The stack's config from a gpt-oss GGUF file's metadata (``gpt-oss.expert_count``,
+    ``expert_used_count``, ``expert_feed_forward_length``, ``attention.sliding_window`` on every other layer
+    from the first, YaRN from ``rope.scaling.*``). YaRN's ramp is not truncated, as gpt-oss's own code and
+    transformers have it (llama.cpp floors and ceils its ends)."""
+    n = lambda name, *default: file.integer(f"{GGUF_ARCH}.{name}", *default)      # noqa: E731
+    cfg, why = llama_gguf_config(file, GGUF_ARCH, yarn_truncate=False)
+    d_expert = n("expert_feed_forward_length", cfg.d_mlp)
+    experts = ExpertsConfig(n_experts=n("expert_count"), top_k=n("expert_used_count"), d_expert=d_expert)
+    attention = dataclasses.replace(cfg.attention, sinks=True)
+    window = n("attention.sliding_window")
+    layers = tuple(dataclasses.replace(attention, window=window if slides else None)
+                   for slides in gguf_sliding_layers(file, cfg.n_layers, GGUF_ARCH))
+    return (dataclasses.replace(cfg, attention=attention, layers=layers, d_mlp=d_expert, experts=experts,
+                                family="gpt_oss"),
+            f"{why}, {GGUF_ARCH}.expert_count={experts.n_experts}, {GGUF_ARCH}.expert_feed_forward_length={d_expert}")
+
+
+def gguf_experts(t: Tensors, prefix: str, d: int, c: ExpertsConfig) -> Experts:
+    """The experts MLP of ``{prefix}`` as llama.cpp's converter writes it: the router ``ffn_gate_inp`` (E, d),
+    each expert's gate and up rows apart (``ffn_gate_exps``, ``ffn_up_exps`` (E, d_expert, d)) and
+    ``ffn_down_exps`` (E, d, d_expert), with their biases; MXFP4 experts are dequantized as they are read."""
+    E, m = c.n_experts, c.d_expert
+    router = SoftmaxTopKRouter(t.take(f"{prefix}.ffn_gate_inp.weight", (E, d)).T,       # (d, E)
+                               t.take(f"{prefix}.ffn_gate_inp.bias", (E,)), c.top_k)
+    W_gate, W_in = (np.ascontiguousarray(t.take(f"{prefix}.ffn_{n}_exps.weight", (E, m, d)).transpose(0, 2, 1))
+                    for n in ("gate", "up"))                                             # (E, d, m) each
+    W_out = np.ascontiguousarray(t.take(f"{prefix}.ffn_down_exps.weight", (E, d, m)).transpose(0, 2, 1))  # (E, m, d)
+    return Experts(router, W_gate, W_in, W_out, c, t.take(f"{prefix}.ffn_gate_exps.bias", (E, m)),
+                   t.take(f"{prefix}.ffn_up_exps.bias", (E, m)), t.take(f"{prefix}.ffn_down_exps.bias", (E, d)))
+
+
+def load_gpt_oss_gguf(file) -> Transformer:
+    """A gpt-oss GGUF file's model: llama.cpp's names (``attn_sinks``, ``post_attention_norm`` before the
+    experts, the experts above), biases on q, k, v and o, q and k in rotate_half's layout taken into pairs."""
+    cfg, why = gpt_oss_gguf_config(file)
+    d = cfg.d_model
+    names = gguf_names(GGUF_ARCH, rope_pairs=False)
+    t = llama_layout(file.tensors, cfg, names, why)
+
+    def norm(prefix: str) -> RMSNorm:
+        return RMSNorm.load(t, prefix, d_model=d, eps=cfg.norm_eps)
+
+    def block(i: int) -> PreNormBlock:
+        p, a = f"blk.{i}", cfg.layer_attention(i)
+        w, w_kv = a.n_heads * a.d_head, a.n_kv_heads * a.d_head
+        attn = rope_attention(*(t.linear(f"{p}.attn_{n}", d, width, bias=True)
+                                for n, width in (("q", w), ("k", w_kv), ("v", w_kv))),
+                              t.linear(f"{p}.attn_output", w, d, bias=True), a,
+                              sinks=t.take(f"{p}.attn_sinks.weight", (a.n_heads,)))            # (h,)
+        return PreNormBlock(attn=attn, ln_1=norm(f"{p}.attn_norm"), mlp=gguf_experts(t, p, d, cfg.experts),
+                            ln_2=norm(f"{p}.post_attention_norm"))
+
+    return llama_layout_model(t, cfg, block, norm, names)
+
+
 GPT_OSS = register(Family(name="gpt_oss", title="gpt-oss", matches=lambda config: config.get("model_type") == "gpt_oss",
-                          load=load_gpt_oss, tokenizer=lambda folder, config: json_folder_tokenizer(folder)))
+                          load=load_gpt_oss, tokenizer=lambda folder, config: json_folder_tokenizer(folder),
+                          gguf_architecture=GGUF_ARCH, load_gguf=load_gpt_oss_gguf))

@@ -26,6 +26,7 @@ config.json is read in both spellings transformers has used: ``rope_theta`` and 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,17 +172,18 @@ def half_to_pairs(n_heads: int, d_head: int, rotary_dim: int | None = None) -> n
 
 
 def rope_attention(q: tuple, k: tuple, v: tuple, o: tuple, a: AttentionConfig, *,
-                   pairs: bool = False) -> MultiHeadAttention:
+                   pairs: bool = False, sinks=None) -> MultiHeadAttention:
     """The layer from Hugging Face's (weight (d_in, d_out), bias) pairs of q, k, v and o, W_Q's and W_K's
     columns (and b_Q's, b_K's) taken from rotate_half's layout into RoPE pairs, head by head (only the first
-    rotary_dim features of a head with partial rotation); ``pairs``: the columns already pair (GGUF)."""
+    rotary_dim features of a head with partial rotation); ``pairs``: the columns already pair (GGUF);
+    ``sinks``: the learned sink logits (h,), per head, so never reordered (gpt-oss)."""
     r = getattr(a.positions, "rotary_dim", None)
     if pairs:
         q_order = k_order = slice(None)
     else:
         q_order, k_order = half_to_pairs(a.n_heads, a.d_head, r), half_to_pairs(a.n_kv_heads, a.d_head, r)
     return MultiHeadAttention(q[0][:, q_order], k[0][:, k_order], v[0], o[0], q[1][q_order], k[1][k_order], v[1],
-                              o[1], config=a)
+                              o[1], config=a, **({} if sinks is None else {"sinks": sinks}))
 
 
 def gated_mlp(t: Tensors, cfg: ModelConfig, gate: str, up: str, down: str) -> GatedMLP:
@@ -287,52 +289,89 @@ def load_llama(folder: Path, config: dict) -> Transformer:
     return llama_from_tensors(tensors, llama_config(config, tensors.source), qkv_bias=qkv_bias, o_bias=o_bias)
 
 
-def llama_gguf_config(file) -> tuple[ModelConfig, str]:
-    """The stack's config from a llama GGUF file's metadata (``llama.embedding_length``,
-    ``llama.attention.head_count``, …), and the keys it came from, for shape errors."""
-    n = lambda name, *default: file.integer(f"llama.{name}", *default)          # noqa: E731
+def llama_gguf_config(file, arch: str = "llama", *, partial_rope: bool = False,
+                      yarn_truncate: bool | None = None) -> tuple[ModelConfig, str]:
+    """The stack's config from the metadata of a GGUF file of a Llama-like ``arch`` (``{arch}.embedding_length``,
+    ``{arch}.attention.head_count``, …: llama.cpp writes the same keys for llama, qwen2, gemma2 and phi3), and
+    the keys it came from, for shape errors. ``partial_rope``: ``{arch}.rope.dimension_count`` may be below d_head
+    (Phi-3), only that many features of a head turn; ``yarn_truncate`` as :func:`gguf_rope` takes it."""
+    n = lambda name, *default: file.integer(f"{arch}.{name}", *default)          # noqa: E731
     d_model, n_heads = n("embedding_length"), n("attention.head_count")
     n_kv_heads = n("attention.head_count_kv", n_heads)
     if n_heads % n_kv_heads:
-        raise ValueError(f"{file.path}: GGUF metadata 'llama.attention.head_count' is {n_heads}, not a multiple of "
-                         f"'llama.attention.head_count_kv' {n_kv_heads}; each key/value head must serve a whole "
+        raise ValueError(f"{file.path}: GGUF metadata '{arch}.attention.head_count' is {n_heads}, not a multiple of "
+                         f"'{arch}.attention.head_count_kv' {n_kv_heads}; each key/value head must serve a whole "
                          "group of query heads")
-    if not file.has("llama.attention.key_length") and d_model % n_heads:
-        raise ValueError(f"{file.path}: GGUF metadata 'llama.embedding_length' {d_model} is not a multiple of "
-                         f"'llama.attention.head_count' {n_heads}, and there is no 'llama.attention.key_length'")
+    if not file.has(f"{arch}.attention.key_length") and d_model % n_heads:
+        raise ValueError(f"{file.path}: GGUF metadata '{arch}.embedding_length' {d_model} is not a multiple of "
+                         f"'{arch}.attention.head_count' {n_heads}, and there is no '{arch}.attention.key_length'")
     d_head = n("attention.key_length", d_model // n_heads)
-    if n("rope.dimension_count", d_head) != d_head:
-        raise ValueError(f"{file.path}: GGUF metadata 'llama.rope.dimension_count' is "
-                         f"{n('rope.dimension_count')}, not d_head {d_head}; attnlab rotates every feature")
+    rotary = n("rope.dimension_count", d_head)
+    if rotary != d_head and not (partial_rope and rotary < d_head and rotary % 2 == 0):
+        raise ValueError(f"{file.path}: GGUF metadata '{arch}.rope.dimension_count' is {rotary}, not d_head "
+                         f"{d_head}; attnlab rotates every feature of a {arch} head")
     vocab = n("vocab_size", len(file.value("tokenizer.ggml.tokens", ())) or 1)
     tied = "output.weight" not in file.tensors.arrays                          # no unembedding: x W_Eᵀ
     eos = file.integer("tokenizer.ggml.eos_token_id", -1, least=-1)
     attention = AttentionConfig(d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=d_head,
-                                n_ctx=n("context_length"), positions=gguf_rope(file, d_head))
+                                n_ctx=n("context_length"),
+                                positions=gguf_rope(file, d_head, arch, None if rotary == d_head else rotary,
+                                                    yarn_truncate=yarn_truncate))
     cfg = ModelConfig(vocab_size=vocab, n_layers=n("block_count"), attention=attention,
                       d_mlp=n("feed_forward_length"), activation="silu", mlp="gated", norm=RMSNorm,
-                      norm_eps=file.number("llama.attention.layer_norm_rms_epsilon", 1e-5), block=PreNormBlock,
-                      is_causal=True, tied_embeddings=tied, family="llama",
+                      norm_eps=file.number(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5), block=PreNormBlock,
+                      is_causal=True, tied_embeddings=tied, family=arch,
                       eos_ids=(eos,) if 0 <= eos < vocab else ())
-    why = (f"llama.embedding_length={d_model}, llama.attention.head_count={n_heads}, "
-           f"llama.attention.head_count_kv={n_kv_heads}, d_head={d_head}, llama.feed_forward_length={cfg.d_mlp}")
+    why = (f"{arch}.embedding_length={d_model}, {arch}.attention.head_count={n_heads}, "
+           f"{arch}.attention.head_count_kv={n_kv_heads}, d_head={d_head}, {arch}.feed_forward_length={cfg.d_mlp}")
     return cfg, why
 
 
-def gguf_rope(file, d_head: int) -> RoPE:
-    """RoPE with ``llama.rope.freq_base``; linear scaling from ``llama.rope.scaling.type`` and ``.factor``;
-    Llama 3's scaling from the ``rope_freqs`` tensor llama.cpp's converter writes (one factor per pair)."""
-    theta = file.number("llama.rope.freq_base", 10000.0)
-    kind = file.string("llama.rope.scaling.type", "none")
+def gguf_rope(file, d_head: int, arch: str = "llama", rotary_dim: int | None = None, *,
+              yarn_truncate: bool | None = None) -> RoPE:
+    """RoPE with ``{arch}.rope.freq_base``; its scaling from ``{arch}.rope.scaling.type``: "linear" with
+    ``.factor``, "yarn" with ``.factor``, ``.original_context_length`` and, where stated, ``.yarn_beta_fast``,
+    ``.yarn_beta_slow`` and ``.yarn_attn_factor`` (``yarn_truncate``: whether the ramp's ends are floored and
+    ceiled, None = yes, as llama.cpp does); Llama 3's from the ``rope_freqs`` tensor llama.cpp's converter
+    writes (one factor per pair)."""
+    key = lambda name: f"{arch}.rope.{name}"                                    # noqa: E731
+    theta = file.number(key("freq_base"), 10000.0)
+    kind = file.string(key("scaling.type"), "none")
     if kind == "linear":
-        return RoPE(theta, scaling={"rope_type": "linear", "factor": file.number("llama.rope.scaling.factor")})
+        return RoPE(theta, scaling={"rope_type": "linear", "factor": file.number(key("scaling.factor"))},
+                    rotary_dim=rotary_dim)
+    if kind == "yarn":
+        scaling = {"rope_type": "yarn", "factor": file.number(key("scaling.factor")),
+                   "original_max_position_embeddings": float(file.integer(key("scaling.original_context_length")))}
+        for name, field in (("beta_fast", "beta_fast"), ("beta_slow", "beta_slow"), ("attn_factor", "attention_factor")):
+            if file.has(key(f"scaling.yarn_{name}")):
+                scaling[field] = file.number(key(f"scaling.yarn_{name}"))
+        if yarn_truncate is not None:
+            scaling["truncate"] = yarn_truncate
+        return RoPE(theta, scaling=scaling, rotary_dim=rotary_dim)
     if kind != "none":
-        raise ValueError(f"{file.path}: GGUF metadata 'llama.rope.scaling.type' is {kind!r}; attnlab reads "
-                         "'none' and 'linear' (and Llama 3's rope_freqs tensor)")
+        raise ValueError(f"{file.path}: GGUF metadata {key('scaling.type')!r} is {kind!r}; attnlab reads "
+                         "'none', 'linear' and 'yarn' (and Llama 3's rope_freqs tensor)")
     if "rope_freqs.weight" in file.tensors.arrays:
-        factors = file.tensors.take("rope_freqs.weight", (d_head // 2,), f"d_head={d_head}")   # (d_head/2,)
-        return RoPE(theta, scaling={"rope_type": "factors", "factors": tuple(float(f) for f in factors)})
-    return RoPE(theta)
+        r = rotary_dim or d_head
+        factors = file.tensors.take("rope_freqs.weight", (r // 2,), f"rotary features {r}")   # (r/2,)
+        return RoPE(theta, scaling={"rope_type": "factors", "factors": tuple(float(f) for f in factors)},
+                    rotary_dim=rotary_dim)
+    return RoPE(theta, rotary_dim=rotary_dim)
+
+
+def gguf_names(arch: str, *, rope_pairs: bool) -> TensorNames:
+    """llama.cpp's tensor names for a file of ``arch``; ``rope_pairs``: its converter permuted q and k into
+    RoPE pairs (llama only: its RoPE for qwen2, gemma2 and phi3 is rotate_half's, "NeoX", and those rows stay
+    as Hugging Face had them)."""
+    return dataclasses.replace(GGUF_NAMES, n_layers_field=f"{arch}.block_count", rope_pairs=rope_pairs)
+
+
+def fused_columns(w: tuple, widths: tuple) -> list[tuple]:
+    """A fused linear's ``(weight (d_in, Σ widths), bias (Σ widths,))`` cut into one pair per width, left to
+    right (Phi-3's and GPT-2's q | k | v). A quantized weight is cut by whole rows of blocks."""
+    cuts = np.cumsum((0,) + tuple(widths))
+    return [(w[0][:, c0:c1], w[1][c0:c1]) for c0, c1 in zip(cuts[:-1], cuts[1:])]
 
 
 def load_llama_gguf(file) -> Transformer:
@@ -341,9 +380,19 @@ def load_llama_gguf(file) -> Transformer:
     return llama_from_tensors(file.tensors, cfg, names=GGUF_NAMES, why=why)
 
 
+def load_qwen2_gguf(file) -> Transformer:
+    """A qwen2 GGUF file's model: Llama's names and keys under ``qwen2.``, biases on q, k and v, and the q and k
+    rows in rotate_half's layout (llama.cpp turns Qwen2 as NeoX does), taken into pairs as from a folder."""
+    cfg, why = llama_gguf_config(file, "qwen2")
+    return llama_from_tensors(file.tensors, cfg, qkv_bias=True, names=gguf_names("qwen2", rope_pairs=False), why=why)
+
+
+GGUF_READERS = {"llama": load_llama_gguf, "qwen2": load_qwen2_gguf}   # model_type -> its GGUF architecture's reader
+
+
 FAMILIES = tuple(register(Family(name=kind, matches=lambda config, kind=kind: config.get("model_type") == kind,
                                  load=load_llama, tokenizer=lambda folder, config: json_folder_tokenizer(folder),
-                                 gguf_architecture="llama" if kind == "llama" else None,
-                                 load_gguf=load_llama_gguf if kind == "llama" else None,
+                                 gguf_architecture=kind if kind in GGUF_READERS else None,
+                                 load_gguf=GGUF_READERS.get(kind),
                                  title=TITLES[kind]))
                  for kind in MODEL_TYPES)

@@ -16,7 +16,8 @@ from ..stack.transformer import ModelConfig, Transformer
 from ..text.tokens import json_folder_tokenizer
 from .checkpoint import Tensors, config_eos_ids, config_float, config_int
 from .families import Family, checkpoint_loader, register
-from .llama import llama_layout, llama_layout_model, rope_attention, rope_scheme
+from .llama import (fused_columns, gguf_names, llama_gguf_config, llama_layout, llama_layout_model, rope_attention,
+                    rope_scheme)
 
 
 def phi3_config(config: dict, source: str) -> ModelConfig:
@@ -60,6 +61,40 @@ def phi3_from_tensors(tensors: Tensors, cfg: ModelConfig) -> Transformer:
     return llama_layout_model(t, cfg, block, norm)
 
 
+def load_phi3_gguf(file) -> Transformer:
+    """A phi3 GGUF file's model, as llama.cpp reads it: ``blk.{i}.attn_qkv`` (q | k | v rows; or ``attn_q``,
+    ``attn_k``, ``attn_v`` apart), ``ffn_up`` holding the gate's rows then the up projection's, q and k in
+    rotate_half's layout over the first ``phi3.rope.dimension_count`` features of a head. Every layer attends
+    to the whole context: llama.cpp turns ``phi3.attention.sliding_window`` off, and so does attnlab. The
+    128k models' "longrope" factors (``rope_factors_long``/``short``) are refused, naming them."""
+    cfg, why = llama_gguf_config(file, "phi3", partial_rope=True)
+    for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
+        if name in file.tensors.arrays or f"blk.0.{name}" in file.tensors.arrays:
+            raise ValueError(f"{file.path}: the GGUF file has a {name.split('.')[0]!r} tensor (Phi-3's longrope "
+                             "scaling); attnlab reads Phi-3 files without it")
+    a, d, d_mlp = cfg.attention, cfg.d_model, cfg.d_mlp
+    width, width_kv = a.n_heads * a.d_head, a.n_kv_heads * a.d_head
+    names = gguf_names("phi3", rope_pairs=False)
+    t = llama_layout(file.tensors, cfg, names, why)
+
+    def norm(prefix: str) -> RMSNorm:
+        return RMSNorm.load(t, prefix, d_model=d, eps=cfg.norm_eps)
+
+    def block(i: int) -> PreNormBlock:
+        p = f"blk.{i}"
+        if f"{p}.attn_qkv.weight" in t.arrays:
+            q, k, v = fused_columns(t.linear(f"{p}.attn_qkv", d, width + 2 * width_kv), (width, width_kv, width_kv))
+        else:
+            q, k, v = (t.linear(f"{p}.attn_{n}", d, w) for n, w in (("q", width), ("k", width_kv), ("v", width_kv)))
+        attn = rope_attention(q, k, v, t.linear(f"{p}.attn_output", width, d), a)
+        (gate, _), (up, _) = fused_columns(t.linear(f"{p}.ffn_up", d, 2 * d_mlp), (d_mlp, d_mlp))
+        mlp = GatedMLP(gate, up, t.linear(f"{p}.ffn_down", d_mlp, d)[0], cfg.activation)
+        return PreNormBlock(attn=attn, ln_1=norm(f"{p}.attn_norm"), mlp=mlp, ln_2=norm(f"{p}.ffn_norm"))
+
+    return llama_layout_model(t, cfg, block, norm, names)
+
+
 PHI3 = register(Family(name="phi3", title="Phi-3", matches=lambda config: config.get("model_type") == "phi3",
                        load=checkpoint_loader(phi3_config, phi3_from_tensors),
-                       tokenizer=lambda folder, config: json_folder_tokenizer(folder)))
+                       tokenizer=lambda folder, config: json_folder_tokenizer(folder),
+                       gguf_architecture="phi3", load_gguf=load_phi3_gguf))

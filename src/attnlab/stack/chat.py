@@ -112,7 +112,9 @@ class Chat:
             raise ValueError("the chat template rewrote an earlier turn, so the cache cannot be kept")
         new = full[len(self.text):]
         inner = self.tokenizer.tokenizer
-        ids = np.array(self.pending + inner.encode(new, add_special_tokens=not self.text).ids, np.int64)   # (n,)
+        bos = special.get("bos_token")         # a template that writes it (Llama 2, Gemma): not a second one
+        first = not self.text and not (bos is not None and new.startswith(bos))
+        ids = np.array(self.pending + inner.encode(new, add_special_tokens=first).ids, np.int64)   # (n,)
         if self.length + ids.size >= self.caches[0].capacity:
             self.messages.pop()
             raise ValueError(f"the conversation needs {self.length + ids.size} tokens, more than the context of "
