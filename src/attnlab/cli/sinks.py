@@ -163,7 +163,8 @@ def report(name: str, r: dict, args) -> list[str]:
               f"{'cache':<12} {'nll':>8} {'ppl':>9} {'vs full':>8}"]
     full = r["streaming"]["full"]["nll_past_window"]
     for key, s in r["streaming"].items():
-        label = "full" if s["sinks"] is None else ("window only" if s["sinks"] == 0 else f"{s['sinks']} sinks")
+        label = ("full" if s["sinks"] is None else "window only" if s["sinks"] == 0 else
+                 f"{s['sinks']} sink{'s' * (s['sinks'] > 1)}")
         nll = s["nll_past_window"]
         lines.append(f"{label:<12} {nll:8.4f} {np.exp(nll):9.2f} {np.exp(nll - full):7.3f}x")
     if r["four_sinks_recover"] is not None:
