@@ -16,7 +16,7 @@ from attnlab.cli._app import GUIDE_SECTIONS, add_command, help_examples
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = Path("/work/shared/guide/attention-guide.txt")       # the guide itself, where this machine has it
 # Examples that take more than a few seconds (a whole tour, a cluster, a bench, training): parsed, not run.
-SLOW = {"tour", "bench", "tune", "longctx", "scan", "train", "ioi"}
+SLOW = {"tour", "bench", "tune", "longctx", "scan", "train", "ioi", "sinks"}
 MY_TEXT = "The cat sat on the mat.\nThe dog saw the cat.\nA bank by the river.\n"   # MY_TEXT.txt in examples
 
 

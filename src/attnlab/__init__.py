@@ -20,6 +20,7 @@ from .kernels.attention import (attention, attention_backward, attention_forward
                                 attention_weights)
 from .viz.attnmap import AttentionMap
 from .layer.cache import KVCache
+from .layer.streaming import SinkWindow, StreamingCache
 from .layer.config import GPT2_SMALL, AttentionConfig
 from .stack.activation_cache import ActivationCache
 from .stack.hooks import hook_names, run_with_cache, run_with_hooks
@@ -54,7 +55,9 @@ __all__ = [
     "PreNormBlock",
     "RoPE",
     "SandwichBlock",
+    "SinkWindow",
     "Sinusoidal",
+    "StreamingCache",
     "Transformer",
     "additive_mask",
     "alibi_bias",

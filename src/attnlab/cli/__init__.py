@@ -12,7 +12,7 @@ from .. import __version__
 from ._app import ArgumentParser, UsageError, run
 
 COMMAND_MODULES = ("tour", "guide", "attend", "context", "weights", "train", "generate", "chat", "bench", "tune",
-                   "longctx", "interpret")
+                   "longctx", "interpret", "sinks")
 
 
 def build_parser() -> ArgumentParser:

@@ -612,9 +612,65 @@ def _bytes(b: int) -> str:
     return f"{b} B"
 
 
+def report_published(config_name: str, n: int = g.KV_N, bytes_per_number: int | None = None) -> Report:
+    """The KV cache of a published model (:mod:`attnlab.guide.published`) at ``n`` tokens, what GQA, sliding
+    windows and MLA each save in it, and the table of all five."""
+    m, c = g.PUBLISHED[config_name], g.kv_cost(config_name, n, bytes_per_number)
+    kind = ("multi-head latent attention: a latent of kv_lora_rank " f"{m.kv_lora_rank} + the RoPE key slice "
+            f"{m.qk_rope_head_dim} = {g.kv_numbers_per_layer(m)} numbers per layer" if m.kv_lora_rank else
+            f"{m.n_kv_heads} key/value head{'s' * (m.n_kv_heads > 1)} of {m.d_head} for {m.n_heads} query heads")
+    lines = [f"{m.title}: {m.n_layers} layers, {kind}"
+             + (f"; {m.n_local} local layers (sliding window {m.window:,}) and {m.n_global} global "
+                f"({m.local_per_global} local : 1 global)" if m.window else "") + f"; {c.bytes_per_number} bytes "
+             "per number.",
+             f"  published: {m.fields}",
+             f"  source: {m.source}",
+             f"KV cache: {_bytes(c.per_token)} per token ({c.per_token:,} B)"
+             + (f" while n <= {m.window:,}, then {_bytes(c.per_token_past_window)} ({c.per_token_past_window:,} B) "
+                "per token, the global layers only" if m.window else "")
+             + f"; {_bytes(c.at_n)} ({c.at_n:,} B) at n = {n:,}"
+             + (f" (beyond its n_ctx {m.n_ctx:,})" if n > m.n_ctx else "") + "."]
+    saving = {"gqa": f"grouped-query attention ({m.n_heads} query heads share {m.n_kv_heads} key/value heads)",
+              "window": f"sliding windows ({m.n_local} of {m.n_layers} layers keep only {m.window} tokens)",
+              "mla": f"latent attention (the latent instead of {m.n_heads} heads' keys of {m.d_head} + "
+                     f"{m.qk_rope_head_dim} and values of {m.d_head})"}
+    used = [k for k in g.MECHANISMS if c.saves(k) > 1]
+    for k in used:
+        undone = {"gqa": c.without_gqa, "window": c.without_window, "mla": c.without_mla}[k]
+        lines.append(f"  {saving[k]} saves {c.saves(k):.2f}x: {_bytes(undone)} without it.")
+    if not used:
+        lines.append("  plain multi-head attention: every layer caches every head's keys and values, nothing saved.")
+    elif len(used) > 1:
+        lines.append(f"  together {c.saves('all'):.2f}x against plain multi-head attention ({_bytes(c.plain)}).")
+    text, table_data = kv_table_text(n, bytes_per_number)
+    return Report("\n".join(lines + ["", text]), {"config": config_name, "n": n, "published": vars(m),
+                                                  "kv": vars(c), "table": table_data})
+
+
+def kv_table_text(n: int = g.KV_N, bytes_per_number: int | None = None) -> tuple[str, list[dict]]:
+    """The five published models' KV cache side by side: the table the tour's cost section shows."""
+    rows = g.kv_table(n, bytes_per_number)
+    head = (f"KV cache of published models at n = {n:,} tokens, in each one's dtype; \"saves\": the same model's "
+            "cache without the mechanism, divided by its own (`attnlab cost --config NAME` for one, with sources):")
+    body = table(["model", "bytes", "per token", "past window", f"at {n:,}", "GQA saves", "window saves",
+                  "MLA saves", "vs plain MHA"],
+                 [[r.name, str(r.bytes_per_number), _bytes(r.per_token), _bytes(r.per_token_past_window),
+                   _bytes(r.at_n), f"{r.saves('gqa'):.2f}x", f"{r.saves('window'):.2f}x", f"{r.saves('mla'):.2f}x",
+                   f"{r.saves('all'):.2f}x"] for r in rows])
+    return head + "\n" + body, [{**vars(r), "saves": {k: r.saves(k) for k in (*g.MECHANISMS, "all")}}
+                                 for r in rows]
+
+
 def cmd_cost(args) -> int:
-    return emit(args, report_cost(args.n, args.config, block_q=args.block_q, block_k=args.block_k,
-                                  workers=args.workers, bytes_per_number=args.bytes, growth_table=not args.no_growth))
+    name = args.config or "gpt2-small"
+    if name not in g.COST_CONFIGS:
+        return emit(args, report_published(name, bytes_per_number=args.bytes))
+    r = report_cost(args.n, name, block_q=args.block_q, block_k=args.block_k, workers=args.workers,
+                    bytes_per_number=args.bytes or 4, growth_table=not args.no_growth)
+    if args.config in g.PUBLISHED:             # asked by name: its published row too
+        p = report_published(name, bytes_per_number=args.bytes)
+        r = Report(r.text + "\n\n" + p.text, {**r.data, "published": p.data})
+    return emit(args, r)
 
 
 # --- 10. tokens ---------------------------------------------------------------------------------
@@ -759,17 +815,21 @@ def register(sub) -> None:
                     shows="Shows what attention costs at n tokens: parameters, scores, FLOPs, score-grid memory "
                           "naive and tiled, the KV cache, and how each grows with n",
                     examples=("attnlab cost", "attnlab cost --n 4096 --no-growth",
-                              "attnlab cost --config llama-3.2-1b --no-growth"))
+                              "attnlab cost --config llama-3.2-1b --no-growth",
+                              "attnlab cost --config deepseek-v3       # the KV cache of published shapes"))
     p.add_argument("--n", type=_int, default=5, help="sequence length (default 5, the running example)")
-    p.add_argument("--config", choices=sorted(g.COST_CONFIGS), default="gpt2-small",
-                   help="the model whose sizes are counted (gpt2-small, the guide's)")
+    p.add_argument("--config", choices=sorted(set(g.COST_CONFIGS) | set(g.PUBLISHED)),
+                   help="the model whose sizes are counted (default gpt2-small, the guide's); "
+                   f"{', '.join(g.PUBLISHED)}: the KV cache of the published shapes at {g.KV_N:,} tokens, what GQA, "
+                   "sliding windows and MLA each save, and the table of all five")
     p.add_argument("--block-q", type=_int, help="the tiled column only (Guide 10): queries per block of "
                    f"scores ({g.CostConfig.block_q})")
     p.add_argument("--block-k", type=_int, help="the tiled column only: keys per block of scores "
                    f"({g.CostConfig.block_k})")
     p.add_argument("--workers", type=_int, help="the tiled column only: blocks held at once, one per worker "
                    f"thread ({g.CostConfig.workers})")
-    p.add_argument("--bytes", type=_int, default=4, help="bytes per number (4: float32)")
+    p.add_argument("--bytes", type=_int, help="bytes per number (default 4, float32, what numpy computes in "
+                   "here; a published model's: its checkpoint's dtype)")
     p.add_argument("--no-growth", action="store_true", help="leave out the growth table")
     _done(p, cmd_cost)
 

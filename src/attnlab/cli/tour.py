@@ -305,7 +305,8 @@ def section_cost(ctx: TourContext) -> Section:
                  "FLOPs per layer": [c.flops_per_layer for c in rows],
                  "FLOPs in QKᵀ and AV": [c.flops_scores for c in rows]},
                 ylabel="count", title="GPT-2 small: compute as n grows", marks=marks[:1])
-    return Section("The price of looking at everything", r.text, r.data,
+    kv_text, kv_rows = cg.kv_table_text()
+    return Section("The price of looking at everything", r.text + "\n\n" + kv_text, {**r.data, "published": kv_rows},
                    (Figure("cost_memory.png", "score-grid bytes, naive vs tiled, and the KV cache; the tiled line "
                            "bends at its block size, 512"),
                     Figure("cost_compute.png", "scores and FLOPs per layer")), id="cost", prose=(
@@ -313,8 +314,12 @@ def section_cost(ctx: TourContext) -> Section:
         "example, 1,048,576 at GPT-2's limit of 1,024 tokens. Doubling the input quadruples it.",
         "The projections grow only with n, so for short inputs they dominate the FLOPs and for long ones the "
         "n² part takes over. A tiled kernel (Guide 10) never holds the whole grid: past its block size its "
-        "memory grows linearly, which is the kink in the plot."),
-        commands=("attnlab cost --n 4096", "attnlab cost --n 1 --no-growth"))
+        "memory grows linearly, which is the kink in the plot.",
+        "At 128k tokens the KV cache, not the grid, is what memory holds, and 2025's models each cut it their own "
+        "way: grouped-query attention shares key/value heads (Llama-3, Qwen3: 4x), Gemma-3 keeps only a 1,024-token "
+        "window in 5 of every 6 layers (6x), and DeepSeek-V3 caches a 576-number latent per layer instead of 128 "
+        "heads' keys and values (71x)."),
+        commands=("attnlab cost --n 4096", "attnlab cost --n 1 --no-growth", "attnlab cost --config gemma-3-27b"))
 
 
 def section_trained(ctx: TourContext) -> Section:

@@ -19,6 +19,12 @@ The guide counts parameters and scores; the rest follows from the same shapes.
 - KV cache: every layer keeps each token's key and value, 2 · n_layers · h_kv · d_head numbers per token.
   Grouped-query attention (Ainslie et al., 2023) shares each key/value head among h / h_kv query heads, so
   the cache is h / h_kv times smaller than the same model's with one KV head per query head.
+- KV cache of the published models (:mod:`attnlab.guide.published`): a layer holds per token
+  2 · h_kv · d_head numbers, or with multi-head latent attention (MLA, DeepSeek-V2/V3) one latent of
+  kv_lora_rank numbers plus the key's shared RoPE slice, qk_rope_head_dim. A sliding-window (local) layer
+  holds at most its window's tokens, a global one all n. At n tokens:
+  bytes = numbers per layer · (n_global · n + n_local · min(n, window)) · bytes per number.
+  What each saves is the same model's cache with it undone (:func:`undo`), divided by its own.
 """
 
 from __future__ import annotations
@@ -29,8 +35,11 @@ from ..kernels._checks import as_positive_int
 from ..layer.config import GPT2_SMALL, AttentionConfig
 from ..layer.positions import RoPE
 from ..kernels.tiled import BLOCK_K, BLOCK_Q
+from .published import PUBLISHED, Published
 
 GROWTH_MAX = 1_048_576       # the growth table runs n = 1, 2, 4, … up to 2^20
+KV_N = 131_072               # "at 128k tokens": the published models' table counts the cache there
+MECHANISMS = ("gqa", "window", "mla")   # what undo() takes back
 
 
 @dataclass(frozen=True)
@@ -178,3 +187,93 @@ def growth(config: CostConfig = GPT2_SMALL_COST, n_max: int = GROWTH_MAX) -> lis
     if ns[-1] != n_max:
         ns.append(n_max)
     return [cost(n, config) for n in ns]
+
+
+# --- the published models' KV cache -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class KVCost:
+    """A published model's KV cache at n tokens, and the same model's with each saving undone."""
+    name: str
+    n: int
+    bytes_per_number: int
+    per_token: int               # bytes a token adds while n <= the window: every layer holds it
+    per_token_past_window: int   # bytes a token adds past the window: the global layers only (= per_token
+    #                              without windows)
+    at_n: int                    # bytes at n tokens
+    without_gqa: int             # at n, one key/value head per query head
+    without_window: int          # at n, every layer global
+    without_mla: int             # at n, every head's keys and values cached, not the latent
+    plain: int                   # at n, all three undone: plain multi-head attention
+
+    def saves(self, mechanism: str) -> float:
+        """How many times larger the cache would be without ``mechanism`` ("gqa", "window", "mla", "all")."""
+        undone = {"gqa": self.without_gqa, "window": self.without_window, "mla": self.without_mla,
+                  "all": self.plain}[mechanism]
+        return undone / self.at_n
+
+
+def kv_numbers_per_layer(model: Published) -> int:
+    """Numbers one layer caches per token.
+
+    >>> kv_numbers_per_layer(PUBLISHED["llama-3-8b"]), kv_numbers_per_layer(PUBLISHED["deepseek-v3"])
+    (2048, 576)
+    """
+    if model.kv_lora_rank is not None:
+        return model.kv_lora_rank + model.qk_rope_head_dim          # the latent and the shared RoPE key slice
+    return model.n_kv_heads * (model.d_head + model.qk_rope_head_dim) + model.n_kv_heads * model.d_head   # K, V
+
+
+def kv_cache_bytes(model: Published, n: int, bytes_per_number: int | None = None) -> int:
+    """Bytes of the KV cache at ``n`` tokens: global layers hold n tokens, local ones min(n, window).
+
+    >>> kv_cache_bytes(PUBLISHED["llama-3-8b"], 1)        # 2 · 32 layers · 8 heads · 128 · 2 bytes
+    131072
+    """
+    n = as_positive_int("n", n)
+    b = model.bytes_per_number if bytes_per_number is None else as_positive_int("bytes_per_number", bytes_per_number)
+    held = model.n_global * n + model.n_local * min(n, model.window or n)   # tokens summed over layers
+    return kv_numbers_per_layer(model) * held * b
+
+
+def undo(model: Published, *mechanisms: str) -> Published:
+    """The same model without ``mechanisms`` ("gqa", "window", "mla"): one KV head per query head, every
+    layer global, every head's keys and values cached."""
+    unknown = set(mechanisms) - set(MECHANISMS)
+    if unknown:
+        raise ValueError(f"mechanisms must be among {MECHANISMS}, got {sorted(unknown)}")
+    changes = {}
+    if "gqa" in mechanisms:
+        changes["n_kv_heads"] = model.n_heads
+    if "window" in mechanisms:
+        changes.update(window=None, local_per_global=0)
+    if "mla" in mechanisms:
+        changes["kv_lora_rank"] = None
+    return replace(model, **changes)
+
+
+def kv_cost(model: Published | str, n: int = KV_N, bytes_per_number: int | None = None) -> KVCost:
+    """The KV cache of a published model (or its name in :data:`PUBLISHED`) at ``n`` tokens, and what GQA,
+    sliding windows and MLA each save.
+
+    >>> c = kv_cost("gemma-3-27b")
+    >>> c.per_token, c.per_token_past_window, round(c.saves("window"), 2)
+    (507904, 81920, 5.96)
+    """
+    if isinstance(model, str):
+        if model not in PUBLISHED:
+            raise ValueError(f"model must be one of {sorted(PUBLISHED)}, got {model!r}")
+        model = PUBLISHED[model]
+    if not isinstance(model, Published):
+        raise TypeError(f"model must be a Published row or its name, got {type(model).__name__}")
+    at = lambda m: kv_cache_bytes(m, n, bytes_per_number)            # noqa: E731
+    b = model.bytes_per_number if bytes_per_number is None else bytes_per_number
+    return KVCost(name=model.name, n=n, bytes_per_number=b, per_token=kv_cache_bytes(model, 1, bytes_per_number),
+                  per_token_past_window=kv_numbers_per_layer(model) * model.n_global * b,
+                  at_n=at(model), without_gqa=at(undo(model, "gqa")), without_window=at(undo(model, "window")),
+                  without_mla=at(undo(model, "mla")), plain=at(undo(model, *MECHANISMS)))
+
+
+def kv_table(n: int = KV_N, bytes_per_number: int | None = None) -> list[KVCost]:
+    """:func:`kv_cost` of every published model, in :data:`PUBLISHED`'s order."""
+    return [kv_cost(m, n, bytes_per_number) for m in PUBLISHED.values()]

@@ -102,6 +102,11 @@ class KVCache:
         self.v_max = largest["value"] if largest["value"] > self.v_max else self.v_max
         return self.keys, self.values
 
+    def make_room(self, t: int) -> bool:
+        """Whether ``t`` more tokens fit. A plain cache keeps every token, so it only answers; a cache with a
+        policy for what to drop (:class:`attnlab.layer.streaming.StreamingCache`) drops it and says True."""
+        return self.length + as_positive_int("t", t) <= self.capacity
+
     def reset(self) -> None:
         """Forget every cached token (the buffers are kept)."""
         self.length, self.k_max, self.v_max = 0, 0.0, 0.0

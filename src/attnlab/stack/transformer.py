@@ -704,7 +704,9 @@ def generate(model: Transformer, ids, n_new: int, *, temperature: float = 0.0,
     sees at most n_ctx tokens, as in training: when the caches are full they are emptied and the last
     n_ctx / 2 tokens are read again in one pass, then decoding goes on. With ``caches`` given (a
     conversation), ``ids`` continue the tokens they hold, and the last returned id is not yet in them;
-    when they are full it is an error, since the tokens before them are not at hand to read again.
+    when they are full it is an error, since the tokens before them are not at hand to read again, unless
+    the caches drop tokens by a policy of their own (``make_room``: a sink + window cache,
+    :class:`attnlab.layer.streaming.StreamingCache`), which lets generation go on past them.
 
     Raises
     ------
@@ -741,7 +743,7 @@ def generate(model: Transformer, ids, n_new: int, *, temperature: float = 0.0,
             return tokens[ids.size:t + 1]                                      # (m,) ending with the stop id
         if t + 1 == tokens.size:
             break
-        if caches[0].length == capacity:                                      # full: re-read the recent half
+        if not all([cache.make_room(1) for cache in caches]):                # full: re-read the recent half
             if given:
                 raise ValueError(f"the caches are full ({capacity} tokens, the context): the conversation is "
                                  "longer than the model can see")
