@@ -159,3 +159,30 @@ def test_cli_takes_quantized_q8_and_refuses_another_value(tmp_path, capsys):
     assert main(["lens", "abc", "--model", str(path), "--quantized=q4"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) >= 1 and err[-1].startswith("attnlab: error:") and "q4" in err[-1]
+
+
+def test_the_kernels_without_vnni_give_the_same_bits(tmp_path):
+    """Compiled for a CPU without VNNI (``NUMBA_CPU_NAME=haswell``: AVX2, the products as plain vector IR), the
+    kernels still equal the numpy reference bit for bit (a fresh process and numba cache)."""
+    import subprocess
+    import sys
+
+    code = """
+import numpy as np
+from gguf.constants import GGMLQuantizationType as T
+from gguf.quants import quantize
+from attnlab.kernels import _q8_fused
+from attnlab.kernels.q8_activations import Q8ActivationMatrix, reference_matmul
+assert not _q8_fused.VNNI
+rng = np.random.default_rng(1)
+for qtype in ("Q4_0", "Q4_1", "Q8_0"):
+    W = Q8ActivationMatrix(quantize((rng.standard_normal((30, 96)) * 0.05).astype(np.float32), T[qtype]), qtype, 96)
+    x = rng.standard_normal((3, 96)).astype(np.float32)
+    assert np.array_equal(x @ W, reference_matmul(x, W)), qtype
+print("ok")
+"""
+    import os
+    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    env.pop("ATTNLAB_NO_NUMBA", None)
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
