@@ -186,3 +186,20 @@ print("ok")
     env.pop("ATTNLAB_NO_NUMBA", None)
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
+def test_greedy_logits_follow_their_own_argmax(tmp_path):
+    """llama_process.greedy_logits (the attnlab side of the llama.cpp comparison): each generated id is the
+    argmax of the row before it, and the rows equal one forward over the whole sequence (float32 model)."""
+    pytest.importorskip("tokenizers")
+    from attnlab.cli.llama_process import greedy_logits
+    from attnlab.models import load_model
+    from attnlab.stack.transformer import forward
+
+    path = tmp_path / "tiny.gguf"
+    tiny_gguf(path, "Q8_0")
+    model, _ = load_model(str(path))
+    ids, logits = greedy_logits(model, [3, 17, 42], steps=5)
+    assert len(ids) == 8 and logits.shape == (8, model.config.vocab_size)
+    assert ids[3:] == [int(i) for i in logits[2:7].argmax(-1)]
+    np.testing.assert_allclose(logits, forward(model, np.asarray(ids)).logits, rtol=1e-4, atol=1e-4)
