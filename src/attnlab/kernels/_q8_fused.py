@@ -241,21 +241,25 @@ def quantize(x):
     return qx, xd, xs
 
 
-def matmul(qtype: str, qs, d, m, x, out, threads: int = 1) -> None:
+def matmul(qtype: str, qs, d, m, x, out, threads: int = 1, pool=None) -> None:
     """out (N, R) = x (N, d_in) times the rows of a Q4_0, Q4_1 or Q8_0 weight in grouped planes (d and m as
     float16 bits), x rounded to 8 bits per block first; over ``threads`` of numba's threads (1: the calling
-    thread). Each output is one row's and one token's sum: neither the thread count nor N changes it."""
+    thread), or with ``pool`` (a ThreadPoolExecutor) over its threads, a range of groups each (the kernels
+    release the GIL). Each output is one row's and one token's sum: neither the threads nor N change it."""
     qx, xd, xs = quantize(x)
     groups = qs.shape[0]
-    if qtype == "Q8_0":
-        if threads > 1:
-            _int8_parallel(qs, d, qx, xd, out, threads)
-        else:
-            _int8_groups(qs, d, qx, xd, out, 0, groups)
-        return
     off = np.int32(8 if qtype == "Q4_0" else 0)
     m = d if m is None else m                                     # Q4_0 has no minima (never read: off 8)
-    if threads > 1:
-        _nibbles_parallel(qs, d, m, off, qx, xd, xs, out, threads)
+    if qtype == "Q8_0":
+        serial, parallel, args = _int8_groups, _int8_parallel, (qs, d, qx, xd, out)
     else:
-        _nibbles_groups(qs, d, m, off, qx, xd, xs, out, 0, groups)
+        serial, parallel, args = _nibbles_groups, _nibbles_parallel, (qs, d, m, off, qx, xd, xs, out)
+    if pool is not None:
+        n = pool._max_workers
+        step = -(-groups // n)
+        for f in [pool.submit(serial, *args, g0, min(groups, g0 + step)) for g0 in range(0, groups, step)]:
+            f.result()
+    elif threads > 1:
+        parallel(*args, threads)
+    else:
+        serial(*args, 0, groups)

@@ -113,7 +113,8 @@ class Q8ActivationMatrix(QuantizedMatrix):
         lead = x.shape[:-1]
         x2 = np.ascontiguousarray(x.reshape(-1, self.d_in), dtype=np.float32)    # (N, d_in)
         out = np.empty((x2.shape[0], self.d_out), np.float32)                      # (N, d_out)
-        _kernels().matmul(self.qtype, *self.kernel_planes, x2, out, quantized.kernel_threads()["threads"])
+        _kernels().matmul(self.qtype, *self.kernel_planes, x2, out, quantized.kernel_threads()["threads"],
+                          quantized.prefill_pool(x2.shape[0]))
         return out.reshape(*lead, self.d_out)                                      # (..., d_out)
 
 
