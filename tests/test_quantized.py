@@ -297,8 +297,10 @@ def test_quantized_is_for_gguf_sources_only():
 
     with pytest.raises(ValueError, match="quantized=True keeps a GGUF file's blocks"):
         load_model("minilm", quantized=True)
-    with pytest.raises(TypeError, match="quantized must be True or False"):
+    with pytest.raises(ValueError, match="quantized must be True, False or 'q8-activations'"):
         load_model("smollm2", quantized="yes")
+    with pytest.raises(TypeError, match="quantized must be True, False or 'q8-activations'"):
+        load_model("smollm2", quantized=1)
 
 
 def tiny_gguf_writer():

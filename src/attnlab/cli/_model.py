@@ -37,11 +37,25 @@ def add_model_option(p, *, default: str | None = None, decoder: bool = False, re
     p.set_defaults(default_model=default, model_decoder=decoder)
 
 
+QUANTIZED_CHOICES = {"exact": True, "q8": "q8-activations"}   # --quantized's values -> load_model's quantized=
+
+
+def quantized_mode(text: str):
+    """``--quantized``'s value as ``load_model``'s ``quantized=``: "exact" -> True, "q8" -> "q8-activations"."""
+    import argparse
+    if text not in QUANTIZED_CHOICES:
+        raise argparse.ArgumentTypeError(f"expected one of {sorted(QUANTIZED_CHOICES)}, got {text!r}")
+    return QUANTIZED_CHOICES[text]
+
+
 def add_quantized_flag(p) -> None:
-    """``--quantized``, on every command that runs a model ``load_model`` reads."""
-    p.add_argument("--quantized", action="store_true", help="keep a GGUF file's Q4_0/Q4_1/Q8_0/Q4_K/Q6_K weights in "
-                   "their type (numba's fused kernel: a token reads the file's bytes, not 4.6x as many; the same "
-                   "logits within 1e-5); GGUF only ('smollm2' or a .gguf file)")
+    """``--quantized [exact|q8]``, on every command that runs a model ``load_model`` reads."""
+    p.add_argument("--quantized", nargs="?", const=True, default=False, type=quantized_mode, metavar="{exact,q8}",
+                   help="keep a GGUF file's Q4_0/Q4_1/Q8_0/Q4_K/Q6_K weights in their type (numba's fused kernel: a "
+                   "token reads the file's bytes, not 4.6x as many); 'exact' (the default): the same logits within "
+                   "1e-5; 'q8': x rounded to 8 bits per block and integer dot products, as llama.cpp computes "
+                   "(write it last or as --quantized=q8: a word after --quantized is read as its value); GGUF only "
+                   "('smollm2' or a .gguf file)")
 
 
 def model_arg(args) -> str:
@@ -60,7 +74,7 @@ def open_source(args):
     name = model_arg(args)
     if looks_like_name(name) and not is_shipped(name) and not Path(name).exists():   # as open_model would say,
         raise unknown_model(name, decoder=getattr(args, "model_decoder", False))     # but listing what fits here
-    return open_model(name, quantized=bool(getattr(args, "quantized", False)))
+    return open_model(name, quantized=getattr(args, "quantized", False) or False)
 
 
 def load(args, what: str | None = None, *, check=None):

@@ -322,6 +322,8 @@ def run_model_bench(name: str = "smollm2", *, rounds: int = 11, cores: int | Non
             p = bench.paired(dq.step, step, rounds)
             out["llama_cpp"] = {"ms_per_token": p.b_ms, "attnlab_ms": p.a_ms, "ratio": p.ratio,
                                 "ratio_min": p.ratio_min, "ratio_max": p.ratio_max}
+        from .bench_q8 import q8_rows                    # issue 33: 8-bit activations and prefill, own rows
+        out["q8"] = q8_rows(path, f32, q, reference, threads, rounds, say) if quantized.has_kernel() else None
     out["load_average"] = bench.load_average()
     return out
 
@@ -357,4 +359,7 @@ def model_table(r: dict) -> list[str]:
     lines.append("llama.cpp: llama_cpp not importable (see docs/speed.md to add it)" if ll is None else
                  f"llama.cpp         {ll['ms_per_token']:8.1f} ms/token   attnlab quantized {ll['ratio']:.2f}x "
                  f"[{ll['ratio_min']:.2f}-{ll['ratio_max']:.2f}]")
+    if r.get("q8"):
+        from .bench_q8 import q8_table
+        lines += q8_table(r["q8"])
     return lines

@@ -119,17 +119,23 @@ def family_of(folder: Path, config: dict) -> Family:
                      f"{sorted(FAMILIES)}")
 
 
+QUANTIZED_MODES = (False, True, "q8-activations")   # float32; the exact quantized product; 8-bit activations
+
+
 def _check_quantized(path_or_name, quantized) -> bool:
-    """Whether ``path_or_name`` names a GGUF source; ``quantized=True`` for anything else is refused."""
+    """Whether ``path_or_name`` names a GGUF source; a quantized mode for anything else is refused."""
     from .gguf import is_gguf_name
 
-    if not isinstance(quantized, bool):
-        raise TypeError(f"quantized must be True or False, got {type(quantized).__name__} {quantized!r}")
+    if not (isinstance(quantized, bool) or isinstance(quantized, str)):
+        raise TypeError(f"quantized must be True, False or 'q8-activations', got {type(quantized).__name__} "
+                        f"{quantized!r}")
+    if isinstance(quantized, str) and quantized not in QUANTIZED_MODES:
+        raise ValueError(f"quantized must be True, False or 'q8-activations', got {quantized!r}")
     gguf = is_gguf_name(path_or_name)
     if quantized and not gguf:
         shipped = " or ".join(repr(m.name) for m in SHIPPED.values() if m.gguf)
-        raise ValueError(f"quantized=True keeps a GGUF file's blocks: it needs {shipped} or a .gguf file, got "
-                         f"{str(path_or_name)!r}")
+        raise ValueError(f"quantized={quantized!r} keeps a GGUF file's blocks: it needs {shipped} or a .gguf file, "
+                         f"got {str(path_or_name)!r}")
     return gguf
 
 
@@ -184,7 +190,7 @@ class ModelSource:
         return dataclasses.replace(self.make_network(progress), name=self.name)
 
 
-def open_model(path_or_name: str | Path = MINILM, *, quantized: bool = False) -> ModelSource:
+def open_model(path_or_name: str | Path = MINILM, *, quantized: bool | str = False) -> ModelSource:
     """The :class:`ModelSource` of what :func:`load_model` takes: every check on the name, the file and its
     metadata done, the weights not read. Raises what :func:`load_model` raises for these."""
     from .gguf import family_for, gguf_summary, gguf_tokenizer, open_gguf
@@ -194,7 +200,8 @@ def open_model(path_or_name: str | Path = MINILM, *, quantized: bool = False) ->
         file = dataclasses.replace(open_gguf(path_or_name), quantized=quantized)
         family = family_for(file, FAMILIES)
         n, qtype = gguf_summary(file)
-        into = f"kept in {qtype}" if quantized else "float32"
+        into = (f"kept in {qtype}, 8-bit activations" if quantized == "q8-activations" else
+                f"kept in {qtype}" if quantized else "float32")
         text = f"{name} ({count_text(n)} parameters, {qtype} → {into})"
         return ModelSource(name, family, lambda: text,
                            lambda: gguf_tokenizer(file),
@@ -230,7 +237,7 @@ def stated_context(config: dict) -> int | None:
     return next((v for v in values if isinstance(v, int) and not isinstance(v, bool) and v > 0), None)
 
 
-def load_network(path_or_name: str | Path = MINILM, *, quantized: bool = False) -> Transformer:
+def load_network(path_or_name: str | Path = MINILM, *, quantized: bool | str = False) -> Transformer:
     """The model alone (no tokenizer files needed) of a shipped name (:data:`attnlab.models.registry.SHIPPED`),
     a ``.gguf`` file or a checkpoint folder; it runs on ids. ``quantized`` as :func:`load_model` takes it.
 
@@ -239,7 +246,7 @@ def load_network(path_or_name: str | Path = MINILM, *, quantized: bool = False) 
     return open_model(path_or_name, quantized=quantized).network()
 
 
-def load_model(path_or_name: str | Path = MINILM, *, quantized: bool = False) -> tuple[Transformer, object]:
+def load_model(path_or_name: str | Path = MINILM, *, quantized: bool | str = False) -> tuple[Transformer, object]:
     """``(model, tokenizer)`` of a shipped name, a checkpoint folder or a ``.gguf`` file.
 
     The shipped names (:data:`attnlab.models.registry.SHIPPED`) are ``"minilm"`` (all-MiniLM-L6-v2, from the
@@ -251,6 +258,10 @@ def load_model(path_or_name: str | Path = MINILM, *, quantized: bool = False) ->
     ``quantized=True`` (GGUF only) keeps each Q4_0, Q4_1 or Q8_0 tensor in its own type
     (:mod:`attnlab.kernels.quantized`): a decode step reads the file's bytes, not 4.6 times as many; the logits
     equal the float32 model's within 1e-5. Without numba it keeps float32 and warns once.
+    ``quantized="q8-activations"`` keeps the same blocks and computes as llama.cpp does
+    (:mod:`attnlab.kernels.q8_activations`): x rounded to 8 bits per block before each product of a Q4_0, Q4_1
+    or Q8_0 weight, integer dot products; not within 1e-5 of float32, but deterministic, and each token's
+    logits the same in a prefill as in a decode step.
 
     Raises
     ------

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..kernels.q8_activations import MODE as Q8_MODE
+from ..kernels.q8_activations import weight_q8
 from ..kernels.quantized import KERNEL_TYPES, weight_from_gguf
 from ..text.tokens import HFTokenizer
 from .checkpoint import Tensors
@@ -147,7 +149,8 @@ class GGUFTensors(Mapping):
     def read(self, name: str) -> np.ndarray:
         info = self.infos[name]
         if self.quantized and len(info.shape) == 2 and info.tensor_type.name in KERNEL_TYPES:
-            w = weight_from_gguf(np.asarray(info.data), info.tensor_type.name, info.shape[0], rows=True)
+            keep = weight_q8 if self.quantized == Q8_MODE else weight_from_gguf
+            w = keep(np.asarray(info.data), info.tensor_type.name, info.shape[0], rows=True)
             release_pages(self.mapped, info.offset, info.data.nbytes)   # its bytes copied out: not needed
             return w   # (d_out, d_in): a QuantizedRows (.T the QuantizedMatrix (d_in, d_out)), or float32 without numba
         w = dequantize_tensor(self.path, info)
@@ -185,7 +188,8 @@ class GGUFFile:
     fields: dict                    # key -> value (number, bool, str, list)
     infos: dict                     # tensor name -> TensorInfo
     mapped: object                  # the np.memmap of the whole file
-    quantized: bool = False         # tensors of a type with a kernel stay in it (attnlab.kernels.quantized)
+    quantized: bool | str = False   # tensors of a type with a kernel stay in it (attnlab.kernels.quantized);
+                                    # "q8-activations": and multiply as llama.cpp (kernels.q8_activations)
     progress: object = None         # (done, total) -> None, called as each tensor is read, or None
 
     @property
@@ -451,7 +455,7 @@ def special_id(file: GGUFFile, which: str, vocab_size: int) -> int | None:
     return i
 
 
-def load_gguf(model, families: dict, *, with_tokenizer: bool = True, quantized: bool = False):
+def load_gguf(model, families: dict, *, with_tokenizer: bool = True, quantized: bool | str = False):
     """``(model, tokenizer)`` (tokenizer None unless asked) of ``"smollm2"`` or a ``.gguf`` file; ``quantized``:
     Q4_0, Q4_1, Q8_0, Q4_K and Q6_K weights kept in their type (:func:`attnlab.kernels.quantized.weight_from_gguf`)."""
     file = dataclasses.replace(open_gguf(model), quantized=quantized)

@@ -1,0 +1,162 @@
+"""llama.cpp in its own process, for the benchmarks and the 8-bit-activation checks: ``llama_cpp``
+(llama-cpp-python) is never a dependency and never imported into attnlab's process (its OpenMP runtime and
+threads stay out of the timings of attnlab's side).
+
+:class:`LlamaProcess` starts ``python -c CHILD`` with the model file and thread count; each request is a JSON
+line on its stdin, each answer a JSON line on its stdout, so a benchmark can alternate rounds between the two
+processes. The child measures its own process time (``time.process_time``: its threads' CPU time).
+
+Requests: ``decode`` (rounds of single-token steps after a ``context``-token prompt, rewound after each
+step, as :class:`attnlab.cli.bench_model.Decoder` does), ``prefill`` (one evaluation of ``tokens`` ids) and
+``greedy`` (a prompt and ``steps`` greedy tokens with every position's logits, written to an ``.npy`` file).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+CHILD = r"""
+import json, sys, time
+import numpy as np
+import llama_cpp
+
+path, threads, n_ctx = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+llm = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
+                      n_ubatch=512, logits_all=True, verbose=False)
+print(json.dumps({"ready": True, "version": getattr(llama_cpp, "__version__", "?")}), flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    op = req["op"]
+    if op == "decode":
+        prompt = [1 + i % 1000 for i in range(req["context"])]
+        llm.reset()
+        llm.eval(prompt)
+        times = []
+        for _ in range(req["rounds"]):
+            t0 = time.process_time()
+            for _ in range(req["steps"]):
+                llm.n_tokens = len(prompt)
+                llm.eval([prompt[-1]])
+            times.append((time.process_time() - t0) / req["steps"])
+        out = {"seconds": times}
+    elif op == "prefill":
+        ids = [1 + i % 1000 for i in range(req["tokens"])]
+        times = []
+        for _ in range(req["rounds"]):
+            llm.reset()
+            t0 = time.process_time()
+            llm.eval(ids)
+            times.append(time.process_time() - t0)
+        out = {"seconds": times}
+    elif op == "greedy":
+        llm.reset()
+        ids = list(req["prompt"])
+        llm.eval(ids)
+        for _ in range(req["steps"]):
+            ids.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+            llm.eval([ids[-1]])
+        np.save(req["out"], np.asarray(llm.scores[:llm.n_tokens], np.float32))
+        out = {"ids": ids}
+    else:
+        out = {"error": f"unknown op {op!r}"}
+    print(json.dumps(out), flush=True)
+"""
+
+
+def llama_cpp_installed() -> bool:
+    """Whether ``llama_cpp`` can be imported (looked up, not imported)."""
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+class LlamaProcess:
+    """llama.cpp on ``path`` with ``threads`` threads, in a child process (a context manager)."""
+
+    def __init__(self, path, threads: int = 1, n_ctx: int = 4096):
+        self.proc = subprocess.Popen([sys.executable, "-c", CHILD, str(path), str(int(threads)), str(int(n_ctx))],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True)
+        hello = self._read()
+        self.version = hello.get("version")
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("llama.cpp's process ended without an answer (is llama_cpp importable?)")
+        return json.loads(line)
+
+    def request(self, **req) -> dict:
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        out = self._read()
+        if "error" in out:
+            raise RuntimeError(out["error"])
+        return out
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def greedy_logits(model, prompt, steps: int):
+    """attnlab's greedy decode of ``model`` from ``prompt`` (ids): ``(ids, logits)``, the prompt and ``steps``
+    tokens, and every position's logits (prompt + steps, vocab) float32: the prompt in one forward (a prefill),
+    then one token at a time against the KV caches."""
+    import numpy as np
+
+    from ..stack.transformer import forward, new_caches
+
+    ids = [int(t) for t in prompt]
+    caches = new_caches(model, len(ids) + steps + 1)
+    rows = [forward(model, np.asarray(ids), caches=caches).logits]            # (P, vocab)
+    for _ in range(steps):
+        ids.append(int(np.argmax(rows[-1][-1])))
+        rows.append(forward(model, np.asarray(ids[-1:]), caches=caches).logits)   # (1, vocab)
+    return ids, np.concatenate(rows).astype(np.float32)
+
+
+def rel_errors(a, b):
+    """Each position's relative error ||a − b|| / ||b|| (rows of logits): an array (positions,)."""
+    import numpy as np
+
+    return np.linalg.norm(a - b, axis=-1) / np.linalg.norm(b, axis=-1)
+
+
+def against_llama_cpp(model, path, prompt, steps: int = 64, tmp=None) -> dict:
+    """``model`` (attnlab, e.g. loaded with ``quantized="q8-activations"``) against llama.cpp on the same GGUF
+    ``path``: both decode ``steps`` greedy tokens from ``prompt``; llama.cpp runs on 1 thread and on 2 (its own
+    run-to-run difference). Returns the tokens of each, whether they are equal, and the relative errors of
+    the logits per position (median, max): attnlab against llama.cpp (1 thread), and llama.cpp 2 threads
+    against 1, over the positions of the 1-thread run's tokens."""
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+
+    tmp = Path(tmp or tempfile.mkdtemp())
+    runs = {}
+    for threads in (1, 2):
+        with LlamaProcess(path, threads=threads, n_ctx=len(prompt) + steps + 8) as llama:
+            out = tmp / f"llama_{threads}.npy"
+            runs[threads] = (llama.request(op="greedy", prompt=list(map(int, prompt)), steps=steps,
+                                           out=str(out))["ids"], np.load(out))
+            version = llama.version
+    ids, logits = greedy_logits(model, prompt, steps)
+    (ids1, l1), (ids2, l2) = runs[1], runs[2]
+    ours, theirs = rel_errors(logits, l1), rel_errors(l2, l1)
+    return {"llama_cpp": version, "steps": steps, "prompt_tokens": len(prompt),
+            "tokens_equal": ids == ids1, "first_difference": next((i for i, (a, b) in enumerate(zip(ids, ids1))
+                                                                  if a != b), None),
+            "llama_threads_tokens_equal": ids2 == ids1,
+            "rel_err": {"median": float(np.median(ours)), "max": float(ours.max())},
+            "llama_run_to_run": {"median": float(np.median(theirs)), "max": float(theirs.max())},
+            "top1_agree": float(np.mean(logits.argmax(-1) == l1.argmax(-1)))}

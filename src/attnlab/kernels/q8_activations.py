@@ -1,0 +1,128 @@
+"""The second quantized mode, ``quantized="q8-activations"``: the weights stay in their GGUF blocks as in the exact
+mode (:mod:`attnlab.kernels.quantized`), and x is rounded to 8 bits per block of 32 before each product, whose
+dot products are then integer, as llama.cpp computes them on x86 (``ggml_vec_dot`` with the weight type's
+``vec_dot_type``, ggml-cpu.c's ``type_traits_cpu``): Q8_1 activations for Q4_1 weights, Q8_0 for Q4_0 and Q8_0.
+
+x's rounding (ggml-cpu/arch/x86/quants.c, ``quantize_row_q8_0`` / ``quantize_row_q8_1``): per block of 32,
+amax = max|x_t|, d = amax / 127 (kept as float16), q_t = round-half-even(x_t · (127 / amax)) (int8, 0 when amax
+is 0), and for Q8_1 s = float16(d · Σ_t q_t). The block layouts are ``gguf.quants``' (Q8_0: float16 d and 32
+int8; Q8_1: float16 d, float16 s, 32 int8).
+
+A row's dot with one token (``ggml_vec_dot_q4_1_q8_1`` and its siblings, AVX2 branch), block after block:
+
+    lane_j = Σ_{u<4} w_{4j+u} · q_{4j+u}                    (int32, j = 0 … 7: w the weight's integer values,
+                                                             Q4_0's shifted by −8, Q4_1's 0 … 15, Q8_0's int8)
+    acc_j  = acc_j + (d_w · d_x) · float(lane_j)             (float32; llama.cpp fuses this multiply-add)
+    summs  = summs + m_w · s_x                               (Q4_1 only)
+
+then ``((acc_0 + acc_4) + (acc_2 + acc_6)) + ((acc_1 + acc_5) + (acc_3 + acc_7)) + summs``. The kernels
+(:mod:`attnlab.kernels._q8_fused`, numba) compute exactly this, and :func:`reference_matmul` does it in numpy;
+the tests hold them to each other bit for bit. The only difference from llama.cpp's arithmetic is the fused
+multiply-add (one rounding fewer there, ~1e-7 relative per block). The K-quants (Q8_K activations) have no
+kernel here yet: a Q4_K or Q6_K weight keeps the exact mode's product.
+
+Every token's output depends on that token's x alone, so a decode step and a prefill give each token the same
+logits; the thread count changes nothing (a row is summed by one thread).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from . import quantized
+from .quantized import QuantizedMatrix
+
+MODE = "q8-activations"          # load_model's quantized= value for this mode ("q8" on the command line)
+INT_TYPES = ("Q4_0", "Q4_1", "Q8_0")   # the weight types with an integer kernel
+QK = 32                          # values per block of Q8_0 / Q8_1
+LANES = 8                        # float32 accumulators per row, as llama.cpp's AVX2 loop keeps them
+
+
+def quantize_q8(x: np.ndarray):
+    """x (N, n_blocks·32) float32 -> (qx (N, n_blocks, 32) int8, d (N, n_blocks), s (N, n_blocks)), d and s
+    float32 holding float16 values: llama.cpp's x86 ``quantize_row_q8_1`` (Q8_0: the same qx and d)."""
+    x = np.asarray(x, np.float32)
+    blocks = x.reshape(x.shape[0], -1, QK)                                   # (N, n_blocks, 32)
+    amax = np.abs(blocks).max(axis=-1)                                        # (N, n_blocks)
+    d = amax / np.float32(127.0)                                              # (N, n_blocks)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
+    qx = np.rint(blocks * inv[..., None]).astype(np.int8)                     # (N, n_blocks, 32)
+    total = qx.astype(np.int32).sum(axis=-1).astype(np.float32)               # (N, n_blocks)
+    return qx, d.astype(np.float16).astype(np.float32), (d * total).astype(np.float16).astype(np.float32)
+
+
+def integer_values(w: QuantizedMatrix) -> np.ndarray:
+    """The weight's integers (d_out, n_blocks, 32) int32 in value order: Q4_0's q − 8, Q4_1's q, Q8_0's q."""
+    qs = w.rows("qs").astype(np.int32)                                        # (R, n_blocks, 16 or 32)
+    if w.qtype == "Q8_0":
+        return qs
+    q = np.concatenate([qs & 15, qs >> 4], axis=-1)                           # (R, n_blocks, 32)
+    return q - 8 if w.qtype == "Q4_0" else q
+
+
+def reference_matmul(x: np.ndarray, w: QuantizedMatrix) -> np.ndarray:
+    """x (N, d_in) @ w in the 8-bit-activation arithmetic, by numpy: (N, d_out) float32, every rounding as the
+    module's docstring says (the kernels' reference, bit for bit)."""
+    if w.qtype not in INT_TYPES:
+        raise ValueError(f"w.qtype must be one of {list(INT_TYPES)}, got {w.qtype!r}")
+    qx, xd, xs = quantize_q8(x)                                               # (N, nb, 32), (N, nb) x 2
+    q = integer_values(w)                                                     # (R, nb, 32)
+    n_blocks = q.shape[1]
+    lanes = np.einsum("nbju,rbju->nrbj", qx.reshape(*qx.shape[:2], LANES, 4).astype(np.int64),
+                      q.reshape(*q.shape[:2], LANES, 4).astype(np.int64)).astype(np.int32)   # (N, R, nb, 8)
+    wd = w.rows("d").astype(np.float32).reshape(q.shape[0], n_blocks)         # (R, nb)
+    acc = np.zeros((qx.shape[0], q.shape[0], LANES), np.float32)              # (N, R, 8)
+    summs = np.zeros((qx.shape[0], q.shape[0]), np.float32)                   # (N, R)
+    wm = None if w.m is None else w.rows("m").astype(np.float32)              # (R, nb)
+    for b in range(n_blocks):
+        dd = wd[None, :, b] * xd[:, b, None]                                  # (N, R)
+        acc = acc + dd[..., None] * lanes[:, :, b].astype(np.float32)         # (N, R, 8)
+        if w.qtype == "Q4_1":
+            summs = summs + wm[None, :, b] * xs[:, b, None]                   # (N, R)
+    a = acc
+    total = ((a[..., 0] + a[..., 4]) + (a[..., 2] + a[..., 6])) + ((a[..., 1] + a[..., 5]) + (a[..., 3] + a[..., 7]))
+    return total + summs if w.qtype == "Q4_1" else total                      # (N, R)
+
+
+@functools.cache
+def _kernels():
+    from . import _q8_fused
+    return _q8_fused
+
+
+class Q8ActivationMatrix(QuantizedMatrix):
+    """A :class:`attnlab.kernels.quantized.QuantizedMatrix` (Q4_0, Q4_1 or Q8_0) whose ``x @ W`` rounds x to 8
+    bits per block and multiplies integers, as llama.cpp does (the module's docstring): any number of tokens,
+    each token's outputs its own (a prefill gives the decode step's values)."""
+
+    def __init__(self, raw: np.ndarray, qtype: str, d_in: int):
+        if qtype not in INT_TYPES:
+            raise ValueError(f"qtype must be one of {list(INT_TYPES)} for 8-bit activations, got {qtype!r}")
+        super().__init__(raw, qtype, d_in)
+
+    def __repr__(self) -> str:
+        return f"Q8ActivationMatrix({self.qtype}, shape={self.shape})"
+
+    def __rmatmul__(self, x):
+        x = np.asarray(x)
+        if x.ndim < 1 or x.shape[-1] != self.d_in:
+            raise ValueError(f"x @ W needs x (..., {self.d_in}), got shape {x.shape}")
+        lead = x.shape[:-1]
+        x2 = np.ascontiguousarray(x.reshape(-1, self.d_in), dtype=np.float32)    # (N, d_in)
+        out = np.empty((x2.shape[0], self.d_out), np.float32)                      # (N, d_out)
+        _kernels().matmul(self.qtype, *self.kernel_planes, x2, out, quantized.kernel_threads()["threads"],
+                          quantized.prefill_pool(x2.shape[0]))
+        return out.reshape(*lead, self.d_out)                                      # (..., d_out)
+
+
+def weight_q8(raw: np.ndarray, qtype: str, d_in: int, *, rows: bool = False):
+    """A GGUF tensor as the stack's weight in this mode: a :class:`Q8ActivationMatrix` (its ``.T`` rows with
+    ``rows``) for the types with an integer kernel; any other type as
+    :func:`attnlab.kernels.quantized.weight_from_gguf` keeps it (the exact product, or float32)."""
+    if qtype in INT_TYPES and quantized.has_kernel():
+        m = Q8ActivationMatrix(raw, qtype, d_in)
+        return m.T if rows else m
+    return quantized.weight_from_gguf(raw, qtype, d_in, rows=rows)

