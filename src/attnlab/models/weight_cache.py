@@ -64,6 +64,7 @@ def cached_network(path: Path, folder: Path, build) -> Transformer:
     model = read_entry(entry)
     if model is not None:
         return model
+    shutil.rmtree(entry, ignore_errors=True)  # a damaged entry (if any) gives way to a whole one
     model = build()
     try:
         write_entry(model, entry)
@@ -81,18 +82,21 @@ def roots_and_views(model: Transformer):
         if not isinstance(a, np.ndarray) or a.dtype != np.float32:
             return None
         root = a if a.base is None else a.base
-        if not isinstance(root, np.ndarray) or root.base is not None or not (
-                root.flags.c_contiguous or root.flags.f_contiguous):
-            return None
+        view = column_range(root, a) if isinstance(root, np.ndarray) and contiguous(root) else None
+        if view is None:                       # a view of another kind (a small weight's .T of its tensor):
+            if not contiguous(a):              # kept as an array of its own, in its own layout
+                return None
+            root, view = a, (False, 0, a.shape[-1] if a.ndim else 0)
         i = next((k for k, r in enumerate(roots) if r is root), None)
         if i is None:
             roots.append(root)
             i = len(roots) - 1
-        view = column_range(root, a)
-        if view is None:
-            return None
         views[name] = [i, *view]
     return roots, views
+
+
+def contiguous(a: np.ndarray) -> bool:
+    return a.flags.c_contiguous or a.flags.f_contiguous
 
 
 def column_range(root: np.ndarray, a: np.ndarray):
@@ -127,7 +131,7 @@ def write_entry(model: Transformer, entry: Path) -> bool:
         table, offset = [], 0
         with open(tmp / "weights.bin", "wb") as f:
             for r in roots:
-                order = "C" if r.flags.c_contiguous else "F"
+                order = "C" if r.flags.c_contiguous else "F"    # (a 1-D array is both: "C")
                 f.write(b"\0" * (offset - f.tell()))
                 f.write(r.tobytes(order=order))
                 table.append({"offset": offset, "shape": list(r.shape), "order": order})
