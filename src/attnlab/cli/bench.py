@@ -37,7 +37,7 @@ def cmd_bench(args) -> int:
     bench.check_cores(args.cores)                      # bad input: one line before the progress bar starts
     if args.model:
         from . import bench_model
-        with progress_bar(6, quiet=args.json) as step:
+        with progress_bar(7, quiet=args.json) as step:
             result = bench_model.run_model_bench(args.model, rounds=5 if args.quick else 11, cores=args.cores,
                                                  progress=step)
         print_json(result) if args.json else print("\n".join(bench_model.model_table(result)))

@@ -322,6 +322,9 @@ def run_model_bench(name: str = "smollm2", *, rounds: int = 11, cores: int | Non
             p = bench.paired(dq.step, step, rounds)
             out["llama_cpp"] = {"ms_per_token": p.b_ms, "attnlab_ms": p.a_ms, "ratio": p.ratio,
                                 "ratio_min": p.ratio_min, "ratio_max": p.ratio_max}
+        say("long contexts: 512, 2,048 and 8,192 tokens (and llama.cpp's, if importable)")
+        from .bench_context import context_rows
+        out["long_context"] = context_rows(f32, q, path, rounds=max(5, rounds // 2))
     out["load_average"] = bench.load_average()
     return out
 
@@ -357,4 +360,5 @@ def model_table(r: dict) -> list[str]:
     lines.append("llama.cpp: llama_cpp not importable (see docs/speed.md to add it)" if ll is None else
                  f"llama.cpp         {ll['ms_per_token']:8.1f} ms/token   attnlab quantized {ll['ratio']:.2f}x "
                  f"[{ll['ratio_min']:.2f}-{ll['ratio_max']:.2f}]")
-    return lines
+    from .bench_context import context_table
+    return lines + context_table(r.get("long_context") or [])
