@@ -112,4 +112,4 @@ def test_the_command_line_s_folder(monkeypatch, tmp_path):
     assert cache_folder() == tmp_path
     monkeypatch.delenv("ATTNLAB_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
-    assert cache_folder() == tmp_path / "x" / "attnlab"
+    assert cache_folder() == tmp_path / "x" / "attnlab" / "weights"

@@ -65,15 +65,15 @@ def open_source(args):
 
 def cache_folder() -> Path | None:
     """Where the command line keeps a GGUF model's float32 copy (:mod:`attnlab.models.weight_cache`):
-    ``$ATTNLAB_CACHE``, else ``$XDG_CACHE_HOME/attnlab``, else ``~/.cache/attnlab``; None with
-    ``ATTNLAB_CACHE=off``."""
+    ``$ATTNLAB_CACHE``, else ``$XDG_CACHE_HOME/attnlab/weights``, else ``~/.cache/attnlab/weights`` (beside
+    ``attnlab tune``'s profile, which clearing the weights leaves alone); None with ``ATTNLAB_CACHE=off``."""
     import os
     chosen = os.environ.get("ATTNLAB_CACHE", "")
     if chosen.lower() == "off":
         return None
     if chosen:
         return Path(chosen).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnlab"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnlab" / "weights"
 
 
 def load(args, what: str | None = None, *, check=None):

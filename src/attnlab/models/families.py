@@ -263,7 +263,7 @@ def load_model(path_or_name: str | Path = MINILM, *, quantized: bool = False,
     ``cache`` (a folder; GGUF in float32 only): the first load writes the float32 model there in the layout a
     decode step reads (SmolLM2: 538 MB), later loads map it back in a moment instead of dequantizing again,
     with the same numbers bit for bit (:mod:`attnlab.models.weight_cache`). The command line uses
-    ``~/.cache/attnlab``; the default None writes nothing.
+    ``~/.cache/attnlab/weights``; the default None writes nothing.
 
     Raises
     ------

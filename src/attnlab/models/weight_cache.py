@@ -10,13 +10,13 @@ model around views of it, so nothing is dequantized, fused or copied (:func:`att
 sees the fused arrays for what they are). The numbers and their layout are the ones the first load made, so
 every result is bit for bit the uncached model's.
 
-Where: the folder the caller gives; the command line's is ``$ATTNLAB_CACHE``, else ``$XDG_CACHE_HOME/attnlab``,
-else ``~/.cache/attnlab`` (``ATTNLAB_CACHE=off`` turns it off). One entry per GGUF file, a folder
+Where: the folder the caller gives; the command line's is ``$ATTNLAB_CACHE``, else
+``$XDG_CACHE_HOME/attnlab/weights``, else ``~/.cache/attnlab/weights`` (``ATTNLAB_CACHE=off`` turns it off). One entry per GGUF file, a folder
 ``<stem>-<key>/`` holding ``weights.bin`` (SmolLM2: 538 MB, the float32 model) and ``index.json`` (the config
 and where each array lies). The key hashes the GGUF file's size, modification time and first MiB (its header),
 this format's version and the layouts this machine's rules (or ``attnlab tune``) choose; a changed file or
 layout makes a new entry and the writer removes the older entries of the same stem. Clearing: delete the
-folder (``rm -rf ~/.cache/attnlab``); nothing else refers to it.
+folder (``rm -rf ~/.cache/attnlab/weights``); nothing else refers to it.
 
 An entry is written to a temporary folder beside it and renamed into place, so a reader sees a whole entry or
 none; an entry that cannot be read (truncated, edited) is ignored and the model loads from the GGUF file.
