@@ -11,6 +11,13 @@ def no_tune_profile(monkeypatch, tmp_path_factory):
     monkeypatch.setenv(TUNE_FILE_ENV, str(tmp_path_factory.getbasetemp() / "no-tune-profile.json"))
 
 
+@pytest.fixture(autouse=True)
+def no_weight_cache(monkeypatch):
+    """No command a test runs writes a model's float32 copy to the user's cache folder (ATTNLAB_CACHE=off);
+    tests/test_weight_cache.py gives its own folders."""
+    monkeypatch.setenv("ATTNLAB_CACHE", "off")
+
+
 @pytest.fixture(params=["numpy", "fused"])
 def tile_kernel(request, monkeypatch):
     """Run a test once on each tile kernel: the numpy one (ATTNLAB_NO_NUMBA=1) and, where numba is

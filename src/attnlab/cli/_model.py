@@ -74,7 +74,20 @@ def open_source(args):
     name = model_arg(args)
     if looks_like_name(name) and not is_shipped(name) and not Path(name).exists():   # as open_model would say,
         raise unknown_model(name, decoder=getattr(args, "model_decoder", False))     # but listing what fits here
-    return open_model(name, quantized=getattr(args, "quantized", False) or False)
+    return open_model(name, quantized=getattr(args, "quantized", False) or False, cache=cache_folder())
+
+
+def cache_folder() -> Path | None:
+    """Where the command line keeps a GGUF model's float32 copy (:mod:`attnlab.models.weight_cache`):
+    ``$ATTNLAB_CACHE``, else ``$XDG_CACHE_HOME/attnlab/weights``, else ``~/.cache/attnlab/weights`` (beside
+    ``attnlab tune``'s profile, which clearing the weights leaves alone); None with ``ATTNLAB_CACHE=off``."""
+    import os
+    chosen = os.environ.get("ATTNLAB_CACHE", "")
+    if chosen.lower() == "off":
+        return None
+    if chosen:
+        return Path(chosen).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnlab" / "weights"
 
 
 def load(args, what: str | None = None, *, check=None):

@@ -8,6 +8,7 @@ import sys
 
 from ._app import add_command, add_json_flag, print_json, stderr_progress
 from ._model import add_model_option
+from ._progress import shows
 
 
 def register(sub) -> None:
@@ -36,18 +37,18 @@ def cmd_bench(args) -> int:
     bench.check_cores(args.cores)                      # bad input: one line before the progress bar starts
     if args.model:
         from . import bench_model
-        with progress_bar(6) as step:
+        with progress_bar(7, quiet=args.json) as step:
             result = bench_model.run_model_bench(args.model, rounds=5 if args.quick else 11, cores=args.cores,
                                                  progress=step)
         print_json(result) if args.json else print("\n".join(bench_model.model_table(result)))
         return 0
     if args.scale:
-        with progress_bar(1) as step, bench.on_cores(args.cores):
+        with progress_bar(1, quiet=args.json) as step, bench.on_cores(args.cores):
             step(f"causal attention at n = {bench.SCALE_N:,} (a minute or more)")
             result = bench.run_scale(bench.SCALE_N)
         print_json(result) if args.json else print_scale(result)
         return 0
-    with progress_bar(bench.n_steps(quick=args.quick, sizes=args.sizes)) as step:
+    with progress_bar(bench.n_steps(quick=args.quick, sizes=args.sizes), quiet=args.json) as step:
         result = bench.run_bench(quick=args.quick, progress=step, cores=args.cores, sizes=args.sizes)
     if args.json:
         print_json(result)
@@ -58,15 +59,19 @@ def cmd_bench(args) -> int:
 
 
 @contextlib.contextmanager
-def progress_bar(total: int):
+def progress_bar(total: int, *, quiet: bool = False):
     """A rich progress bar on stderr for ``total`` steps: calling the yielded function with a step's name
-    starts that step (and completes the one before); leaving the block completes the last."""
+    starts that step (and completes the one before); leaving the block completes the last. Nothing with
+    ``quiet`` (``--json``) or when stderr is not a terminal."""
+    if not shows(quiet):
+        yield lambda name: None
+        return
     try:
         import rich  # noqa: F401
     except ImportError:
         yield lambda name: print(f"  {name}", file=sys.stderr)
         return
-    with stderr_progress() as bar:
+    with stderr_progress(quiet=quiet) as bar:
         task = bar.add_task("bench", total=total)
         started = [False]
 

@@ -324,6 +324,9 @@ def run_model_bench(name: str = "smollm2", *, rounds: int = 11, cores: int | Non
                                 "ratio_min": p.ratio_min, "ratio_max": p.ratio_max}
         from .bench_q8 import q8_rows                    # issue 33: 8-bit activations and prefill, own rows
         out["q8"] = q8_rows(path, f32, q, reference, threads, rounds, say) if quantized.has_kernel() else None
+        say("long contexts: 512, 2,048 and 8,192 tokens (and llama.cpp's, if importable)")
+        from .bench_context import context_rows
+        out["long_context"] = context_rows(f32, q, path, rounds=max(5, rounds // 2))
     out["load_average"] = bench.load_average()
     return out
 
@@ -362,4 +365,5 @@ def model_table(r: dict) -> list[str]:
     if r.get("q8"):
         from .bench_q8 import q8_table
         lines += q8_table(r["q8"])
-    return lines
+    from .bench_context import context_table
+    return lines + context_table(r.get("long_context") or [])

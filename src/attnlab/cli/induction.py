@@ -39,7 +39,7 @@ def cmd_train_induction(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
     columns = (TextColumn("induction"), BarColumn(), MofNCompleteColumn(),
                TextColumn("repeat loss {task.fields[loss]}"), TimeRemainingColumn())
-    with one_blas_thread(), stderr_progress(*columns) as bar:
+    with one_blas_thread(), stderr_progress(*columns, quiet=args.json) as bar:
         task = bar.add_task("train", total=config.steps, completed=run.step, loss="-")
         for step in train_steps(run):
             bar.update(task, completed=step, loss=f"{run.final.repeat_loss:.3f}")

@@ -60,7 +60,7 @@ def cmd_longctx(args) -> int:
             stack.callback(cluster.close)
             where = f"a LocalCluster of {n_workers} single-threaded worker processes"
         stack.callback(client.close)
-        with stderr_progress() as bar:
+        with stderr_progress(quiet=args.json) as bar:
             task = bar.add_task("Dask tasks", total=None)
             result = run_longctx(client, args.n, heads=args.heads, is_causal=args.causal, rows=args.rows,
                                  single=not args.no_single, rng=np.random.default_rng(args.seed),

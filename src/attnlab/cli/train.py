@@ -140,7 +140,7 @@ def cmd_finetune(args) -> int:
                          schedule=cosine_decay(args.steps) if args.schedule == "cosine" else None, names=names)
         tracemalloc.start()
         t0 = time.perf_counter()
-        losses = run_with_progress(steps, 0, args.steps, save=None, save_every=args.steps)
+        losses = run_with_progress(steps, 0, args.steps, save=None, save_every=args.steps, quiet=args.json)
         seconds = (time.perf_counter() - t0) / args.steps
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
@@ -225,7 +225,7 @@ def cmd_train(args) -> int:
 
     with one_blas_thread():
         losses = run_with_progress(steps, start, args.steps, save=save if args.out else None,
-                                   save_every=args.save_every)
+                                   save_every=args.save_every, quiet=args.json)
         figures = loss_beside_counts(model, data.vocab, data.train, data.heldout, max_k=FLOOR_MAX_K,
                                      ks=BASELINE_KS)
     result = {"config": config.to_json(), "params": model.n_params, "steps": args.steps, "batch": args.batch, "lr": args.lr,
@@ -284,15 +284,15 @@ def check_same_run(saved: dict | None, asked: dict, out) -> None:
                          "--schedule constant to extend a run")
 
 
-def run_with_progress(steps, start: int, last: int, *, save, save_every: int) -> list[float]:
+def run_with_progress(steps, start: int, last: int, *, save, save_every: int, quiet: bool = False) -> list[float]:
     """Drive the training generator (steps ``start + 1 … last``) with a rich progress bar on stderr (loss,
-    tokens/s); save every ``save_every`` steps and after the last."""
+    tokens/s; none with ``quiet``, a command's ``--json``); save every ``save_every`` steps and after the last."""
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
     losses, tokens, t0 = [], 0, time.perf_counter()
     columns = (TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("minibatch loss {task.fields[loss]}"),
                TextColumn("{task.fields[rate]} tokens/s"), TimeRemainingColumn())
-    with stderr_progress(*columns) as bar:
+    with stderr_progress(*columns, quiet=quiet) as bar:
         task = bar.add_task("train", total=last - start, loss="-", rate="-")
         for s in steps:
             losses.append(s.loss)

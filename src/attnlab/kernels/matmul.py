@@ -94,6 +94,9 @@ def fuse_columns(*ws):
         if ws[0].ndim == 0 or len({(w.dtype, w.shape[:-1]) for w in ws}) != 1:
             return None, ws
         shape = (*ws[0].shape[:-1], sum(w.shape[-1] for w in ws))
+        whole = fused_already(ws, shape)
+        if whole is not None:                            # views of one fused array in its layout: kept, no copy
+            return whole, ws
         fused = np.empty(shape, ws[0].dtype, order=order_for(shape, ws[0].dtype))   # (..., Σ w_i)
         edges = np.cumsum([0] + [w.shape[-1] for w in ws])
         parts = tuple(fused[..., a:b] for a, b in zip(edges[:-1], edges[1:]))   # (..., w_i) views
@@ -104,3 +107,22 @@ def fuse_columns(*ws):
     if fuse is None or not all(type(w) is type(ws[0]) for w in ws):
         return None, ws
     return fuse(ws), ws
+
+
+def fused_already(ws, shape: tuple):
+    """The array ``ws`` (float arrays (..., w_i)) are consecutive column views of, when it has ``shape``
+    (..., Σ w_i) and the layout :func:`fuse_columns` would give a new one; else None. A model built again from
+    its own fused weights (:mod:`attnlab.models.weight_cache`'s copy, mapped from disk) keeps them as they are."""
+    base = ws[0].base
+    if not isinstance(base, np.ndarray) or base.shape != shape or base.dtype != ws[0].dtype:
+        return None
+    flag = "C_CONTIGUOUS" if order_for(shape, base.dtype) == "C" else "F_CONTIGUOUS"
+    if not base.flags[flag] or any(w.base is not base or w.strides != base.strides for w in ws):
+        return None
+    start = base.__array_interface__["data"][0]
+    edge = 0
+    for w in ws:
+        if w.__array_interface__["data"][0] != start + edge * base.strides[-1]:
+            return None
+        edge += w.shape[-1]
+    return base

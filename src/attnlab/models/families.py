@@ -190,9 +190,12 @@ class ModelSource:
         return dataclasses.replace(self.make_network(progress), name=self.name)
 
 
-def open_model(path_or_name: str | Path = MINILM, *, quantized: bool | str = False) -> ModelSource:
+def open_model(path_or_name: str | Path = MINILM, *, quantized: bool | str = False,
+               cache: str | Path | None = None) -> ModelSource:
     """The :class:`ModelSource` of what :func:`load_model` takes: every check on the name, the file and its
-    metadata done, the weights not read. Raises what :func:`load_model` raises for these."""
+    metadata done, the weights not read. Raises what :func:`load_model` raises for these. ``cache``: a folder
+    where a GGUF file's float32 model is kept and mapped back on later loads (:mod:`attnlab.models.weight_cache`;
+    not with ``quantized``); None, the default, reads the file every time."""
     from .gguf import family_for, gguf_summary, gguf_tokenizer, open_gguf
 
     name = str(path_or_name)
@@ -203,9 +206,13 @@ def open_model(path_or_name: str | Path = MINILM, *, quantized: bool | str = Fal
         into = (f"kept in {qtype}, 8-bit activations" if quantized == "q8-activations" else
                 f"kept in {qtype}" if quantized else "float32")
         text = f"{name} ({count_text(n)} parameters, {qtype} → {into})"
-        return ModelSource(name, family, lambda: text,
-                           lambda: gguf_tokenizer(file),
-                           lambda progress: family.load_gguf(dataclasses.replace(file, progress=progress)),
+        def network(progress):
+            build = lambda: family.load_gguf(dataclasses.replace(file, progress=progress))   # noqa: E731
+            if cache is None or quantized:
+                return build()
+            from .weight_cache import cached_network
+            return cached_network(file.path, Path(cache), build)
+        return ModelSource(name, family, lambda: text, lambda: gguf_tokenizer(file), network,
                            n_ctx=gguf_context(file))
     folder = model_folder(path_or_name)
     config = read_config(folder)
@@ -246,7 +253,8 @@ def load_network(path_or_name: str | Path = MINILM, *, quantized: bool | str = F
     return open_model(path_or_name, quantized=quantized).network()
 
 
-def load_model(path_or_name: str | Path = MINILM, *, quantized: bool | str = False) -> tuple[Transformer, object]:
+def load_model(path_or_name: str | Path = MINILM, *, quantized: bool | str = False,
+               cache: str | Path | None = None) -> tuple[Transformer, object]:
     """``(model, tokenizer)`` of a shipped name, a checkpoint folder or a ``.gguf`` file.
 
     The shipped names (:data:`attnlab.models.registry.SHIPPED`) are ``"minilm"`` (all-MiniLM-L6-v2, from the
@@ -263,6 +271,11 @@ def load_model(path_or_name: str | Path = MINILM, *, quantized: bool | str = Fal
     or Q8_0 weight, integer dot products; not within 1e-5 of float32, but deterministic, and each token's
     logits the same in a prefill as in a decode step.
 
+    ``cache`` (a folder; GGUF in float32 only): the first load writes the float32 model there in the layout a
+    decode step reads (SmolLM2: 538 MB), later loads map it back in a moment instead of dequantizing again,
+    with the same numbers bit for bit (:mod:`attnlab.models.weight_cache`). The command line uses
+    ``~/.cache/attnlab/weights``; the default None writes nothing.
+
     Raises
     ------
     FileNotFoundError
@@ -272,5 +285,5 @@ def load_model(path_or_name: str | Path = MINILM, *, quantized: bool | str = Fal
         truncated file, a missing tensor or one whose shape does not match the config, a config.json no family
         reads; for GGUF, a damaged file or metadata, naming the key.
     """
-    source = open_model(path_or_name, quantized=quantized)
+    source = open_model(path_or_name, quantized=quantized, cache=cache)
     return source.network(), source.tokenizer()

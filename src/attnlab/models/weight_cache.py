@@ -1,0 +1,181 @@
+"""A float32 copy of a GGUF model on disk, mapped back in a moment: ``attnlab`` commands load SmolLM2 in float32
+from it instead of dequantizing and fusing 272 tensors again.
+
+Loading ``smollm2`` in float32 costs about 1.3 s of one core, none of it reading the file: unpacking the Q4_1
+blocks into float32 (0.7 s), then laying the weights out as a decode step reads them (W_Q | W_K | W_V and
+W_gate | W_in side by side, each streamed weight in its layout: :mod:`attnlab.kernels.matmul`; 0.6 s). The
+first load writes the model's arrays, in exactly that final layout, to one file in a cache folder; later loads
+map that file (copy-on-write: the model can still be trained in place; the file never changes) and build the
+model around views of it, so nothing is dequantized, fused or copied (:func:`attnlab.kernels.matmul.fused_already`
+sees the fused arrays for what they are). The numbers and their layout are the ones the first load made, so
+every result is bit for bit the uncached model's.
+
+Where: the folder the caller gives; the command line's is ``$ATTNLAB_CACHE``, else
+``$XDG_CACHE_HOME/attnlab/weights``, else ``~/.cache/attnlab/weights`` (``ATTNLAB_CACHE=off`` turns it off). One entry per GGUF file, a folder
+``<stem>-<key>/`` holding ``weights.bin`` (SmolLM2: 538 MB, the float32 model) and ``index.json`` (the config
+and where each array lies). The key hashes the GGUF file's size, modification time and first MiB (its header),
+this format's version and the layouts this machine's rules (or ``attnlab tune``) choose; a changed file or
+layout makes a new entry and the writer removes the older entries of the same stem. Clearing: delete the
+folder (``rm -rf ~/.cache/attnlab/weights``); nothing else refers to it.
+
+An entry is written to a temporary folder beside it and renamed into place, so a reader sees a whole entry or
+none; an entry that cannot be read (truncated, edited) is ignored and the model loads from the GGUF file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from ..kernels.matmul import gemv_order
+from ..stack.transformer import ModelConfig, Transformer
+
+FORMAT = 1                 # bumped when the entry's layout changes: old entries are then never read
+HEAD_BYTES = 1 << 20       # the bytes of the GGUF file hashed into the key: its header, and then some
+ALIGN = 4096               # each array starts on a page
+
+
+def cache_key(path: Path) -> str:
+    """The entry's key for the GGUF file at ``path``: a hash of its size, modification time and first MiB,
+    the format version and this machine's weight layouts (hex, 16 characters)."""
+    st = path.stat()
+    h = hashlib.sha256(f"{FORMAT}:{st.st_size}:{st.st_mtime_ns}:{gemv_order(False)}{gemv_order(True)}:".encode())
+    with open(path, "rb") as f:
+        h.update(f.read(HEAD_BYTES))
+    return h.hexdigest()[:16]
+
+
+def entry_folder(folder: Path, path: Path) -> Path:
+    """``folder/<stem>-<key>``: where the copy of the GGUF file ``path`` is kept."""
+    return Path(folder) / f"{path.stem}-{cache_key(path)}"
+
+
+def cached_network(path: Path, folder: Path, build) -> Transformer:
+    """The float32 model of the GGUF file ``path``: mapped from its entry in ``folder`` when there is one,
+    else ``build()`` (the loader), written to ``folder`` for next time (a folder that cannot be written is
+    skipped: the model is returned all the same)."""
+    entry = entry_folder(folder, Path(path))
+    model = read_entry(entry)
+    if model is not None:
+        return model
+    shutil.rmtree(entry, ignore_errors=True)  # a damaged entry (if any) gives way to a whole one
+    model = build()
+    try:
+        write_entry(model, entry)
+    except OSError:
+        pass                                   # a read-only or full disk: no copy, the model as built
+    return model
+
+
+def roots_and_views(model: Transformer):
+    """``(roots, views)``: the arrays that own the model's numbers (each C- or F-contiguous), and each
+    parameter as ``[root, transposed, start, stop]`` (a column range of the root, or of its transpose);
+    None when some parameter is not such a view (then nothing is cached)."""
+    roots, views = [], {}
+    for name, a in model.params().items():
+        if not isinstance(a, np.ndarray) or a.dtype != np.float32:
+            return None
+        root = a if a.base is None else a.base
+        view = column_range(root, a) if isinstance(root, np.ndarray) and contiguous(root) else None
+        if view is None:                       # a view of another kind (a small weight's .T of its tensor):
+            if not contiguous(a):              # kept as an array of its own, in its own layout
+                return None
+            root, view = a, (False, 0, a.shape[-1] if a.ndim else 0)
+        i = next((k for k, r in enumerate(roots) if r is root), None)
+        if i is None:
+            roots.append(root)
+            i = len(roots) - 1
+        views[name] = [i, *view]
+    return roots, views
+
+
+def contiguous(a: np.ndarray) -> bool:
+    return a.flags.c_contiguous or a.flags.f_contiguous
+
+
+def column_range(root: np.ndarray, a: np.ndarray):
+    """``(transposed, start, stop)`` with ``a`` the very view ``(root.T if transposed else root)[..., start:stop]``,
+    or None."""
+    ptr = a.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+    for transposed, whole in ((False, root), (True, root.T)):
+        if whole.ndim != a.ndim or whole.shape[:-1] != a.shape[:-1] or whole.strides != a.strides:
+            continue
+        step = whole.strides[-1] if whole.ndim else 1
+        if step and ptr % step == 0 and 0 <= ptr // step <= whole.shape[-1] - a.shape[-1]:
+            start = ptr // step if whole.ndim else 0
+            return transposed, start, start + (a.shape[-1] if whole.ndim else 0)
+    return None
+
+
+def write_entry(model: Transformer, entry: Path) -> bool:
+    """Write the model's arrays and config to ``entry`` (atomically: a temporary folder renamed); False when
+    the model cannot be cached (quantized weights, a config that does not survive JSON, views of another kind)."""
+    config = model.config.to_json()
+    if not config_of(config, model.config.eos_ids) == model.config:
+        return False
+    found = roots_and_views(model)
+    if found is None:
+        return False
+    roots, views = found
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = entry.parent / f".{entry.name}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        table, offset = [], 0
+        with open(tmp / "weights.bin", "wb") as f:
+            for r in roots:
+                order = "C" if r.flags.c_contiguous else "F"    # (a 1-D array is both: "C")
+                f.write(b"\0" * (offset - f.tell()))
+                f.write(r.tobytes(order=order))
+                table.append({"offset": offset, "shape": list(r.shape), "order": order})
+                offset = -(-(offset + r.nbytes) // ALIGN) * ALIGN
+        index = {"format": FORMAT, "config": config, "eos_ids": list(model.config.eos_ids), "roots": table,
+                 "params": views, "bytes": (tmp / "weights.bin").stat().st_size}
+        (tmp / "index.json").write_text(json.dumps(index), encoding="utf-8")
+        os.rename(tmp, entry)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if entry.is_dir():                     # another process wrote the same entry first
+            return True
+        raise
+    for old in entry.parent.glob(f"{entry.name.rsplit('-', 1)[0]}-*"):
+        if old != entry and old.is_dir() and len(old.name) == len(entry.name):
+            shutil.rmtree(old, ignore_errors=True)      # the same file's entries of an older key
+    return True
+
+
+def config_of(data: dict, eos_ids) -> ModelConfig:
+    """The ModelConfig of an entry's JSON, with its eos ids (to_json leaves them out)."""
+    import dataclasses
+    return dataclasses.replace(ModelConfig.from_json(data), eos_ids=tuple(int(i) for i in eos_ids))
+
+
+def read_entry(entry: Path) -> Transformer | None:
+    """The model kept in ``entry``, its arrays views of the mapped file (copy-on-write); None when there is no
+    whole, readable entry."""
+    try:
+        index = json.loads((entry / "index.json").read_text(encoding="utf-8"))
+        with open(entry / "weights.bin", "rb") as f:
+            if index.get("format") != FORMAT or os.fstat(f.fileno()).st_size != index["bytes"]:
+                return None
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        roots = []
+        for r in index["roots"]:
+            shape = tuple(r["shape"])
+            if r["offset"] + 4 * int(np.prod(shape)) > len(mapped):
+                return None
+            roots.append(np.ndarray(shape, np.float32, buffer=mapped, offset=r["offset"], order=r["order"]))
+        params = {}
+        for name, (i, transposed, start, stop) in index["params"].items():
+            whole = roots[i].T if transposed else roots[i]
+            params[name] = whole[..., start:stop] if whole.ndim else whole
+        return Transformer.from_params(config_of(index["config"], index["eos_ids"]), params)
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
