@@ -150,6 +150,23 @@ def test_40_greedy_tokens_match_transformers_generate(folders, kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_300_tokens_through_the_tiled_path_match_transformers(folders, kind, monkeypatch):
+    import attnlab.kernels.tiled
+    from attnlab.models import load_network
+
+    folder = folders(kind)
+    model = load_network(folder)
+    ids = np.random.default_rng(3).integers(0, VOCAB, 300)             # past YaRN's 16 trained positions too
+    calls, real = [], attnlab.kernels.tiled.tiled_forward
+    monkeypatch.setattr(attnlab.kernels.tiled, "tiled_forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    logits = forward(model, ids).logits
+    assert len(calls) == model.config.n_layers                          # each layer went through the tiled kernel
+    with torch.no_grad():
+        want = hf_model(folder)(torch.from_numpy(ids)[None]).logits[0].numpy()
+    assert relative(logits, want) < 1e-5
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_kv_cache_decode_equals_the_full_forward(folders, kind):
     from attnlab.models import load_network
 
