@@ -135,6 +135,26 @@ def test_gemma3_layers_rotate_at_two_speeds(folders):
     assert c.attention.qk_norm == QKNorm("head", 1e-6) and c.logit_softcap is None and c.attention.softcap is None
 
 
+def test_gemma3_older_config_spelling_reads_the_same(folders, tmp_path):
+    """Hub configs written before transformers 5 state the two bases as rope_theta / rope_local_base_freq /
+    rope_scaling and the pattern as sliding_window_pattern: the same model."""
+    import json
+    import shutil
+
+    from attnlab.models import load_network
+
+    folder = tmp_path / "old"
+    shutil.copytree(folders("gemma3"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    params = config.pop("rope_parameters")
+    del config["layer_types"]
+    config.update(rope_theta=params["full_attention"]["rope_theta"],
+                  rope_local_base_freq=params["sliding_attention"]["rope_theta"],
+                  rope_scaling={"rope_type": "linear", "factor": 8.0}, sliding_window_pattern=6)
+    (folder / "config.json").write_text(json.dumps(config))
+    assert load_network(folder).config == load_network(folders("gemma3")).config
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_40_greedy_tokens_match_transformers_generate(folders, kind):
     from attnlab.models import load_network
