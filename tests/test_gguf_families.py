@@ -33,15 +33,17 @@ def sibling(name: str):
 BPE = sibling("test_gguf")                       # its byte-level vocabulary: TOKENS, MERGES, TYPES
 
 # A small SentencePiece vocabulary as llama.cpp's converter writes one: <unk>, <s>, </s>, the 256 byte tokens,
-# then pieces by score (the best first), a user-defined and a control token of a chat format.
+# then pieces by score (the best first), a user-defined and two control tokens of a chat format (llama.cpp
+# looks <|endoftext|> up in a file named Phi-3).
 SPM_PIECES = (["▁", "t", "h", "e", "c", "a", "s", "i", "n", "o", "r", "d", "m", "l", "é", "1", "2", "3", ",", ".",
                "!", "'", "-", "T", "H", "W", "w", "u", "y", "g"]
               + ["▁t", "he", "▁the", "▁c", "at", "▁cat", "▁s", "▁sat", "in", "▁in", "er", "on", "▁on", "12", "▁1",
                  "▁12", "▁▁", "▁▁▁▁", "▁T", "▁The", "ll", "▁He", "▁Hell", "▁Hello", "or", "▁w", "▁wor", "▁world",
                  "▁W", "▁World", "▁ma", "▁mat", "ma", "ed", "▁red", "ing", "éd", "th", "the"])
-SPM_TOKENS = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + SPM_PIECES + ["<|user|>", "<|end|>"]
-SPM_TYPES = [2, 3, 3] + [6] * 256 + [1] * len(SPM_PIECES) + [4, 3]
-SPM_SCORES = [0.0, 0.0, 0.0] + [0.0] * 256 + [-float(i) for i in range(len(SPM_PIECES))] + [0.0, 0.0]
+SPM_TOKENS = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + SPM_PIECES + ["<|user|>", "<|end|>",
+                                                                                      "<|endoftext|>"]
+SPM_TYPES = [2, 3, 3] + [6] * 256 + [1] * len(SPM_PIECES) + [4, 3, 3]
+SPM_SCORES = [0.0, 0.0, 0.0] + [0.0] * 256 + [-float(i) for i in range(len(SPM_PIECES))] + [0.0, 0.0, 0.0]
 
 
 def write_tokenizer(w, kind: str, *, space_prefix: bool | None = None) -> int:

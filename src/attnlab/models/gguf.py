@@ -315,9 +315,10 @@ def gguf_tokenizer(file: GGUFFile) -> GGUFTokenizer:
     """The tokenizer a GGUF file describes, built with ``tokenizers`` from the metadata, of either kind GGUF
     files carry (``tokenizer.ggml.model``): "gpt2", byte-level BPE (:func:`byte_level_bpe`), or "llama",
     SentencePiece (:func:`sentencepiece_bpe`). Then, for both as llama.cpp does: control tokens (type 3) kept
-    whole where the text writes them, user-defined ones (type 4) too, the bos token put first when
-    ``tokenizer.ggml.add_bos_token`` (SentencePiece's default: yes) and the eos token last when
-    ``add_eos_token``. An error naming the key that is missing or malformed."""
+    whole where the text writes them, user-defined ones (type 4) too (Phi-3's eat the spaces after them:
+    :func:`rstrip_after`), the bos token put first when ``tokenizer.ggml.add_bos_token`` (when the file does not
+    say: yes for SentencePiece and Llama 3's pre-tokenizers) and the eos token last when ``add_eos_token``. An
+    error naming the key that is missing or malformed."""
     from tokenizers import AddedToken, processors
 
     kind = file.string("tokenizer.ggml.model")
@@ -326,12 +327,15 @@ def gguf_tokenizer(file: GGUFFile) -> GGUFTokenizer:
                          "tokenizers of kind 'gpt2' (byte-level BPE) and 'llama' (SentencePiece)")
     tokens, types = vocabulary(file)
     tok = TOKENIZER_KINDS[kind](file, tokens, types)
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+    strip = rstrip_after(file)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False, rstrip=strip(t))
                             for t, k in zip(tokens, types) if k == CONTROL])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == USER_DEFINED])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False, rstrip=strip(t))
+                    for t, k in zip(tokens, types) if k == USER_DEFINED])
     bos = special_id(file, "bos", len(tokens))
     eos = special_id(file, "eos", len(tokens))
-    first = [tokens[bos]] if bool(file.value("tokenizer.ggml.add_bos_token", kind == "llama")) and bos is not None else []
+    bos_default = kind == "llama" or file.string("tokenizer.ggml.pre", "default") in WHOLE_FIRST
+    first = [tokens[bos]] if bool(file.value("tokenizer.ggml.add_bos_token", bos_default)) and bos is not None else []
     last = [tokens[eos]] if bool(file.value("tokenizer.ggml.add_eos_token", False)) and eos is not None else []
     if first or last:
         specials = [(tokens[i], i) for i in dict.fromkeys(([bos] if first else []) + ([eos] if last else []))]
@@ -340,6 +344,18 @@ def gguf_tokenizer(file: GGUFFile) -> GGUFTokenizer:
                                                            special_tokens=specials)
     return GGUFTokenizer(tok, byte_level=kind == "gpt2", bos_id=bos, eos_id=eos,
                          chat_template=file.string("tokenizer.chat_template", None))
+
+
+KEEP_SPACES_AFTER = {"<unk>", "<s>", "<|endoftext|>"}
+
+
+def rstrip_after(file: GGUFFile):
+    """``token -> bool``: whether the whitespace after the special token is dropped. llama.cpp does it for every
+    special token but ``<unk>``, ``<s>`` and ``<|endoftext|>`` in a model whose ``general.name`` says Phi-3 (its
+    chat template writes "<|user|>\\n…<|end|>\\n" and the newlines were not trained on), and for no other."""
+    name = str(file.value("general.name", "")).lower()
+    phi3 = "phi-3" in name or "phi3" in name
+    return lambda token: phi3 and token not in KEEP_SPACES_AFTER
 
 
 def vocabulary(file: GGUFFile) -> tuple[list, list]:
