@@ -87,15 +87,36 @@ def paired_cpu(a, b, rounds: int) -> dict:
             "ratio_min": float(ratios.min()), "ratio_max": float(ratios.max())}
 
 
+def llama_cpp_model(path, **options):
+    """``llama_cpp.Llama(model_path=path, verbose=False, **options)`` with its weights in the CPU's plain
+    buffers (llama.cpp's ``use_extra_bufts`` off: no repacking at load), or None when ``llama_cpp`` cannot be
+    imported. On the Xeon the figures come from, llama.cpp repacked the Q4_1 weights for AMX by default
+    (1.8 s of its load) and then died of SIGILL on its first batch of more than one token; its plain kernels
+    run everywhere."""
+    try:
+        import llama_cpp
+        import llama_cpp.llama_cpp as low
+    except ImportError:
+        return None
+    defaults = low.llama_model_default_params
+
+    def plain():
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+    low.llama_model_default_params = plain
+    try:
+        return llama_cpp.Llama(model_path=str(path), verbose=False, **options)
+    finally:
+        low.llama_model_default_params = defaults
+
+
 def llama_cpp_at(path, context: int, *, flash_attn: bool):
     """A llama.cpp decode step at ``context`` tokens (its cache filled by a prefill of random tokens, one
     thread), as a callable; None when ``llama_cpp`` cannot be imported."""
-    try:
-        import llama_cpp
-    except ImportError:
+    llm = llama_cpp_model(path, n_ctx=context + 8, n_threads=1, n_threads_batch=1, n_batch=512, flash_attn=flash_attn)
+    if llm is None:
         return None
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=context + 8, n_threads=1, n_threads_batch=1, n_batch=512,
-                          flash_attn=flash_attn, verbose=False)
     prompt = [int(i) for i in np.random.default_rng(0).integers(3, llm.n_vocab(), context)]
     llm.eval(prompt)
 

@@ -262,11 +262,10 @@ def prefill_row(f32, q, reference, threads: int, rounds: int) -> dict:
 def llama_cpp_step(path, threads: int):
     """One llama.cpp decode step on the same file and threads, as a callable (None when ``llama_cpp``, the
     package llama-cpp-python, cannot be imported). It is never built here: see docs/speed.md."""
-    try:
-        import llama_cpp
-    except ImportError:
+    from .bench_context import llama_cpp_model
+    llm = llama_cpp_model(path, n_ctx=256, n_threads=threads, n_batch=64)   # plain buffers: see there
+    if llm is None:
         return None
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, n_threads=threads, n_batch=64, verbose=False)
     prompt = list(range(1, 65))
     llm.eval(prompt)
 
