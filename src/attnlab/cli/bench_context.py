@@ -26,13 +26,13 @@ import time
 
 import numpy as np
 
-from .bench_model import Decoder, weight_bytes
-
 LONG_CONTEXTS = (512, 2048, 8192)
 
 
-class FilledDecoder(Decoder):
-    """A :class:`Decoder` whose caches hold ``context`` tokens of random keys and values, written directly."""
+class FilledDecoder:
+    """A model, its caches holding ``context`` tokens of random keys and values (written directly), and
+    :meth:`step`: one decode step, rewound afterwards so every step sees the same context (as
+    :class:`attnlab.cli.bench_model.Decoder`, which fills its caches by a prefill)."""
 
     def __init__(self, model, context: int, rng: np.random.Generator):
         from ..stack.transformer import forward, new_caches
@@ -45,6 +45,18 @@ class FilledDecoder(Decoder):
             cache.length = context
             cache.k_max = float(np.abs(cache.k).max())
             cache.v_max = float(np.abs(cache.v).max())
+
+    def step(self) -> np.ndarray:
+        logits = self.forward(self.model, np.array([self.context % self.model.config.vocab_size]),
+                              caches=self.caches).logits             # (1, vocab)
+        for cache in self.caches:
+            cache.length = self.context
+        return logits
+
+
+def weight_bytes(model) -> int:
+    """Bytes of every weight a step reads (quantized ones as stored)."""
+    return int(sum(getattr(a, "nbytes", 0) for a in model.params().values()))
 
 
 def kv_bytes(model, context: int) -> int:
