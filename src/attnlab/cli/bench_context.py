@@ -26,13 +26,13 @@ import time
 
 import numpy as np
 
-from .bench_model import Decoder, weight_bytes
-
 LONG_CONTEXTS = (512, 2048, 8192)
 
 
-class FilledDecoder(Decoder):
-    """A :class:`Decoder` whose caches hold ``context`` tokens of random keys and values, written directly."""
+class FilledDecoder:
+    """A model, its caches holding ``context`` tokens of random keys and values (written directly), and
+    :meth:`step`: one decode step, rewound afterwards so every step sees the same context (as
+    :class:`attnlab.cli.bench_model.Decoder`, which fills its caches by a prefill)."""
 
     def __init__(self, model, context: int, rng: np.random.Generator):
         from ..stack.transformer import forward, new_caches
@@ -45,6 +45,18 @@ class FilledDecoder(Decoder):
             cache.length = context
             cache.k_max = float(np.abs(cache.k).max())
             cache.v_max = float(np.abs(cache.v).max())
+
+    def step(self) -> np.ndarray:
+        logits = self.forward(self.model, np.array([self.context % self.model.config.vocab_size]),
+                              caches=self.caches).logits             # (1, vocab)
+        for cache in self.caches:
+            cache.length = self.context
+        return logits
+
+
+def weight_bytes(model) -> int:
+    """Bytes of every weight a step reads (quantized ones as stored)."""
+    return int(sum(getattr(a, "nbytes", 0) for a in model.params().values()))
 
 
 def kv_bytes(model, context: int) -> int:
@@ -112,9 +124,12 @@ def llama_cpp_model(path, **options):
 
 
 def llama_cpp_at(path, context: int, *, flash_attn: bool):
-    """A llama.cpp decode step at ``context`` tokens (its cache filled by a prefill of random tokens, one
-    thread), as a callable; None when ``llama_cpp`` cannot be imported."""
-    llm = llama_cpp_model(path, n_ctx=context + 8, n_threads=1, n_threads_batch=1, n_batch=512, flash_attn=flash_attn)
+    """A llama.cpp decode step at ``context`` tokens on one thread (its cache filled by a prefill of random
+    tokens on every usable core: one thread took minutes at 8,192 with flash-attention), as a callable; None
+    when ``llama_cpp`` cannot be imported."""
+    import os
+    llm = llama_cpp_model(path, n_ctx=context + 8, n_threads=1, n_threads_batch=len(os.sched_getaffinity(0)),
+                          n_batch=512, flash_attn=flash_attn)
     if llm is None:
         return None
     prompt = [int(i) for i in np.random.default_rng(0).integers(3, llm.n_vocab(), context)]
