@@ -7,7 +7,7 @@ import pytest
 
 from attnlab.layer.config import AttentionConfig
 from attnlab.layer.positions import RoPE
-from attnlab.stack.blocks import BLOCKS, ParallelBlock, PostNormBlock, PreNormBlock, SandwichBlock
+from attnlab.stack.blocks import BLOCKS, OutputNormBlock, ParallelBlock, PostNormBlock, PreNormBlock, SandwichBlock
 from attnlab.stack.hooks import hook_names, run_with_cache, run_with_hooks
 from attnlab.stack.layers import ACTIVATIONS, LayerNorm, RMSNorm
 from attnlab.stack.transformer import ModelConfig, Transformer, forward, param_names
@@ -59,7 +59,10 @@ RESIDUAL_LINES = {
     ParallelBlock: lambda b, x, causal: x + attn(ln(x, b.ln_1), b.attn, causal) + mlp(ln(x, b.ln_2), b.mlp),
     SandwichBlock: lambda b, x, causal: (lambda y: y + ln(mlp(ln(y, b.ln_2), b.mlp), b.ln_2_post))(
         x + ln(attn(ln(x, b.ln_1), b.attn, causal), b.ln_1_post)),
+    OutputNormBlock: lambda b, x, causal: (lambda y: y + ln(mlp(y, b.mlp), b.ln_2_post))(
+        x + ln(attn(x, b.attn, causal), b.ln_1_post)),
 }
+UNNORMED_INPUT = (PostNormBlock, OutputNormBlock)   # the sublayers read the stream as it is
 
 
 @pytest.mark.parametrize("block", list(BLOCKS.values()))
@@ -113,13 +116,13 @@ def test_every_hook_name_is_reached_in_order_and_the_new_points_hold_what_they_s
     assert ("blocks.0.hook_resid_mid" in cache) == (block is not ParallelBlock)
     b, x = model.blocks[0], model.W_E[ids]
     np.testing.assert_array_equal(cache["hook_embed"], x)
-    a_in = x if block is PostNormBlock else ln(x, b.ln_1)
-    if block is not PostNormBlock:
+    a_in = x if block in UNNORMED_INPUT else ln(x, b.ln_1)
+    if block not in UNNORMED_INPUT:
         np.testing.assert_allclose(cache["blocks.0.ln_1.hook_normalized"], a_in, rtol=1e-12)
         mu = x.mean(-1, keepdims=True)
         np.testing.assert_allclose(cache["blocks.0.ln_1.hook_scale"],
                                    np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + 1e-5), rtol=1e-12)
-    m_in = cache["blocks.0.ln_2.hook_normalized"] if block is not PostNormBlock else cache["blocks.0.hook_resid_mid"]
+    m_in = cache["blocks.0.ln_2.hook_normalized"] if block not in UNNORMED_INPUT else cache["blocks.0.hook_resid_mid"]
     np.testing.assert_allclose(cache["blocks.0.mlp.hook_pre"], m_in @ b.mlp.W_in + b.mlp.b_in, rtol=1e-12)
     np.testing.assert_allclose(cache["blocks.0.mlp.hook_post"], ACTIVATIONS["gelu_new"](cache["blocks.0.mlp.hook_pre"]),
                                rtol=1e-12)
@@ -127,7 +130,7 @@ def test_every_hook_name_is_reached_in_order_and_the_new_points_hold_what_they_s
     result = cache["blocks.1.attn.hook_result"]                      # (h, n, d_model)
     assert result.shape == (3, 5, 12)
     y = result.sum(0) + model.blocks[1].attn.b_O                     # (n, d_model)
-    y = ln(y, model.blocks[1].ln_1_post) if block is SandwichBlock else y   # the sandwich normalises it first
+    y = ln(y, model.blocks[1].ln_1_post) if hasattr(block, "ln_1_post") else y   # sandwich, output-norm: normalised first
     np.testing.assert_allclose(y, cache["blocks.1.hook_attn_out"], rtol=1e-11, atol=1e-12)
     # the stream adds up: resid_post = resid_pre + attn_out + mlp_out, except where a norm sits on the sum
     if block is not PostNormBlock:
@@ -173,7 +176,7 @@ def test_config_json_names_the_block_and_reads_the_old_pre_norm_flag(rng):
     old = dict(c.to_json(), pre_norm=False)
     del old["block"]
     assert ModelConfig.from_json(old).block is PostNormBlock
-    with pytest.raises(ValueError, match=r"block must be one of \['parallel', 'post_norm', 'pre_norm', 'sandwich'\], "
+    with pytest.raises(ValueError, match=r"block must be one of \['output_norm', 'parallel', 'post_norm', 'pre_norm', 'sandwich'\], "
                                          r"got 'gpt-j'"):
         ModelConfig.from_json(dict(c.to_json(), block="gpt-j"))
     with pytest.raises(ValueError, match="block must be one of"):

@@ -308,7 +308,7 @@ def test_pickled_checkpoints_are_refused_never_opened(tmp_path):
     (None, {"layer_norm_epsilon": "tiny"}, r"'layer_norm_epsilon' must be a number between 0 and 1, got 'tiny'"),
     (None, {"activation_function": "quick_gelu"}, r"'activation_function' is 'quick_gelu'"),
     (None, {"scale_attn_by_inverse_layer_idx": True}, r"scale_attn_by_inverse_layer_idx=True"),
-    (None, {"model_type": "mamba"}, r"model_type is 'mamba'; attnlab reads \['attnlab', 'bert', 'gemma2', 'gpt2', 'gpt_neox'"),
+    (None, {"model_type": "mamba"}, r"model_type is 'mamba'; attnlab reads \['attnlab', 'bert', 'gemma2', 'gemma3_text', 'gpt2'"),
     (lambda w: w.update({"lm_head.weight": w["wte.weight"] + 1}), {}, r"'lm_head\.weight' differs from 'wte\.weight'"),
 ])
 def test_broken_checkpoints_get_one_clear_error(write_gpt2, edit, config, message):

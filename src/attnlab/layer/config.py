@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from ..kernels._checks import as_positive_float, as_positive_int
 from .positions import Learned, PositionScheme, check_scheme, scheme_from_json
+from .qknorm import QKNorm
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class AttentionConfig:
     scale: float | None = None     # multiplies the scores; None = 1/√d_head (Gemma-2: query_pre_attn_scalar^-½)
     softcap: float | None = None   # scores capped to softcap · tanh(s / softcap) (Gemma-2); None = no cap
     sinks: bool = False        # a learned sink logit per head in each softmax's denominator (gpt-oss)
+    qk_norm: QKNorm | None = None  # q and k RMS-normalised before RoPE (Qwen3, Gemma-3, OLMo-2); None = not
 
     def __post_init__(self):
         for name in ("d_model", "n_heads", "n_ctx"):
@@ -49,6 +51,8 @@ class AttentionConfig:
         check_scheme(self.positions).check(self.d_model, self.d_head)
         if not isinstance(self.sinks, bool):
             raise TypeError(f"sinks must be True or False, got {type(self.sinks).__name__} {self.sinks!r}")
+        if self.qk_norm is not None and not isinstance(self.qk_norm, QKNorm):
+            raise TypeError(f"qk_norm must be a QKNorm or None, got {type(self.qk_norm).__name__}")
 
     @property
     def groups(self) -> int:
@@ -74,13 +78,15 @@ class AttentionConfig:
         return {"d_model": self.d_model, "n_heads": self.n_heads, "d_head": self.d_head,
                 "n_kv_heads": self.n_kv_heads, "n_ctx": self.n_ctx, "positions": self.positions.to_json(),
                 "window": self.window, "scale": self.scale, "softcap": self.softcap,
-                **({"sinks": True} if self.sinks else {})}
+                **({"sinks": True} if self.sinks else {}),
+                **({} if self.qk_norm is None else {"qk_norm": self.qk_norm.to_json()})}
 
     @classmethod
     def from_json(cls, data: dict) -> "AttentionConfig":
         """The inverse of :meth:`to_json`."""
         data = dict(data)
         data["positions"] = scheme_from_json(data.get("positions", "learned"))
+        data["qk_norm"] = QKNorm.from_json(data.get("qk_norm"))
         return cls(**data)
 
 

@@ -63,6 +63,8 @@ class MultiHeadAttention:
     b_O: np.ndarray   # (d_model,)
     config: AttentionConfig
     sinks: np.ndarray | None = None   # (h,) the learned sink logits, with config.sinks (gpt-oss; kernels.sinks)
+    q_norm: np.ndarray | None = None   # (d_head,) or (h·d_head,): QK-norm's weights, with the config's qk_norm only
+    k_norm: np.ndarray | None = None   # (d_head,) or (h_kv·d_head,)
     # W_Q | W_K | W_V side by side (d_model, (h + 2·h_kv)·d_head), and b_Q | b_K | b_V: one product projects q, k
     # and v (attnlab.kernels.matmul). Float weights are views of its columns; None when the three differ in type
     W_QKV: object | None = field(init=False, repr=False, default=None)
@@ -71,9 +73,13 @@ class MultiHeadAttention:
     def __post_init__(self):
         if not isinstance(self.config, AttentionConfig):
             raise TypeError(f"config must be an AttentionConfig, got {type(self.config).__name__}")
-        for name in PARAMS:
-            object.__setattr__(self, name, as_weight(name, getattr(self, name)))
         expected = param_shapes(self.config)
+        for name in QK_NORM_PARAMS:
+            if (getattr(self, name) is None) == (name in expected):
+                raise ValueError(f"{name} must be given with the config's qk_norm and only then: the config has "
+                                 f"qk_norm {self.config.qk_norm}, {name} is {type(getattr(self, name)).__name__}")
+        for name in expected:
+            object.__setattr__(self, name, as_weight(name, getattr(self, name)))
         for name, shape in expected.items():
             got = getattr(self, name).shape
             if got != shape:
@@ -100,7 +106,8 @@ class MultiHeadAttention:
             raise TypeError(f"config must be an AttentionConfig, got {type(config).__name__}")
         check_rng(rng)
         shapes = param_shapes(config)
-        return cls(**{n: (rng.normal(0.0, std, shape).astype(dtype) if n.startswith("W") else np.zeros(shape, dtype))
+        return cls(**{n: (rng.normal(0.0, std, shape).astype(dtype) if n.startswith("W") else
+                          np.ones(shape, dtype) if n in QK_NORM_PARAMS else np.zeros(shape, dtype))
                       for n, shape in shapes.items()}, config=config)
 
     @classmethod
@@ -120,12 +127,13 @@ class MultiHeadAttention:
 
     @property
     def n_params(self) -> int:
-        """Every number in the layer: four matrices and four biases."""
+        """Every number in the layer: four matrices and four biases (and QK-norm's two weights, the sinks)."""
         return sum(a.size for a in self.params().values())
 
     def params(self) -> dict[str, np.ndarray]:
-        """The eight arrays by name (the arrays themselves, not copies), and the sinks where there are some."""
-        return {n: getattr(self, n) for n in PARAMS} | ({} if self.sinks is None else {"sinks": self.sinks})
+        """The eight arrays by name (and QK-norm's two, the sinks, where the config has them; the arrays
+        themselves, not copies)."""
+        return {n: getattr(self, n) for n in param_shapes(self.config)}
 
     def new_cache(self, capacity: int, *, batch_shape: tuple = ()) -> KVCache:
         """An empty KV cache for this layer, with room for ``capacity`` tokens of its n_kv_heads heads."""
@@ -143,16 +151,20 @@ class MultiHeadAttention:
 
 
 PARAMS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
-# in pass order: q, k, v as projected (before RoPE, TransformerLens's meaning), then, with RoPE only, as rotated
-HOOKS = ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_scores", "hook_pattern", "hook_z",
-         "hook_result")
+QK_NORM_PARAMS = ("q_norm", "k_norm")   # with the config's qk_norm only
+# in pass order: q, k, v as projected (before QK-norm and RoPE, TransformerLens's meaning), with QK-norm as
+# normalised, then, with RoPE only, as rotated
+HOOKS = ("hook_q", "hook_k", "hook_v", "hook_q_normed", "hook_k_normed", "hook_rot_q", "hook_rot_k", "hook_scores",
+         "hook_pattern", "hook_z", "hook_result")
 MultiHeadAttention.HOOKS = HOOKS
 
 
 def hook_points(c: AttentionConfig) -> tuple[str, ...]:
-    """The hook points of a layer with config ``c``: :data:`HOOKS`, ``hook_rot_q``/``hook_rot_k`` with RoPE only,
-    ``hook_sink`` (..., h, n) after ``hook_pattern`` with sinks only (the weight each query gave its head's sink)."""
-    points = HOOKS if c.positions.rotates else tuple(h for h in HOOKS if not h.startswith("hook_rot"))
+    """The hook points of a layer with config ``c``: :data:`HOOKS`, ``hook_q_normed``/``hook_k_normed`` with
+    QK-norm only, ``hook_rot_q``/``hook_rot_k`` with RoPE only, ``hook_sink`` (..., h, n) after ``hook_pattern``
+    with sinks only (the weight each query gave its head's sink)."""
+    points = tuple(h for h in HOOKS if not (h.startswith("hook_rot") and not c.positions.rotates)
+                   and not (h.endswith("_normed") and c.qk_norm is None))
     if c.sinks:
         i = points.index("hook_pattern") + 1
         points = (*points[:i], "hook_sink", *points[i:])
@@ -160,10 +172,12 @@ def hook_points(c: AttentionConfig) -> tuple[str, ...]:
 
 
 def param_shapes(c: AttentionConfig) -> dict[str, tuple]:
-    """The shape of each weight of a layer with config ``c``."""
+    """The shape of each weight of a layer with config ``c`` (QK-norm's two after the eight)."""
     d, w, w_kv = c.d_model, c.n_heads * c.d_head, c.n_kv_heads * c.d_head
+    own = {} if c.qk_norm is None else c.qk_norm.shapes(c.n_heads, c.n_kv_heads, c.d_head)
     return {"W_Q": (d, w), "W_K": (d, w_kv), "W_V": (d, w_kv), "W_O": (w, d),
-            "b_Q": (w,), "b_K": (w_kv,), "b_V": (w_kv,), "b_O": (d,), **({"sinks": (c.n_heads,)} if c.sinks else {})}
+            "b_Q": (w,), "b_K": (w_kv,), "b_V": (w_kv,), "b_O": (d,), **own,
+            **({"sinks": (c.n_heads,)} if c.sinks else {})}
 
 
 def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_causal=False,
@@ -172,7 +186,8 @@ def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_ca
     """Multi-head attention (Vaswani et al., 2017, §3.2.2):
     ``y = concat_i(attention(x W_Qᵢ + b_Qᵢ, x W_Kᵢ + b_Kᵢ, x W_Vᵢ + b_Vᵢ)) W_O + b_O``.
 
-    The layer's config says the rest: its position scheme rotates q and k (RoPE) or biases the scores
+    The layer's config says the rest: its QK-norm normalises q and k first, its position scheme rotates q and
+    k (RoPE) or biases the scores
     (ALiBi), its ``window`` limits a causal mask, and with ``n_kv_heads < n_heads`` each key/value head
     serves a group of query heads (grouped-query attention; K and V are never repeated).
 
@@ -193,7 +208,8 @@ def multihead_attention(p: MultiHeadAttention, x, *, mask=None, bias=None, is_ca
     hook : callable, optional
         Named activations (see :mod:`attnlab.stack.hooks`): ``hook(name, array)`` returns the array to go on
         with, for the names of :func:`hook_points`: ``hook_q``, ``hook_k``, ``hook_v`` as projected, then
-        with RoPE ``hook_rot_q``, ``hook_rot_k`` as rotated, ``hook_scores``, ``hook_pattern``, ``hook_z``
+        with QK-norm ``hook_q_normed``, ``hook_k_normed`` as normalised (:mod:`attnlab.layer.qknorm`), with
+        RoPE ``hook_rot_q``, ``hook_rot_k`` as rotated, ``hook_scores``, ``hook_pattern``, ``hook_z``
         and ``hook_result``; ``hook.wants(name)`` says which it takes. Asking for the scores or the pattern
         takes the path that holds the (n, n_k) grid.
     tape : Tape, optional
@@ -256,6 +272,9 @@ def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook, 
     start = 0 if cache is None else cache.length
     q0, k0, v, qk = _project(p, x)                   # (..., h, n, d_head), (..., h_kv, n, d_head) × 2
     q, k, v = hook("hook_q", q0), hook("hook_k", k0), hook("hook_v", v)
+    normed = None
+    if p.config.qk_norm is not None:                 # QK-norm: before RoPE, so q and k are new arrays
+        q, k, normed = _qk_norm(p, q, k, hook, keep=tape is not None)   # (..., h|h_kv, n, d_head)
     q, k = _rotate(p, q, k, qk if q is q0 and k is k0 else None, hook, start=start, positions=positions)
     if cache is not None:
         k, v = cache.append(k, v)                    # (..., h_kv, n_k, d_head) each: every token so far
@@ -288,7 +307,7 @@ def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook, 
     else:
         merged, y = _output(p, heads)                # (..., n, h·d_head), (..., n, d_model)
     if tape is not None:
-        tape.keep(SavedLayer(x=x, merged=merged, attn=saved, positions=positions))
+        tape.keep(SavedLayer(x=x, merged=merged, attn=saved, positions=positions, qk_normed=normed))
     return y
 
 
@@ -357,6 +376,7 @@ class SavedLayer:
     merged: np.ndarray       # (..., n, h·d_head) the heads side by side, before W_O
     attn: Saved              # the attention's own saved forward
     positions: np.ndarray | None = None   # (..., n) a padded batch's positions, RoPE's angles
+    qk_normed: tuple | None = None        # QK-norm's saved forward for q and for k (QKNorm.backward's)
 
 
 def multihead_attention_forward(p: MultiHeadAttention, x, *, mask=None, bias=None, is_causal=False):
@@ -437,6 +457,12 @@ def multihead_attention_backward_named(p: MultiHeadAttention, saved: SavedLayer,
         at = None if saved.positions is None else saved.positions[..., None, :]   # (..., 1, n)
         dq = c.positions.rotate(dq, start=0, inverse=True, positions=at)   # (..., h, n, d_head)
         dk = c.positions.rotate(dk, start=0, inverse=True, positions=at)   # (..., h_kv, n, d_head)
+    norm_grads = {}
+    if c.qk_norm is not None:
+        # forward: q = qk_norm(q, q_norm), k = qk_norm(k, k_norm), before the rotation
+        named.update(hook_q_normed=dq, hook_k_normed=dk)
+        dq, norm_grads["q_norm"] = c.qk_norm.backward(saved.qk_normed[0], dq, p.q_norm)   # (..., h, n, d_head)
+        dk, norm_grads["k_norm"] = c.qk_norm.backward(saved.qk_normed[1], dk, p.k_norm)   # (..., h_kv, n, d_head)
     named.update(hook_q=dq, hook_k=dk)
     # forward: q = split_heads(x @ W_Q + b_Q), likewise k and v
     x2 = x.reshape(-1, d_model)                            # (N, d_model)
@@ -449,7 +475,7 @@ def multihead_attention_backward_named(p: MultiHeadAttention, saved: SavedLayer,
         dx += d_lin @ getattr(p, f"W_{name}").T            # (..., n, d_model)
     if dsink:
         grads["sinks"] = dsink[0]                          # (h,)
-    return dx, MultiHeadAttention(**grads, W_O=dW_O, b_O=db_O, config=c), named
+    return dx, MultiHeadAttention(**grads, W_O=dW_O, b_O=db_O, config=c, **norm_grads), named
 
 
 def _output(p: MultiHeadAttention, heads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -491,6 +517,15 @@ def _rotate(p: MultiHeadAttention, q, k, qk, hook, *, start: int, positions=None
     else:
         q, k = scheme.rotate(q, start=start, positions=at), scheme.rotate(k, start=start, positions=at)
     return hook("hook_rot_q", q), hook("hook_rot_k", k)        # (..., h, n, d_head), (..., h_kv, n, d_head)
+
+
+def _qk_norm(p: MultiHeadAttention, q, k, hook, *, keep: bool):
+    """q and k RMS-normalised by the config's QK-norm (:mod:`attnlab.layer.qknorm`), seen at ``hook_q_normed`` and
+    ``hook_k_normed``; and, with ``keep``, what its backward needs for each (else None)."""
+    norm = p.config.qk_norm
+    q, saved_q = norm(q, p.q_norm, keep)             # (..., h, n, d_head)
+    k, saved_k = norm(k, p.k_norm, keep)             # (..., h_kv, n, d_head)
+    return hook("hook_q_normed", q), hook("hook_k_normed", k), ((saved_q, saved_k) if keep else None)
 
 
 def _bias(p: MultiHeadAttention, bias, n_q: int, n_k: int, dtype):

@@ -136,10 +136,13 @@ def _rope_turns(n: int, start: int, d_head: int, theta: float, scaling, inverse:
     rotate back). Kept for the last 64 (n, start) asked: a decode step asks for one position at a time."""
     freq = rope_frequencies(d_head, theta, scaling)          # (d_head/2,)
     angle = position_ids(n, start=start)[:, None] * freq      # (n, d_head/2)
-    sign = np.array([1.0, -1.0] if inverse else [-1.0, 1.0]) * rope_attention_factor(scaling)   # (2,) YaRN's factor
+    sign = np.array([1.0, -1.0] if inverse else [-1.0, 1.0])  # (2,)
     cos = np.repeat(np.cos(angle)[..., None], 2, axis=-1)     # (n, d_head/2, 2)
-    cos *= abs(sign[0])
     sin = np.sin(angle)[..., None] * sign                     # (n, d_head/2, 2)
+    m = 1.0 if scaling is None else rope_attention_factor(scaling)
+    if m != 1.0:                                              # YaRN's attention factor rides on cos and sin
+        cos *= m
+        sin *= m
     cos, sin = cos.astype(dtype), sin.astype(dtype)
     cos.flags.writeable = sin.flags.writeable = False         # shared between calls
     return cos, sin
@@ -149,9 +152,13 @@ def _turns_at(pos: np.ndarray, d_head: int, theta: float, scaling, inverse: bool
     """:func:`_rope_turns` at any positions (..., n): cos and ±sin (..., n, d_head/2, 2)."""
     freq = rope_frequencies(d_head, theta, scaling)            # (d_head/2,)
     angle = pos[..., None].astype(np.float64) * freq           # (..., n, d_head/2)
-    sign = (np.array([1.0, -1.0]) if inverse else np.array([-1.0, 1.0])) * rope_attention_factor(scaling)
-    cos = np.repeat(np.cos(angle)[..., None], 2, -1) * abs(sign[0])   # (..., n, d_head/2, 2)
+    sign = np.array([1.0, -1.0]) if inverse else np.array([-1.0, 1.0])
+    cos = np.repeat(np.cos(angle)[..., None], 2, -1)           # (..., n, d_head/2, 2)
     sin = np.sin(angle)[..., None] * sign                      # (..., n, d_head/2, 2)
+    m = 1.0 if scaling is None else rope_attention_factor(scaling)
+    if m != 1.0:                                               # YaRN's attention factor rides on cos and sin
+        cos *= m
+        sin *= m
     return cos.astype(dtype, copy=False), sin.astype(dtype, copy=False)
 
 

@@ -9,7 +9,7 @@ runs the forward pass and returns every layer's attention weights as an :class:`
 hidden states. safetensors and tokenizers are imported only when a model is loaded.
 """
 
-from . import bert, gemma2, gpt2, gpt_neox, gpt_oss, llama, own, phi3  # noqa: F401  each registers its family
+from . import bert, gemma2, gemma3, gpt2, gpt_neox, gpt_oss, llama, olmo2, own, phi3, qwen3  # noqa: F401  each registers its family
 from .attend import Attended, attend, random_heads
 from .checkpoint import read_safetensors
 from .families import FAMILIES, MINILM, Family, ModelSource, load_model, load_network, minilm_path, open_model, register

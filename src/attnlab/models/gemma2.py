@@ -27,8 +27,8 @@ from ..stack.transformer import ModelConfig, Transformer
 from ..text.tokens import json_folder_tokenizer
 from .checkpoint import Tensors, config_eos_ids, config_float, config_int
 from .families import Family, checkpoint_loader, register
-from .llama import (gated_mlp, gguf_names, llama_gguf_config, llama_layout, llama_layout_model, rope_attention,
-                    rope_scheme)
+from .llama import (gated_mlp, gguf_names, llama_gguf_config, llama_layout, llama_layout_model, qk_norm_weights,
+                    rope_attention, rope_scheme)
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
@@ -86,9 +86,12 @@ def gemma2_from_tensors(tensors: Tensors, cfg: ModelConfig) -> Transformer:
 
     def block(i: int) -> SandwichBlock:
         p = f"layers.{i}"
+        a_i = cfg.layer_attention(i)
         attn = rope_attention(*(t.linear(f"{p}.self_attn.{n}_proj", d, w)
                                 for n, w in (("q", width), ("k", width_kv), ("v", width_kv))),
-                              t.linear(f"{p}.self_attn.o_proj", width, d), cfg.layer_attention(i))
+                              t.linear(f"{p}.self_attn.o_proj", width, d), a_i,
+                              norms=qk_norm_weights(t, f"{p}.self_attn.q_norm", f"{p}.self_attn.k_norm", a_i,
+                                                    plus_one=True))   # Gemma-3's QK-norm; {} for Gemma-2
         return SandwichBlock(attn=attn, ln_1=norm(f"{p}.input_layernorm"),
                              ln_1_post=norm(f"{p}.post_attention_layernorm"), mlp=gated_mlp(t, cfg, *(f"{p}.mlp.{n}_proj" for n in ("gate", "up", "down"))),
                              ln_2=norm(f"{p}.pre_feedforward_layernorm"),

@@ -47,14 +47,14 @@ MODEL_TYPES = ("llama", "mistral", "qwen2")
 TITLES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}   # as the families write their names
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 # each scaling's fields as config.json states them: (needed, optional), read by rope_scaling_of
-SCALING_KEYS = {"llama3": (LLAMA3_KEYS, ()),
+SCALING_KEYS = {"llama3": (LLAMA3_KEYS, ()), "linear": (("factor",), ()),
                 "yarn": (("factor", "original_max_position_embeddings"),
                          ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim")),
                 "dynamic": (("factor",), ())}
 
 
 def rope_scheme(config: dict, source: str, d_head: int | None = None) -> RoPE:
-    """RoPE with the config's base θ and, for ``rope_type`` "llama3", "yarn" or "dynamic" (NTK-aware), its
+    """RoPE with the config's base θ and, for ``rope_type`` "llama3", "linear", "yarn" or "dynamic" (NTK-aware), its
     frequency scaling (:func:`rope_scaling_of`); any other scaling type is refused, naming it. With ``d_head``, a ``partial_rotary_factor`` below 1 (Phi-3,
     GPT-NeoX) rotates only the first ``d_head · factor`` features of each head."""
     params = config.get("rope_parameters")                       # transformers 5: one dict
@@ -172,18 +172,33 @@ def half_to_pairs(n_heads: int, d_head: int, rotary_dim: int | None = None) -> n
 
 
 def rope_attention(q: tuple, k: tuple, v: tuple, o: tuple, a: AttentionConfig, *,
-                   pairs: bool = False, sinks=None) -> MultiHeadAttention:
+                   pairs: bool = False, norms: dict | None = None, sinks=None) -> MultiHeadAttention:
     """The layer from Hugging Face's (weight (d_in, d_out), bias) pairs of q, k, v and o, W_Q's and W_K's
     columns (and b_Q's, b_K's) taken from rotate_half's layout into RoPE pairs, head by head (only the first
-    rotary_dim features of a head with partial rotation); ``pairs``: the columns already pair (GGUF);
+    rotary_dim features of a head with partial rotation); ``pairs``: the columns already pair (GGUF).
+    ``norms``: QK-norm's ``q_norm`` and ``k_norm`` weights (:func:`qk_norm_weights`), reordered alike;
     ``sinks``: the learned sink logits (h,), per head, so never reordered (gpt-oss)."""
     r = getattr(a.positions, "rotary_dim", None)
     if pairs:
-        q_order = k_order = slice(None)
+        q_order = k_order = one = slice(None)
     else:
         q_order, k_order = half_to_pairs(a.n_heads, a.d_head, r), half_to_pairs(a.n_kv_heads, a.d_head, r)
+        one = half_to_pairs(1, a.d_head, r)                      # (d_head,) one head's order
+    norms = {} if not norms else {"q_norm": norms["q_norm"][one if a.qk_norm.over == "head" else q_order],
+                                  "k_norm": norms["k_norm"][one if a.qk_norm.over == "head" else k_order]}
     return MultiHeadAttention(q[0][:, q_order], k[0][:, k_order], v[0], o[0], q[1][q_order], k[1][k_order], v[1],
-                              o[1], config=a, **({} if sinks is None else {"sinks": sinks}))
+                              o[1], config=a, **norms, **({} if sinks is None else {"sinks": sinks}))
+
+
+def qk_norm_weights(t: Tensors, q_norm: str, k_norm: str, a: AttentionConfig, *, plus_one: bool = False) -> dict:
+    """QK-norm's weights ``{q_norm}.weight`` and ``{k_norm}.weight``, shaped as the config's qk_norm says
+    ((d_head,) per head, or the whole projection's width); {} for a layer without QK-norm. ``plus_one``: stored
+    as w for a norm that scales by 1 + w (Gemma's)."""
+    if a.qk_norm is None:
+        return {}
+    shapes = a.qk_norm.shapes(a.n_heads, a.n_kv_heads, a.d_head)
+    got = {"q_norm": t.take(f"{q_norm}.weight", shapes["q_norm"]), "k_norm": t.take(f"{k_norm}.weight", shapes["k_norm"])}
+    return {name: 1 + w if plus_one else w for name, w in got.items()}
 
 
 def gated_mlp(t: Tensors, cfg: ModelConfig, gate: str, up: str, down: str) -> GatedMLP:
@@ -213,6 +228,8 @@ class TensorNames:
     ln_1: str
     ln_2: str
     rope_pairs: bool = False        # True: q/k columns already pair (2i, 2i+1), nothing to reorder
+    q_norm: str = "layers.{i}.self_attn.q_norm"   # QK-norm's weights, read only for a config with qk_norm
+    k_norm: str = "layers.{i}.self_attn.k_norm"
 
 
 HF_NAMES = TensorNames(prefix="model.", layers=r"layers\.(\d+)\.", n_layers_field="num_hidden_layers",
@@ -229,7 +246,8 @@ GGUF_NAMES = TensorNames(prefix="", layers=r"blk\.(\d+)\.", n_layers_field="llam
                          embed="token_embd.weight", unembed="output.weight", final_norm="output_norm",
                          q="blk.{i}.attn_q", k="blk.{i}.attn_k", v="blk.{i}.attn_v", o="blk.{i}.attn_output",
                          gate="blk.{i}.ffn_gate", up="blk.{i}.ffn_up", down="blk.{i}.ffn_down",
-                         ln_1="blk.{i}.attn_norm", ln_2="blk.{i}.ffn_norm", rope_pairs=True)
+                         ln_1="blk.{i}.attn_norm", ln_2="blk.{i}.ffn_norm", rope_pairs=True,
+                         q_norm="blk.{i}.attn_q_norm", k_norm="blk.{i}.attn_k_norm")
 
 
 def llama_from_tensors(tensors: Tensors, cfg: ModelConfig, *, qkv_bias: bool = False, o_bias: bool = False,
@@ -242,9 +260,11 @@ def llama_from_tensors(tensors: Tensors, cfg: ModelConfig, *, qkv_bias: bool = F
 
     def block(i: int) -> PreNormBlock:
         name = lambda part: getattr(names, part).format(i=i)        # noqa: E731
+        a_i = cfg.layer_attention(i)
         attn = rope_attention(*(t.linear(name(n), d, w, bias=qkv_bias) for n, w in (("q", width), ("k", width_kv),
                                                                                    ("v", width_kv))),
-                              t.linear(name("o"), width, d, bias=o_bias), a, pairs=names.rope_pairs)
+                              t.linear(name("o"), width, d, bias=o_bias), a_i, pairs=names.rope_pairs,
+                              norms=qk_norm_weights(t, name("q_norm"), name("k_norm"), a_i))
         mlp = gated_mlp(t, cfg, name("gate"), name("up"), name("down"))
         return PreNormBlock(attn=attn, ln_1=norm(name("ln_1")), mlp=mlp, ln_2=norm(name("ln_2")))
 

@@ -36,8 +36,9 @@ SHORT_NAMES = {"resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid", "re
                "pre": "mlp.hook_pre", "post": "mlp.hook_post", "rot_q": "attn.hook_rot_q", "rot_k": "attn.hook_rot_k",
                "pre_linear": "mlp.hook_pre_linear", "attn_in": "hook_attn_in", "mlp_in": "hook_mlp_in"}
 _HEAD_AXIS_HOOKS = ("attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_rot_q", "attn.hook_rot_k", "attn.hook_z",
-                    "attn.hook_result")
-_ROTATED_HOOKS = ("attn.hook_q", "attn.hook_k", "attn.hook_rot_q", "attn.hook_rot_k")   # RoPE's pair order
+                    "attn.hook_result", "attn.hook_q_normed", "attn.hook_k_normed")
+_ROTATED_HOOKS = ("attn.hook_q", "attn.hook_k", "attn.hook_rot_q", "attn.hook_rot_k", "attn.hook_q_normed",
+                  "attn.hook_k_normed")   # RoPE's pair order
 
 
 def positions(x: np.ndarray, pos_slice, *, axis: int = -2) -> np.ndarray:

@@ -7,6 +7,7 @@ chain of the block's parts), as nanoGPT's ``Block`` writes them::
     PostNormBlock  (BERT)            x = ln_1(x + attn(x));           x = ln_2(x + mlp(x))
     ParallelBlock  (GPT-NeoX, GPT-J) x = x + attn(ln_1(x)) + mlp(ln_2(x))
     SandwichBlock  (Gemma-2)         x = x + ln_1_post(attn(ln_1(x))); x = x + ln_2_post(mlp(ln_2(x)))
+    OutputNormBlock (OLMo-2)         x = x + ln_1_post(attn(x));       x = x + ln_2_post(mlp(x))
 
 One interpreter runs the lines forward (:meth:`Block.forward`) for inference, hooks and training alike: with
 a tape (:class:`attnlab.layer.tape.Tape`) each part keeps what its backward needs, under its field name.
@@ -347,4 +348,22 @@ class SandwichBlock(Block):
                 "ln_2": norm_slot(c) if with_mlp else None, "ln_2_post": norm_slot(c) if with_mlp else None}
 
 
-BLOCKS = {cls.name: cls for cls in (PreNormBlock, PostNormBlock, ParallelBlock, SandwichBlock)}   # name -> kind
+@dataclass(frozen=True, eq=False)
+class OutputNormBlock(Block):
+    """OLMo-2 (OLMo et al., 2024): each sublayer reads the stream as it is, and its output is normalised before
+    it joins the stream (a sandwich without the norms before); a final norm before the logits."""
+    attn: MultiHeadAttention
+    ln_1_post: object | None = None   # on the attention's output
+    mlp: object | None = None
+    ln_2_post: object | None = None   # on the MLP's output
+    name = "output_norm"
+    LINES = (line(("attn", "ln_1_post")),   # x = x + ln_1_post(attn(x))
+             line(("mlp", "ln_2_post")))    # x = x + ln_2_post(mlp(x))
+
+    @classmethod
+    def slots(cls, c, a):
+        return {"attn": attention_slot(a), "ln_1_post": norm_slot(c), "mlp": mlp_slot(c),
+                "ln_2_post": norm_slot(c) if c.d_mlp is not None else None}
+
+
+BLOCKS = {cls.name: cls for cls in (PreNormBlock, PostNormBlock, ParallelBlock, SandwichBlock, OutputNormBlock)}

@@ -18,6 +18,8 @@ Per layer i, at the same names in every block kind (:mod:`attnlab.stack.blocks`)
     blocks.{i}.attn.hook_q           (n_heads, n, d_head)  queries as projected, before RoPE (TL's hook_q)
     blocks.{i}.attn.hook_k           (n_kv_heads, n, d_head)
     blocks.{i}.attn.hook_v           (n_kv_heads, n, d_head)
+    blocks.{i}.attn.hook_q_normed    (n_heads, n, d_head)  queries after QK-norm, before RoPE (QK-norm only)
+    blocks.{i}.attn.hook_k_normed    (n_kv_heads, n, d_head)
     blocks.{i}.attn.hook_rot_q       (n_heads, n, d_head)  queries after RoPE, as attention sees them (RoPE only)
     blocks.{i}.attn.hook_rot_k       (n_kv_heads, n, d_head)
     blocks.{i}.attn.hook_scores      (n_heads, n, n_k)     scaled, biased scores; -inf where masked

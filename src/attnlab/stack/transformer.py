@@ -108,11 +108,12 @@ class ModelConfig:
         if layers and len(layers) != self.n_layers:
             raise ValueError(f"layers must hold one AttentionConfig per layer ({self.n_layers}), got {len(layers)}")
         sizes = ("d_model", "n_heads", "n_kv_heads", "d_head", "n_ctx")
+        same_kind = lambda p: p == self.attention.positions or (p.rotates and self.attention.positions.rotates)   # noqa: E731
         for i, a in enumerate(layers):
-            if any(getattr(a, k) != getattr(self.attention, k) for k in sizes) or a.positions != self.attention.positions:
+            if any(getattr(a, k) != getattr(self.attention, k) for k in sizes) or not same_kind(a.positions):
                 raise ValueError(f"layers[{i}] must share attention's sizes and positions ({', '.join(sizes)}); "
-                                 f"only window, scale and softcap may differ by layer: got {a}, attention is "
-                                 f"{self.attention}")
+                                 f"only window, scale, softcap, qk_norm and RoPE's own base and scaling (Gemma-3's "
+                                 f"local and global layers) may differ by layer: got {a}, attention is {self.attention}")
 
     @property
     def d_model(self) -> int:
