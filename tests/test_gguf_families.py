@@ -451,5 +451,8 @@ def test_a_gpt_oss_gguf_matches_the_model_it_was_written_from(tmp_path, qtype, e
     assert max(np.abs(a - b).max() for a, b in zip(out.attentions, ref_weights)) < 1e-5
     if qtype != Q.F32:
         pytest.importorskip("numba")
+        from attnlab.kernels.quantized import QuantizedMatrix
+
         quant, _ = load_model(path, quantized=True)
+        assert isinstance(quant.blocks[0].attn.W_Q, QuantizedMatrix)     # Q8_0 kept; MXFP4 experts: float32
         assert rel(forward(quant, ids).logits, out.logits) < 1e-5
