@@ -124,6 +124,20 @@ def test_a_bad_scores_list_is_one_line(tmp_path):
         gguf_tokenizer(open_gguf(path))
 
 
+def test_a_token_too_long_to_cut_is_refused(tmp_path):
+    """Cutting every token in two costs Σ len²: a hostile vocabulary's 10⁶-character token is refused first."""
+    path = tmp_path / "long.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(["a", "a" * 1_000_000])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="a token of 1,000,000 characters"):
+        gguf_tokenizer(open_gguf(path))
+
+
 def test_an_unknown_tokenizer_kind_names_both_kinds(tmp_path):
     path = tmp_path / "t5.gguf"
     w = gguf.GGUFWriter(str(path), "t5")
