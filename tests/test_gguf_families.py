@@ -81,7 +81,8 @@ def qwen2_tensors(sd: dict, cfg) -> dict:
              "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
              "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
-             "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}
+             "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up", "self_attn.q_norm": "attn_q_norm",
+             "self_attn.k_norm": "attn_k_norm"}
     for i in range(cfg.num_hidden_layers):
         for hf, cpp in parts.items():
             for leaf in ("weight", "bias"):
@@ -137,6 +138,10 @@ def gemma2_meta(cfg) -> dict:
                                "final_logit_softcapping": float(cfg.final_logit_softcapping)}
 
 
+def gemma3_meta(cfg) -> dict:
+    return common_meta(cfg) | {"attention.sliding_window": cfg.sliding_window, "rope.freq_base": 1_000_000.0}
+
+
 def phi3_meta(cfg) -> dict:
     d_head = cfg.hidden_size // cfg.num_attention_heads
     factor = (cfg.rope_parameters or {}).get("partial_rotary_factor", 1.0)
@@ -151,7 +156,8 @@ def gpt2_meta(cfg) -> dict:
 
 
 FAMILIES = {"qwen2": ("gpt2", qwen2_tensors, qwen2_meta), "gemma2": ("llama", gemma2_tensors, gemma2_meta),
-            "phi3": ("llama", qwen2_tensors, phi3_meta), "gpt2": ("gpt2", gpt2_tensors, gpt2_meta)}
+            "phi3": ("llama", qwen2_tensors, phi3_meta), "gpt2": ("gpt2", gpt2_tensors, gpt2_meta),
+            "qwen3": ("gpt2", qwen2_tensors, qwen2_meta), "gemma3": ("llama", gemma2_tensors, gemma3_meta)}
 
 
 def hf_model(family: str, vocab: int, *, tied=True, partial=1.0, d_model=64, d_mlp=96, seed=0):
@@ -166,6 +172,11 @@ def hf_model(family: str, vocab: int, *, tied=True, partial=1.0, d_model=64, d_m
         cfg = transformers.Qwen2Config(**common)
     elif family == "gemma2":
         cfg = transformers.Gemma2Config(**common, head_dim=16, query_pre_attn_scalar=16, sliding_window=8)
+    elif family == "qwen3":
+        cfg = transformers.Qwen3Config(**common, head_dim=16)
+    elif family == "gemma3":           # six layers: five local (window 8, base 10,000), one global (1,000,000)
+        cfg = transformers.Gemma3TextConfig(**dict(common, num_hidden_layers=6), head_dim=16, query_pre_attn_scalar=16,
+                                            sliding_window=8)
     elif family == "phi3":
         cfg = transformers.Phi3Config(**common, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                                  "partial_rotary_factor": partial})
@@ -176,7 +187,7 @@ def hf_model(family: str, vocab: int, *, tied=True, partial=1.0, d_model=64, d_m
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.ndim == 1:
-                p.copy_(torch.randn_like(p) * 0.1 + (0.0 if family == "gemma2" or "bias" in name else 1.0))
+                p.copy_(torch.randn_like(p) * 0.1 + (0.0 if family.startswith("gemma") or "bias" in name else 1.0))
             else:
                 p.copy_(torch.randn_like(p) * 0.2)
     return model.eval()
@@ -243,11 +254,14 @@ FLOAT_CASES = {
     "gemma2": ("gemma2", {}),
     "phi3 untied": ("phi3", {"tied": False}), "phi3 partial rotary": ("phi3", {"partial": 0.5}),
     "gpt2": ("gpt2", {}), "gpt2 with output.weight": ("gpt2", {"tied": False}),
+    "qwen3": ("qwen3", {}), "gemma3": ("gemma3", {}),
 }
 # what transformers takes from no GGUF key: Gemma-2's query_pre_attn_scalar (2B/9B's is head_dim, as llama.cpp
 # has it), Phi-3's pad id (its config's default, 32000, lies past these vocabularies), GPT-2's n_positions
-# (transformers reads gpt2.context_length into n_ctx, which GPT2Config no longer uses)
-EXTRA = {"gemma2": {"query_pre_attn_scalar": 16}, "phi3": {"pad_token_id": None}, "gpt2": {"n_positions": 128}}
+# (transformers reads gpt2.context_length into n_ctx, which GPT2Config no longer uses), Qwen3's head_dim (it reads
+# no qwen3.attention.key_length)
+EXTRA = {"gemma2": {"query_pre_attn_scalar": 16}, "gemma3": {"query_pre_attn_scalar": 16}, "phi3": {"pad_token_id": None},
+         "gpt2": {"n_positions": 128}, "qwen3": {"head_dim": 16}}
 
 
 @pytest.mark.parametrize("case", FLOAT_CASES, ids=list(FLOAT_CASES))
@@ -258,7 +272,7 @@ def test_a_family_gguf_matches_transformers_reading_the_same_file(tmp_path, case
     path = write_family_gguf(tmp_path / f"{family}.gguf", family, model)
     ids = np.random.default_rng(1).integers(3, vocab - 2, 40)                      # (40,) past gemma2's window 8
     ours, _ = load_model(path)
-    assert ours.config.family == family and ours.config.n_layers == 2
+    assert ours.config.family == family and ours.config.n_layers == model.config.num_hidden_layers
     out = forward(ours, ids, return_weights=True)
     source, source_weights = source_reads(model, ids)
     assert rel(out.logits, source) < 1e-5                                          # the file says the model
@@ -275,6 +289,7 @@ QUANT_CASES = {
     "phi3 Q4_1": ("phi3", Q.Q4_1, {"tied": False}), "gpt2 Q8_0": ("gpt2", Q.Q8_0, {}),
     "qwen2 Q4_K": ("qwen2", Q.Q4_K, {"d_model": 256, "d_mlp": 256}),
     "phi3 Q6_K": ("phi3", Q.Q6_K, {"d_model": 256, "d_mlp": 256}),
+    "qwen3 Q4_0": ("qwen3", Q.Q4_0, {}), "gemma3 Q8_0": ("gemma3", Q.Q8_0, {}),
 }
 
 
@@ -436,5 +451,8 @@ def test_a_gpt_oss_gguf_matches_the_model_it_was_written_from(tmp_path, qtype, e
     assert max(np.abs(a - b).max() for a, b in zip(out.attentions, ref_weights)) < 1e-5
     if qtype != Q.F32:
         pytest.importorskip("numba")
+        from attnlab.kernels.quantized import QuantizedMatrix
+
         quant, _ = load_model(path, quantized=True)
+        assert isinstance(quant.blocks[0].attn.W_Q, QuantizedMatrix)     # Q8_0 kept; MXFP4 experts: float32
         assert rel(forward(quant, ids).logits, out.logits) < 1e-5

@@ -124,6 +124,20 @@ def test_a_bad_scores_list_is_one_line(tmp_path):
         gguf_tokenizer(open_gguf(path))
 
 
+def test_a_token_too_long_to_cut_is_refused(tmp_path):
+    """Cutting every token in two costs Σ len²: a hostile vocabulary's 10⁶-character token is refused first."""
+    path = tmp_path / "long.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(["a", "a" * 1_000_000])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="a token of 1,000,000 characters"):
+        gguf_tokenizer(open_gguf(path))
+
+
 def test_an_unknown_tokenizer_kind_names_both_kinds(tmp_path):
     path = tmp_path / "t5.gguf"
     w = gguf.GGUFWriter(str(path), "t5")
@@ -159,18 +173,22 @@ def test_tokens_equal_llama_cpp_on_the_same_file(tmp_path, prefix, name):
             " " if prefix is None else ""), text
 
 
-def test_tokens_of_the_family_files_equal_llama_cpp(tmp_path):
-    """The same on the Gemma-2 and Phi-3 files of tests/test_gguf_families.py (llama.cpp reads their
-    architectures' vocabularies as it reads llama's)."""
+@pytest.mark.parametrize("family", ["gemma2", "phi3", "gemma3", "qwen2", "qwen3", "gpt2", "gpt-oss"])
+def test_tokens_of_the_family_files_equal_llama_cpp(tmp_path, family):
+    """The same on the files of tests/test_gguf_families.py, each read by llama.cpp as its architecture:
+    SentencePiece (Gemma-2 without the space prefix, Gemma-3, Phi-3) and byte-level BPE (Qwen2's
+    pre-tokenizer)."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    for family in ("gemma2", "phi3"):
-        model = families.hf_model(family, len(TOKENS))
-        path = families.write_family_gguf(tmp_path / f"{family}.gguf", family, model)
-        ours = gguf_tokenizer(open_gguf(path))
-        llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
-        for text in TEXTS:
-            assert ids(ours, text) == llm.tokenize(text.encode("utf-8"), add_bos=True, special=True), \
-                (family, text)
+    if family == "gpt-oss":
+        path = families.write_gpt_oss_gguf(tmp_path / "oss.gguf", families.gpt_oss_model(len(families.BPE.TOKENS)))
+    else:
+        kind = families.FAMILIES[family][0]
+        vocab = len(TOKENS) if kind == "llama" else len(families.BPE.TOKENS)
+        path = families.write_family_gguf(tmp_path / f"{family}.gguf", family, families.hf_model(family, vocab))
+    ours = gguf_tokenizer(open_gguf(path))
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    for text in TEXTS + ["<|im_end|>the cat", "the  cat\r\n"]:
+        assert ids(ours, text) == llm.tokenize(text.encode("utf-8"), add_bos=True, special=True), (family, text)
 
 
 SPECIAL = ("<s>", "</s>", "<|user|>", "<|end|>")

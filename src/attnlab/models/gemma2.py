@@ -100,18 +100,25 @@ def gemma2_from_tensors(tensors: Tensors, cfg: ModelConfig) -> Transformer:
     return llama_layout_model(t, cfg, block, norm)
 
 
-def gguf_sliding_layers(file, n_layers: int, arch: str = "gemma2") -> list[bool]:
+def gguf_sliding_layers(file, n_layers: int, arch: str = "gemma2", period: int = 2) -> list[bool]:
     """Which layers slide, as llama.cpp reads it: ``{arch}.attention.sliding_window_pattern``, one bool per
-    layer, or a period n (layer i slides unless i % n == n − 1); every other layer from the first without it
-    (Gemma-2, gpt-oss)."""
+    layer, or a period n (layer i slides unless i % n == n − 1); without it, ``period``: 2 (every other layer
+    from the first: Gemma-2, gpt-oss) or 6 (five local to one global: Gemma-3)."""
     key = f"{arch}.attention.sliding_window_pattern"
-    pattern = file.value(key, 2)
+    pattern = file.value(key, period)
     if isinstance(pattern, list):
         if len(pattern) != n_layers or not all(isinstance(x, (bool, int, np.integer)) for x in pattern):
             raise ValueError(f"{file.path}: GGUF metadata {key!r} must be {n_layers} booleans, one per layer")
         return [bool(x) for x in pattern]
-    period = file.integer(key, 2)
+    period = file.integer(key, period)
     return [i % period < period - 1 for i in range(n_layers)]
+
+
+def gguf_score_scale(cfg: ModelConfig, layers_27b: int) -> float:
+    """Gemma's score scale as llama.cpp sets it (a GGUF file states no query_pre_attn_scalar): ``d_head^-½``,
+    but ``(d_model / n_heads)^-½`` for the 27B model, known by its layer count (46 for Gemma-2, 62 for Gemma-3)."""
+    a = cfg.attention
+    return (a.d_model // a.n_heads if cfg.n_layers == layers_27b else a.d_head) ** -0.5
 
 
 def gemma2_gguf_config(file) -> tuple[ModelConfig, str]:
@@ -122,7 +129,7 @@ def gemma2_gguf_config(file) -> tuple[ModelConfig, str]:
     sliding layers, tied logits (llama.cpp ignores any ``output.weight``)."""
     cfg, why = llama_gguf_config(file, "gemma2")
     a = cfg.attention
-    scale = (a.d_model // a.n_heads if cfg.n_layers == 46 else a.d_head) ** -0.5
+    scale = gguf_score_scale(cfg, 46)
     attention = dataclasses.replace(a, scale=scale, softcap=file.number("gemma2.attn_logit_softcapping", 50.0))
     window = file.integer("gemma2.attention.sliding_window", 4096)
     layers = tuple(dataclasses.replace(attention, window=window if slides else None)
@@ -133,23 +140,30 @@ def gemma2_gguf_config(file) -> tuple[ModelConfig, str]:
 
 
 def load_gemma2_gguf(file) -> Transformer:
-    """A gemma2 GGUF file's model: llama.cpp's names (``post_attention_norm``, ``post_ffw_norm`` for the
-    sandwich's second norms), its norms loaded as they are (llama.cpp's converter already added Gemma's 1 to
-    each weight), q and k in rotate_half's layout taken into pairs."""
+    """A gemma2 GGUF file's model (:func:`sandwich_from_gguf`)."""
     cfg, why = gemma2_gguf_config(file)
+    return sandwich_from_gguf(file, cfg, why, "gemma2")
+
+
+def sandwich_from_gguf(file, cfg: ModelConfig, why: str, arch: str) -> Transformer:
+    """A Gemma GGUF file's model (Gemma-2, Gemma-3): llama.cpp's names (``post_attention_norm``,
+    ``post_ffw_norm`` for the sandwich's second norms, ``attn_q_norm``/``attn_k_norm`` with QK-norm), its norms
+    loaded as they are (llama.cpp's converter already added Gemma's 1 to each weight), q and k in rotate_half's
+    layout taken into pairs."""
     a, d = cfg.attention, cfg.d_model
     width, width_kv = a.n_heads * a.d_head, a.n_kv_heads * a.d_head
-    names = gguf_names("gemma2", rope_pairs=False)
+    names = gguf_names(arch, rope_pairs=False)
     t = llama_layout(file.tensors, cfg, names, why)
 
     def norm(prefix: str) -> RMSNorm:
         return RMSNorm.load(t, prefix, d_model=d, eps=cfg.norm_eps)
 
     def block(i: int) -> SandwichBlock:
-        p = f"blk.{i}"
+        p, a_i = f"blk.{i}", cfg.layer_attention(i)
         attn = rope_attention(*(t.linear(f"{p}.attn_{n}", d, w) for n, w in (("q", width), ("k", width_kv),
                                                                              ("v", width_kv))),
-                              t.linear(f"{p}.attn_output", width, d), cfg.layer_attention(i))
+                              t.linear(f"{p}.attn_output", width, d), a_i,
+                              norms=qk_norm_weights(t, f"{p}.attn_q_norm", f"{p}.attn_k_norm", a_i))
         return SandwichBlock(attn=attn, ln_1=norm(f"{p}.attn_norm"), ln_1_post=norm(f"{p}.post_attention_norm"),
                              mlp=gated_mlp(t, cfg, *(f"{p}.ffn_{n}" for n in ("gate", "up", "down"))),
                              ln_2=norm(f"{p}.ffn_norm"), ln_2_post=norm(f"{p}.post_ffw_norm"))

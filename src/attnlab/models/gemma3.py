@@ -20,12 +20,14 @@ import dataclasses
 
 from ..layer.positions import RoPE
 from ..layer.qknorm import QKNorm
-from ..stack.transformer import ModelConfig
+from ..stack.blocks import SandwichBlock
+from ..stack.transformer import ModelConfig, Transformer
 from ..text.tokens import json_folder_tokenizer
 from .checkpoint import config_float, config_int
 from .families import Family, checkpoint_loader, register
-from .gemma2 import LAYER_TYPES, gemma2_config, gemma2_from_tensors
-from .llama import rope_scheme
+from .gemma2 import (LAYER_TYPES, gemma2_config, gemma2_from_tensors, gguf_score_scale, gguf_sliding_layers,
+                     sandwich_from_gguf)
+from .llama import llama_gguf_config, rope_scheme
 
 LOCAL_BASE = 10_000.0        # rope_local_base_freq's default
 GLOBAL_BASE = 1_000_000.0    # rope_theta's default in Gemma-3
@@ -71,7 +73,34 @@ def gemma3_config(config: dict, source: str) -> ModelConfig:
     return dataclasses.replace(cfg, attention=attention, layers=layers, family="gemma3")
 
 
+def gemma3_gguf_config(file) -> tuple[ModelConfig, str]:
+    """The stack's config from a gemma3 GGUF file's metadata, as llama.cpp reads it: the global layers' RoPE
+    from ``gemma3.rope.freq_base`` and ``rope.scaling.*``, the local ones' from ``gemma3.rope.freq_base_swa``
+    (10,000) unscaled; ``gemma3.attention.sliding_window`` on the local layers (five of six, or
+    ``attention.sliding_window_pattern``; no window stated: every layer global); QK-norm per head; the score
+    scale of :func:`attnlab.models.gemma2.gguf_score_scale`; ``gemma3.final_logit_softcapping`` if stated."""
+    cfg, why = llama_gguf_config(file, "gemma3")
+    window = file.integer("gemma3.attention.sliding_window", 0, least=0)
+    local = RoPE(file.number("gemma3.rope.freq_base_swa", LOCAL_BASE))
+    attention = dataclasses.replace(cfg.attention, scale=gguf_score_scale(cfg, 62),
+                                    qk_norm=QKNorm("head", cfg.norm_eps))
+    slides = gguf_sliding_layers(file, cfg.n_layers, "gemma3", period=6) if window else [False] * cfg.n_layers
+    layers = tuple(dataclasses.replace(attention, window=window, positions=local) if s else attention for s in slides)
+    softcap = file.number("gemma3.final_logit_softcapping") if file.has("gemma3.final_logit_softcapping") else None
+    return dataclasses.replace(cfg, attention=attention, layers=layers, activation="gelu_pytorch_tanh",
+                               block=SandwichBlock, embed_scale=cfg.d_model ** 0.5, logit_softcap=softcap,
+                               family="gemma3"), why
+
+
+def load_gemma3_gguf(file) -> Transformer:
+    """A gemma3 GGUF file's model: Gemma-2's layout (:func:`attnlab.models.gemma2.sandwich_from_gguf`) with
+    ``attn_q_norm`` and ``attn_k_norm``, Gemma's 1 already added by llama.cpp's converter."""
+    cfg, why = gemma3_gguf_config(file)
+    return sandwich_from_gguf(file, cfg, why, "gemma3")
+
+
 GEMMA3 = register(Family(name="gemma3_text", title="Gemma-3",
                          matches=lambda config: config.get("model_type") == "gemma3_text",
                          load=checkpoint_loader(gemma3_config, gemma2_from_tensors),
-                         tokenizer=lambda folder, config: json_folder_tokenizer(folder)))
+                         tokenizer=lambda folder, config: json_folder_tokenizer(folder),
+                         gguf_architecture="gemma3", load_gguf=load_gemma3_gguf))

@@ -405,6 +405,7 @@ def byte_level_bpe(file: GGUFFile, tokens: list, types: list):
 
 
 SPACE = "\u2581"    # "▁", SentencePiece's visible space: "▁the" is " the"
+LONGEST_PIECE = 1024  # characters of a SentencePiece token (real vocabularies: under 100; a file's is checked)
 BYTE_TOKEN = 6       # tokenizer.ggml.token_type of "<0x0A>" and its kin: one byte, for text no token spells
 
 
@@ -425,6 +426,11 @@ def sentencepiece_bpe(file: GGUFFile, tokens: list, types: list):
             isinstance(x, bool) or not isinstance(x, (int, float)) for x in scores)):
         raise ValueError(f"{file.path}: GGUF metadata 'tokenizer.ggml.scores' must be one number per token "
                          f"({len(tokens)})")
+    longest = max(tokens, key=len, default="")
+    if len(longest) > LONGEST_PIECE:       # cutting every token in two costs Σ len²: bounded before it is paid
+        raise ValueError(f"{file.path}: GGUF metadata 'tokenizer.ggml.tokens' holds a token of {len(longest):,} "
+                         f"characters; attnlab reads SentencePiece vocabularies whose tokens have at most "
+                         f"{LONGEST_PIECE:,}")
     merges = file.strings("tokenizer.ggml.merges", None)
     pairs = ([tuple(m.split(" ", 1)) for m in merges] if merges else
              score_merges(tokens, [0.0] * len(tokens) if scores is None else scores))

@@ -18,7 +18,7 @@ from ..text.tokens import json_folder_tokenizer
 from .checkpoint import config_float, config_int, read_checkpoint
 from .families import Family, register
 from .gemma2 import LAYER_TYPES
-from .llama import llama_config, llama_from_tensors
+from .llama import gguf_names, llama_config, llama_from_tensors, llama_gguf_config
 
 
 def layer_windows(config: dict, source: str, n_layers: int) -> list[int | None]:
@@ -51,5 +51,15 @@ def load_qwen3(folder, config: dict):
     return llama_from_tensors(tensors, qwen3_config(config, tensors.source), qkv_bias=bias, o_bias=bias)
 
 
+def load_qwen3_gguf(file):
+    """A qwen3 GGUF file's model: Qwen2's keys under ``qwen3.``, no biases, ``blk.{i}.attn_q_norm`` and
+    ``attn_k_norm`` (d_head,) per layer, q and k (and their norms) in rotate_half's layout taken into pairs.
+    Every layer attends to the whole context, as llama.cpp reads Qwen3."""
+    cfg, why = llama_gguf_config(file, "qwen3")
+    cfg = dataclasses.replace(cfg, attention=dataclasses.replace(cfg.attention, qk_norm=QKNorm("head", cfg.norm_eps)))
+    return llama_from_tensors(file.tensors, cfg, names=gguf_names("qwen3", rope_pairs=False), why=why)
+
+
 QWEN3 = register(Family(name="qwen3", title="Qwen3", matches=lambda config: config.get("model_type") == "qwen3",
-                        load=load_qwen3, tokenizer=lambda folder, config: json_folder_tokenizer(folder)))
+                        load=load_qwen3, tokenizer=lambda folder, config: json_folder_tokenizer(folder),
+                        gguf_architecture="qwen3", load_gguf=load_qwen3_gguf))
