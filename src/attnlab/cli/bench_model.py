@@ -266,6 +266,8 @@ def llama_cpp_step(path, threads: int):
         import llama_cpp
     except ImportError:
         return None
+    from .llama_process import extra_buffers_off
+    extra_buffers_off(llama_cpp)                     # no AMX tiles: they died on SIGILL on the sandbox's Xeon
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, n_threads=threads, n_batch=64, verbose=False)
     prompt = list(range(1, 65))
     llm.eval(prompt)
