@@ -203,3 +203,21 @@ def test_greedy_logits_follow_their_own_argmax(tmp_path):
     assert len(ids) == 8 and logits.shape == (8, model.config.vocab_size)
     assert ids[3:] == [int(i) for i in logits[2:7].argmax(-1)]
     np.testing.assert_allclose(logits, forward(model, np.asarray(ids)).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_bench_q8_rows_print_every_row_with_and_without_llama_cpp():
+    """bench_q8's table (the rows ``attnlab bench --model smollm2`` adds): decode, each prefill, and the
+    llama.cpp rows only when it ran."""
+    from attnlab.cli.bench_q8 import q8_table
+
+    x = {"ratio": 0.9, "ratio_min": 0.8, "ratio_max": 1.1}
+    prefill = [{"tokens": n, "ms": {"float32": 1.0, "exact": 2.0, "q8": 3.0}} for n in (512, 2048)]
+    r = {"llama_cpp": None, "threads": 1, "decode": {"q8": 10.0, "exact": 12.0, "q8_vs_exact": x}, "prefill": prefill}
+    lines = q8_table(r)
+    assert lines[0].startswith("decode q8") and "not importable" in lines[1]
+    assert [ln.split()[1] for ln in lines[2:]] == ["512", "2048"]
+    with_llama = dict(r, llama_cpp="0.3.36", decode=dict(r["decode"], llama_cpp=8.0, q8_vs_llama_cpp=x,
+                                                          exact_vs_llama_cpp=x),
+                      prefill=[dict(p, ms=dict(p["ms"], llama_cpp=4.0), vs_llama_cpp={"q8": x}) for p in prefill])
+    lines = q8_table(with_llama)
+    assert sum("vs llama.cpp" in ln for ln in lines) == 2 and sum("vs llama_cpp" in ln for ln in lines) == 2

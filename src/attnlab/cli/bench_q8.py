@@ -16,6 +16,7 @@ import numpy as np
 
 PREFILLS = (512, 2048)
 DECODE_STEPS = 5                   # decode steps per round and contender
+DECODE_CONTEXT = 64                # the prompt a decode step follows, as bench_model.Decoder's
 
 
 def cpu_seconds(f, repeat: int = 1) -> float:
@@ -45,14 +46,13 @@ def alternate(sides: dict, rounds: int) -> dict:
     return times
 
 
-def decode_rows(q8, exact, llama, rounds: int) -> dict:
-    """Decode ms/token at a 64-token context: q8 against exact, and each against llama.cpp (None without)."""
-    from .bench_model import Decoder
-
-    d8, de = Decoder(q8), Decoder(exact)
+def decode_rows(q8, exact, llama, rounds: int, decoder) -> dict:
+    """Decode ms/token at a DECODE_CONTEXT-token context: q8 against exact, and each against llama.cpp (None without);
+    ``decoder(model)`` has the ``step()`` of :class:`attnlab.cli.bench_model.Decoder`."""
+    d8, de = decoder(q8), decoder(exact)
     sides = {"q8": lambda: cpu_seconds(d8.step, DECODE_STEPS), "exact": lambda: cpu_seconds(de.step, DECODE_STEPS)}
     if llama is not None:
-        sides["llama_cpp"] = lambda: llama.request(op="decode", context=64, steps=DECODE_STEPS, rounds=1)["seconds"][0]
+        sides["llama_cpp"] = lambda: llama.request(op="decode", context=DECODE_CONTEXT, steps=DECODE_STEPS, rounds=1)["seconds"][0]
     times = alternate(sides, rounds)
     out = {name: 1e3 * float(np.median(t)) for name, t in times.items()}
     out["q8_vs_exact"] = ratios(times, "q8", "exact")
@@ -87,14 +87,13 @@ def prefill_rows(models: dict, hf, torch, llama, tokens: int, rounds: int) -> di
     return out
 
 
-def q8_rows(path, f32, exact, reference, threads: int, rounds: int, say=lambda _: None) -> dict:
-    """The rows of issue 33 on SmolLM2's GGUF ``path``: the q8 model loaded here, ``f32`` and ``exact`` the
-    float32 and exact quantized models, ``reference`` transformers' model and torch (``(None, None)``)."""
-    from .bench_model import smollm2_file_model
+def q8_rows(path, models: dict, reference, threads: int, rounds: int, decoder, say=lambda _: None) -> dict:
+    """The rows of issue 33 on SmolLM2's GGUF ``path``: ``models`` the float32, exact quantized and q8 models
+    (``{"float32": …, "exact": …, "q8": …}``), ``reference`` transformers' model and torch (``(None, None)``),
+    ``decoder`` :class:`attnlab.cli.bench_model.Decoder` (passed in: bench_model imports this module)."""
     from .llama_process import LlamaProcess, llama_cpp_installed
 
-    q8 = smollm2_file_model(path, quantized="q8-activations")
-    llama = LlamaProcess(path, threads=threads, n_ctx=max(PREFILLS) + 16) if llama_cpp_installed() else None
+    llama = LlamaProcess(path, threads=threads, n_ctx=max(*PREFILLS, DECODE_CONTEXT) + 16) if llama_cpp_installed() else None
     hf, torch = reference
     before = None if torch is None else torch.get_num_threads()
     try:
@@ -102,12 +101,11 @@ def q8_rows(path, f32, exact, reference, threads: int, rounds: int, say=lambda _
             torch.set_num_threads(threads)
         say("decode: 8-bit activations, exact quantized, llama.cpp")
         out = {"llama_cpp": None if llama is None else llama.version, "threads": threads,
-               "decode": decode_rows(q8, exact, llama, rounds)}
+               "decode": decode_rows(models["q8"], models["exact"], llama, rounds, decoder)}
         out["prefill"] = []
         for tokens in PREFILLS:
             say(f"prefill {tokens} tokens: float32, exact quantized, q8, transformers, llama.cpp")
-            out["prefill"].append(prefill_rows({"float32": f32, "exact": exact, "q8": q8}, hf, torch, llama,
-                                               tokens, max(3, rounds // 3)))
+            out["prefill"].append(prefill_rows(models, hf, torch, llama, tokens, max(3, rounds // 3)))
     finally:
         if llama is not None:
             llama.close()

@@ -9,6 +9,12 @@ processes. The child measures its own process time (``time.process_time``: its t
 Requests: ``decode`` (rounds of single-token steps after a ``context``-token prompt, rewound after each
 step, as :class:`attnlab.cli.bench_model.Decoder` does), ``prefill`` (one evaluation of ``tokens`` ids) and
 ``greedy`` (a prompt and ``steps`` greedy tokens with every position's logits, written to an ``.npy`` file).
+
+The model loads with ggml's extra buffer types off (``use_extra_bufts=False``): no AMX tiles and no repacked
+weights, so every product is ``ggml_vec_dot`` with the weight type's ``vec_dot_type``, the arithmetic the
+``q8-activations`` mode follows. (On the sandbox's Xeon, whose /proc/cpuinfo lists amx_int8 and amx_tile, a
+native llama.cpp build took the AMX path for SmolLM2's Q4_1 products and died on ``tilezero``: SIGILL, the
+tiles not enabled for the process.)
 """
 
 from __future__ import annotations
@@ -24,6 +30,16 @@ import numpy as np
 import llama_cpp
 
 path, threads, n_ctx = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+_defaults = llama_cpp.llama_cpp.llama_model_default_params
+
+
+def model_params():                  # ggml's extra buffer types off: AMX tiles, repacked weights (see above)
+    p = _defaults()
+    p.use_extra_bufts = False
+    return p
+
+
+llama_cpp.llama_cpp.llama_model_default_params = llama_cpp.llama_model_default_params = model_params
 llm = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
                       n_ubatch=512, logits_all=True, verbose=False)
 print(json.dumps({"ready": True, "version": getattr(llama_cpp, "__version__", "?")}), flush=True)
@@ -64,6 +80,21 @@ for line in sys.stdin:
         out = {"error": f"unknown op {op!r}"}
     print(json.dumps(out), flush=True)
 """
+
+
+def extra_buffers_off(llama_cpp) -> None:
+    """Make ``llama_cpp.Llama`` load models with ggml's extra buffer types off (``use_extra_bufts=False``, as
+    :data:`CHILD` does): the AMX path died on SIGILL on this sandbox's Xeon."""
+    defaults = llama_cpp.llama_cpp.llama_model_default_params
+    if getattr(defaults, "extra_buffers_off", False):
+        return
+
+    def model_params():
+        p = defaults()
+        p.use_extra_bufts = False
+        return p
+    model_params.extra_buffers_off = True
+    llama_cpp.llama_cpp.llama_model_default_params = llama_cpp.llama_model_default_params = model_params
 
 
 def llama_cpp_installed() -> bool:
@@ -135,8 +166,10 @@ def against_llama_cpp(model, path, prompt, steps: int = 64, tmp=None) -> dict:
     """``model`` (attnlab, e.g. loaded with ``quantized="q8-activations"``) against llama.cpp on the same GGUF
     ``path``: both decode ``steps`` greedy tokens from ``prompt``; llama.cpp runs on 1 thread and on 2 (its own
     run-to-run difference). Returns the tokens of each, whether they are equal, and the relative errors of
-    the logits per position (median, max): attnlab against llama.cpp (1 thread), and llama.cpp 2 threads
-    against 1, over the positions of the 1-thread run's tokens."""
+    the logits per position (median, max): attnlab against llama.cpp (1 thread) over the positions before
+    the first token that differs (the same context on both sides), and llama.cpp 2 threads against 1;
+    ``steps_equal`` the greedy steps equal, ``gap_at_split`` llama.cpp's margin between its token and
+    attnlab's where they split, over its largest |logit| (None when they never do)."""
     import tempfile
     from pathlib import Path
 
@@ -152,11 +185,16 @@ def against_llama_cpp(model, path, prompt, steps: int = 64, tmp=None) -> dict:
             version = llama.version
     ids, logits = greedy_logits(model, prompt, steps)
     (ids1, l1), (ids2, l2) = runs[1], runs[2]
-    ours, theirs = rel_errors(logits, l1), rel_errors(l2, l1)
+    first = next((i for i, (a, b) in enumerate(zip(ids, ids1)) if a != b), len(ids))
+    same = slice(0, min(first, len(ids)))            # positions whose contexts are the same on both sides
+    ours, theirs = rel_errors(logits[same], l1[same]), rel_errors(l2, l1)
+    gap = None
+    if first < len(ids):                              # llama.cpp's margin between the two tokens at the split
+        row = l1[first - 1]
+        gap = float(row[ids1[first]] - row[ids[first]]) / float(np.abs(row).max())
     return {"llama_cpp": version, "steps": steps, "prompt_tokens": len(prompt),
-            "tokens_equal": ids == ids1, "first_difference": next((i for i, (a, b) in enumerate(zip(ids, ids1))
-                                                                  if a != b), None),
+            "tokens_equal": ids == ids1, "steps_equal": max(0, first - len(prompt)), "gap_at_split": gap,
             "llama_threads_tokens_equal": ids2 == ids1,
             "rel_err": {"median": float(np.median(ours)), "max": float(ours.max())},
             "llama_run_to_run": {"median": float(np.median(theirs)), "max": float(theirs.max())},
-            "top1_agree": float(np.mean(logits.argmax(-1) == l1.argmax(-1)))}
+            "top1_agree": float(np.mean(logits[same].argmax(-1) == l1[same].argmax(-1)))}

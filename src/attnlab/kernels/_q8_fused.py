@@ -13,13 +13,16 @@ tested against bit for bit; in short, for a row of blocks b and a token:
   ``((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))``, plus (Q4_1) the minima's term Σ_b m_b·xs_b summed block after block.
 
 The weights are the planes of :class:`attnlab.kernels.quantized.QuantizedMatrix` (rows in groups of 4, each
-block's bytes of the four rows side by side); the four rows' lanes are computed together, so LLVM can give
-each group's block one pass of 512-bit integer dot products. No fastmath: every float operation rounds as
-numpy's does, and the integer sums are exact whatever order LLVM gives them.
+block's bytes of the four rows side by side). numba types integer arithmetic as int64 and LLVM vectorised
+none of the plain loops tried, so a row's block is written as LLVM vector IR by an intrinsic
+(:func:`_block_intrinsic`): ``vpdpbusd`` on 256-bit registers where the CPU has AVX-VNNI or AVX-512 VNNI
+(:func:`vnni_rule`), else plain IR that LLVM lowers to ``vpmaddwd`` and ``vphaddd``. No fastmath: every float
+operation rounds as numpy's does, and the integer sums are exact whatever instructions compute them.
 """
 
 from __future__ import annotations
 
+import llvmlite.binding as llvm
 import numba
 import numpy as np
 from llvmlite import ir
@@ -32,7 +35,6 @@ from ._quant_fused import GROUP, _f32
 FLAGS = dict(nogil=True, cache=True, boundscheck=False)
 LANES = 8           # float32 accumulators per row: one 256-bit register, as llama.cpp's AVX2 loop keeps them
 QK = 32             # values per block of Q8_0 / Q8_1 (and of the weights' blocks here)
-LOW, SHIFT = np.uint8(15), np.uint8(4)
 
 
 @intrinsic
@@ -76,8 +78,6 @@ def vnni_rule() -> bool:
     (``NUMBA_CPU_NAME`` unset or "host") and LLVM reports either feature here. Else the products are written as
     plain vector IR, which LLVM turns into ``vpmaddwd`` and ``vphaddd`` (AVX2, AVX-512). A rule on the CPU's
     features, never a timing."""
-    import llvmlite.binding as llvm
-
     if numba.config.CPU_NAME not in (None, "host"):
         return False
     features = llvm.get_host_cpu_features()
@@ -86,7 +86,7 @@ def vnni_rule() -> bool:
 
 VNNI = vnni_rule()
 # LLVM 22 takes vpdpbusd's byte operands as <32 x i8> (llvm-project PR 155194), earlier ones as <8 x i32>
-VNNI_BYTES = tuple(__import__("llvmlite.binding", fromlist=["x"]).llvm_version_info)[0] >= 22
+VNNI_BYTES = llvm.llvm_version_info[0] >= 22
 
 
 def _vec(ty, values):
