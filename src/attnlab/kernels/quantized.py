@@ -427,9 +427,11 @@ def prefill_pool(n_tokens: int):
     changes no result."""
     from ._threads import usable_cores, worker_pool
 
+    import threading
+
     cores = usable_cores()
-    if n_tokens <= _fused_module().MAX_TOKENS or cores == 1:
-        return None
+    if n_tokens <= _fused_module().MAX_TOKENS or cores == 1 or threading.current_thread().name.startswith("attnlab"):
+        return None                       # (a call from one of the pool's own threads never waits on the pool)
     return worker_pool(cores)
 
 
