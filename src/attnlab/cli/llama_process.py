@@ -82,21 +82,6 @@ for line in sys.stdin:
 """
 
 
-def extra_buffers_off(llama_cpp) -> None:
-    """Make ``llama_cpp.Llama`` load models with ggml's extra buffer types off (``use_extra_bufts=False``, as
-    :data:`CHILD` does): the AMX path died on SIGILL on this sandbox's Xeon."""
-    defaults = llama_cpp.llama_cpp.llama_model_default_params
-    if getattr(defaults, "extra_buffers_off", False):
-        return
-
-    def model_params():
-        p = defaults()
-        p.use_extra_bufts = False
-        return p
-    model_params.extra_buffers_off = True
-    llama_cpp.llama_cpp.llama_model_default_params = llama_cpp.llama_model_default_params = model_params
-
-
 def llama_cpp_installed() -> bool:
     """Whether ``llama_cpp`` can be imported (looked up, not imported)."""
     return importlib.util.find_spec("llama_cpp") is not None

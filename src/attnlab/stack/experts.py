@@ -34,7 +34,7 @@ through which experts were chosen; DeepSeek-V3's correction bias moves only the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
