@@ -260,7 +260,7 @@ def clamped_swiglu(gate: np.ndarray, up: np.ndarray, alpha: float, limit: float)
     """gpt-oss's gated unit: ``(clamp(up, −limit, limit) + 1) · g σ(α g)``, ``g = min(gate, limit)``.
 
     >>> clamped_swiglu(np.array([0.0, 10.0]), np.array([1.0, -10.0]), 1.702, 7.0).round(4)
-    array([ 0., -42.])
+    array([  0.    , -41.9997])
     """
     g = np.minimum(gate, limit)                                  # (..., m)
     u = np.clip(up, -limit, limit)                               # (..., m)
