@@ -1,6 +1,6 @@
 """A decode step's fixed cost cut without changing a bit (issue 33, part 3).
 
-`forward` chooses each attention path once per pass (`attnlab.kernels.attention.one_step`) and skips the hook
+`forward` chooses each attention path once per pass (`attnlab.kernels._step.one_step`) and skips the hook
 calls when nothing listens. The reference here is the slow way, as the pass ran before: a hook that listens at
 every block (so every point is called) and no step scope (so every layer asks `choose_path` again, reading the
 environment each time). The logits of each decode step must be equal bit for bit, on every block kind and
@@ -12,7 +12,7 @@ import contextlib
 import numpy as np
 import pytest
 
-from attnlab.kernels import _kernels
+from attnlab.kernels import _kernels, _step, quantized
 from attnlab.kernels import attention as attention_module
 from attnlab.layer.config import AttentionConfig
 from attnlab.layer.positions import ALiBi, Learned, RoPE, Sinusoidal
@@ -127,10 +127,21 @@ def test_the_environment_still_counts_between_steps(monkeypatch):
 
 
 def test_one_step_scopes_nest_and_end():
-    assert attention_module._STEP_PATHS.get() is None
-    with attention_module.one_step():
-        outer = attention_module._STEP_PATHS.get()
-        with attention_module.one_step():
-            assert attention_module._STEP_PATHS.get() is outer   # the inner pass shares the outer's answers
-        assert attention_module._STEP_PATHS.get() is outer
-    assert attention_module._STEP_PATHS.get() is None
+    assert _step.answers() is None
+    with _step.one_step():
+        outer = _step.answers()
+        with _step.one_step():
+            assert _step.answers() is outer             # the inner pass shares the outer's answers
+        assert _step.answers() is outer
+    assert _step.answers() is None
+
+
+@pytest.mark.skipif(not _kernels.numba_installed(), reason="numba is not installed")
+def test_the_quantized_kernel_is_chosen_once_per_step(monkeypatch):
+    monkeypatch.delenv(_kernels.NO_NUMBA_ENV, raising=False)
+    with _step.one_step():
+        first = quantized.product_kernel()
+        monkeypatch.setenv(_kernels.NO_NUMBA_ENV, "1")
+        assert quantized.product_kernel() is first       # the step's answer, the environment read once
+    assert first[0] is not None and first[1] >= 1
+    assert quantized.product_kernel() == (None, None)    # the next step reads it again

@@ -19,8 +19,6 @@ arrays are their own and already checked, come in through :func:`attend`, which 
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import logging
 import math
 from dataclasses import dataclass, replace
@@ -28,6 +26,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import _kernels, decode, naive, sinks, tiled
+from ._step import answers
 from ._checks import Checked, as_choice, as_positive_int, check_attention_args, check_dout, check_flag, grads_like
 from .naive import NaiveSaved
 from .tiled import TiledSaved
@@ -167,28 +166,6 @@ def choose_path(c: Checked, *, training: bool = False, weights: bool = False, im
     if log.isEnabledFor(logging.DEBUG):
         log.debug("attention path: %s; q %s, k %s; %s", path, c.q.shape, c.k.shape, path.reason)
     return path
-
-
-# The paths chosen so far in one step of a model (a decode step's layers ask the same question each time), or
-# None outside a step: see one_step().
-_STEP_PATHS: contextvars.ContextVar = contextvars.ContextVar("attnlab_step_paths", default=None)
-
-
-@contextlib.contextmanager
-def one_step():
-    """A scope in which :func:`attend` chooses each path once: the first call of a kind (its shapes, dtype and
-    options) asks :func:`choose_path`, the same rule, with the environment and the tune profile as they are
-    then; later calls of the same kind in the scope take that answer. A model's forward pass opens one around
-    its layers, so a decode step reads ``ATTNLAB_KERNEL``/``ATTNLAB_NO_NUMBA`` once, not in every layer
-    (a change of them between steps still counts). Nested scopes share the outer one's answers."""
-    if _STEP_PATHS.get() is not None:
-        yield
-        return
-    token = _STEP_PATHS.set({})
-    try:
-        yield
-    finally:
-        _STEP_PATHS.reset(token)
 
 
 def attention_path(query, key, value, *, mask=None, bias=None, is_causal=False, window=None, q_offset=None,
@@ -349,10 +326,10 @@ def attend(query, key, value, *, mask=None, bias=None, is_causal=False, window=N
                 q_offset=n_k - n_q if q_offset is None else q_offset,
                 groups=h // h_kv if h > h_kv > 1 else 1, softcap=softcap,
                 sink=None if sink is None else sink.astype(query.dtype, copy=False))
-    chosen = _STEP_PATHS.get()
+    chosen = answers()                                     # inside a step: each kind of call chosen once
     if chosen is None:
         return run_path(c, choose_path(c))
-    kind = (query.shape, key.shape, value.shape, query.dtype, is_causal, window, c.q_offset, c.scale, softcap,
+    kind = ("attention path", query.shape, key.shape, value.shape, query.dtype, is_causal, window, c.q_offset, c.scale, softcap,
             sink is None)                                  # everything choose_path reads of c, as a key
     path = chosen.get(kind)
     if path is None:

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..kernels._checks import (as_positive_float, as_positive_int, as_stop_ids, as_token_ids, cap_scores, cap_slope,
                                check_flag, check_rng)
-from ..kernels.attention import one_step
+from ..kernels._step import one_step
 from ..kernels.matmul import as_weight, streamed
 from ..layer.cache import KVCache
 from ..layer.config import AttentionConfig
