@@ -329,8 +329,8 @@ def attend(query, key, value, *, mask=None, bias=None, is_causal=False, window=N
     chosen = answers()                                     # inside a step: each kind of call chosen once
     if chosen is None:
         return run_path(c, choose_path(c))
-    kind = ("attention path", query.shape, key.shape, value.shape, query.dtype, is_causal, window, c.q_offset, c.scale, softcap,
-            sink is None)                                  # everything choose_path reads of c, as a key
+    kind = ("attention path", query.shape, key.shape, value.shape, query.dtype, is_causal, window, c.q_offset,
+            c.scale, softcap, sink is None)                # everything choose_path reads of c, as a key
     path = chosen.get(kind)
     if path is None:
         path = chosen[kind] = choose_path(c)
