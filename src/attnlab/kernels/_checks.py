@@ -33,7 +33,8 @@ def check_finite(name: str, arr: np.ndarray) -> float:
     """Refuse NaN and ±inf, saying where the first one is; returns the largest magnitude (0 if empty)."""
     if arr.size == 0:
         return 0.0
-    lo, hi = arr.min(), arr.max()       # two passes, no temporary; NaN propagates through both
+    # two passes, no temporary, no Python wrapper (ndarray.min's); NaN propagates through both
+    lo, hi = np.minimum.reduce(arr, axis=None), np.maximum.reduce(arr, axis=None)
     if -np.inf < lo and hi < np.inf:    # False for NaN too (operators: no calls on the decode step's path)
         return float(hi) if hi > -lo else float(-lo)
     bad = ~np.isfinite(arr)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import _kernels, decode, naive, sinks, tiled
+from ._step import answers
 from ._checks import Checked, as_choice, as_positive_int, check_attention_args, check_dout, check_flag, grads_like
 from .naive import NaiveSaved
 from .tiled import TiledSaved
@@ -325,7 +326,15 @@ def attend(query, key, value, *, mask=None, bias=None, is_causal=False, window=N
                 q_offset=n_k - n_q if q_offset is None else q_offset,
                 groups=h // h_kv if h > h_kv > 1 else 1, softcap=softcap,
                 sink=None if sink is None else sink.astype(query.dtype, copy=False))
-    return run_path(c, choose_path(c))
+    chosen = answers()                                     # inside a step: each kind of call chosen once
+    if chosen is None:
+        return run_path(c, choose_path(c))
+    kind = ("attention path", query.shape, key.shape, value.shape, query.dtype, is_causal, window, c.q_offset,
+            c.scale, softcap, sink is None)                # everything choose_path reads of c, as a key
+    path = chosen.get(kind)
+    if path is None:
+        path = chosen[kind] = choose_path(c)
+    return run_path(c, path)
 
 
 def attention_weights(query, key, *, mask=None, bias=None, is_causal=False, window=None, q_offset=None,

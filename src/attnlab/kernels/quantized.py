@@ -33,6 +33,7 @@ import warnings
 import numpy as np
 
 from . import _kernels
+from ._step import answers
 
 # the types with a fused kernel, and each one's values per byte of payload (4-bit: two per byte); the
 # K-quants multiply as 32-value blocks of Q4_1's form (Q4_K) or Q8_0's with a scale per 16 (Q6_K)
@@ -166,12 +167,12 @@ class QuantizedMatrix:
         x2 = x.reshape(-1, self.d_in)
         if x2.dtype != np.float32 or not x2.flags.c_contiguous:
             x2 = np.ascontiguousarray(x2, dtype=np.float32)                  # (N, d_in)
-        fused = fused_kernels()
+        fused, threads = product_kernel()
         if fused is None:
             return (x2 @ self.dequantize()).reshape(*lead, self.d_out)
         out = np.empty((x2.shape[0], self.d_out), np.float32)                 # (N, d_out)
         if x2.shape[0] <= fused.MAX_TOKENS:
-            fused.matvec(self.qtype, *self.kernel_planes, x2, out, kernel_threads()["threads"])
+            fused.matvec(self.qtype, *self.kernel_planes, x2, out, threads)
         else:
             self._matmul_chunks(fused, x2, out)
         return out.reshape(*lead, self.d_out)                         # (..., d_out)
@@ -407,6 +408,19 @@ def _fused_module():
 def fused_kernels():
     """:mod:`attnlab.kernels._quant_fused` (numba), or None without numba or with ``ATTNLAB_NO_NUMBA``."""
     return None if _kernels.numba_disabled() else _fused_module()
+
+
+def product_kernel() -> tuple:
+    """``(kernels, threads)`` for a product: :func:`fused_kernels` (None: numpy) and :func:`kernel_threads`'
+    count; once per step inside a model's pass (:func:`attnlab.kernels._step.one_step`), not per product."""
+    step = answers()
+    if step is not None and "quantized kernel" in step:
+        return step["quantized kernel"]
+    fused = fused_kernels()
+    got = (fused, None if fused is None else kernel_threads()["threads"])
+    if step is not None:
+        step["quantized kernel"] = got
+    return got
 
 
 def kernel_threads_rule() -> int:

@@ -38,7 +38,7 @@ def split_heads(x: np.ndarray, n_heads: int) -> np.ndarray:
 
 def _heads(x: np.ndarray, n_heads: int) -> np.ndarray:
     """:func:`split_heads` without its checks, for the layer's own arrays (a decode step pays for every call)."""
-    return np.swapaxes(x.reshape(*x.shape[:-1], n_heads, x.shape[-1] // n_heads), -2, -3)   # (..., h, n, d_head)
+    return x.reshape(*x.shape[:-1], n_heads, x.shape[-1] // n_heads).swapaxes(-2, -3)   # (..., h, n, d_head)
 
 
 def merge_heads(x: np.ndarray) -> np.ndarray:
@@ -270,7 +270,8 @@ def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook, 
     x = _check_x(p, x)
     start = 0 if cache is None else cache.length
     q0, k0, v, qk = _project(p, x)                   # (..., h, n, d_head), (..., h_kv, n, d_head) × 2
-    q, k, v = hook("hook_q", q0), hook("hook_k", k0), hook("hook_v", v)
+    plain = hook is NO_HOOKS                         # nothing listens: no calls at the points
+    q, k, v = (q0, k0, v) if plain else (hook("hook_q", q0), hook("hook_k", k0), hook("hook_v", v))
     normed = None
     if p.config.qk_norm is not None:                 # QK-norm: before RoPE, so q and k are new arrays
         q, k, normed = _qk_norm(p, q, k, hook, keep=tape is not None)   # (..., h|h_kv, n, d_head)
@@ -283,8 +284,8 @@ def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook, 
         if p.sinks is not None:
             opts["sink"] = p.sinks                   # (h,) one logit per head in each row's denominator
         saved = None
-        if (hook.wants("hook_scores") or hook.wants("hook_pattern")
-                or (p.sinks is not None and hook.wants("hook_sink"))):
+        if not plain and (hook.wants("hook_scores") or hook.wants("hook_pattern")
+                          or (p.sinks is not None and hook.wants("hook_sink"))):
             heads, saved = _attention_on_the_grid(q, k, v, opts, hook, finite=cache is None)   # (..., h, n, d_head)
         elif tape is not None:
             heads, saved = attention_forward(q, k, v, **opts)   # (..., h, n, d_head), the backward's share
@@ -300,6 +301,11 @@ def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook, 
         if cache is not None:
             cache.length = start                     # a failed step leaves the cache as it was
         raise
+    if plain:
+        merged, y = _output(p, heads)                # (..., n, h·d_head), (..., n, d_model)
+        if tape is not None:
+            tape.keep(SavedLayer(x=x, merged=merged, attn=saved, positions=positions, qk_normed=normed))
+        return y
     heads = hook("hook_z", heads)                    # (..., h, n, d_head) per-head outputs before W_O
     if hook.wants("hook_result"):
         merged, y = _output_by_head(p, heads, hook)  # (..., n, h·d_head), (..., n, d_model)
@@ -480,7 +486,7 @@ def multihead_attention_backward_named(p: MultiHeadAttention, saved: SavedLayer,
 def _output(p: MultiHeadAttention, heads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The heads (..., h, n, d_head) side by side, and the layer's output ``merged W_O + b_O``."""
     *lead, h, n, d_head = heads.shape
-    merged = np.swapaxes(heads, -2, -3).reshape(*lead, n, h * d_head)   # (..., n, h·d_head) merge_heads, unchecked
+    merged = heads.swapaxes(-2, -3).reshape(*lead, n, h * d_head)   # (..., n, h·d_head) merge_heads, unchecked
     y = merged @ p.W_O                               # (..., n, d_model)
     y += p.b_O
     return merged, y                                 # (..., n, h·d_head), (..., n, d_model)
@@ -515,6 +521,8 @@ def _rotate(p: MultiHeadAttention, q, k, qk, hook, *, start: int, positions=None
         q, k = both[..., :h, :, :], both[..., h:, :, :]
     else:
         q, k = scheme.rotate(q, start=start, positions=at), scheme.rotate(k, start=start, positions=at)
+    if hook is NO_HOOKS:
+        return q, k
     return hook("hook_rot_q", q), hook("hook_rot_k", k)        # (..., h, n, d_head), (..., h_kv, n, d_head)
 
 

@@ -37,6 +37,7 @@ import numpy as np
 
 from ..layer import latent
 from ..layer.config import AttentionConfig
+from ..layer.hookpoints import NO_HOOKS
 from ..layer.multihead import (MultiHeadAttention, hook_points, multihead_attention, multihead_attention_backward_named,
                                param_shapes)
 from .experts import Experts
@@ -244,6 +245,8 @@ class Block:
         a real key (a padded batch's keys, ANDed with the causal mask) and ``positions`` (B, n) its rows' own
         positions (RoPE's angles), ``tape`` (scoped to the block) keeps each part's saved forward under its
         field name for :meth:`backward`."""
+        if h is NO_HOOKS and tape is None:                                  # nothing listens: no hook calls
+            return self._forward_plain(x, is_causal=is_causal, cache=cache, mask=mask, positions=positions)
         x = h("hook_resid_pre", x)                                         # (..., n, d_model)
         for mid, branches, after in self._lines:
             if mid:
@@ -265,6 +268,25 @@ class Block:
                 field, part, prefix = after
                 x = part(x, h.scoped(prefix), None if tape is None else tape.scoped(field))   # (..., n, d_model)
         return h("hook_resid_post", x)                                     # (..., n, d_model)
+
+    def _forward_plain(self, x: np.ndarray, *, is_causal: bool, cache, mask, positions) -> np.ndarray:
+        """:meth:`forward` without hooks and without a tape: the same parts on the same arrays in the same order
+        (the same bits), without the calls at the points nobody listens to."""
+        for _, branches, after in self._lines:
+            y = None
+            for chain, _, _ in branches:                                   # x = after(x + Σ_b chain_b(x))
+                z = x
+                for field, part, _ in chain:
+                    if field == "attn":
+                        z = ATTENTION[type(part)][0](part, z, mask=mask, is_causal=is_causal, cache=cache,
+                                                hook=NO_HOOKS, tape=None, positions=positions)
+                    else:
+                        z = part(z)                                        # (..., n, d_model)
+                y = z if y is None else y + z
+            x = x + y                                                      # (..., n, d_model)
+            if after is not None:
+                x = after[1](x)                                            # (..., n, d_model)
+        return x
 
     def backward(self, tape, dx: np.ndarray):
         """Backward of :meth:`forward` from what it kept on ``tape`` (scoped to the block): ``(dx_in, grads,

@@ -225,6 +225,12 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, hook=NO_HOOKS, tape:
     ms = np.vecdot(x32, x32)[..., None]                         # (..., 1) d · mean of squares, no (..., d) temporary
     ms *= 1 / x.shape[-1]                                       # (..., 1) (ndarray.mean's Python wrapper cost more)
     ms += eps
+    if tape is None and hook is NO_HOOKS:                       # nothing listens, nothing kept: no calls at points
+        y = x32 / np.sqrt(ms, out=ms)                           # (..., d_model)
+        if y.dtype != x.dtype:
+            y = y.astype(x.dtype)
+        y *= weight                                             # (..., d_model) in place
+        return y
     scale = hook("hook_scale", np.sqrt(ms, out=ms))             # (..., 1)
     y = x32 / scale                                             # (..., d_model)
     if y.dtype != x.dtype:
@@ -388,6 +394,10 @@ class GatedMLP:
             d_mlp = self.W_out.shape[0]
             both = x @ self.W_gate_in                                               # (..., n, 2·d_mlp) one product
             gate, up = both[..., :d_mlp], both[..., d_mlp:]                         # (..., n, d_mlp) each
+        if hook is NO_HOOKS and tape is None:                                       # nothing listens
+            hidden = ACTIVATIONS[self.activation](gate)                             # (..., n, d_mlp) a new array
+            hidden *= up
+            return hidden @ self.W_out                                              # (..., n, d_model)
         pre = hook("hook_pre", gate)                                                # (..., n, d_mlp)
         up = hook("hook_pre_linear", up)                                            # (..., n, d_mlp)
         hidden = ACTIVATIONS[self.activation](pre)                                  # (..., n, d_mlp) a new array

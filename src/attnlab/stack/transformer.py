@@ -27,6 +27,7 @@ import numpy as np
 
 from ..kernels._checks import (as_positive_float, as_positive_int, as_stop_ids, as_token_ids, cap_scores, cap_slope,
                                check_flag, check_rng)
+from ..kernels._step import one_step
 from ..kernels.matmul import as_weight, streamed
 from ..layer.cache import KVCache
 from ..layer.config import AttentionConfig
@@ -508,10 +509,12 @@ def forward(model: Transformer, ids, *, caches: list[KVCache] | None = None, tok
     keys, position_ids = padding(attention_mask, ids, caches)           # (..., 1, 1, n), (..., n) or None
     x = embed(model, ids, start=start, token_types=token_types, hook=h, position_ids=position_ids, tape=tape)
     hidden = [x]                                                        # (..., n, d_model)
-    for i, (block, cache) in enumerate(zip(model.blocks, caches or itertools.repeat(None))):
-        x = block.forward(x, h.scoped(f"blocks.{i}."), is_causal=c.is_causal, cache=cache, mask=keys,
-                          tape=None if tape is None else tape.scoped(f"blocks.{i}."), positions=position_ids)
-        hidden.append(x)
+    with one_step():                                                    # each attention path chosen once
+        for i, (block, cache) in enumerate(zip(model.blocks, caches or itertools.repeat(None))):
+            x = block.forward(x, NO_HOOKS if h is NO_HOOKS else h.scoped(f"blocks.{i}."), is_causal=c.is_causal,
+                              cache=cache, mask=keys, tape=None if tape is None else tape.scoped(f"blocks.{i}."),
+                              positions=position_ids)
+            hidden.append(x)
     if model.ln_final is not None:
         x = model.ln_final(x, h.scoped("ln_final."), None if tape is None else tape.scoped("ln_final"))
         hidden[-1] = x                                                  # as transformers returns it
