@@ -24,6 +24,9 @@ from attnlab.stack.hooks import run_with_cache, run_with_hooks
 from attnlab.stack.layers import RMSNorm
 from attnlab.stack.transformer import ModelConfig, Transformer, forward, generate, new_caches
 
+import _hf_models as _hf
+from _hf_models import perturb_norms_and_biases, relative, saved_folders
+
 NONE = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
 VOCAB = 300
 
@@ -78,30 +81,15 @@ def hf():
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory, hf):
-    made = {}
-
-    def get(kind: str):
-        if kind not in made:
-            torch.manual_seed(0)
-            model = hf[kind][0]().eval()
-            with torch.no_grad():                       # transformers starts norms at 1 (Gemma's at 0) and biases at 0
-                for name, p in model.named_parameters():
-                    if "norm" in name or name.endswith("bias"):
-                        p.add_(0.3 * torch.randn_like(p))
-            folder = tmp_path_factory.mktemp(kind)
-            model.save_pretrained(folder)
-            made[kind] = folder
-        return made[kind]
-    return get
+    def make(kind: str):
+        model = hf[kind][0]()
+        perturb_norms_and_biases(model, torch, 0.3)
+        return model
+    return saved_folders(tmp_path_factory, make, torch)
 
 
 def hf_model(folder):
-    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
-                                                             attn_implementation="eager").eval()
-
-
-def relative(got, want) -> float:
-    return float(np.abs(got - want).max() / np.abs(want).max())
+    return _hf.hf_model(folder, torch, transformers)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -18,6 +18,9 @@ from attnlab.models import load_network
 from attnlab.stack.experts import Experts
 from attnlab.stack.transformer import forward, generate, new_caches
 
+import _hf_models as _hf
+from _hf_models import relative, saved_folders
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -40,33 +43,21 @@ CONFIGS = {
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    made = {}
-
-    def get(kind: str):
-        if kind not in made:
-            torch.manual_seed(0)
-            cfg = transformers.GptOssConfig(**CONFIGS[kind], bos_token_id=None, eos_token_id=None, pad_token_id=None)
-            model = transformers.GptOssForCausalLM(cfg).eval()
-            with torch.no_grad():                       # transformers starts norms at 1, biases and sinks at 0
-                for name, p in model.named_parameters():
-                    if "norm" in name or name.endswith(("bias", "sinks")):
-                        p.add_((1.0 if name.endswith("sinks") else 0.2) * torch.randn_like(p))
-                    elif "experts" in name or "router" in name:
-                        p.normal_(0, 0.3)               # experts and router big enough to choose and clamp
-            folder = tmp_path_factory.mktemp(kind)
-            model.save_pretrained(folder)
-            made[kind] = folder
-        return made[kind]
-    return get
+    def make(kind: str):
+        cfg = transformers.GptOssConfig(**CONFIGS[kind], bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        model = transformers.GptOssForCausalLM(cfg)
+        with torch.no_grad():                           # transformers starts norms at 1, biases and sinks at 0
+            for name, p in model.named_parameters():
+                if "norm" in name or name.endswith(("bias", "sinks")):
+                    p.add_((1.0 if name.endswith("sinks") else 0.2) * torch.randn_like(p))
+                elif "experts" in name or "router" in name:
+                    p.normal_(0, 0.3)                   # experts and router big enough to choose and clamp
+        return model
+    return saved_folders(tmp_path_factory, make, torch)
 
 
 def hf_model(folder):
-    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
-                                                             attn_implementation="eager").eval()
-
-
-def relative(got, want) -> float:
-    return float(np.abs(got - want).max() / np.abs(want).max())
+    return _hf.hf_model(folder, torch, transformers)
 
 
 @pytest.mark.parametrize("kind", list(CONFIGS))

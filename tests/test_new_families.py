@@ -14,6 +14,9 @@ from attnlab.models import load_network
 from attnlab.stack.blocks import ParallelBlock, PreNormBlock, SandwichBlock
 from attnlab.stack.transformer import forward, generate
 
+import _hf_models as _hf
+from _hf_models import perturb_norms_and_biases, relative, saved_folders
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -40,30 +43,15 @@ MODELS = {
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    made = {}
-
-    def get(kind: str):
-        if kind not in made:
-            torch.manual_seed(0)
-            model = MODELS[kind][0]().eval()
-            with torch.no_grad():                       # transformers starts norms at 1 and biases at 0
-                for name, p in model.named_parameters():
-                    if "norm" in name or name.endswith("bias"):
-                        p.add_(0.2 * torch.randn_like(p))
-            folder = tmp_path_factory.mktemp(kind)
-            model.save_pretrained(folder)
-            made[kind] = folder
-        return made[kind]
-    return get
+    def make(kind: str):
+        model = MODELS[kind][0]()
+        perturb_norms_and_biases(model, torch)
+        return model
+    return saved_folders(tmp_path_factory, make, torch)
 
 
 def hf_model(folder):
-    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
-                                                             attn_implementation="eager").eval()
-
-
-def relative(got, want) -> float:
-    return float(np.abs(got - want).max() / np.abs(want).max())
+    return _hf.hf_model(folder, torch, transformers)
 
 
 @pytest.mark.parametrize("kind", list(MODELS))

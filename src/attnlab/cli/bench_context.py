@@ -22,36 +22,30 @@ machine's other work is not counted, and every ratio is the median of per-round 
 
 from __future__ import annotations
 
-import time
+import dataclasses
 
 import numpy as np
+
+from .bench_harness import Decoder, cpu_call, paired
 
 LONG_CONTEXTS = (512, 2048, 8192)
 
 
-class FilledDecoder:
-    """A model, its caches holding ``context`` tokens of random keys and values (written directly), and
-    :meth:`step`: one decode step, rewound afterwards so every step sees the same context (as
-    :class:`attnlab.cli.bench_model.Decoder`, which fills its caches by a prefill)."""
+class FilledDecoder(Decoder):
+    """A :class:`~attnlab.cli.bench_harness.Decoder` whose caches hold ``context`` tokens of random keys and
+    values, written directly (no prefill: a long context in a moment)."""
 
     def __init__(self, model, context: int, rng: np.random.Generator):
-        from ..stack.transformer import forward, new_caches
+        self.rng = rng
+        super().__init__(model, context)
 
-        self.model, self.forward, self.context = model, forward, context
-        self.caches = new_caches(model, context + 1)
+    def fill(self) -> None:
         for cache in self.caches:
-            cache.k[..., :context, :] = rng.standard_normal(cache.k[..., :context, :].shape, np.float32)
-            cache.v[..., :context, :] = rng.standard_normal(cache.v[..., :context, :].shape, np.float32)
-            cache.length = context
+            cache.k[..., :self.context, :] = self.rng.standard_normal(cache.k[..., :self.context, :].shape, np.float32)
+            cache.v[..., :self.context, :] = self.rng.standard_normal(cache.v[..., :self.context, :].shape, np.float32)
+            cache.length = self.context
             cache.k_max = float(np.abs(cache.k).max())
             cache.v_max = float(np.abs(cache.v).max())
-
-    def step(self) -> np.ndarray:
-        logits = self.forward(self.model, np.array([self.context % self.model.config.vocab_size]),
-                              caches=self.caches).logits             # (1, vocab)
-        for cache in self.caches:
-            cache.length = self.context
-        return logits
 
 
 def weight_bytes(model) -> int:
@@ -80,23 +74,9 @@ def attention_step(decoder: FilledDecoder):
     return run
 
 
-def cpu_time(f) -> float:
-    t0 = time.process_time()
-    f()
-    return time.process_time() - t0
-
-
 def paired_cpu(a, b, rounds: int) -> dict:
-    """``a`` against ``b`` in process time: one warm-up each, then ``rounds`` rounds alternating which runs
-    first; ms of each (medians) and the median, least and largest of the per-round ratios a / b."""
-    a(), b()
-    ta, tb = [], []
-    for r in range(rounds):
-        for f, into in ((b, tb), (a, ta)) if r % 2 else ((a, ta), (b, tb)):
-            into.append(cpu_time(f))
-    ratios = np.array(ta) / np.array(tb)
-    return {"a_ms": 1e3 * float(np.median(ta)), "b_ms": 1e3 * float(np.median(tb)), "ratio": float(np.median(ratios)),
-            "ratio_min": float(ratios.min()), "ratio_max": float(ratios.max())}
+    """``a`` against ``b`` in process time, alternating (:func:`attnlab.cli.bench_harness.paired`), as a dict."""
+    return dataclasses.asdict(paired(a, b, rounds, clock=cpu_call))
 
 
 def llama_cpp_model(path, **options):

@@ -250,26 +250,58 @@ def part_clock(out: dict):
 
 
 def time_call(f) -> float:
+    """Wall seconds of one call of ``f``."""
     t0 = time.perf_counter()
     f()
     return time.perf_counter() - t0
 
 
-def paired(a, b, rounds: int) -> Pair:
+def cpu_call(f) -> float:
+    """Process seconds (every thread's CPU time) of one call of ``f``: steadier than the wall on a loaded machine."""
+    t0 = time.process_time()
+    f()
+    return time.process_time() - t0
+
+
+def paired(a, b, rounds: int, *, clock=time_call) -> Pair:
     """``a`` against ``b`` alone: one warm-up each, then ``rounds`` rounds, each calling both (A B, then
-    B A the next round, so neither always runs second); the medians and the per-round ratios a / b."""
+    B A the next round, so neither always runs second); the medians and the per-round ratios a / b.
+    ``clock``: :func:`time_call` (wall) or :func:`cpu_call` (process time)."""
     a(), b()
     ta, tb = [], []
     for r in range(rounds):
         if r % 2:
-            tb.append(time_call(b))
-            ta.append(time_call(a))
+            tb.append(clock(b))
+            ta.append(clock(a))
         else:
-            ta.append(time_call(a))
-            tb.append(time_call(b))
+            ta.append(clock(a))
+            tb.append(clock(b))
     ratios = np.array(ta) / np.array(tb)
     return Pair(a_ms=1e3 * float(np.median(ta)), b_ms=1e3 * float(np.median(tb)), ratio=float(np.median(ratios)),
                 ratio_min=float(ratios.min()), ratio_max=float(ratios.max()), rounds=rounds)
+
+
+class Decoder:
+    """A model, its caches filled with a ``context``-token prompt, and :meth:`step`: one decode step,
+    rewound afterwards so every step sees the same context."""
+
+    def __init__(self, model, context: int = 64):
+        from ..stack.transformer import forward, new_caches
+
+        self.model, self.forward, self.context = model, forward, context
+        self.caches = new_caches(model, context + 1)
+        self.fill()
+
+    def fill(self) -> None:
+        """The context: a prefill of ``context`` tokens."""
+        self.forward(self.model, np.arange(self.context) % self.model.config.vocab_size, caches=self.caches)
+
+    def step(self) -> np.ndarray:
+        logits = self.forward(self.model, np.array([self.context % self.model.config.vocab_size]),
+                              caches=self.caches).logits             # (1, vocab)
+        for cache in self.caches:
+            cache.length = self.context
+        return logits
 
 
 def alone(f, rounds: int) -> float:

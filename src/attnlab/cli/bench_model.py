@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 from . import bench_harness as bench
+from .bench_harness import Decoder
 
 STREAM_BYTES = 256 * 2**20        # the streaming probe's matrix: 256 MiB, 8× a 32 MiB L3
 # SmolLM2-135M's shapes (its config.json and GGUF metadata): the random stand-in for speed work
@@ -72,26 +73,6 @@ def stream_rate(rounds: int = 7, nbytes: int = STREAM_BYTES) -> float:
     x = np.ones((1, d), np.float32)                                           # (1, d)
     best = min(bench.time_call(lambda: x @ W) for _ in range(rounds))
     return W.nbytes / best
-
-
-class Decoder:
-    """A model, its caches filled with a ``context``-token prompt, and :meth:`step`: one decode step,
-    rewound afterwards so every step sees the same context."""
-
-    def __init__(self, model, context: int = 64):
-        from ..stack.transformer import forward, new_caches
-
-        self.model, self.forward = model, forward
-        self.caches = new_caches(model, context + 1)
-        forward(model, np.arange(context) % model.config.vocab_size, caches=self.caches)
-        self.context = context
-
-    def step(self) -> np.ndarray:
-        logits = self.forward(self.model, np.array([self.context % self.model.config.vocab_size]),
-                              caches=self.caches).logits             # (1, vocab)
-        for cache in self.caches:
-            cache.length = self.context
-        return logits
 
 
 def decode_calls(decoder: Decoder) -> dict:

@@ -16,7 +16,7 @@ import numpy as np
 
 PREFILLS = (512, 2048)
 DECODE_STEPS = 5                   # decode steps per round and contender
-DECODE_CONTEXT = 64                # the prompt a decode step follows, as bench_model.Decoder's
+DECODE_CONTEXT = 64                # the prompt a decode step follows, as bench_harness.Decoder's
 
 
 def cpu_seconds(f, repeat: int = 1) -> float:
@@ -48,7 +48,7 @@ def alternate(sides: dict, rounds: int) -> dict:
 
 def decode_rows(q8, exact, llama, rounds: int, decoder) -> dict:
     """Decode ms/token at a DECODE_CONTEXT-token context: q8 against exact, and each against llama.cpp (None without);
-    ``decoder(model)`` has the ``step()`` of :class:`attnlab.cli.bench_model.Decoder`."""
+    ``decoder(model)`` has the ``step()`` of :class:`attnlab.cli.bench_harness.Decoder`."""
     d8, de = decoder(q8), decoder(exact)
     sides = {"q8": lambda: cpu_seconds(d8.step, DECODE_STEPS), "exact": lambda: cpu_seconds(de.step, DECODE_STEPS)}
     if llama is not None:
@@ -90,7 +90,7 @@ def prefill_rows(models: dict, hf, torch, llama, tokens: int, rounds: int) -> di
 def q8_rows(path, models: dict, reference, threads: int, rounds: int, decoder, say=lambda _: None) -> dict:
     """The rows of issue 33 on SmolLM2's GGUF ``path``: ``models`` the float32, exact quantized and q8 models
     (``{"float32": …, "exact": …, "q8": …}``), ``reference`` transformers' model and torch (``(None, None)``),
-    ``decoder`` :class:`attnlab.cli.bench_model.Decoder` (passed in: bench_model imports this module)."""
+    ``decoder`` :class:`attnlab.cli.bench_harness.Decoder` (passed in: bench_model imports this module)."""
     from .llama_process import LlamaProcess, llama_cpp_installed
 
     llama = LlamaProcess(path, threads=threads, n_ctx=max(*PREFILLS, DECODE_CONTEXT) + 16) if llama_cpp_installed() else None

@@ -7,7 +7,7 @@ line on its stdin, each answer a JSON line on its stdout, so a benchmark can alt
 processes. The child measures its own process time (``time.process_time``: its threads' CPU time).
 
 Requests: ``decode`` (rounds of single-token steps after a ``context``-token prompt, rewound after each
-step, as :class:`attnlab.cli.bench_model.Decoder` does), ``prefill`` (one evaluation of ``tokens`` ids) and
+step, as :class:`attnlab.cli.bench_harness.Decoder` does), ``prefill`` (one evaluation of ``tokens`` ids) and
 ``greedy`` (a prompt and ``steps`` greedy tokens with every position's logits, written to an ``.npy`` file).
 
 The model loads with ggml's extra buffer types off (``use_extra_bufts=False``): no AMX tiles and no repacked

@@ -1,0 +1,42 @@
+"""What the tests against transformers' eager models share: random models written offline by
+``save_pretrained`` into tmp folders (float32), read back by transformers, and the relative difference.
+
+The test files import torch and transformers themselves (``pytest.importorskip``) before using these.
+"""
+
+import numpy as np
+
+
+def perturb_norms_and_biases(model, torch, scale: float = 0.2) -> None:
+    """transformers starts norms at 1 (Gemma's at 0) and biases at 0: move them, so a test sees them."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(scale * torch.randn_like(p))
+
+
+def saved_folders(tmp_path_factory, make, torch):
+    """``get(kind)``: the folder of ``make(kind)`` (an eval-mode transformers model, seeded with 0), saved once
+    per kind."""
+    made = {}
+
+    def get(kind: str):
+        if kind not in made:
+            torch.manual_seed(0)
+            model = make(kind).eval()
+            folder = tmp_path_factory.mktemp(kind)
+            model.save_pretrained(folder)
+            made[kind] = folder
+        return made[kind]
+    return get
+
+
+def hf_model(folder, torch, transformers):
+    """transformers' own reading of ``folder``, in float32 with its eager attention."""
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
+                                                             attn_implementation="eager").eval()
+
+
+def relative(got, want) -> float:
+    """The largest difference, relative to the largest value of ``want``."""
+    return float(np.abs(got - want).max() / np.abs(want).max())
