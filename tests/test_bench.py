@@ -60,10 +60,9 @@ def test_paired_alternates_the_pair_alone():
     assert pair.rounds == 4 and pair.ratio_min <= pair.ratio <= pair.ratio_max
 
 
-def test_paired_ratio_is_the_median_of_per_round_ratios(monkeypatch):
+def test_paired_ratio_is_the_median_of_per_round_ratios():
     seconds = iter([2, 1, 1, 4, 6, 2, 2, 2])              # rounds: a 2 b 1 | b 1 a 4 | a 6 b 2 | b 2 a 2
-    monkeypatch.setattr(bench, "time_call", lambda f: next(seconds))
-    pair = bench.paired(lambda: None, lambda: None, rounds=4)
+    pair = bench.paired(lambda: None, lambda: None, rounds=4, clock=lambda f: next(seconds))
     # ratios a/b: 2, 4, 3, 1 -> median 2.5, min 1, max 4; medians of a (2, 4, 6, 2) and b (1, 1, 2, 2)
     assert (pair.ratio, pair.ratio_min, pair.ratio_max) == (2.5, 1.0, 4.0)
     assert (pair.a_ms, pair.b_ms) == (3000.0, 1500.0)
