@@ -40,3 +40,21 @@ def hf_model(folder, torch, transformers):
 def relative(got, want) -> float:
     """The largest difference, relative to the largest value of ``want``."""
     return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def assert_forward_matches(model, folder, ids, torch, transformers, *, tol: float = 1e-5):
+    """attnlab's forward of ``ids`` against transformers' eager reading of ``folder``: every layer's attention
+    weights within ``tol`` (absolute), hidden states and logits within ``tol`` relative. Returns attnlab's output
+    and transformers' attentions (layers, heads, n, n), for what a test checks next."""
+    from attnlab.stack.transformer import forward
+
+    out = forward(model, ids, return_weights=True)
+    with torch.no_grad():
+        o = hf_model(folder, torch, transformers)(torch.from_numpy(ids)[None], output_attentions=True,
+                                                  output_hidden_states=True)
+    theirs = np.stack([a[0].numpy() for a in o.attentions])              # (layers, h, n, n)
+    np.testing.assert_allclose(np.stack(out.attentions), theirs, rtol=0, atol=tol)
+    for got, want in zip(out.hidden_states, o.hidden_states):
+        assert relative(got, want[0].numpy()) < tol
+    assert relative(out.logits, o.logits[0].numpy()) < tol
+    return out, theirs

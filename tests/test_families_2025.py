@@ -25,7 +25,7 @@ from attnlab.stack.layers import RMSNorm
 from attnlab.stack.transformer import ModelConfig, Transformer, forward, generate, new_caches
 
 import _hf_models as _hf
-from _hf_models import perturb_norms_and_biases, relative, saved_folders
+from _hf_models import assert_forward_matches, perturb_norms_and_biases, relative, saved_folders
 
 NONE = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
 VOCAB = 300
@@ -100,14 +100,7 @@ def test_attentions_hidden_states_and_logits_match_transformers(folders, hf, kin
     model = load_network(folder)
     assert isinstance(model.blocks[0], hf[kind][1]) and model.config.attention.qk_norm is not None
     ids = np.random.default_rng(1).integers(0, VOCAB, 24)              # longer than every window
-    out = forward(model, ids, return_weights=True)
-    with torch.no_grad():
-        o = hf_model(folder)(torch.from_numpy(ids)[None], output_attentions=True, output_hidden_states=True)
-    theirs = np.stack([a[0].numpy() for a in o.attentions])
-    np.testing.assert_allclose(np.stack(out.attentions), theirs, rtol=0, atol=1e-5)
-    for got, want in zip(out.hidden_states, o.hidden_states):
-        assert relative(got, want[0].numpy()) < 1e-5
-    assert relative(out.logits, o.logits[0].numpy()) < 1e-5
+    out, theirs = assert_forward_matches(model, folder, ids, torch, transformers)
     for window in hf[kind][2]:                                          # the windows did act
         layers = [i for i, a in enumerate(model.config.layers) if a.window == window]
         assert layers and (theirs[layers][:, :, -1, :-window] == 0).all()

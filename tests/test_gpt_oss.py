@@ -19,7 +19,7 @@ from attnlab.stack.experts import Experts
 from attnlab.stack.transformer import forward, generate, new_caches
 
 import _hf_models as _hf
-from _hf_models import relative, saved_folders
+from _hf_models import assert_forward_matches, relative, saved_folders
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
@@ -66,14 +66,7 @@ def test_attentions_hidden_states_and_logits_match_transformers(folders, kind):
     model = load_network(folder)
     assert isinstance(model.blocks[0].mlp, Experts) and model.blocks[0].attn.sinks is not None
     ids = np.random.default_rng(1).integers(0, CONFIGS[kind]["vocab_size"], 24)   # longer than every window
-    out = forward(model, ids, return_weights=True)
-    with torch.no_grad():
-        o = hf_model(folder)(torch.from_numpy(ids)[None], output_attentions=True, output_hidden_states=True)
-    theirs = np.stack([a[0].numpy() for a in o.attentions])
-    np.testing.assert_allclose(np.stack(out.attentions), theirs, rtol=0, atol=1e-5)
-    for got, want in zip(out.hidden_states, o.hidden_states):
-        assert relative(got, want[0].numpy()) < 1e-5
-    assert relative(out.logits, o.logits[0].numpy()) < 1e-5
+    out, theirs = assert_forward_matches(model, folder, ids, torch, transformers)
     rows = theirs.sum(-1)                                           # the sinks took weight: rows sum below 1
     assert rows.max() < 1 - 1e-3
 

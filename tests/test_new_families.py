@@ -15,7 +15,7 @@ from attnlab.stack.blocks import ParallelBlock, PreNormBlock, SandwichBlock
 from attnlab.stack.transformer import forward, generate
 
 import _hf_models as _hf
-from _hf_models import perturb_norms_and_biases, relative, saved_folders
+from _hf_models import assert_forward_matches, perturb_norms_and_biases, relative, saved_folders
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
@@ -60,14 +60,7 @@ def test_attentions_hidden_states_and_logits_match_transformers(folders, kind):
     model = load_network(folder)
     assert isinstance(model.blocks[0], MODELS[kind][1])
     ids = np.random.default_rng(1).integers(0, 300, 24)            # longer than every window
-    out = forward(model, ids, return_weights=True)
-    with torch.no_grad():
-        o = hf_model(folder)(torch.from_numpy(ids)[None], output_attentions=True, output_hidden_states=True)
-    theirs = np.stack([a[0].numpy() for a in o.attentions])
-    np.testing.assert_allclose(np.stack(out.attentions), theirs, rtol=0, atol=1e-5)
-    for got, want in zip(out.hidden_states, o.hidden_states):
-        assert relative(got, want[0].numpy()) < 1e-5
-    assert relative(out.logits, o.logits[0].numpy()) < 1e-5
+    out, theirs = assert_forward_matches(model, folder, ids, torch, transformers)
     if kind == "gemma2":                                            # the caps and the windows did act
         raw = out.hidden_states[-1] @ model.W_E.T                  # the logits before their cap of 2
         assert np.abs(raw).max() > 3 and np.abs(out.logits).max() < 2
