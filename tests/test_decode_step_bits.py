@@ -14,40 +14,15 @@ import pytest
 
 from attnlab.kernels import _kernels, _step, quantized
 from attnlab.kernels import attention as attention_module
-from attnlab.layer.config import AttentionConfig
-from attnlab.layer.positions import ALiBi, Learned, RoPE, Sinusoidal
+from attnlab.layer.positions import RoPE
 from attnlab.stack import transformer as transformer_module
-from attnlab.stack.blocks import ParallelBlock, PostNormBlock, SandwichBlock
-from attnlab.stack.layers import LayerNorm, RMSNorm
-from attnlab.stack.transformer import ModelConfig, Transformer, forward, new_caches
+from attnlab.stack.layers import RMSNorm
+from attnlab.stack.transformer import forward, new_caches
 
-V = 13
+from _decoders import OPTIONS as ONE_FORWARD, V, attn, random_model
 
-
-def attn(**kw):
-    return AttentionConfig(**{"d_model": 8, "n_heads": 2, "n_ctx": 12, **kw})
-
-
-BASE = dict(d_mlp=12, activation="gelu_new", norm=LayerNorm)
 # the decoders of test_one_forward's options, and SmolLM2's structure (grouped heads, RoPE, RMSNorm, gated MLP)
-OPTIONS = {
-    "plain": dict(BASE, attention=attn()),
-    "embed_scale": dict(BASE, attention=attn(), embed_scale=4.0),
-    "logit_softcap": dict(BASE, attention=attn(), logit_softcap=2.5),
-    "softcap": dict(BASE, attention=attn(softcap=1.5)),
-    "scale": dict(BASE, attention=attn(scale=0.7)),
-    "window": dict(BASE, attention=attn(window=2)),
-    "layers": dict(BASE, attention=attn(), layers=(attn(window=2, softcap=1.5), attn(scale=0.5), attn())),
-    "post_norm": dict(BASE, attention=attn(), block=PostNormBlock),
-    "parallel": dict(BASE, attention=attn(positions=RoPE()), block=ParallelBlock),
-    "sandwich": dict(BASE, attention=attn(positions=RoPE()), block=SandwichBlock),
-    "rotary_dim": dict(BASE, attention=attn(positions=RoPE(theta=50.0, rotary_dim=2))),
-    "alibi": dict(BASE, attention=attn(positions=ALiBi())),
-    "learned": dict(BASE, attention=attn(positions=Learned())),
-    "sinusoidal": dict(BASE, attention=attn(positions=Sinusoidal())),
-    "no_norms": dict(attention=attn(), d_mlp=12),
-    "attention_only": dict(attention=attn()),
-    "gqa": dict(BASE, attention=attn(n_heads=4, n_kv_heads=2, d_head=2, positions=RoPE())),
+OPTIONS = {name: o for name, o in ONE_FORWARD.items() if o.get("is_causal", True)} | {
     "smollm2": dict(attention=attn(d_model=24, n_heads=3, n_kv_heads=1, d_head=8, positions=RoPE(100000.0)),
                     d_mlp=16, activation="silu", mlp="gated", norm=RMSNorm, norm_eps=1e-5, tied_embeddings=True),
 }
@@ -56,12 +31,7 @@ KERNELS = ["numpy", "fused"] if _kernels.numba_installed() else ["numpy"]
 
 
 def model_of(option, dtype):
-    rng = np.random.default_rng(3)
-    model = Transformer.init(ModelConfig(vocab_size=V, n_layers=3, **OPTIONS[option]), rng=rng, std=0.4, dtype=dtype)
-    for name, p in model.params().items():
-        if name.endswith(("weight", "bias")) or ".b_" in name or name == "b_U":
-            p[...] = name.endswith("weight") + rng.normal(0, 0.3, p.shape)
-    return model
+    return random_model(OPTIONS[option], np.random.default_rng(3), dtype=dtype)
 
 
 def decode_logits(model, *, slow: bool, steps: int = 3) -> list:
