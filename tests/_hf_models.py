@@ -58,3 +58,12 @@ def assert_forward_matches(model, folder, ids, torch, transformers, *, tol: floa
         assert relative(got, want[0].numpy()) < tol
     assert relative(out.logits, o.logits[0].numpy()) < tol
     return out, theirs
+
+
+def hf_greedy(folder, ids, n: int, torch, transformers) -> np.ndarray:
+    """transformers' ``n`` greedy tokens after the prompt ``ids`` (n,)."""
+    with torch.no_grad():
+        prompt = torch.from_numpy(ids)[None]
+        return hf_model(folder, torch, transformers).generate(prompt, attention_mask=torch.ones_like(prompt),
+                                                              max_new_tokens=n, do_sample=False,
+                                                              pad_token_id=0)[0, ids.size:].numpy()

@@ -25,7 +25,7 @@ from attnlab.stack.layers import RMSNorm
 from attnlab.stack.transformer import ModelConfig, Transformer, forward, generate, new_caches
 
 import _hf_models as _hf
-from _hf_models import assert_forward_matches, perturb_norms_and_biases, relative, saved_folders
+from _hf_models import assert_forward_matches, hf_greedy, perturb_norms_and_biases, relative, saved_folders
 
 NONE = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
 VOCAB = 300
@@ -143,11 +143,7 @@ def test_40_greedy_tokens_match_transformers_generate(folders, kind):
     folder = folders(kind)
     ids = np.random.default_rng(2).integers(0, VOCAB, 12)              # longer than every window (4, 5)
     ours = generate(load_network(folder), ids, 40)
-    with torch.no_grad():
-        prompt = torch.from_numpy(ids)[None]
-        theirs = hf_model(folder).generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=40,
-                                           do_sample=False, pad_token_id=0)[0, ids.size:].numpy()
-    np.testing.assert_array_equal(ours, theirs)
+    np.testing.assert_array_equal(ours, hf_greedy(folder, ids, 40, torch, transformers))
 
 
 @pytest.mark.parametrize("kind", KINDS)

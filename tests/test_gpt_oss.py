@@ -19,7 +19,7 @@ from attnlab.stack.experts import Experts
 from attnlab.stack.transformer import forward, generate, new_caches
 
 import _hf_models as _hf
-from _hf_models import assert_forward_matches, relative, saved_folders
+from _hf_models import assert_forward_matches, hf_greedy, relative, saved_folders
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
@@ -76,11 +76,7 @@ def test_40_greedy_tokens_match_transformers_generate(folders, kind):
     folder = folders(kind)
     ids = np.random.default_rng(2).integers(0, CONFIGS[kind]["vocab_size"], 14)   # longer than the windows
     ours = generate(load_network(folder), ids, 40)
-    with torch.no_grad():
-        prompt = torch.from_numpy(ids)[None]
-        theirs = hf_model(folder).generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=40,
-                                           do_sample=False, pad_token_id=0)[0, ids.size:].numpy()
-    np.testing.assert_array_equal(ours, theirs)
+    np.testing.assert_array_equal(ours, hf_greedy(folder, ids, 40, torch, transformers))
 
 
 @pytest.mark.parametrize("kind", list(CONFIGS))
