@@ -202,6 +202,10 @@ class QuantizedMatrix:
         held once). None when they differ in type or width, or a weight's rows end inside a group."""
         if len({(w.qtype, w.d_in) for w in ws}) != 1 or any(w.d_out % GROUP for w in ws):
             return None
+        kept = {p: consecutive_groups([getattr(w, p) for w in ws]) for p in ("qs", "d", "m")
+                if getattr(ws[0], p) is not None}
+        if all(k is not None for k in kept.values()):                      # views of one fused weight already: kept, no copy
+            return cls._of(ws[0].qtype, ws[0].d_in, sum(w.d_out for w in ws), kept["qs"], kept["d"], kept.get("m"))
         planes = [None if ws[0].m is None and p == "m" else np.concatenate([getattr(w, p) for w in ws])
                   for p in ("qs", "d", "m")]                                 # (Σ G_i, ...)
         fused = cls._of(ws[0].qtype, ws[0].d_in, sum(w.d_out for w in ws), *planes)
@@ -211,6 +215,23 @@ class QuantizedMatrix:
             w._set(w.qtype, w.d_in, w.d_out, *(None if p is None else p[g0:g1] for p in planes))   # views
             g0 = g1
         return fused
+
+
+def consecutive_groups(parts):
+    """The array the planes ``parts`` (each (G_i, ...)) are consecutive leading slices of, in order and with
+    nothing before, between or after them; else None. A weight built again from its own fused planes
+    (:mod:`attnlab.models.weight_cache`'s copy, mapped from disk) keeps them as they are."""
+    base = parts[0].base
+    if not isinstance(base, np.ndarray) or not base.flags.c_contiguous or \
+            base.shape != (sum(p.shape[0] for p in parts), *parts[0].shape[1:]):
+        return None
+    at = base.__array_interface__["data"][0]
+    for p in parts:
+        if p.base is not base or p.dtype != base.dtype or p.strides != base.strides \
+                or p.__array_interface__["data"][0] != at:
+            return None
+        at += p.shape[0] * base.strides[0]
+    return base
 
 
 def block_planes(raw: np.ndarray, qtype: str, d_in: int):

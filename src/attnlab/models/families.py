@@ -194,8 +194,9 @@ def open_model(path_or_name: str | Path = MINILM, *, quantized: bool | str = Fal
                cache: str | Path | None = None) -> ModelSource:
     """The :class:`ModelSource` of what :func:`load_model` takes: every check on the name, the file and its
     metadata done, the weights not read. Raises what :func:`load_model` raises for these. ``cache``: a folder
-    where a GGUF file's float32 model is kept and mapped back on later loads (:mod:`attnlab.models.weight_cache`;
-    not with ``quantized``); None, the default, reads the file every time."""
+    where a GGUF file's float32 model (or with ``quantized`` its weights' planes) is kept and mapped back on later
+    loads (:mod:`attnlab.models.weight_cache`); None, the default, reads the file every time."""
+    from ..kernels.quantized import has_kernel
     from .gguf import family_for, gguf_summary, gguf_tokenizer, open_gguf
 
     name = str(path_or_name)
@@ -208,10 +209,10 @@ def open_model(path_or_name: str | Path = MINILM, *, quantized: bool | str = Fal
         text = f"{name} ({count_text(n)} parameters, {qtype} → {into})"
         def network(progress):
             build = lambda: family.load_gguf(dataclasses.replace(file, progress=progress))   # noqa: E731
-            if cache is None or quantized:
+            if cache is None or (quantized and not has_kernel()):   # (without numba: float32, as it warns)
                 return build()
             from .weight_cache import cached_network
-            return cached_network(file.path, Path(cache), build)
+            return cached_network(file.path, Path(cache), build, quantized)
         return ModelSource(name, family, lambda: text, lambda: gguf_tokenizer(file), network,
                            n_ctx=gguf_context(file))
     folder = model_folder(path_or_name)
@@ -271,9 +272,10 @@ def load_model(path_or_name: str | Path = MINILM, *, quantized: bool | str = Fal
     or Q8_0 weight, integer dot products; not within 1e-5 of float32, but deterministic, and each token's
     logits the same in a prefill as in a decode step.
 
-    ``cache`` (a folder; GGUF in float32 only): the first load writes the float32 model there in the layout a
-    decode step reads (SmolLM2: 538 MB), later loads map it back in a moment instead of dequantizing again,
-    with the same numbers bit for bit (:mod:`attnlab.models.weight_cache`). The command line uses
+    ``cache`` (a folder; GGUF only): the first load writes the float32 model there in the layout a decode step
+    reads (SmolLM2: 538 MB; with ``quantized``, the kernels' planes: 98 MB), later loads map it back in a moment
+    instead of dequantizing or repacking again, with the same numbers bit for bit
+    (:mod:`attnlab.models.weight_cache`). The command line uses
     ``~/.cache/attnlab/weights``; the default None writes nothing.
 
     Raises

@@ -24,6 +24,7 @@ none; an entry that cannot be read (truncated, edited) is ignored and the model 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import mmap
@@ -34,6 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from ..kernels.matmul import gemv_order
+from ..kernels.q8_activations import Q8ActivationMatrix
+from ..kernels.quantized import GROUP, QuantizedMatrix, QuantizedRows, is_quantized, quant_sizes
 from ..stack.transformer import ModelConfig, Transformer
 
 FORMAT = 1                 # bumped when the entry's layout changes: old entries are then never read
@@ -41,26 +44,31 @@ HEAD_BYTES = 1 << 20       # the bytes of the GGUF file hashed into the key: its
 ALIGN = 4096               # each array starts on a page
 
 
-def cache_key(path: Path) -> str:
+MODES = {False: "", True: ".quantized", "q8-activations": ".q8"}   # load_model's quantized= -> the entry's suffix
+
+
+def cache_key(path: Path, quantized: bool | str = False) -> str:
     """The entry's key for the GGUF file at ``path``: a hash of its size, modification time and first MiB,
-    the format version and this machine's weight layouts (hex, 16 characters)."""
+    the format version, this machine's weight layouts and the mode (``quantized``; hex, 16 characters)."""
     st = path.stat()
-    h = hashlib.sha256(f"{FORMAT}:{st.st_size}:{st.st_mtime_ns}:{gemv_order(False)}{gemv_order(True)}:".encode())
+    mode = f"{quantized}:" if quantized else ""          # (the float32 entry's key is the one it always was)
+    h = hashlib.sha256(f"{FORMAT}:{st.st_size}:{st.st_mtime_ns}:{gemv_order(False)}{gemv_order(True)}:{mode}".encode())
     with open(path, "rb") as f:
         h.update(f.read(HEAD_BYTES))
     return h.hexdigest()[:16]
 
 
-def entry_folder(folder: Path, path: Path) -> Path:
-    """``folder/<stem>-<key>``: where the copy of the GGUF file ``path`` is kept."""
-    return Path(folder) / f"{path.stem}-{cache_key(path)}"
+def entry_folder(folder: Path, path: Path, quantized: bool | str = False) -> Path:
+    """``folder/<stem><mode>-<key>``: where the copy of the GGUF file ``path`` is kept (the mode "" for float32,
+    ".quantized" or ".q8" for the planes of ``quantized=True`` or ``"q8-activations"``)."""
+    return Path(folder) / f"{path.stem}{MODES[quantized]}-{cache_key(path, quantized)}"
 
 
-def cached_network(path: Path, folder: Path, build) -> Transformer:
-    """The float32 model of the GGUF file ``path``: mapped from its entry in ``folder`` when there is one,
-    else ``build()`` (the loader), written to ``folder`` for next time (a folder that cannot be written is
-    skipped: the model is returned all the same)."""
-    entry = entry_folder(folder, Path(path))
+def cached_network(path: Path, folder: Path, build, quantized: bool | str = False) -> Transformer:
+    """The model of the GGUF file ``path`` (float32, or its quantized planes as ``quantized`` asks): mapped from
+    its entry in ``folder`` when there is one, else ``build()`` (the loader), written to ``folder`` for next
+    time (a folder that cannot be written is skipped: the model is returned all the same)."""
+    entry = entry_folder(folder, Path(path), quantized)
     model = read_entry(entry)
     if model is not None:
         return model
@@ -73,26 +81,81 @@ def cached_network(path: Path, folder: Path, build) -> Transformer:
     return model
 
 
+MATRIX_CLASSES = {c.__name__: c for c in (QuantizedMatrix, Q8ActivationMatrix)}   # what a quantized weight may be
+ROOT_DTYPES = {np.dtype(t).str for t in (np.float32, np.float16, np.uint8, np.int8)}   # the arrays an entry holds
+
+
 def roots_and_views(model: Transformer):
     """``(roots, views)``: the arrays that own the model's numbers (each C- or F-contiguous), and each
-    parameter as ``[root, transposed, start, stop]`` (a column range of the root, or of its transpose);
-    None when some parameter is not such a view (then nothing is cached)."""
-    roots, views = [], {}
-    for name, a in model.params().items():
-        if not isinstance(a, np.ndarray) or a.dtype != np.float32:
-            return None
-        root = a if a.base is None else a.base
-        view = column_range(root, a) if isinstance(root, np.ndarray) and contiguous(root) else None
-        if view is None:                       # a view of another kind (a small weight's .T of its tensor):
-            if not contiguous(a):              # kept as an array of its own, in its own layout
-                return None
-            root, view = a, (False, 0, a.shape[-1] if a.ndim else 0)
+    parameter as ``[root, transposed, start, stop]`` (a column range of the root, or of its transpose) or, for a
+    quantized weight, a dict of its kind, type and sizes with each plane as ``[root, g0, g1]`` (a range of the
+    root's groups); None when some parameter is neither (then nothing is cached)."""
+    roots = []
+
+    def add(root: np.ndarray) -> int:
         i = next((k for k, r in enumerate(roots) if r is root), None)
         if i is None:
             roots.append(root)
             i = len(roots) - 1
-        views[name] = [i, *view]
+        return i
+    views = {}
+    for name, a in model.params().items():
+        if is_quantized(a):
+            view = quantized_view(a, add)
+        elif isinstance(a, np.ndarray) and a.dtype == np.float32:
+            view = array_view(a, add)
+        else:
+            view = None
+        if view is None:
+            return None
+        views[name] = view
     return roots, views
+
+
+def array_view(a: np.ndarray, add):
+    """``[root, transposed, start, stop]`` of a float32 parameter (``add(root)`` gives the root's index), or None."""
+    root = a if a.base is None else a.base
+    view = column_range(root, a) if isinstance(root, np.ndarray) and contiguous(root) else None
+    if view is None:                       # a view of another kind (a small weight's .T of its tensor):
+        if not contiguous(a):              # kept as an array of its own, in its own layout
+            return None
+        root, view = a, (False, 0, a.shape[-1] if a.ndim else 0)
+    return [add(root), *view]
+
+
+def quantized_view(w, add):
+    """A quantized weight (:class:`QuantizedMatrix`, or :class:`QuantizedRows` of one) as its class, type,
+    sizes and planes, each ``[root, g0, g1]`` (None for a plane it has not); None when a plane is not a range of
+    groups of a C-contiguous array."""
+    rows = isinstance(w, QuantizedRows)
+    m = w.T if rows else w
+    if type(m).__name__ not in MATRIX_CLASSES or MATRIX_CLASSES[type(m).__name__] is not type(m):
+        return None
+    planes = []
+    for p in (m.qs, m.d, m.m):
+        if p is None:
+            planes.append(None)
+            continue
+        root = p.base if isinstance(p.base, np.ndarray) and group_range(p.base, p) is not None else p
+        if not root.flags.c_contiguous or root.dtype.str not in ROOT_DTYPES:
+            return None
+        planes.append([add(root), *group_range(root, p)])
+    return {"class": type(m).__name__, "rows": rows, "qtype": m.qtype, "d_in": m.d_in, "d_out": m.d_out,
+            "planes": planes}
+
+
+def group_range(root: np.ndarray, p: np.ndarray):
+    """``(g0, g1)`` with ``p`` the very view ``root[g0:g1]`` of a C-contiguous ``root``, or None."""
+    if p is root:
+        return 0, p.shape[0]
+    if not root.flags.c_contiguous or p.dtype != root.dtype or p.shape[1:] != root.shape[1:] \
+            or p.strides != root.strides or not root.ndim:
+        return None
+    ptr = p.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+    step = root.strides[0]
+    if step <= 0 or ptr % step or not 0 <= ptr // step <= root.shape[0] - p.shape[0]:
+        return None
+    return ptr // step, ptr // step + p.shape[0]
 
 
 def contiguous(a: np.ndarray) -> bool:
@@ -114,8 +177,9 @@ def column_range(root: np.ndarray, a: np.ndarray):
 
 
 def write_entry(model: Transformer, entry: Path) -> bool:
-    """Write the model's arrays and config to ``entry`` (atomically: a temporary folder renamed); False when
-    the model cannot be cached (quantized weights, a config that does not survive JSON, views of another kind)."""
+    """Write the model's arrays (float32, or a quantized weight's planes) and config to ``entry`` (atomically: a
+    temporary folder renamed); False when the model cannot be cached (a config that does not survive JSON,
+    views of another kind)."""
     config = model.config.to_json()
     if not config_of(config, model.config.eos_ids) == model.config:
         return False
@@ -134,7 +198,7 @@ def write_entry(model: Transformer, entry: Path) -> bool:
                 order = "C" if r.flags.c_contiguous else "F"    # (a 1-D array is both: "C")
                 f.write(b"\0" * (offset - f.tell()))
                 f.write(r.tobytes(order=order))
-                table.append({"offset": offset, "shape": list(r.shape), "order": order})
+                table.append({"offset": offset, "shape": list(r.shape), "order": order, "dtype": r.dtype.str})
                 offset = -(-(offset + r.nbytes) // ALIGN) * ALIGN
         index = {"format": FORMAT, "config": config, "eos_ids": list(model.config.eos_ids), "roots": table,
                  "params": views, "bytes": (tmp / "weights.bin").stat().st_size}
@@ -159,7 +223,7 @@ def config_of(data: dict, eos_ids) -> ModelConfig:
 
 def read_entry(entry: Path) -> Transformer | None:
     """The model kept in ``entry``, its arrays views of the mapped file (copy-on-write); None when there is no
-    whole, readable entry."""
+    whole, readable entry (a truncated file, an index that does not fit it or names a plane of the wrong shape)."""
     try:
         index = json.loads((entry / "index.json").read_text(encoding="utf-8"))
         with open(entry / "weights.bin", "rb") as f:
@@ -168,14 +232,57 @@ def read_entry(entry: Path) -> Transformer | None:
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
         roots = []
         for r in index["roots"]:
-            shape = tuple(r["shape"])
-            if r["offset"] + 4 * int(np.prod(shape)) > len(mapped):
+            shape, dtype = tuple(int(n) for n in r["shape"]), np.dtype(r.get("dtype", "<f4"))
+            if dtype.str not in ROOT_DTYPES or r["offset"] < 0 or min(shape, default=0) < 0 \
+                    or r["offset"] + dtype.itemsize * int(np.prod(shape)) > len(mapped):
                 return None
-            roots.append(np.ndarray(shape, np.float32, buffer=mapped, offset=r["offset"], order=r["order"]))
+            roots.append(np.ndarray(shape, dtype, buffer=mapped, offset=r["offset"], order=r["order"]))
         params = {}
-        for name, (i, transposed, start, stop) in index["params"].items():
-            whole = roots[i].T if transposed else roots[i]
-            params[name] = whole[..., start:stop] if whole.ndim else whole
+        for name, spec in index["params"].items():
+            params[name] = quantized_param(roots, spec) if isinstance(spec, dict) else array_param(roots, spec)
+            if params[name] is None:
+                return None
         return Transformer.from_params(config_of(index["config"], index["eos_ids"]), params)
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         return None
+
+
+def array_param(roots: list, spec: list) -> np.ndarray | None:
+    i, transposed, start, stop = spec
+    whole = roots[i].T if transposed else roots[i]
+    if whole.dtype != np.float32:
+        return None
+    return whole[..., start:stop] if whole.ndim else whole
+
+
+def quantized_param(roots: list, spec: dict):
+    """The quantized weight ``spec`` describes, its planes views of ``roots``; None unless every plane has the
+    shape and dtype its type and sizes give (a plane too small would be read past its end by the kernels)."""
+    cls, qtype, d_in, d_out = MATRIX_CLASSES[spec["class"]], spec["qtype"], int(spec["d_in"]), int(spec["d_out"])
+    like = one_group(cls, qtype, d_in)                     # the planes' shapes past the groups, their dtypes
+    planes = []
+    for p, ref in zip(spec["planes"], (like.qs, like.d, like.m)):
+        if (p is None) != (ref is None):
+            return None
+        if p is None:
+            planes.append(None)
+            continue
+        i, g0, g1 = (int(n) for n in p)
+        plane = roots[i][g0:g1]
+        if not 0 <= g0 <= g1 <= roots[i].shape[0] or plane.dtype != ref.dtype \
+                or plane.shape != (-(-d_out // GROUP), *ref.shape[1:]):
+            return None
+        planes.append(plane)
+    w = cls._of(qtype, d_in, d_out, *planes)
+    return QuantizedRows(w) if spec["rows"] else w
+
+
+@functools.lru_cache(maxsize=64)
+def one_group(cls, qtype: str, d_in: int):
+    """A weight of ``cls`` of one group of zero rows (type ``qtype``, width ``d_in``): its planes' shapes and
+    dtypes past the first axis are every weight's of that type and width. A ValueError for a type or width
+    the class does not take."""
+    block, nbytes = quant_sizes(qtype)
+    if d_in <= 0 or d_in % block:
+        raise ValueError(f"d_in {d_in} is not a whole number of {qtype} blocks")
+    return cls(np.zeros((GROUP, d_in // block * nbytes), np.uint8), qtype, d_in)
