@@ -11,8 +11,8 @@ import sys
 def main() -> int:
     """Run ``attnlab`` with ``sys.argv``; a Ctrl-C at any point is one line and exit code 130."""
     try:
-        from attnlab.cli import main as cli_main
-        return cli_main()
+        from attnlab.cli import program
+        return program()
     except KeyboardInterrupt:
         print("\nattnlab: interrupted", file=sys.stderr)
         return 130
