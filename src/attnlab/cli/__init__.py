@@ -16,14 +16,27 @@ COMMAND_MODULES = ("tour", "guide", "attend", "context", "weights", "train", "ge
                    "longctx", "interpret", "sinks")
 
 
-def build_parser() -> ArgumentParser:
+# each command's module, so that a command line naming one imports that module alone (a SmolLM2 command's first
+# token waits on no other module; tests/test_program_exit.py holds the table to what each module registers)
+COMMANDS = {"tour": "tour", "attend": "attend", "context": "context", "explain-weights": "weights", "train": "train",
+            "generate": "generate", "chat": "chat", "bench": "bench", "tune": "tune", "longctx": "longctx",
+            "sinks": "sinks",
+            **dict.fromkeys(("floors", "lookup", "explain", "scale", "mask", "embed", "heads", "order", "cost",
+                             "tokens"), "guide"),
+            **dict.fromkeys(("detect", "ablate", "patch", "attribute", "lens", "ioi", "scan", "interpret"),
+                            "interpret")}
+
+
+def build_parser(command: str | None = None) -> ArgumentParser:
+    """The command line's parser: every command, or with ``command`` (a key of :data:`COMMANDS`) the commands of
+    its module only (the same parser for that command line, without importing the others)."""
     parser = ArgumentParser(prog="attnlab", description="The attention mechanism of transformers, in numpy, "
                             "following the guide 'Attention: letting tokens look at each other'.",
                             epilog="Start with 'attnlab tour'; 'attnlab COMMAND --help' says what a command shows, "
                                    "which section of the guide it belongs to, and gives examples.")
     parser.add_argument("--version", action="version", version=f"attnlab {__version__}")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name in COMMAND_MODULES if command is None else (COMMANDS[command],):
         importlib.import_module(f".{name}", __name__).register(sub)
     return parser
 
@@ -31,7 +44,7 @@ def build_parser() -> ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        parser = build_parser()                     # imports every command's module
+        parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)   # one module, or all
         args = parser.parse_args(argv)
     except UsageError as e:
         print(f"attnlab: error: {e}", file=sys.stderr)
