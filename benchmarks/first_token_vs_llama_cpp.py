@@ -59,10 +59,13 @@ def main() -> None:
     for r in range(args.rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
             got[name].append(run(name))
-    info = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    flags = next((line.split() for line in info.splitlines() if line.startswith("flags")), [])
-    print(f"SIMD {'AVX-512' if 'avx512f' in flags else 'AVX2' if 'avx2' in flags else 'below AVX2'}; "
-          f"load {os.getloadavg()[0]:.1f}; PYTHONDONTWRITEBYTECODE unset in the children")
+    sys.path.insert(0, str(SRC))
+    from attnlab.cli.bench_harness import blas_kernel, machine_info
+
+    m = machine_info()
+    print(f"{m['cpu']}; SIMD {m['simd']}; BLAS {blas_kernel(m['blas'])} (the children: 1 thread); numba {m['numba']}; "
+          f"load {os.getloadavg()[0]:.1f}; PYTHONDONTWRITEBYTECODE unset in the children; "
+          f"weight cache {env.get('ATTNLAB_CACHE') or 'the default folder'}")
     for name in names:
         line = f"{name:22s} process s {np.median(got[name]):.2f}"
         if "llama.cpp" in got and name != "llama.cpp":
