@@ -4,9 +4,9 @@ each in process time, in a fresh process per run (float32, ``--quantized``, ``--
     python benchmarks/first_token_phases.py [--rounds 5] [--modes float32,quantized,q8]
 
 The child runs the command's own steps one by one (imports; argument parsing; the GGUF header; the tokenizer;
-numba and the kernels' module; the weights, from the weight cache when it holds them; numba's set-up of its
-compiler, which its first call of any cached kernel does; the first token) and prints each step's process
-time; the parent adds the whole process's (user + sys, from ``getrusage``), so what the interpreter's start
+numba and the kernels' module; the weights, from the weight cache when it holds them; the first token, numba's
+kernels loaded from its cache at their first call) and prints each step's process time, and whether numba set
+up its compiler (attnlab.kernels._numba_load loads the kernels without it); the parent adds the whole process's (user + sys, from ``getrusage``), so what the interpreter's start
 and exit cost is the whole less the steps. The modes alternate round by round after one warm-up run each
 (``.pyc`` files written, the weight cache and numba's cache filled). Medians over the rounds.
 """
@@ -52,15 +52,15 @@ if args.quantized:
     step("import numba and the kernels")
 model = source.network()
 step("weights (from the cache)")
-if args.quantized:
-    from numba.core.registry import cpu_target
-    cpu_target.target_context.refresh()
-    step("numba's compiler set-up (its first call)")
 from attnlab.kernels._threads import one_blas_thread
 from attnlab.stack.transformer import generate
 with one_blas_thread():
     generate(model, prompt, 1, temperature=0.0, rng=np.random.default_rng(0))
 step("first token")
+if "numba" in sys.modules:                       # its set-up installs the builtin registry (numba's internals)
+    from numba.core.imputils import builtin_registry
+    from numba.core.registry import cpu_target
+    steps["numba's compiler set up (1 = yes)"] = float(builtin_registry in cpu_target.target_context._registries)
 print(json.dumps(steps))
 import gc
 gc.freeze()                      # as the program does before it exits (attnlab.cli.program)
@@ -83,7 +83,7 @@ def main() -> None:
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         steps = json.loads(out.splitlines()[-1])
         whole = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-        steps["interpreter start and exit"] = whole - sum(steps.values())
+        steps["interpreter start and exit"] = whole - sum(v for k, v in steps.items() if "set up" not in k)
         steps["whole process"] = whole
         return steps
 

@@ -30,6 +30,7 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ._numba_load import call
 from ._quant_fused import GROUP, _f32
 
 FLAGS = dict(nogil=True, cache=True, boundscheck=False)
@@ -237,7 +238,7 @@ def quantize(x):
     qx = np.empty((x.shape[0], n_blocks, QK), np.int8)                 # (N, n_blocks, 32)
     xd = np.empty((x.shape[0], n_blocks), np.float32)                  # (N, n_blocks)
     xs = np.empty((x.shape[0], n_blocks), np.float32)                  # (N, n_blocks)
-    quantize_blocks(x, qx, xd, xs)
+    call(quantize_blocks, x, qx, xd, xs)
     return qx, xd, xs
 
 
@@ -257,9 +258,9 @@ def matmul(qtype: str, qs, d, m, x, out, threads: int = 1, pool=None) -> None:
     if pool is not None:
         n = pool._max_workers
         step = -(-groups // n)
-        for f in [pool.submit(serial, *args, g0, min(groups, g0 + step)) for g0 in range(0, groups, step)]:
+        for f in [pool.submit(call, serial, *args, g0, min(groups, g0 + step)) for g0 in range(0, groups, step)]:
             f.result()
     elif threads > 1:
         parallel(*args, threads)
     else:
-        serial(*args, 0, groups)
+        call(serial, *args, 0, groups)

@@ -38,6 +38,8 @@ from llvmlite import ir
 from numba import prange, types
 from numba.extending import intrinsic, overload
 
+from ._numba_load import call
+
 MAX_TOKENS = 8      # up to this many tokens per product run the fused kernel; more: dequantize, then BLAS
 GROUP = 4           # rows whose blocks lie side by side: the kernels below are written out for four rows
 FLAGS = dict(nogil=True, cache=True, boundscheck=False)
@@ -236,19 +238,19 @@ def matvec(qtype: str, qs, d, m, x, out, threads: int = 1) -> None:
         if threads > 1:
             _int8_parallel(qs, d, x, out, threads)
         else:
-            _int8_groups(qs, d, x, out, 0, groups)
+            call(_int8_groups, qs, d, x, out, 0, groups)
         return
     m, m_scale, off = _nibble_args(qtype, d, m)
     if threads > 1:
         _nibbles_parallel(qs, d, m, m_scale, off, x, out, threads)
     else:
-        _nibbles_groups(qs, d, m, m_scale, off, x, out, 0, groups)
+        call(_nibbles_groups, qs, d, m, m_scale, off, x, out, 0, groups)
 
 
 def dequantize(qtype: str, qs, d, m, rows, w) -> None:
     """w (len(rows), d_in) float32 = the rows ``rows`` (int64) of a quantized weight in grouped planes."""
     d, m = _bits(d), _bits(m)
     if qtype in ("Q8_0", "Q6_K"):
-        _int8_dequantize(qs, d, rows, w)
+        call(_int8_dequantize, qs, d, rows, w)
     else:
-        _nibbles_dequantize(qs, d, *_nibble_args(qtype, d, m), rows, w)
+        call(_nibbles_dequantize, qs, d, *_nibble_args(qtype, d, m), rows, w)
