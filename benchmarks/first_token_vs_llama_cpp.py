@@ -1,4 +1,4 @@
-"""Time to first token, whole processes: ``attnlab generate --model smollm2 [--quantized] --tokens 1 --prompt
+"""Time to first token, whole processes: ``attnlab generate --model smollm2 [--quantized[=q8]] --tokens 1 --prompt
 Hello`` against llama.cpp on the same file (llama-cpp-python with its extra buffer types off, one thread,
 ``n_ctx`` 512, ``create_completion("Hello", max_tokens=1)``), skipped when ``llama_cpp`` cannot be imported.
 
@@ -36,7 +36,8 @@ def main() -> None:
     args = p.parse_args()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
-    sides = {"float32": (GENERATE, SRC), "quantized": (GENERATE + ["--quantized"], SRC)}
+    sides = {"float32": (GENERATE, SRC), "quantized": (GENERATE + ["--quantized"], SRC),
+             "quantized q8": (GENERATE + ["--quantized=q8"], SRC)}
     if args.other_src:
         sides["quantized, other src"] = (GENERATE + ["--quantized"], args.other_src)
     try:

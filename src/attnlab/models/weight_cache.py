@@ -1,5 +1,5 @@
-"""A float32 copy of a GGUF model on disk, mapped back in a moment: ``attnlab`` commands load SmolLM2 in float32
-from it instead of dequantizing and fusing 272 tensors again.
+"""A GGUF model's weights on disk in the form the stack uses them, mapped back in a moment: ``attnlab`` commands
+load SmolLM2 from it instead of dequantizing (float32) or repacking (``--quantized``) 272 tensors again.
 
 Loading ``smollm2`` in float32 costs about 1.3 s of one core, none of it reading the file: unpacking the Q4_1
 blocks into float32 (0.7 s), then laying the weights out as a decode step reads them (W_Q | W_K | W_V and
@@ -10,16 +10,28 @@ model around views of it, so nothing is dequantized, fused or copied (:func:`att
 sees the fused arrays for what they are). The numbers and their layout are the ones the first load made, so
 every result is bit for bit the uncached model's.
 
+``--quantized`` (``quantized=True``, or ``"q8-activations"``) keeps each weight's blocks, rearranged into the
+planes the kernels read (:class:`attnlab.kernels.quantized.QuantizedMatrix`: values, float16 scales and minima,
+rows in groups of four; 0.13–0.2 s to build from the file's blocks, numba's import aside). Its entry holds
+those planes, the fused weights' (W_Q | W_K | W_V, W_gate | W_in) once, and each weight as its class, type,
+sizes and a range of groups of its planes; mapped back, the fused planes are kept as they lie
+(:func:`attnlab.kernels.quantized.consecutive_groups`). Every plane's shape and dtype is checked against its
+type and sizes before a kernel may read it. Without numba (or with ``ATTNLAB_NO_NUMBA``) the quantized weights
+are float32, as ``load_model`` warns, and nothing is kept.
+
 Where: the folder the caller gives; the command line's is ``$ATTNLAB_CACHE``, else
-``$XDG_CACHE_HOME/attnlab/weights``, else ``~/.cache/attnlab/weights`` (``ATTNLAB_CACHE=off`` turns it off). One entry per GGUF file, a folder
-``<stem>-<key>/`` holding ``weights.bin`` (SmolLM2: 538 MB, the float32 model) and ``index.json`` (the config
+``$XDG_CACHE_HOME/attnlab/weights``, else ``~/.cache/attnlab/weights`` (``ATTNLAB_CACHE=off`` turns it off). One
+entry per GGUF file and mode, a folder ``<stem><mode>-<key>/`` (the mode "" for float32, ".quantized" or ".q8")
+holding ``weights.bin`` (SmolLM2: 538 MB float32, 98 MB either quantized mode) and ``index.json`` (the config
 and where each array lies). The key hashes the GGUF file's size, modification time and first MiB (its header),
-this format's version and the layouts this machine's rules (or ``attnlab tune``) choose; a changed file or
-layout makes a new entry and the writer removes the older entries of the same stem. Clearing: delete the
-folder (``rm -rf ~/.cache/attnlab/weights``); nothing else refers to it.
+this format's version, the mode and the layouts this machine's rules (or ``attnlab tune``) choose; a changed
+file or layout makes a new entry and the writer removes the older entries of the same stem and mode. Clearing:
+delete the folder (``rm -rf ~/.cache/attnlab/weights``); nothing else refers to it.
 
 An entry is written to a temporary folder beside it and renamed into place, so a reader sees a whole entry or
-none; an entry that cannot be read (truncated, edited) is ignored and the model loads from the GGUF file.
+none; an entry that cannot be read (truncated, its index not fitting its file or its weights) is ignored and the
+model loads from the GGUF file and writes it again. The bytes themselves carry no checksum: hashing 538 MB
+would cost more than the load it saves.
 """
 
 from __future__ import annotations
