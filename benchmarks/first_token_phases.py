@@ -6,9 +6,10 @@ each in process time, in a fresh process per run (float32, ``--quantized``, ``--
 The child runs the command's own steps one by one (imports; argument parsing; the GGUF header; the tokenizer;
 numba and the kernels' module; the weights, from the weight cache when it holds them; the first token, numba's
 kernels loaded from its cache at their first call) and prints each step's process time, and whether numba set
-up its compiler (attnlab.kernels._numba_load loads the kernels without it); the parent adds the whole process's (user + sys, from ``getrusage``), so what the interpreter's start
-and exit cost is the whole less the steps. The modes alternate round by round after one warm-up run each
-(``.pyc`` files written, the weight cache and numba's cache filled). Medians over the rounds.
+up its compiler (attnlab.kernels._numba_load loads the kernels without it); the parent adds the whole
+process's (user + sys, from ``getrusage``), so what the interpreter's start and exit cost is the whole less the
+steps. The modes alternate round by round after one warm-up run each (``.pyc`` files written, the weight cache
+and numba's cache filled). Medians over the rounds.
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ from attnlab.kernels.q8_activations import Q8ActivationMatrix
 from attnlab.kernels.quantized import QuantizedMatrix
 rng = np.random.default_rng(0)
 outs = []
-for cls, qtype, nbytes in ((QuantizedMatrix, "Q4_1", 20), (QuantizedMatrix, "Q8_0", 34), (Q8ActivationMatrix, "Q4_1", 20)):
+for cls, qtype, nbytes in ((QuantizedMatrix, "Q4_1", 20), (QuantizedMatrix, "Q8_0", 34),
+                           (Q8ActivationMatrix, "Q4_1", 20)):
     raw = rng.integers(0, 256, (12, 2 * nbytes), dtype=np.uint8)                # 12 rows of 2 blocks
     halves = raw.reshape(12, 2, nbytes)[..., :4 if qtype == "Q4_1" else 2].view(np.float16)
     halves[...] = rng.uniform(-0.1, 0.1, halves.shape).astype(np.float16)      # finite scales and minima

@@ -204,8 +204,9 @@ class QuantizedMatrix:
             return None
         kept = {p: consecutive_groups([getattr(w, p) for w in ws]) for p in ("qs", "d", "m")
                 if getattr(ws[0], p) is not None}
-        if all(k is not None for k in kept.values()):                      # views of one fused weight already: kept, no copy
-            return cls._of(ws[0].qtype, ws[0].d_in, sum(w.d_out for w in ws), kept["qs"], kept["d"], kept.get("m"))
+        if all(k is not None for k in kept.values()):    # views of one fused weight's planes already: no copy
+            return cls._of(ws[0].qtype, ws[0].d_in, sum(w.d_out for w in ws), kept["qs"], kept["d"],
+                           kept.get("m"))
         planes = [None if ws[0].m is None and p == "m" else np.concatenate([getattr(w, p) for w in ws])
                   for p in ("qs", "d", "m")]                                 # (Σ G_i, ...)
         fused = cls._of(ws[0].qtype, ws[0].d_in, sum(w.d_out for w in ws), *planes)
