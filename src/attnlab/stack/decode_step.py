@@ -101,8 +101,8 @@ def decode_step(plan: StepPlan, x: np.ndarray, cache, fused, *, is_causal: bool)
         cache.length = pos                                                 # as the block's own step does
         raise
     y = heads.reshape(1, c.n_heads * c.d_head) @ a.W_O                     # (1, d_model)
-    out, h = np.empty(x.shape, np.float32), np.empty(x.shape, np.float32)  # (1, d_model) each
-    fused.resid_rms(x, y, a.b_O, plan.w_2, plan.inv_d, plan.eps_2, out, h)
+    out = np.empty(x.shape, np.float32)                                    # (1, d_model)
+    fused.resid_rms(x, y, a.b_O, plan.w_2, plan.inv_d, plan.eps_2, out, h)   # h: ln_1's output is read, reused
     both = h @ plan.mlp.W_gate_in                                          # (1, 2·d_mlp) gate | up
     hidden = np.empty((1, both.shape[1] // 2), np.float32)                 # (1, d_mlp)
     fused.swiglu_row(both, hidden)
