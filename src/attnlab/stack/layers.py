@@ -217,7 +217,9 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, hook=NO_HOOKS, tape:
     ``hook`` sees ``hook_scale`` (..., 1), the divisor √(mean(x²) + eps), ``hook_normalized``, the rows
     divided by it before the weight (TransformerLens's RMSNorm has it so), and ``hook_out``, the output.
     With a ``tape``, keeps what :func:`rms_norm_backward` needs: the normalised rows (in x's dtype, as they are
-    multiplied) and the divisor.
+    multiplied) and the divisor. One float32 row (1, d) (a decode step's) takes the mean of squares from the fused
+    one-token kernels when they are chosen (:func:`one_row_kernels`; their sum in a written order, not BLAS's),
+    hooked or not, and without hooks the whole norm from them.
 
     >>> rms_norm(np.array([[3.0, 4.0]]), np.ones(2), 0.0).round(4)     # rms of (3, 4) is √12.5
     array([[0.8485, 1.1314]])
