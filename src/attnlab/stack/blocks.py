@@ -35,12 +35,12 @@ from typing import Callable
 
 import numpy as np
 
+from ..kernels._kernels import step_kernels
 from ..layer import latent
 from ..layer.config import AttentionConfig
 from ..layer.hookpoints import NO_HOOKS
 from ..layer.multihead import (MultiHeadAttention, hook_points, multihead_attention, multihead_attention_backward_named,
                                param_shapes)
-from ..kernels._kernels import step_kernels
 from .decode_step import decode_step, step_plan
 from .experts import Experts
 
