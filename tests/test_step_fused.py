@@ -188,3 +188,25 @@ def test_the_fused_step_takes_fewer_numpy_calls_a_layer(monkeypatch):
     monkeypatch.delenv(_kernels.KERNEL_ENV)                     # the rules: the fused step, numpy's attention
     fused_calls = decode_calls(Decoder(model, context=8))["per_layer"]
     assert fused_calls <= numpy_calls / 2, (fused_calls, numpy_calls)
+
+
+@pytest.mark.parametrize("option", [SMOLLM2, LEARNED], ids=["rope", "learned"])
+def test_hooks_that_look_at_every_point_change_no_bit_of_the_fused_step(option, fused):
+    """The fused step (no hooks) against the block's own lines with a hook looking at every point of the pass
+    (the norms' scales, q, k, v, the rotations, the MLP's gate, linear path and hidden layer, …) but the scores and
+    the pattern, which take attention's path through the whole grid."""
+    from attnlab.stack.transformer import hook_names
+
+    model = random_model(option, np.random.default_rng(6), dtype=f32)
+    seen = []
+    hooks = {name: (lambda a, name: seen.append(name)) for name in hook_names(model)
+             if not name.endswith(("hook_scores", "hook_pattern"))}
+    caches = [new_caches(model, 8) for _ in range(2)]
+    for c, h in zip(caches, (None, hooks)):
+        forward(model, np.arange(5), caches=c, hooks=h)
+    for s in range(3):
+        ids = np.array([(4 * s + 3) % 13])
+        a = forward(model, ids, caches=caches[0]).logits
+        b = forward(model, ids, caches=caches[1], hooks=hooks).logits
+        np.testing.assert_array_equal(a, b)
+    assert "blocks.1.mlp.hook_post" in seen and "blocks.0.ln_2.hook_scale" in seen
