@@ -78,11 +78,12 @@ def sum_squares(x):
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = b0 = b1 = b2 = b3 = b4 = b5 = b6 = b7 = ZERO
     j = 0
     while j + 16 <= n:
-        a0 += x[j] * x[j]; a1 += x[j + 1] * x[j + 1]; a2 += x[j + 2] * x[j + 2]; a3 += x[j + 3] * x[j + 3]   # noqa: E702
-        a4 += x[j + 4] * x[j + 4]; a5 += x[j + 5] * x[j + 5]; a6 += x[j + 6] * x[j + 6]                       # noqa: E702
-        a7 += x[j + 7] * x[j + 7]; b0 += x[j + 8] * x[j + 8]; b1 += x[j + 9] * x[j + 9]                       # noqa: E702
-        b2 += x[j + 10] * x[j + 10]; b3 += x[j + 11] * x[j + 11]; b4 += x[j + 12] * x[j + 12]                 # noqa: E702
-        b5 += x[j + 13] * x[j + 13]; b6 += x[j + 14] * x[j + 14]; b7 += x[j + 15] * x[j + 15]                 # noqa: E702
+        a0 += x[j] * x[j]; a1 += x[j + 1] * x[j + 1]; a2 += x[j + 2] * x[j + 2]                         # noqa: E702
+        a3 += x[j + 3] * x[j + 3]; a4 += x[j + 4] * x[j + 4]; a5 += x[j + 5] * x[j + 5]                 # noqa: E702
+        a6 += x[j + 6] * x[j + 6]; a7 += x[j + 7] * x[j + 7]; b0 += x[j + 8] * x[j + 8]                 # noqa: E702
+        b1 += x[j + 9] * x[j + 9]; b2 += x[j + 10] * x[j + 10]; b3 += x[j + 11] * x[j + 11]             # noqa: E702
+        b4 += x[j + 12] * x[j + 12]; b5 += x[j + 13] * x[j + 13]; b6 += x[j + 14] * x[j + 14]           # noqa: E702
+        b7 += x[j + 15] * x[j + 15]
         j += 16
     while j < n:
         a0 += x[j] * x[j]

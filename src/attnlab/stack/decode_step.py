@@ -1,5 +1,5 @@
-"""A pre-norm block's decode step in the fused one-token kernels: the block's two residual lines on one token,
-with one call between each two products.
+"""A pre-norm block's decode step in the fused one-token kernels: the block's two residual lines on one
+token, with one call between each two products.
 
     x (1, d_model)  ─ rms_norm_rows ─▶ h  ─ h @ W_QKV ─▶ qkv  ─ qkv_rope_append ─▶ q; k, v into the cache
     q, the cache    ─ attend ─▶ heads (h, 1, d_head)  ─ merged @ W_O ─▶ y
