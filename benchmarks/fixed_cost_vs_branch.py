@@ -4,8 +4,9 @@ and its Python calls, this tree against another checkout of attnlab's ``src`` (e
     python benchmarks/fixed_cost_vs_branch.py OTHER_SRC [--rounds 11]
 
 Each round runs a fresh process of each side (one thread, process time, the median of 15 × 10 steps inside),
-the two sides alternating which goes first; prints the CPU, SIMD level and BLAS, each side's figures and the
-median of the per-round ratios (this tree / the other).
+the two sides alternating which goes first; prints the CPU, SIMD level and BLAS, each side's figures (with the
+step's Python calls and cProfile's numpy/numba calls a layer) and the median of the per-round ratios (this tree /
+the other).
 """
 
 from __future__ import annotations
@@ -20,8 +21,22 @@ from pathlib import Path
 import numpy as np
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-CODE = ("import json; from attnlab.cli.bench_model import fixed_cost; r = fixed_cost(rounds=15); "
-        "print(json.dumps({'ms': r['ms'], 'calls': r['python_calls']}))")
+CODE = """
+import json
+import numpy as np
+from attnlab.cli.bench_harness import Decoder
+from attnlab.cli.bench_model import decode_calls, fixed_cost
+from attnlab.layer.config import AttentionConfig
+from attnlab.layer.positions import RoPE
+from attnlab.stack.layers import RMSNorm
+from attnlab.stack.transformer import ModelConfig, Transformer
+r = fixed_cost(rounds=15)
+att = AttentionConfig(d_model=24, n_heads=3, n_kv_heads=1, d_head=8, n_ctx=64, positions=RoPE(100000.0))
+cfg = ModelConfig(vocab_size=64, n_layers=30, attention=att, d_mlp=16, activation="silu", mlp="gated", norm=RMSNorm,
+                  norm_eps=1e-5, tied_embeddings=True, family="llama")
+native = decode_calls(Decoder(Transformer.init(cfg, rng=np.random.default_rng(0)), context=8))
+print(json.dumps({'ms': r['ms'], 'calls': r['python_calls'], 'native_per_layer': native['per_layer']}))
+"""   # fixed_cost's model (SmolLM2's structure at tiny widths) again, for cProfile's numpy/numba calls a layer
 
 
 def machine() -> str:
@@ -51,7 +66,7 @@ def main() -> None:
     for side, rows in got.items():
         ms = [row["ms"] for row in rows]
         print(f"{side:7s} ms/step {np.median(ms):.3f} (rounds {min(ms):.3f}-{max(ms):.3f}), "
-              f"Python calls {rows[0]['calls']}")
+              f"Python calls {rows[0]['calls']}, numpy/numba calls a layer {rows[0]['native_per_layer']:.1f}")
     print(f"after / before: median of per-round ratios {np.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]")
 
 

@@ -125,6 +125,7 @@ def fixed_cost(*, n_layers: int = SMOLLM2_SHAPE["n_layers"], rounds: int = 11) -
     apart from its arithmetic: the ms of a step of the same model at tiny widths (d_model 16, 3 on 1 heads of
     d_head 8, d_mlp 16, a 64-token vocabulary, 8 tokens of context), the median of ``rounds`` (process time,
     which a loaded machine's other work does not count), and its Python calls."""
+    from ..kernels._kernels import step_kernel_choice
     from ..layer.config import AttentionConfig
     from ..layer.positions import RoPE
     from ..stack.layers import RMSNorm
@@ -141,8 +142,9 @@ def fixed_cost(*, n_layers: int = SMOLLM2_SHAPE["n_layers"], rounds: int = 11) -
         for _ in range(10):
             decoder.step()
         times.append((time.process_time() - t0) / 10)
+    kernel, why = step_kernel_choice()
     return {"ms": 1e3 * float(np.median(times)), "n_layers": n_layers, "python_calls": calls["total"],
-            "python_calls_by_file": calls["by_file"]}
+            "python_calls_by_file": calls["by_file"], "step_kernels": f"{kernel} ({why})"}
 
 
 def decode_row(model, *, rounds: int, context: int = 64) -> dict:
@@ -333,7 +335,8 @@ def model_table(r: dict) -> list[str]:
              f"quantized ({c['numpy_numba']} in the step; cProfile, operators not counted); Python calls "
              f"{f['calls']['python_calls']} float32, {c['python_calls']} quantized (sys.setprofile)",
              f"fixed cost of a decode step: {r['fixed_cost']['ms']:.2f} ms, {r['fixed_cost']['python_calls']} Python calls "
-             f"(SmolLM2's {r['fixed_cost']['n_layers']} layers at tiny widths, process time, median)",
+             f"(SmolLM2's {r['fixed_cost']['n_layers']} layers at tiny widths, process time, median; the pieces "
+             f"between the products: {r['fixed_cost'].get('step_kernels', '?')})",
              f"prefill {p['tokens']} tokens  {p['float32_ms']:.0f} ms float32, {p['quantized_ms']:.0f} ms quantized "
              f"(logits of the last position, as generate needs)",
              "transformers prefill: transformers not importable" if p["transformers"] is None else

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import profile
+from ._step import answers
 
 NO_NUMBA_ENV = "ATTNLAB_NO_NUMBA"
 KERNEL_ENV = "ATTNLAB_KERNEL"
@@ -185,6 +186,53 @@ def kernel_choice(scores: int = 0, *, masked: bool = True) -> tuple[str, str]:
     if kernel == "fused" and load_fused() is None:
         return "numpy", "numba failed to import"
     return kernel, reason
+
+
+STEP_MODULE = __package__ + "._step_fused"
+
+
+def step_kernel_choice() -> tuple[str, str]:
+    """Which kernels a one-token pass runs between its products (RMSNorm, RoPE with the cache append, the
+    residual adds, silu(gate) · up): ``"fused"`` (:mod:`attnlab.kernels._step_fused`, numba) or ``"numpy"``,
+    and why. ``ATTNLAB_NO_NUMBA`` or a missing numba keep numpy; ``ATTNLAB_KERNEL`` forces one; else the rule:
+    fused. A one-token pass is a decode step, and generation runs one per token: numba's load (0.5-2 s and
+    ~110 MiB, once per process) is repaid by the ~29 numpy calls a layer it saves on every token (60-70 µs a
+    layer; SmolLM2's 30 layers: about 2 ms a token), where the size rule of the attention kernels
+    (``FUSED_MIN_SCORES``) is for calls made once. float32 rows only (the callers check)."""
+    if numba_disabled():
+        return "numpy", f"{NO_NUMBA_ENV} is set"
+    forced = forced_kernel()
+    if forced == "numpy":
+        return "numpy", f"{KERNEL_ENV}=numpy"
+    if not numba_installed():
+        if forced == "fused":
+            raise ValueError(f"{KERNEL_ENV}=fused needs numba (pip install 'attnlab[fast]'), which is not installed")
+        return "numpy", "numba is not installed"
+    if step_module() is None:
+        return "numpy", "numba failed to import"
+    return "fused", f"{KERNEL_ENV}=fused" if forced == "fused" else "rule: a one-token pass is a decode step"
+
+
+@functools.cache
+def step_module():
+    """:mod:`attnlab.kernels._step_fused` (imports numba), or None when numba cannot be imported."""
+    try:
+        from . import _step_fused
+    except ImportError:
+        return None
+    return _step_fused
+
+
+def step_kernels():
+    """The fused one-token kernels (:mod:`attnlab.kernels._step_fused`) when :func:`step_kernel_choice` says
+    "fused", else None; inside a model's pass (:func:`attnlab.kernels._step.one_step`) asked once per step."""
+    step = answers()
+    if step is not None and "step kernels" in step:
+        return step["step kernels"]
+    got = step_module() if step_kernel_choice()[0] == "fused" else None
+    if step is not None:
+        step["step kernels"] = got
+    return got
 
 
 def tile_kernel(scores: int = 0, *, masked: bool = True) -> str:

@@ -102,6 +102,16 @@ class KVCache:
         self.v_max = largest["value"] if largest["value"] > self.v_max else self.v_max
         return self.keys, self.values
 
+    def count_written(self, t: int, key_max: float, value_max: float) -> None:
+        """Count ``t`` tokens written straight into the buffers at positions [length, length + t) by a fused
+        decode step (:func:`attnlab.kernels._step_fused.qkv_rope_append`), with their largest |key| and |value|:
+        what :meth:`append` does after its checks. The writer makes those checks itself first (the buffers'
+        dtype, room, finite values) and writes nothing when one fails, so a failed step leaves the cache as it
+        was."""
+        self.length += t
+        self.k_max = key_max if key_max > self.k_max else self.k_max
+        self.v_max = value_max if value_max > self.v_max else self.v_max
+
     def make_room(self, t: int) -> bool:
         """Whether ``t`` more tokens fit. A plain cache keeps every token, so it only answers; a cache with a
         policy for what to drop (:class:`attnlab.layer.streaming.StreamingCache`) drops it and says True."""

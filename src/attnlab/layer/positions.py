@@ -471,6 +471,13 @@ class RoPE(PositionScheme):
         return rope(x, start=start, inverse=inverse, theta=self.theta, scaling=self.scaling, rotary_dim=self.rotary_dim,
                     positions=positions)
 
+    def turns(self, d_head: int, start: int, n: int = 1, dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
+        """cos and ±sin (n, d_head/2, 2) of the angles at positions start … start + n − 1, by which :meth:`rotate`
+        turns each pair (x_2i, x_2i+1) as ``pair · cos + reversed(pair) · sin`` (read-only arrays, the ones
+        :meth:`rotate` uses; the last 64 asked are kept). For a whole rotation only (``rotary_dim`` None)."""
+        assert self.rotary_dim is None or self.rotary_dim == d_head, "turns: a partial rotation passes features through"
+        return _rope_turns(n, start, d_head, self.theta, _hashable(self.scaling), False, np.dtype(dtype))
+
     def halves_order(self, d_head: int) -> np.ndarray:
         """The order taking a head's features to rotate_half's layout.
 

@@ -35,11 +35,13 @@ from typing import Callable
 
 import numpy as np
 
+from ..kernels._kernels import step_kernels
 from ..layer import latent
 from ..layer.config import AttentionConfig
 from ..layer.hookpoints import NO_HOOKS
 from ..layer.multihead import (MultiHeadAttention, hook_points, multihead_attention, multihead_attention_backward_named,
                                param_shapes)
+from .decode_step import decode_step, step_plan
 from .experts import Experts
 
 
@@ -210,6 +212,10 @@ class Block:
 
     def __post_init__(self):
         object.__setattr__(self, "_lines", self._resolve_lines())
+        plan = None
+        if type(self) is PreNormBlock:                                     # Llama's block: its fused decode step
+            plan = step_plan(self.attn, self.ln_1, self.mlp, self.ln_2)
+        object.__setattr__(self, "_step", plan)
 
     def _resolve_lines(self) -> tuple:
         """The lines this block runs, its parts looked up once: ``(mid, branches, after)`` each, ``mid`` True for
@@ -271,7 +277,15 @@ class Block:
 
     def _forward_plain(self, x: np.ndarray, *, is_causal: bool, cache, mask, positions) -> np.ndarray:
         """:meth:`forward` without hooks and without a tape: the same parts on the same arrays in the same order
-        (the same bits), without the calls at the points nobody listens to."""
+        (the same bits), without the calls at the points nobody listens to; a decode step of one float32 token
+        through the fused one-token kernels where the block has a plan for them (:mod:`attnlab.stack.decode_step`)."""
+        if (self._step is not None and cache is not None and x.ndim == 2 and x.shape[0] == 1
+                and x.dtype == np.float32):
+            fused = step_kernels()
+            if fused is not None:
+                y = decode_step(self._step, x, cache, fused, is_causal=is_causal)
+                if y is not None:
+                    return y
         for _, branches, after in self._lines:
             y = None
             for chain, _, _ in branches:                                   # x = after(x + Σ_b chain_b(x))

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..kernels._kernels import step_kernels
 from ..kernels.matmul import fuse_columns, streamed
 from ..layer.hookpoints import NO_HOOKS
 from ..layer.tape import Tape
@@ -216,11 +217,22 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, hook=NO_HOOKS, tape:
     ``hook`` sees ``hook_scale`` (..., 1), the divisor √(mean(x²) + eps), ``hook_normalized``, the rows
     divided by it before the weight (TransformerLens's RMSNorm has it so), and ``hook_out``, the output.
     With a ``tape``, keeps what :func:`rms_norm_backward` needs: the normalised rows (in x's dtype, as they are
-    multiplied) and the divisor.
+    multiplied) and the divisor. One float32 row (1, d) (a decode step's) takes the mean of squares from the fused
+    one-token kernels when they are chosen (:func:`one_row_kernels`; their sum in a written order, not BLAS's),
+    hooked or not, and without hooks the whole norm from them.
 
     >>> rms_norm(np.array([[3.0, 4.0]]), np.ones(2), 0.0).round(4)     # rms of (3, 4) is √12.5
     array([[0.8485, 1.1314]])
     """
+    fused = one_row_kernels(x, weight)
+    if fused is not None:                                       # one float32 row: the fused pieces' sum, hooked or not
+        if tape is None and hook is NO_HOOKS:
+            y = np.empty(x.shape, x.dtype)                      # (1, d_model)
+            fused.rms_norm_rows(x, weight, x.dtype.type(1 / x.shape[-1]), x.dtype.type(eps), y)
+            return y
+        ms = np.empty((1, 1), x.dtype)                          # (1, 1) the divisor √(mean(x²) + eps)
+        fused.rms_scale_rows(x, x.dtype.type(1 / x.shape[-1]), x.dtype.type(eps), ms)
+        return _rms_hooked(x, weight, ms, hook, tape)
     x32 = x if x.dtype.itemsize >= 4 else x.astype(np.float32)   # float16 squares in float32
     ms = np.vecdot(x32, x32)[..., None]                         # (..., 1) d · mean of squares, no (..., d) temporary
     ms *= 1 / x.shape[-1]                                       # (..., 1) (ndarray.mean's Python wrapper cost more)
@@ -231,18 +243,32 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, hook=NO_HOOKS, tape:
             y = y.astype(x.dtype)
         y *= weight                                             # (..., d_model) in place
         return y
-    scale = hook("hook_scale", np.sqrt(ms, out=ms))             # (..., 1)
+    return _rms_hooked(x, weight, np.sqrt(ms, out=ms), hook, tape)
+
+
+def _rms_hooked(x: np.ndarray, weight: np.ndarray, scale: np.ndarray, hook, tape: Tape | None) -> np.ndarray:
+    """:func:`rms_norm` from its divisor ``scale`` (..., 1) on, calling the hooks at its points and keeping what
+    the backward needs on ``tape``."""
+    scale = hook("hook_scale", scale)                           # (..., 1)
+    x32 = x if x.dtype.itemsize >= 4 else x.astype(np.float32)
     y = x32 / scale                                             # (..., d_model)
     if y.dtype != x.dtype:
         y = y.astype(x.dtype)
     y = hook("hook_normalized", y)                              # (..., d_model)
-    if tape is None and hook is NO_HOOKS:
-        y *= weight                                             # (..., d_model) in place: nothing keeps xhat
-    else:
-        if tape is not None:
-            tape.keep((y, scale))
-        y = y * weight                                          # (..., d_model)
-    return hook("hook_out", y)                                  # (..., d_model)
+    if tape is not None:
+        tape.keep((y, scale))
+    return hook("hook_out", y * weight)                         # (..., d_model)
+
+
+def one_row_kernels(x: np.ndarray, weight: np.ndarray | None = None):
+    """The fused one-token kernels (:mod:`attnlab.kernels._step_fused`) when ``x`` is one float32 row (1, d)
+    (and ``weight``, if given, a float32 (d,)) and they are chosen (:func:`attnlab.kernels._kernels.step_kernels`),
+    else None: a decode step's norms and gated MLP run them whether hooks listen or not, so both give the same
+    bits."""
+    if x.ndim != 2 or x.shape[0] != 1 or x.dtype != np.float32 or (
+            weight is not None and (weight.dtype != np.float32 or weight.shape != x.shape[1:])):
+        return None
+    return step_kernels()
 
 
 def rms_norm_backward(saved, dy: np.ndarray, weight: np.ndarray):
@@ -395,17 +421,25 @@ class GatedMLP:
             both = x @ self.W_gate_in                                               # (..., n, 2·d_mlp) one product
             gate, up = both[..., :d_mlp], both[..., d_mlp:]                         # (..., n, d_mlp) each
         if hook is NO_HOOKS and tape is None:                                       # nothing listens
-            hidden = ACTIVATIONS[self.activation](gate)                             # (..., n, d_mlp) a new array
-            hidden *= up
-            return hidden @ self.W_out                                              # (..., n, d_model)
+            return self.gated(gate, up) @ self.W_out                                # (..., n, d_model)
         pre = hook("hook_pre", gate)                                                # (..., n, d_mlp)
         up = hook("hook_pre_linear", up)                                            # (..., n, d_mlp)
-        hidden = ACTIVATIONS[self.activation](pre)                                  # (..., n, d_mlp) a new array
-        hidden *= up
-        hidden = hook("hook_post", hidden)                                          # (..., n, d_mlp)
+        hidden = hook("hook_post", self.gated(pre, up))                             # (..., n, d_mlp)
         if tape is not None:
             tape.keep((x, pre, up, hidden))
         return hidden @ self.W_out                                                  # (..., n, d_model)
+
+    def gated(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        """The hidden layer act(gate) ⊙ up (..., n, d_mlp), a new array: for one float32 row with silu, the fused
+        one-token kernel (:func:`one_row_kernels`), hooked or not; else numpy."""
+        fused = one_row_kernels(gate) if self.activation == "silu" else None
+        if fused is not None and up.dtype == gate.dtype and up.shape == gate.shape:
+            hidden = np.empty(gate.shape, gate.dtype)                               # (1, d_mlp)
+            fused.silu_mul_rows(gate, up, hidden)
+            return hidden
+        hidden = ACTIVATIONS[self.activation](gate)                                 # (..., n, d_mlp) a new array
+        hidden *= up
+        return hidden
 
     @staticmethod
     def shapes(d_model: int, d_mlp: int) -> dict[str, tuple]:
