@@ -217,21 +217,23 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, hook=NO_HOOKS, tape:
     ``hook`` sees ``hook_scale`` (..., 1), the divisor √(mean(x²) + eps), ``hook_normalized``, the rows
     divided by it before the weight (TransformerLens's RMSNorm has it so), and ``hook_out``, the output.
     With a ``tape``, keeps what :func:`rms_norm_backward` needs: the normalised rows (in x's dtype, as they are
-    multiplied) and the divisor. One float32 row (1, d) (a decode step's) takes the mean of squares from the fused
-    one-token kernels when they are chosen (:func:`one_row_kernels`; their sum in a written order, not BLAS's),
-    hooked or not, and without hooks the whole norm from them.
+    multiplied) and the divisor. float32 rows take the mean of squares from the fused one-token kernels when they
+    are chosen (:func:`row_kernels`; their sum in a written order, not BLAS's), hooked or not, and without hooks
+    the whole norm from them: a row's bits are the same alone (a decode step's) or among others (a prompt's).
 
     >>> rms_norm(np.array([[3.0, 4.0]]), np.ones(2), 0.0).round(4)     # rms of (3, 4) is √12.5
     array([[0.8485, 1.1314]])
     """
-    fused = one_row_kernels(x, weight)
-    if fused is not None:                                       # one float32 row: the fused pieces' sum, hooked or not
+    fused = row_kernels(x, weight)
+    if fused is not None:                                       # float32 rows: the fused pieces' sum, hooked or not
+        d = x.shape[-1]
+        rows = x.reshape(-1, d)                                 # (N, d_model) a view where x allows
         if tape is None and hook is NO_HOOKS:
-            y = np.empty(x.shape, x.dtype)                      # (1, d_model)
-            fused.rms_norm_rows(x, weight, x.dtype.type(1 / x.shape[-1]), x.dtype.type(eps), y)
+            y = np.empty(x.shape, x.dtype)                      # (..., d_model)
+            fused.rms_norm_rows(rows, weight, x.dtype.type(1 / d), x.dtype.type(eps), y.reshape(-1, d))
             return y
-        ms = np.empty((1, 1), x.dtype)                          # (1, 1) the divisor √(mean(x²) + eps)
-        fused.rms_scale_rows(x, x.dtype.type(1 / x.shape[-1]), x.dtype.type(eps), ms)
+        ms = np.empty(x.shape[:-1] + (1,), x.dtype)             # (..., 1) the divisor √(mean(x²) + eps)
+        fused.rms_scale_rows(rows, x.dtype.type(1 / d), x.dtype.type(eps), ms.reshape(-1, 1))
         return _rms_hooked(x, weight, ms, hook, tape)
     x32 = x if x.dtype.itemsize >= 4 else x.astype(np.float32)   # float16 squares in float32
     ms = np.vecdot(x32, x32)[..., None]                         # (..., 1) d · mean of squares, no (..., d) temporary
@@ -260,13 +262,13 @@ def _rms_hooked(x: np.ndarray, weight: np.ndarray, scale: np.ndarray, hook, tape
     return hook("hook_out", y * weight)                         # (..., d_model)
 
 
-def one_row_kernels(x: np.ndarray, weight: np.ndarray | None = None):
-    """The fused one-token kernels (:mod:`attnlab.kernels._step_fused`) when ``x`` is one float32 row (1, d)
+def row_kernels(x: np.ndarray, weight: np.ndarray | None = None):
+    """The fused one-token kernels (:mod:`attnlab.kernels._step_fused`) when ``x`` holds float32 rows (..., d)
     (and ``weight``, if given, a float32 (d,)) and they are chosen (:func:`attnlab.kernels._kernels.step_kernels`),
-    else None: a decode step's norms and gated MLP run them whether hooks listen or not, so both give the same
-    bits."""
-    if x.ndim != 2 or x.shape[0] != 1 or x.dtype != np.float32 or (
-            weight is not None and (weight.dtype != np.float32 or weight.shape != x.shape[1:])):
+    else None. Norms and the gated MLP run them on every float32 row, whether hooks listen or not and however
+    many rows come together, so a token's bits depend neither on the hooks nor on the batch it sits in."""
+    if x.dtype != np.float32 or x.ndim == 0 or x.size == 0 or (
+            weight is not None and (weight.dtype != np.float32 or weight.shape != x.shape[-1:])):
         return None
     return step_kernels()
 
@@ -430,12 +432,13 @@ class GatedMLP:
         return hidden @ self.W_out                                                  # (..., n, d_model)
 
     def gated(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-        """The hidden layer act(gate) ⊙ up (..., n, d_mlp), a new array: for one float32 row with silu, the fused
-        one-token kernel (:func:`one_row_kernels`), hooked or not; else numpy."""
-        fused = one_row_kernels(gate) if self.activation == "silu" else None
+        """The hidden layer act(gate) ⊙ up (..., n, d_mlp), a new array: for float32 rows with silu, the fused
+        one-token kernel (:func:`row_kernels`), hooked or not, however many rows; else numpy."""
+        fused = row_kernels(gate) if self.activation == "silu" else None
         if fused is not None and up.dtype == gate.dtype and up.shape == gate.shape:
-            hidden = np.empty(gate.shape, gate.dtype)                               # (1, d_mlp)
-            fused.silu_mul_rows(gate, up, hidden)
+            m = gate.shape[-1]
+            hidden = np.empty(gate.shape, gate.dtype)                               # (..., n, d_mlp)
+            fused.silu_mul_rows(gate.reshape(-1, m), up.reshape(-1, m), hidden.reshape(-1, m))
             return hidden
         hidden = ACTIVATIONS[self.activation](gate)                                 # (..., n, d_mlp) a new array
         hidden *= up
