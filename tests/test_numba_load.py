@@ -33,6 +33,11 @@ for cls, qtype, nbytes in ((QuantizedMatrix, "Q4_1", 20), (QuantizedMatrix, "Q8_
     w = cls(raw, qtype, 64)
     x = rng.standard_normal((1, 64)).astype(np.float32)
     outs += [x @ w, w.T[np.array([3, 7])]]
+from attnlab.kernels._kernels import step_module
+rows = rng.standard_normal((3, 64)).astype(np.float32)
+normed = np.empty_like(rows)
+step_module().rms_norm_rows(rows, np.ones(64, np.float32), np.float32(1 / 64), np.float32(1e-5), normed)
+outs.append(normed)                                                             # a decode step's fused norm
 from numba.core.imputils import builtin_registry
 from numba.core.registry import cpu_target
 print(b"".join(o.tobytes() for o in outs).hex(), builtin_registry in cpu_target.target_context._registries)
@@ -67,3 +72,15 @@ def test_a_kernel_without_a_cache_goes_numba_s_way():
     assert call(twice, 1.5) == 3.0
     assert from_cache(twice, (1.5,)) is True          # compiled now: held by the dispatcher
     np.testing.assert_array_equal(call(twice, np.arange(3.0)), [0.0, 2.0, 4.0])   # another type: numba compiles it
+
+
+def test_a_module_s_kernels_from_the_cache_then_the_kernel_itself():
+    from attnlab.kernels import _step_fused
+    from attnlab.kernels._numba_load import FromCache
+
+    loaded = FromCache(_step_fused)
+    x = np.array([[3.0, 4.0]], np.float32)                                      # by hand: rms of (3, 4) is √12.5
+    out = np.empty_like(x)
+    loaded.rms_norm_rows(x, np.ones(2, np.float32), np.float32(0.5), np.float32(0.0), out)
+    np.testing.assert_allclose(out, [[3 / 12.5 ** 0.5, 4 / 12.5 ** 0.5]], rtol=1e-6)
+    assert loaded.rms_norm_rows is _step_fused.rms_norm_rows                    # after its first call: the kernel

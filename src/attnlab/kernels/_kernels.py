@@ -215,12 +215,14 @@ def step_kernel_choice() -> tuple[str, str]:
 
 @functools.cache
 def step_module():
-    """:mod:`attnlab.kernels._step_fused` (imports numba), or None when numba cannot be imported."""
+    """:mod:`attnlab.kernels._step_fused`'s kernels (imports numba; each loaded from numba's cache at its first
+    call, :class:`attnlab.kernels._numba_load.FromCache`), or None when numba cannot be imported."""
     try:
         from . import _step_fused
+        from ._numba_load import FromCache
     except ImportError:
         return None
-    return _step_fused
+    return FromCache(_step_fused)                               # its kernels loaded from numba's cache, no set-up
 
 
 def step_kernels():

@@ -49,3 +49,22 @@ def from_cache(kernel, args) -> bool:
         return True
     except Exception:         # a numba whose internals differ, a cache that cannot be read: numba's own way
         return False
+
+
+class FromCache:
+    """A module's numba kernels as attributes, each loaded from numba's cache at its first call (:func:`call`) and
+    the kernel itself from then on: ``FromCache(_step_fused).rms_norm_rows(...)``."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name):
+        kernel = getattr(self._module, name)
+        if not hasattr(kernel, "overloads"):                    # not a numba dispatcher: as it is
+            return kernel
+
+        def first(*args):
+            setattr(self, name, kernel)                         # later lookups find the kernel itself
+            return call(kernel, *args)
+        setattr(self, name, first)
+        return first
