@@ -232,6 +232,52 @@ def test_the_tile_kernel_rule_is_a_size_rule():
                for s in (0, n, 2 * n) for m in (True, False))
 
 
+def test_a_model_pass_counts_every_layers_scores():
+    """Inside a model's pass the size rule counts the pass's scores (numba loads once for all its layers): a
+    masked call of few scores runs fused in a pass of FUSED_MIN_SCORES; unmasked AVX-512 calls and tuned
+    thresholds are as before; outside a step a call counts its own."""
+    rule, n = _kernels.tile_kernel_rule, _kernels.FUSED_MIN_SCORES
+    assert rule(1000, masked=True, exp_name="exp2", pass_scores=n - 1)[0] == "numpy"
+    kernel, why = rule(1000, masked=True, exp_name="exp2", pass_scores=n)
+    assert kernel == "fused" and "the model's pass" in why
+    assert rule(1000, masked=False, exp_name="exp2", pass_scores=10 * n)[0] == "numpy"
+    assert rule(1000, masked=True, exp_name="exp2", tuned_min={"masked": 2000, "full": None},
+                pass_scores=10 * n)[0] == "numpy"                   # a tune profile measured per call
+    from attnlab.kernels._step import one_step, pass_scores
+    assert pass_scores() == 0
+    with one_step(n):
+        assert pass_scores() == n
+        with one_step(1):                                           # nested: the outer pass's
+            assert pass_scores() == n
+    assert pass_scores() == 0
+
+
+def test_forward_and_forward_from_run_one_kernel_per_pass(rng, monkeypatch):
+    """A pass of 2^24 scores over its layers (4 layers · 4 heads · 1024²) runs the fused kernel in every layer,
+    from the first or from a later one: forward_from on forward's residual stream gives forward's bits."""
+    pytest.importorskip("numba")
+    monkeypatch.delenv(NO_NUMBA_ENV, raising=False)
+    monkeypatch.delenv(KERNEL_ENV, raising=False)
+    from attnlab.layer.config import AttentionConfig
+    from attnlab.layer.positions import RoPE
+    from attnlab.stack.layers import RMSNorm
+    from attnlab.stack.transformer import ModelConfig, Transformer, forward, forward_from, pass_scores
+    att = AttentionConfig(d_model=32, n_heads=4, n_kv_heads=2, d_head=8, n_ctx=1024, positions=RoPE(10000.0))
+    cfg = ModelConfig(vocab_size=50, n_layers=4, attention=att, d_mlp=32, activation="silu", mlp="gated",
+                      norm=RMSNorm, tied_embeddings=True)
+    model = Transformer.init(cfg, rng=rng)
+    ids = rng.integers(0, 50, 1024)
+    assert pass_scores(model, ids.shape) == _kernels.FUSED_MIN_SCORES
+    seen = []
+    real = _kernels.kernel_choice
+    monkeypatch.setattr(_kernels, "kernel_choice", lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1])
+    out = forward(model, ids)
+    assert {kernel for kernel, _ in seen} == {"fused"}
+    seen.clear()
+    later = forward_from(model, out.hidden_states[2], 2)            # block 2's input, as forward made it
+    assert {kernel for kernel, _ in seen} == {"fused"} and np.array_equal(later.logits, out.logits)
+
+
 def test_kernel_choice_follows_the_environment(monkeypatch):
     monkeypatch.delenv(KERNEL_ENV, raising=False)
     monkeypatch.setenv(NO_NUMBA_ENV, "1")

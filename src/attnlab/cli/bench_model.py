@@ -204,10 +204,12 @@ def transformers_model(path):
     return hf, torch
 
 
-def prefill_pair(model, hf, torch, ids: np.ndarray, rounds: int, *, logits_to_keep: int) -> dict:
+def prefill_pair(model, hf, torch, ids: np.ndarray, rounds: int, *, logits_to_keep: int,
+                 clock=bench.time_call) -> dict:
     """attnlab's ``forward`` over the prompt ``ids`` against transformers' forward (``torch.no_grad``), the
     same ``logits_to_keep`` (1: a prefill for generation, as transformers' ``generate`` runs it; 0: every
-    position's logits), alternating: ms of each and the median of per-round ratios attnlab / transformers."""
+    position's logits), alternating: ms of each and the median of per-round ratios attnlab / transformers.
+    ``clock``: :func:`~attnlab.cli.bench_harness.time_call` (wall) or ``cpu_call`` (process time)."""
     from ..stack.transformer import forward
 
     t_ids = torch.tensor(ids)[None]                              # (1, n)
@@ -216,7 +218,7 @@ def prefill_pair(model, hf, torch, ids: np.ndarray, rounds: int, *, logits_to_ke
         with torch.no_grad():
             hf(t_ids, logits_to_keep=logits_to_keep)
 
-    p = bench.paired(lambda: forward(model, ids, logits_to_keep=logits_to_keep), theirs, rounds)
+    p = bench.paired(lambda: forward(model, ids, logits_to_keep=logits_to_keep), theirs, rounds, clock=clock)
     return {"attnlab_ms": p.a_ms, "transformers_ms": p.b_ms, "ratio": p.ratio, "ratio_min": p.ratio_min,
             "ratio_max": p.ratio_max, "logits_to_keep": logits_to_keep}
 

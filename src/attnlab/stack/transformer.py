@@ -509,7 +509,7 @@ def forward(model: Transformer, ids, *, caches: list[KVCache] | None = None, tok
     keys, position_ids = padding(attention_mask, ids, caches)           # (..., 1, 1, n), (..., n) or None
     x = embed(model, ids, start=start, token_types=token_types, hook=h, position_ids=position_ids, tape=tape)
     hidden = [x]                                                        # (..., n, d_model)
-    with one_step():                                                    # each attention path chosen once
+    with one_step(pass_scores(model, ids.shape, start)):               # each attention path chosen once
         for i, (block, cache) in enumerate(zip(model.blocks, caches or itertools.repeat(None))):
             x = block.forward(x, NO_HOOKS if h is NO_HOOKS else h.scoped(f"blocks.{i}."), is_causal=c.is_causal,
                               cache=cache, mask=keys, tape=None if tape is None else tape.scoped(f"blocks.{i}."),
@@ -559,14 +559,26 @@ def forward_from(model: Transformer, resid, layer: int, *, hooks=None, attention
                              f"{x.shape[:-1]}, got {m.dtype} {m.shape}")
         keys = m[..., None, None, :]                                    # (..., 1, 1, n)
     hidden = [x]
-    for i in range(layer, c.n_layers):
-        x = model.blocks[i].forward(x, h.scoped(f"blocks.{i}."), is_causal=c.is_causal, cache=None, mask=keys)
-        hidden.append(x)                                                # (..., n, d_model)
+    with one_step(pass_scores(model, x.shape[:-1])):                   # the whole pass's, as forward counts them
+        for i in range(layer, c.n_layers):
+            x = model.blocks[i].forward(x, h.scoped(f"blocks.{i}."), is_causal=c.is_causal, cache=None, mask=keys)
+            hidden.append(x)                                            # (..., n, d_model)
     if model.ln_final is not None:
         x = model.ln_final(x, h.scoped("ln_final."))                    # (..., n, d_model)
         hidden[-1] = x
     kept = x[..., -logits_to_keep:, :] if logits_to_keep else x          # (..., k, d_model)
     return ModelOutput(logits=logits_of(model, kept) if c.has_logits else None, hidden_states=hidden)
+
+
+def pass_scores(model: Transformer, shape: tuple, start: int = 0) -> int:
+    """The attention scores a whole pass of ``model`` computes over tokens of ``shape`` (..., n) after ``start``
+    cached ones: every layer's batch · heads · n · (start + n), a Python int. The fused kernels' size rule counts
+    them (:func:`attnlab.kernels._step.one_step`): the same for every pass over these shapes, whichever layer it
+    starts at, so a pass from a layer on (:func:`forward_from`) runs the kernels :func:`forward` ran."""
+    c = model.config
+    *lead, n = shape                                                    # (..., n)
+    heads = sum(c.layer_attention(i).n_heads for i in range(c.n_layers))
+    return int(np.prod(lead, dtype=np.int64)) * heads * n * (start + n)
 
 
 def _layer_of(name: str, n_layers: int) -> int:
