@@ -158,6 +158,17 @@ def _rope_turns(n: int, start: int, d_head: int, theta: float, scaling, inverse:
     return cos, sin
 
 
+@functools.lru_cache(maxsize=64)
+def _pair_turns(n: int, start: int, d_head: int, theta: float, scaling, dtype):
+    """:func:`_rope_turns`' tables by pairs, cos and ±sin (n, d_head/2, 2), the sign on sin's slots: a pair turns as
+    ``pair · cos + reversed(pair) · sin``, the same products as :func:`rope`'s ``(−x_2i+1, x_2i) · sin`` (a sign
+    moved from one factor to the other rounds alike), so the fused decode step keeps rope's bits."""
+    cos, sin = _rope_turns(n, start, d_head, theta, scaling, False, dtype)   # (n, d_head) each
+    signed = sin.reshape(n, d_head // 2, 2) * np.array([-1, 1], dtype)       # (n, d_head/2, 2) (−s, s)
+    signed.flags.writeable = False                                           # shared between calls
+    return cos.reshape(n, d_head // 2, 2), signed
+
+
 def _turns_at(pos: np.ndarray, d_head: int, theta: float, scaling, inverse: bool, dtype):
     """:func:`_rope_turns` at any positions (..., n): cos and ±sin (..., n, d_head), YaRN's attention factor m
     riding on both."""
@@ -488,7 +499,7 @@ class RoPE(PositionScheme):
         turns each pair (x_2i, x_2i+1) as ``pair · cos + reversed(pair) · sin`` (read-only arrays, the ones
         :meth:`rotate` uses; the last 64 asked are kept). For a whole rotation only (``rotary_dim`` None)."""
         assert self.rotary_dim is None or self.rotary_dim == d_head, "turns: a partial rotation passes features through"
-        return _rope_turns(n, start, d_head, self.theta, _hashable(self.scaling), False, np.dtype(dtype))
+        return _pair_turns(n, start, d_head, self.theta, _hashable(self.scaling), np.dtype(dtype))
 
     def halves_order(self, d_head: int) -> np.ndarray:
         """The order taking a head's features to rotate_half's layout.
