@@ -93,12 +93,6 @@ def _vec(ty, values):
     return ir.Constant(ir.VectorType(ty, len(values)), list(values))
 
 
-def _load(context, builder, aryty, ary, offset, vecty):
-    """The vector ``vecty`` at element ``offset`` of the C-contiguous array ``ary``."""
-    data = context.make_array(aryty)(context, builder, ary).data
-    return builder.load(builder.bitcast(builder.gep(data, [offset]), vecty.as_pointer()), align=1)
-
-
 def _dpbusd(builder, unsigned8, signed8):
     """<8 x i32>: lane j = Σ_{u<4} unsigned8[4j+u] · signed8[4j+u] (bytes as u8 and s8): ``vpdpbusd`` from
     zero where :data:`VNNI`, else the same sums in plain IR (products as i32, then two pairwise adds)."""
@@ -121,9 +115,10 @@ def _dpbusd(builder, unsigned8, signed8):
     return p
 
 
-def _block_lanes(builder, kind, w, y):
+def _block_lanes(builder, kind, w, y, y_sums=None):
     """The eight int32 lanes of one row's block: w the weight's 32 values as bytes in value order (Q4: 0 … 15,
-    Q8_0: int8), y the token's 32 int8; Q4_0's values are q − 8: Σ q·y − 8·Σ y per lane."""
+    Q8_0: int8), y the token's 32 int8; Q4_0's values are q − 8: Σ q·y − 8·Σ y per lane (``y_sums`` the
+    lanes of Σ y, shared by the rows of a group)."""
     if kind == "Q8_0":                      # s8 · s8 as llama.cpp: |w| (u8) times y with w's sign (|y| <= 127)
         negative = builder.icmp_signed("<", w, _vec(I8, [0] * 32))
         w_abs = builder.select(negative, builder.sub(_vec(I8, [0] * 32), w), w)
@@ -131,47 +126,127 @@ def _block_lanes(builder, kind, w, y):
         return _dpbusd(builder, w_abs, y_signed)
     lanes = _dpbusd(builder, w, y)
     if kind == "Q4_0":
-        y_sums = _dpbusd(builder, _vec(I8, [1] * 32), y)
         lanes = builder.sub(lanes, builder.shl(y_sums, _vec(I32, [3] * 8)))
     return lanes
 
 
-def _block_intrinsic(kind: str):
-    """An intrinsic ``(qs, q_at, y, y_at, acc, acc_at, dd)``: acc[acc_at : acc_at + 8] = acc + dd · float(lanes)
-    for the row block of ``qs`` at element ``q_at`` (16 packed bytes, or 32 int8 for Q8_0) and the token block
-    of ``y`` at ``y_at`` (32 int8): a multiply, then an add, each rounded (no fused multiply-add)."""
+def _splat(builder, value, n):
+    """<n x T>: ``value`` in every lane."""
+    vec = ir.VectorType(value.type, n)
+    one = builder.insert_element(ir.Constant(vec, ir.Undefined), value, ir.Constant(I32, 0))
+    return builder.shuffle_vector(one, one, _vec(I32, [0] * n))
+
+
+def _lane(builder, vec, k, n):
+    """<n x T>: lane k of ``vec`` in every lane."""
+    return builder.shuffle_vector(vec, vec, _vec(I32, [k] * n))
+
+
+def _ptr(context, builder, aryty, ary, offset):
+    """The address of element ``offset`` of the C-contiguous array ``ary``."""
+    return builder.gep(context.make_array(aryty)(context, builder, ary).data, [offset])
+
+
+def _vload(builder, base, offset, vecty):
+    """The vector ``vecty`` at element ``offset`` after the pointer ``base``."""
+    return builder.load(builder.bitcast(builder.gep(base, [offset]), vecty.as_pointer()), align=1)
+
+
+def _hsum_rows(builder, accs):
+    """<4 x float>: each of the four rows' <8 x float> accumulators summed in llama.cpp's ``hsum_float_8``
+    order, ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)), the four rows side by side."""
+    halves = [builder.fadd(builder.shuffle_vector(a, a, _vec(I32, range(4))),
+                           builder.shuffle_vector(a, a, _vec(I32, range(4, 8)))) for a in accs]   # a_j + a_{j+4}
+    pair01 = builder.shuffle_vector(halves[0], halves[1], _vec(I32, range(8)))                    # <8 x float>
+    pair23 = builder.shuffle_vector(halves[2], halves[3], _vec(I32, range(8)))
+    both = builder.shuffle_vector(pair01, pair23, _vec(I32, range(16)))                            # <16 x float>
+    col = [builder.shuffle_vector(both, both, _vec(I32, [4 * k + j for k in range(GROUP)])) for j in range(4)]
+    return builder.fadd(builder.fadd(col[0], col[2]), builder.fadd(col[1], col[3]))
+
+
+def _group_intrinsic(kind: str):
+    """An intrinsic ``(qs, q_at, d, m, dm_at, y, y_at, xd, xs, x_at, n_blocks, acc, summs)``: one group of GROUP
+    rows against one token, every block, the accumulators in registers: for block b, row k,
+    acc_k = acc_k + (d_w·xd_b)·float(lanes_k) (a multiply, then an add, each rounded) and (Q4_1)
+    summs_k = summs_k + m_w·xs_b; at the end acc (GROUP, 8) and summs (GROUP,) are written out.
+    ``qs`` from element ``q_at`` (n_blocks blocks of GROUP rows' 16 packed bytes, or 32 int8 for Q8_0), ``d``
+    and ``m`` (float16 bits) from ``dm_at`` (GROUP per block), ``y`` (int8) from ``y_at`` (32 per block), ``xd``
+    and ``xs`` from ``x_at`` (one per block); ``n_blocks`` >= 1."""
+    width = QK if kind == "Q8_0" else QK // 2           # bytes of one row's block
+    vf, vf4 = ir.VectorType(F32, LANES), ir.VectorType(F32, GROUP)
+
     @intrinsic
-    def block(typingctx, qs, q_at, y, y_at, acc, acc_at, dd):
+    def group(typingctx, qs, q_at, d, m, dm_at, y, y_at, xd, xs, x_at, n_blocks, res, res_at):
         def codegen(context, builder, signature, args):
-            qs_v, q_at_v, y_v, y_at_v, acc_v, acc_at_v, dd_v = args
-            qs_t, _, y_t, _, acc_t, _, _ = signature.args
-            if kind == "Q8_0":
-                w = _load(context, builder, qs_t, qs_v, q_at_v, ir.VectorType(I8, 32))
-            else:                            # bytes_from_nibbles_32: low nibbles (values 0–15), then high (16–31)
-                packed = _load(context, builder, qs_t, qs_v, q_at_v, ir.VectorType(I8, 16))
-                w = builder.shuffle_vector(builder.and_(packed, _vec(I8, [15] * 16)),
-                                           builder.lshr(packed, _vec(I8, [4] * 16)), _vec(I32, range(32)))
-            y8 = _load(context, builder, y_t, y_v, y_at_v, ir.VectorType(I8, 32))
-            lanes = _block_lanes(builder, kind, w, y8)
-            vf = ir.VectorType(F32, LANES)
-            data = context.make_array(acc_t)(context, builder, acc_v).data
-            ptr = builder.bitcast(builder.gep(data, [acc_at_v]), vf.as_pointer())
-            splat = builder.insert_element(ir.Constant(vf, ir.Undefined), dd_v, ir.Constant(I32, 0))
-            splat = builder.shuffle_vector(splat, splat, _vec(I32, [0] * LANES))
-            builder.store(builder.fadd(builder.load(ptr, align=4), builder.fmul(splat, builder.sitofp(lanes, vf))),
-                          ptr, align=4)
+            qs_v, q_at_v, d_v, m_v, dm_at_v, y_v, y_at_v, xd_v, xs_v, x_at_v, nb_v, res_v, res_at_v = args
+            t = signature.args
+            i64 = q_at_v.type
+            q_p = _ptr(context, builder, t[0], qs_v, q_at_v)
+            d_p = _ptr(context, builder, t[2], d_v, dm_at_v)
+            m_p = _ptr(context, builder, t[3], m_v, dm_at_v)
+            y_p = _ptr(context, builder, t[5], y_v, y_at_v)
+            xd_p = _ptr(context, builder, t[7], xd_v, x_at_v)
+            xs_p = _ptr(context, builder, t[8], xs_v, x_at_v)
+            nb = builder.sext(nb_v, i64) if nb_v.type != i64 else nb_v
+            entry = builder.basic_block
+            loop = builder.append_basic_block("q8.blocks")
+            done = builder.append_basic_block("q8.done")
+            builder.branch(loop)
+            builder.position_at_end(loop)
+            b = builder.phi(i64)
+            accs = [builder.phi(vf) for _ in range(GROUP)]
+            summ = builder.phi(vf4)
+            b.add_incoming(ir.Constant(i64, 0), entry)
+            for a in accs:
+                a.add_incoming(ir.Constant(vf, [0.0] * LANES), entry)
+            summ.add_incoming(ir.Constant(vf4, [0.0] * GROUP), entry)
+
+            y8 = _vload(builder, y_p, builder.mul(b, ir.Constant(i64, QK)), ir.VectorType(I8, QK))
+            xd_b = builder.load(builder.gep(xd_p, [b]))
+            dm_at_b = builder.mul(b, ir.Constant(i64, GROUP))
+            d4 = builder.fpext(builder.bitcast(_vload(builder, d_p, dm_at_b, ir.VectorType(ir.IntType(16), GROUP)),
+                                               ir.VectorType(ir.HalfType(), GROUP)), vf4)
+            dd = builder.fmul(d4, _splat(builder, xd_b, GROUP))                   # <4 x float> d_w·xd per row
+            y_sums = _dpbusd(builder, _vec(I8, [1] * QK), y8) if kind == "Q4_0" else None
+            q_b = builder.mul(b, ir.Constant(i64, GROUP * width))
+            new_accs = []
+            for k in range(GROUP):
+                raw = _vload(builder, q_p, builder.add(q_b, ir.Constant(i64, k * width)), ir.VectorType(I8, width))
+                if kind == "Q8_0":
+                    w = raw
+                else:
+                    w = builder.shuffle_vector(builder.and_(raw, _vec(I8, [15] * 16)),
+                                               builder.lshr(raw, _vec(I8, [4] * 16)), _vec(I32, range(32)))
+                lanes = _block_lanes(builder, kind, w, y8, y_sums)
+                new_accs.append(builder.fadd(accs[k], builder.fmul(_lane(builder, dd, k, LANES),
+                                                                  builder.sitofp(lanes, vf))))
+            if kind == "Q4_1":
+                m4 = builder.fpext(builder.bitcast(_vload(builder, m_p, dm_at_b, ir.VectorType(ir.IntType(16), GROUP)),
+                                                   ir.VectorType(ir.HalfType(), GROUP)), vf4)
+                new_summ = builder.fadd(summ, builder.fmul(m4, _splat(builder, builder.load(builder.gep(xs_p, [b])),
+                                                                      GROUP)))
+            else:
+                new_summ = summ
+            b_next = builder.add(b, ir.Constant(i64, 1))
+            here = builder.basic_block
+            b.add_incoming(b_next, here)
+            for a, a_new in zip(accs, new_accs):
+                a.add_incoming(a_new, here)
+            summ.add_incoming(new_summ, here)
+            builder.cbranch(builder.icmp_signed("<", b_next, nb), loop, done)
+
+            builder.position_at_end(done)
+            total = _hsum_rows(builder, new_accs)                            # <4 x float> a row's sum each
+            if kind == "Q4_1":
+                total = builder.fadd(total, new_summ)
+            res_p = _ptr(context, builder, t[11], res_v, res_at_v)
+            builder.store(total, builder.bitcast(res_p, vf4.as_pointer()), align=4)
             return context.get_dummy_value()
-        return types.void(qs, q_at, y, y_at, acc, acc_at, dd), codegen
-    return block
+        return types.void(qs, q_at, d, m, dm_at, y, y_at, xd, xs, x_at, n_blocks, res, res_at), codegen
+    return group
 
 
-_q4_0_block, _q4_1_block, _q8_0_block = (_block_intrinsic(k) for k in ("Q4_0", "Q4_1", "Q8_0"))
-
-
-@numba.njit(inline="always", **FLAGS)
-def _hsum(acc, k):
-    """llama.cpp's ``hsum_float_8`` of row k's eight accumulators, in its order."""
-    return ((acc[k, 0] + acc[k, 4]) + (acc[k, 2] + acc[k, 6])) + ((acc[k, 1] + acc[k, 5]) + (acc[k, 3] + acc[k, 7]))
+_q4_0_group, _q4_1_group, _q8_0_group = (_group_intrinsic(k) for k in ("Q4_0", "Q4_1", "Q8_0"))
 
 
 @numba.njit(**FLAGS)
@@ -180,23 +255,20 @@ def _nibbles_groups(qs, d, m, off, qx, xd, xs, out, g0, g1):
     in byte t's low nibble, t + 16 in its high one), d and m (G, n_blocks, 4) float16 bits; ``off`` 8: Q4_0
     (w = d·(q − 8), m unused), 0: Q4_1 (w = d·q + m: adds Σ_b m_b·xs_b)."""
     n_blocks, n_rows = qs.shape[1], out.shape[1]
-    acc = np.empty((GROUP, LANES), np.float32)
-    summs = np.empty(GROUP, np.float32)
+    last = np.empty(GROUP, np.float32)                       # (rows,) a last group's sums, padding rows too
+    flat = out.reshape(-1)
     for g in range(g0, g1):
+        full = (g + 1) * GROUP <= n_rows
         for n in range(qx.shape[0]):
-            acc[:] = 0.0
-            summs[:] = 0.0
-            for b in range(n_blocks):
-                y_at, xdb = (n * n_blocks + b) * QK, xd[n, b]
-                for k in range(GROUP):
-                    q_at = ((g * n_blocks + b) * GROUP + k) * (QK // 2)
-                    if off == 0:
-                        _q4_1_block(qs, q_at, qx, y_at, acc, k * LANES, _f32(d[g, b, k]) * xdb)
-                        summs[k] = summs[k] + _f32(m[g, b, k]) * xs[n, b]
-                    else:
-                        _q4_0_block(qs, q_at, qx, y_at, acc, k * LANES, _f32(d[g, b, k]) * xdb)
-            for k in range(min(GROUP, n_rows - g * GROUP)):
-                out[n, g * GROUP + k] = _hsum(acc, k) + summs[k] if off == 0 else _hsum(acc, k)
+            res, at = (flat, n * n_rows + g * GROUP) if full else (last, 0)
+            if off == 0:
+                _q4_1_group(qs, g * n_blocks * GROUP * 16, d, m, g * n_blocks * GROUP, qx, n * n_blocks * QK,
+                            xd, xs, n * n_blocks, n_blocks, res, at)
+            else:
+                _q4_0_group(qs, g * n_blocks * GROUP * 16, d, m, g * n_blocks * GROUP, qx, n * n_blocks * QK,
+                            xd, xs, n * n_blocks, n_blocks, res, at)
+            if not full:
+                out[n, g * GROUP:] = last[:n_rows - g * GROUP]
 
 
 @numba.njit(**FLAGS)
@@ -204,17 +276,16 @@ def _int8_groups(qs, d, qx, xd, out, g0, g1):
     """out[n, r] for the rows of groups g0 … g1 − 1 of Q8_0: qs (G, n_blocks, 4, 32) int8, d (G, n_blocks, 4, 1)
     float16 bits."""
     n_blocks, n_rows = qs.shape[1], out.shape[1]
-    acc = np.empty((GROUP, LANES), np.float32)
+    last = np.empty(GROUP, np.float32)
+    flat = out.reshape(-1)
     for g in range(g0, g1):
+        full = (g + 1) * GROUP <= n_rows
         for n in range(qx.shape[0]):
-            acc[:] = 0.0
-            for b in range(n_blocks):
-                y_at, xdb = (n * n_blocks + b) * QK, xd[n, b]
-                for k in range(GROUP):
-                    _q8_0_block(qs, ((g * n_blocks + b) * GROUP + k) * QK, qx, y_at, acc, k * LANES,
-                                _f32(d[g, b, k, 0]) * xdb)
-            for k in range(min(GROUP, n_rows - g * GROUP)):
-                out[n, g * GROUP + k] = _hsum(acc, k)
+            res, at = (flat, n * n_rows + g * GROUP) if full else (last, 0)
+            _q8_0_group(qs, g * n_blocks * GROUP * QK, d, d, g * n_blocks * GROUP, qx, n * n_blocks * QK,
+                        xd, xd, n * n_blocks, n_blocks, res, at)
+            if not full:
+                out[n, g * GROUP:] = last[:n_rows - g * GROUP]
 
 
 @numba.njit(parallel=True, **FLAGS)
