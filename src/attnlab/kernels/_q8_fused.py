@@ -30,7 +30,7 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._quant_fused import GROUP, _f32
+from ._quant_fused import GROUP, MAX_TOKENS  # noqa: F401  (MAX_TOKENS: read here by q8_activations)
 
 FLAGS = dict(nogil=True, cache=True, boundscheck=False)
 LANES = 8           # float32 accumulators per row: one 256-bit register, as llama.cpp's AVX2 loop keeps them
@@ -302,7 +302,8 @@ def _int8_parallel(qs, d, qx, xd, out, chunks):
         _int8_groups(qs, d, qx, xd, out, c * step, min(qs.shape[0], (c + 1) * step))
 
 
-def quantize(x):
+@numba.njit(**FLAGS)
+def _quantized(x):
     """(qx, xd, xs) of x (N, d_in) float32 C-contiguous: :func:`quantize_blocks` into new arrays."""
     n_blocks = x.shape[1] // QK
     qx = np.empty((x.shape[0], n_blocks, QK), np.int8)                 # (N, n_blocks, 32)
@@ -312,15 +313,39 @@ def quantize(x):
     return qx, xd, xs
 
 
+@numba.njit(**FLAGS)
+def _nibbles_product(qs, d, m, off, x, out):
+    """x rounded, then every group of a 4-bit type on the calling thread: one numba call per product."""
+    qx, xd, xs = _quantized(x)
+    _nibbles_groups(qs, d, m, off, qx, xd, xs, out, 0, qs.shape[0])
+
+
+@numba.njit(**FLAGS)
+def _int8_product(qs, d, x, out):
+    qx, xd, _ = _quantized(x)
+    _int8_groups(qs, d, qx, xd, out, 0, qs.shape[0])
+
+
+def quantize(x):
+    """(qx, xd, xs) of x (N, d_in) float32 C-contiguous: :func:`quantize_blocks` into new arrays."""
+    return _quantized(x)
+
+
 def matmul(qtype: str, qs, d, m, x, out, threads: int = 1, pool=None) -> None:
     """out (N, R) = x (N, d_in) times the rows of a Q4_0, Q4_1 or Q8_0 weight in grouped planes (d and m as
     float16 bits), x rounded to 8 bits per block first; over ``threads`` of numba's threads (1: the calling
     thread), or with ``pool`` (a ThreadPoolExecutor) over its threads, a range of groups each (the kernels
     release the GIL). Each output is one row's and one token's sum: neither the threads nor N change it."""
-    qx, xd, xs = quantize(x)
-    groups = qs.shape[0]
     off = np.int32(8 if qtype == "Q4_0" else 0)
     m = d if m is None else m                                     # Q4_0 has no minima (never read: off 8)
+    if pool is None and threads <= 1:                             # a decode step's product: one call
+        if qtype == "Q8_0":
+            _int8_product(qs, d, x, out)
+        else:
+            _nibbles_product(qs, d, m, off, x, out)
+        return
+    qx, xd, xs = _quantized(x)
+    groups = qs.shape[0]
     if qtype == "Q8_0":
         serial, parallel, args = _int8_groups, _int8_parallel, (qs, d, qx, xd, out)
     else:
@@ -330,7 +355,5 @@ def matmul(qtype: str, qs, d, m, x, out, threads: int = 1, pool=None) -> None:
         step = -(-groups // n)
         for f in [pool.submit(serial, *args, g0, min(groups, g0 + step)) for g0 in range(0, groups, step)]:
             f.result()
-    elif threads > 1:
-        parallel(*args, threads)
     else:
-        serial(*args, 0, groups)
+        parallel(*args, threads)

@@ -111,10 +111,13 @@ class Q8ActivationMatrix(QuantizedMatrix):
         if x.ndim < 1 or x.shape[-1] != self.d_in:
             raise ValueError(f"x @ W needs x (..., {self.d_in}), got shape {x.shape}")
         lead = x.shape[:-1]
-        x2 = np.ascontiguousarray(x.reshape(-1, self.d_in), dtype=np.float32)    # (N, d_in)
+        x2 = x.reshape(-1, self.d_in)                                              # (N, d_in)
+        if x2.dtype != np.float32 or not x2.flags.c_contiguous:
+            x2 = np.ascontiguousarray(x2, dtype=np.float32)                        # (N, d_in)
         out = np.empty((x2.shape[0], self.d_out), np.float32)                      # (N, d_out)
-        _kernels().matmul(self.qtype, *self.kernel_planes, x2, out, quantized.kernel_threads()["threads"],
-                          quantized.prefill_pool(x2.shape[0]))
+        many = x2.shape[0] > _kernels().MAX_TOKENS                                  # a prefill: the worker pool
+        _kernels().matmul(self.qtype, *self.kernel_planes, x2, out, quantized.product_kernel()[1],
+                          quantized.prefill_pool(x2.shape[0]) if many else None)
         return out.reshape(*lead, self.d_out)                                      # (..., d_out)
 
 
