@@ -161,19 +161,29 @@ def test_cli_takes_quantized_q8_and_refuses_another_value(tmp_path, capsys):
     assert len(err) >= 1 and err[-1].startswith("attnlab: error:") and "q4" in err[-1]
 
 
-def test_the_kernels_without_vnni_give_the_same_bits(tmp_path):
-    """Compiled for a CPU without VNNI (``NUMBA_CPU_NAME=haswell``: AVX2, the products as plain vector IR), the
-    kernels still equal the numpy reference bit for bit (a fresh process and numba cache)."""
+HASWELL = "+avx2,+fma,+f16c,+bmi2"    # numba takes the host's features unless told: these, and Haswell's own
+
+
+@pytest.mark.parametrize("cpu", ["haswell", "avx-vnni"])
+def test_the_kernels_without_vnni_give_the_same_bits(tmp_path, cpu):
+    """Compiled for a CPU without VNNI (``NUMBA_CPU_NAME=haswell`` and its features alone, no AVX-512: the
+    products as plain vector IR, which LLVM lowers to ``vpmaddwd`` and ``vphaddd``), or
+    with 256-bit VNNI only (AVX-VNNI: two rows' 64 bytes as two 256-bit ``vpdpbusd``; here ``VNNI_512`` turned
+    off before anything compiles, where the CPU has VNNI at all), the kernels still equal the numpy reference
+    bit for bit (a fresh process and numba cache)."""
     import subprocess
     import sys
 
+    if cpu == "avx-vnni" and not _q8_fused.VNNI:
+        pytest.skip("this CPU has no VNNI: the 256-bit VNNI path cannot run here")
+    setup = ("assert not _q8_fused.VNNI" if cpu == "haswell" else "_q8_fused.VNNI_512 = False")
     code = """
 import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 from gguf.quants import quantize
 from attnlab.kernels import _q8_fused
 from attnlab.kernels.q8_activations import Q8ActivationMatrix, reference_matmul
-assert not _q8_fused.VNNI
+""" + setup + """
 rng = np.random.default_rng(1)
 for qtype in ("Q4_0", "Q4_1", "Q8_0"):
     W = Q8ActivationMatrix(quantize((rng.standard_normal((30, 96)) * 0.05).astype(np.float32), T[qtype]), qtype, 96)
@@ -182,7 +192,8 @@ for qtype in ("Q4_0", "Q4_1", "Q8_0"):
 print("ok")
 """
     import os
-    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), 
+               **({"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": HASWELL} if cpu == "haswell" else {}))
     env.pop("ATTNLAB_NO_NUMBA", None)
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]

@@ -90,6 +90,7 @@ def vnni_rule() -> bool:
 
 
 VNNI = vnni_rule()
+VNNI_512 = VNNI and bool(llvm.get_host_cpu_features().get("avx512vnni"))   # two rows' blocks in one register
 # LLVM 22 takes vpdpbusd's byte operands as <32 x i8> (llvm-project PR 155194), earlier ones as <8 x i32>
 VNNI_BYTES = llvm.llvm_version_info[0] >= 22
 
@@ -99,39 +100,47 @@ def _vec(ty, values):
 
 
 def _dpbusd(builder, unsigned8, signed8):
-    """<8 x i32>: lane j = Σ_{u<4} unsigned8[4j+u] · signed8[4j+u] (bytes as u8 and s8): ``vpdpbusd`` from
-    zero where :data:`VNNI`, else the same sums in plain IR (products as i32, then two pairwise adds)."""
-    v8 = ir.VectorType(I32, 8)
+    """<n/4 x i32> of two <n x i8> (n 32 or 64): lane j = Σ_{u<4} unsigned8[4j+u] · signed8[4j+u] (bytes as u8
+    and s8): ``vpdpbusd`` from zero where :data:`VNNI` (a 512-bit one where :data:`VNNI_512`, else two of 256
+    bits), else the same sums in plain IR (products as i32, then two pairwise adds)."""
+    n = unsigned8.type.count
+    if VNNI and n == 64 and not VNNI_512:
+        halves = [_dpbusd(builder, *(builder.shuffle_vector(v, v, _vec(I32, range(h, h + 32)))
+                                     for v in (unsigned8, signed8))) for h in (0, 32)]
+        return builder.shuffle_vector(*halves, _vec(I32, range(16)))
+    vl = ir.VectorType(I32, n // 4)
     if VNNI:
         if VNNI_BYTES:
             args = [unsigned8, signed8]
-            fnty = ir.FunctionType(v8, [v8, ir.VectorType(I8, 32), ir.VectorType(I8, 32)])
+            fnty = ir.FunctionType(vl, [vl, ir.VectorType(I8, n), ir.VectorType(I8, n)])
         else:
-            args = [builder.bitcast(unsigned8, v8), builder.bitcast(signed8, v8)]
-            fnty = ir.FunctionType(v8, [v8, v8, v8])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpbusd.256")
-        return builder.call(fn, [ir.Constant(v8, [0] * 8), *args])
-    wide = ir.VectorType(I32, 32)
-    p = builder.mul(builder.zext(unsigned8, wide), builder.sext(signed8, wide))          # <32 x i32>
-    for n in (16, 8):                                                                  # pairs, then fours
-        even = builder.shuffle_vector(p, p, _vec(I32, range(0, 2 * n, 2)))
-        odd = builder.shuffle_vector(p, p, _vec(I32, range(1, 2 * n, 2)))
+            args = [builder.bitcast(unsigned8, vl), builder.bitcast(signed8, vl)]
+            fnty = ir.FunctionType(vl, [vl, vl, vl])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, f"llvm.x86.avx512.vpdpbusd.{8 * n}")
+        return builder.call(fn, [ir.Constant(vl, [0] * (n // 4)), *args])
+    wide = ir.VectorType(I32, n)
+    p = builder.mul(builder.zext(unsigned8, wide), builder.sext(signed8, wide))          # <n x i32>
+    for half in (n // 2, n // 4):                                                      # pairs, then fours
+        even = builder.shuffle_vector(p, p, _vec(I32, range(0, 2 * half, 2)))
+        odd = builder.shuffle_vector(p, p, _vec(I32, range(1, 2 * half, 2)))
         p = builder.add(even, odd)
     return p
 
 
 def _block_lanes(builder, kind, w, y, y_sums=None):
-    """The eight int32 lanes of one row's block: w the weight's 32 values as bytes in value order (Q4: 0 … 15,
-    Q8_0: int8), y the token's 32 int8; Q4_0's values are q − 8: Σ q·y − 8·Σ y per lane (``y_sums`` the
-    lanes of Σ y, shared by the rows of a group)."""
+    """The int32 lanes of two rows' blocks (<16 x i32>, eight a row): w their 2 × 32 values as bytes in value
+    order (Q4: 0 … 15, Q8_0: int8), y the token's 32 int8 twice; Q4_0's values are q − 8: Σ q·y − 8·Σ y per
+    lane (``y_sums`` the lanes of Σ y, shared by the rows of a group)."""
+    n = w.type.count
     if kind == "Q8_0":                      # s8 · s8 as llama.cpp: |w| (u8) times y with w's sign (|y| <= 127)
-        negative = builder.icmp_signed("<", w, _vec(I8, [0] * 32))
-        w_abs = builder.select(negative, builder.sub(_vec(I8, [0] * 32), w), w)
-        y_signed = builder.select(negative, builder.sub(_vec(I8, [0] * 32), y), y)
+        zero = _vec(I8, [0] * n)
+        negative = builder.icmp_signed("<", w, zero)
+        w_abs = builder.select(negative, builder.sub(zero, w), w)
+        y_signed = builder.select(negative, builder.sub(zero, y), y)
         return _dpbusd(builder, w_abs, y_signed)
     lanes = _dpbusd(builder, w, y)
     if kind == "Q4_0":
-        lanes = builder.sub(lanes, builder.shl(y_sums, _vec(I32, [3] * 8)))
+        lanes = builder.sub(lanes, builder.shl(y_sums, _vec(I32, [3] * (n // 4))))
     return lanes
 
 
@@ -186,7 +195,7 @@ def _group_intrinsic(kind: str):
     and ``m`` (float16 bits) from ``dm_at`` (GROUP per block), ``y`` (int8) from ``y_at`` (32 per block), ``xd``
     and ``xs`` from ``x_at`` (one per block); ``n_blocks`` >= 1."""
     width = QK if kind == "Q8_0" else QK // 2           # bytes of one row's block
-    vf, vf4 = ir.VectorType(F32, LANES), ir.VectorType(F32, GROUP)
+    vf, vf4 = ir.VectorType(F32, 2 * LANES), ir.VectorType(F32, GROUP)    # two rows' lanes; one per row
 
     @intrinsic
     def group(typingctx, qs, q_at, d, m, dm_at, y, y_at, xd, xs, x_at, n_blocks, res, res_at):
@@ -207,33 +216,39 @@ def _group_intrinsic(kind: str):
             builder.branch(loop)
             builder.position_at_end(loop)
             b = builder.phi(i64)
-            accs = [builder.phi(vf) for _ in range(GROUP)]
+            accs = [builder.phi(vf) for _ in range(GROUP // 2)]
             summ = builder.phi(vf4)
             b.add_incoming(ir.Constant(i64, 0), entry)
             for a in accs:
-                a.add_incoming(ir.Constant(vf, [0.0] * LANES), entry)
+                a.add_incoming(ir.Constant(vf, [0.0] * 2 * LANES), entry)
             summ.add_incoming(ir.Constant(vf4, [0.0] * GROUP), entry)
 
             y8 = _vload(builder, y_p, builder.mul(b, ir.Constant(i64, QK)), ir.VectorType(I8, QK))
+            y2 = builder.shuffle_vector(y8, y8, _vec(I32, [*range(QK), *range(QK)]))   # <64 x i8> for two rows
             xd_b = builder.load(builder.gep(xd_p, [b]))
             dm_at_b = builder.mul(b, ir.Constant(i64, GROUP))
             d4 = builder.fpext(builder.bitcast(_vload(builder, d_p, dm_at_b, ir.VectorType(ir.IntType(16), GROUP)),
                                                ir.VectorType(ir.HalfType(), GROUP)), vf4)
             dd = builder.fmul(d4, _splat(builder, xd_b, GROUP))                   # <4 x float> d_w·xd per row
-            y_sums = _dpbusd(builder, _vec(I8, [1] * QK), y8) if kind == "Q4_0" else None
+            y_sums = _dpbusd(builder, _vec(I8, [1] * 2 * QK), y2) if kind == "Q4_0" else None
             q_b = builder.mul(b, ir.Constant(i64, GROUP * width))
             _prefetch(builder, q_p, builder.add(q_b, ir.Constant(i64, PREFETCH_BYTES)))
+            v64 = ir.VectorType(I8, 2 * QK)
+            if kind == "Q8_0":                       # rows 0 and 1, rows 2 and 3: 64 int8 each
+                pairs = [_vload(builder, q_p, builder.add(q_b, ir.Constant(i64, h)), v64) for h in (0, 2 * QK)]
+            else:                                    # the four rows' 16 bytes: low nibbles, high, row by row
+                packed = _vload(builder, q_p, q_b, v64)
+                low, high = builder.and_(packed, _vec(I8, [15] * 64)), builder.lshr(packed, _vec(I8, [4] * 64))
+                pairs = [builder.shuffle_vector(low, high, _vec(I32, [*range(32 * h, 32 * h + 16),
+                                                                      *range(64 + 32 * h, 64 + 32 * h + 16),
+                                                                      *range(32 * h + 16, 32 * h + 32),
+                                                                      *range(80 + 32 * h, 80 + 32 * h + 16)]))
+                         for h in (0, 1)]
             new_accs = []
-            for k in range(GROUP):
-                raw = _vload(builder, q_p, builder.add(q_b, ir.Constant(i64, k * width)), ir.VectorType(I8, width))
-                if kind == "Q8_0":
-                    w = raw
-                else:
-                    w = builder.shuffle_vector(builder.and_(raw, _vec(I8, [15] * 16)),
-                                               builder.lshr(raw, _vec(I8, [4] * 16)), _vec(I32, range(32)))
-                lanes = _block_lanes(builder, kind, w, y8, y_sums)
-                new_accs.append(builder.fadd(accs[k], builder.fmul(_lane(builder, dd, k, LANES),
-                                                                  builder.sitofp(lanes, vf))))
+            for h, w in enumerate(pairs):            # rows 2h and 2h + 1, eight lanes each
+                lanes = _block_lanes(builder, kind, w, y2, y_sums)
+                scale = builder.shuffle_vector(dd, dd, _vec(I32, [2 * h] * LANES + [2 * h + 1] * LANES))
+                new_accs.append(builder.fadd(accs[h], builder.fmul(scale, builder.sitofp(lanes, vf))))
             if kind == "Q4_1":
                 m4 = builder.fpext(builder.bitcast(_vload(builder, m_p, dm_at_b, ir.VectorType(ir.IntType(16), GROUP)),
                                                    ir.VectorType(ir.HalfType(), GROUP)), vf4)
@@ -250,7 +265,8 @@ def _group_intrinsic(kind: str):
             builder.cbranch(builder.icmp_signed("<", b_next, nb), loop, done)
 
             builder.position_at_end(done)
-            total = _hsum_rows(builder, new_accs)                            # <4 x float> a row's sum each
+            rows = [builder.shuffle_vector(a, a, _vec(I32, range(h, h + LANES))) for a in new_accs for h in (0, LANES)]
+            total = _hsum_rows(builder, rows)                                # <4 x float> a row's sum each
             if kind == "Q4_1":
                 total = builder.fadd(total, new_summ)
             res_p = _ptr(context, builder, t[11], res_v, res_at_v)
