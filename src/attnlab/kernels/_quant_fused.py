@@ -36,8 +36,11 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import prange, types
+from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+PREFETCH_BYTES = 4096   # the values are prefetched this far ahead (a decode step streams them from memory;
+#                         _q8_fused.PREFETCH_BYTES says what it gained there)
 MAX_TOKENS = 8      # up to this many tokens per product run the fused kernel; more: dequantize, then BLAS
 GROUP = 4           # rows whose blocks lie side by side: the kernels below are written out for four rows
 FLAGS = dict(nogil=True, cache=True, boundscheck=False)
@@ -45,6 +48,21 @@ SUM = dict(FLAGS, fastmath={"reassoc", "nsz", "contract"})    # sums in any orde
 EXACT = dict(FLAGS, fastmath={"nsz"})                         # the dequantized values: gguf's own roundings
 LOW, SHIFT = np.uint8(15), np.uint8(4)
 ZERO, ONE, EIGHT = np.float32(0.0), np.float32(1.0), np.float32(8.0)
+
+
+@intrinsic
+def _prefetch(typingctx, ary, offset):
+    """A prefetch (read, all caches) of element ``offset`` of the C-contiguous array ``ary``: a hint, which
+    never faults (an address past the end included) and changes no result."""
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                            "llvm.prefetch.p0")
+        builder.call(fn, [builder.bitcast(builder.gep(data, [args[1]]), i8p), ir.Constant(i32, 0),
+                          ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+    return types.void(ary, offset), codegen
 
 
 @intrinsic
@@ -112,6 +130,7 @@ def _nibbles_groups(qs, d, m, m_scale, off, x, out, g0, g1):
             xn = x[n]
             acc[:] = 0.0
             for b in range(n_blocks):
+                _prefetch(qs, (g * n_blocks + b) * (GROUP * 16) + PREFETCH_BYTES)
                 d0, d1, d2, d3 = _f32(dg[b, 0]), _f32(dg[b, 1]), _f32(dg[b, 2]), _f32(dg[b, 3])
                 for t in range(16):
                     lo, hi = xn[b * 32 + t], xn[b * 32 + 16 + t]
@@ -141,6 +160,7 @@ def _int8_groups(qs, d, x, out, g0, g1):
             xn = x[n]
             acc[:] = 0.0
             for b in range(n_blocks):
+                _prefetch(qs, (g * n_blocks + b) * (GROUP * 32) + PREFETCH_BYTES)
                 d0, d1, d2, d3 = _f32(dg[b, 0, 0]), _f32(dg[b, 1, 0]), _f32(dg[b, 2, 0]), _f32(dg[b, 3, 0])
                 if last == 0:                                   # one scale per block (Q8_0): one pass of 32
                     for t in range(32):
