@@ -100,7 +100,7 @@ def q8_rows(path, models: dict, reference, threads: int, rounds: int, decoder, s
         if torch is not None:
             torch.set_num_threads(threads)
         say("decode: 8-bit activations, exact quantized, llama.cpp")
-        out = {"llama_cpp": None if llama is None else llama.version, "threads": threads,
+        out = {"llama_cpp": None if llama is None else llama.version, "threads": threads, "context": DECODE_CONTEXT,
                "decode": decode_rows(models["q8"], models["exact"], llama, rounds, decoder)}
         out["prefill"] = []
         for tokens in PREFILLS:
@@ -117,7 +117,8 @@ def q8_rows(path, models: dict, reference, threads: int, rounds: int, decoder, s
 def q8_table(r: dict) -> list[str]:
     """The rows as text lines."""
     d = r["decode"]
-    lines = [f"decode q8         {d['q8']:8.1f} ms/token   exact quantized {d['exact']:.1f} ms   q8/exact "
+    lines = [f"decode q8 (context {r.get('context', DECODE_CONTEXT)}) {d['q8']:8.1f} ms/token   "
+             f"exact quantized {d['exact']:.1f} ms   q8/exact "
              f"{d['q8_vs_exact']['ratio']:.2f}x [{d['q8_vs_exact']['ratio_min']:.2f}-{d['q8_vs_exact']['ratio_max']:.2f}]"
              f"   (process time, {r['threads']} thread(s))"]
     if r["llama_cpp"] is None:
