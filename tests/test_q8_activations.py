@@ -63,6 +63,28 @@ def test_x_is_rounded_as_llama_cpp_rounds_it_by_hand():
     np.testing.assert_array_equal(kq, qx), np.testing.assert_array_equal(kd, d), np.testing.assert_array_equal(ks, s)
 
 
+def test_fma32_rounds_once_as_vfmadd_does(rng):
+    """The reference's fused multiply-add: by hand, a·b + c whose float64 sum lands exactly halfway between
+    two float32 (1 + 1.5·2⁻²³) although the exact value lies below it (−2⁻⁵⁴): rounding twice gives
+    1 + 2⁻²², once 1 + 2⁻²³; and random values against exact rational arithmetic, correctly rounded."""
+    from fractions import Fraction
+
+    from attnlab.kernels.q8_activations import fma32
+
+    a, b = np.array([2**-24 * (1 + 2**-15)], np.float32), np.array([1 - 2**-15], np.float32)
+    c = np.array([1 + 2**-23], np.float32)
+    assert (a.astype(np.float64) * b + c).astype(np.float32)[0] == np.float32(1 + 2**-22)   # rounded twice
+    assert fma32(a, b, c)[0] == np.float32(1 + 2**-23)
+    a, b, c = (rng.standard_normal(400).astype(np.float32) for _ in range(3))
+    got = fma32(a, b, c)
+    for i in range(400):
+        exact = Fraction(float(a[i])) * Fraction(float(b[i])) + Fraction(float(c[i]))
+        near = np.float32(float(exact))
+        candidates = (np.nextafter(near, np.float32(-np.inf)), near, np.nextafter(near, np.float32(np.inf)))
+        want = min(candidates, key=lambda v: (abs(Fraction(float(v)) - exact), int(np.array(v).view(np.uint32)) & 1))
+        assert got[i] == want, i
+
+
 def test_a_q8_0_dot_by_hand(tmp_path):
     """A Q8_0 row of d = 0.5 and values 1, 2, …, 32 against x = 2·(1, 0, 1, 0, …) (amax 2: d_x = 2/127,
     q = 127 where x = 2): 0.5 · (2/127 as float16) · 127 · (1 + 3 + … + 31)."""

@@ -8,8 +8,8 @@ tested against bit for bit; in short, for a row of blocks b and a token:
   of xd·Σqx (:func:`quantize_blocks`);
 - per block, eight int32 lanes, lane j the sum of the products of the values 4j … 4j + 3 (what ``vpdpbusd``
   or ``vpmaddubsw`` + ``vpmaddwd`` leave in a 256-bit register), exact in any order;
-- eight float32 accumulators, ``acc_j = acc_j + (d_w·xd)·float(lane_j)`` block after block (llama.cpp fuses
-  the multiply-add; here it is two roundings, so numpy can follow), then llama.cpp's horizontal sum
+- eight float32 accumulators, ``acc_j = fma(d_w·xd, float(lane_j), acc_j)`` block after block (one rounding,
+  ``llvm.fma``: vfmadd, as llama.cpp's ``_mm256_fmadd_ps``), then llama.cpp's horizontal sum
   ``((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))``, plus (Q4_1) the minima's term Σ_b m_b·xs_b summed block after block.
 
 The weights are the planes of :class:`attnlab.kernels.quantized.QuantizedMatrix` (rows in groups of 4, each
@@ -26,9 +26,9 @@ intrinsic kept them in memory, a load and a store per block and row):
 - the values prefetched :data:`PREFETCH_BYTES` ahead; the four rows' sums in llama.cpp's order at the end,
   written to ``out`` as one 4-lane store; x rounded and every group multiplied in one numba call.
 
-No fastmath: every float operation rounds as numpy's does, and the integer sums are exact whatever
-instructions compute them. (A 1,536 × 576 Q4_1 product held in L2: 11-18 G weights/s with the per-block
-intrinsic, 16-22 with this loop; 2-core Xeon, loaded.)
+No fastmath: every float operation rounds as the numpy reference's does (its fused multiply-add emulated
+exactly), and the integer sums are exact whatever instructions compute them. (A 1,536 × 576 Q4_1 product
+held in L2: 11-18 G weights/s with the per-block intrinsic, 16-22 with this loop; 2-core Xeon, loaded.)
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import _quant_fused
+from ._quant_fused import _fma
 
 FLAGS = dict(nogil=True, cache=True, boundscheck=False)
 GROUP = _quant_fused.GROUP            # rows side by side in the planes
@@ -261,7 +262,7 @@ def _group_intrinsic(kind: str):
             for h, w in enumerate(pairs):            # rows 2h and 2h + 1, eight lanes each
                 lanes = _block_lanes(builder, kind, w, y2, y_sums)
                 scale = builder.shuffle_vector(dd, dd, _vec(I32, [2 * h] * LANES + [2 * h + 1] * LANES))
-                new_accs.append(builder.fadd(accs[h], builder.fmul(scale, builder.sitofp(lanes, vf))))
+                new_accs.append(_fma(builder, scale, builder.sitofp(lanes, vf), accs[h]))   # llama.cpp's fmadd
             if kind == "Q4_1":
                 m4 = builder.fpext(builder.bitcast(_vload(builder, m_p, dm_at_b, ir.VectorType(ir.IntType(16), GROUP)),
                                                    ir.VectorType(ir.HalfType(), GROUP)), vf4)
