@@ -63,6 +63,28 @@ def test_x_is_rounded_as_llama_cpp_rounds_it_by_hand():
     np.testing.assert_array_equal(kq, qx), np.testing.assert_array_equal(kd, d), np.testing.assert_array_equal(ks, s)
 
 
+def test_fma32_rounds_once_as_vfmadd_does(rng):
+    """The reference's fused multiply-add: by hand, a·b + c whose float64 sum lands exactly halfway between
+    two float32 (1 + 1.5·2⁻²³) although the exact value lies below it (−2⁻⁵⁴): rounding twice gives
+    1 + 2⁻²², once 1 + 2⁻²³; and random values against exact rational arithmetic, correctly rounded."""
+    from fractions import Fraction
+
+    from attnlab.kernels.q8_activations import fma32
+
+    a, b = np.array([2**-24 * (1 + 2**-15)], np.float32), np.array([1 - 2**-15], np.float32)
+    c = np.array([1 + 2**-23], np.float32)
+    assert (a.astype(np.float64) * b + c).astype(np.float32)[0] == np.float32(1 + 2**-22)   # rounded twice
+    assert fma32(a, b, c)[0] == np.float32(1 + 2**-23)
+    a, b, c = (rng.standard_normal(400).astype(np.float32) for _ in range(3))
+    got = fma32(a, b, c)
+    for i in range(400):
+        exact = Fraction(float(a[i])) * Fraction(float(b[i])) + Fraction(float(c[i]))
+        near = np.float32(float(exact))
+        candidates = (np.nextafter(near, np.float32(-np.inf)), near, np.nextafter(near, np.float32(np.inf)))
+        want = min(candidates, key=lambda v: (abs(Fraction(float(v)) - exact), int(np.array(v).view(np.uint32)) & 1))
+        assert got[i] == want, i
+
+
 def test_a_q8_0_dot_by_hand(tmp_path):
     """A Q8_0 row of d = 0.5 and values 1, 2, …, 32 against x = 2·(1, 0, 1, 0, …) (amax 2: d_x = 2/127,
     q = 127 where x = 2): 0.5 · (2/127 as float16) · 127 · (1 + 3 + … + 31)."""
@@ -161,19 +183,29 @@ def test_cli_takes_quantized_q8_and_refuses_another_value(tmp_path, capsys):
     assert len(err) >= 1 and err[-1].startswith("attnlab: error:") and "q4" in err[-1]
 
 
-def test_the_kernels_without_vnni_give_the_same_bits(tmp_path):
-    """Compiled for a CPU without VNNI (``NUMBA_CPU_NAME=haswell``: AVX2, the products as plain vector IR), the
-    kernels still equal the numpy reference bit for bit (a fresh process and numba cache)."""
+HASWELL = "+avx2,+fma,+f16c,+bmi2"    # numba takes the host's features unless told: these, and Haswell's own
+
+
+@pytest.mark.parametrize("cpu", ["haswell", "avx-vnni"])
+def test_the_kernels_without_vnni_give_the_same_bits(tmp_path, cpu):
+    """Compiled for a CPU without VNNI (``NUMBA_CPU_NAME=haswell`` and its features alone, no AVX-512: the
+    products as plain vector IR, which LLVM lowers to ``vpmaddwd`` and ``vphaddd``), or
+    with 256-bit VNNI only (AVX-VNNI: two rows' 64 bytes as two 256-bit ``vpdpbusd``; here ``VNNI_512`` turned
+    off before anything compiles, where the CPU has VNNI at all), the kernels still equal the numpy reference
+    bit for bit (a fresh process and numba cache)."""
     import subprocess
     import sys
 
+    if cpu == "avx-vnni" and not _q8_fused.VNNI:
+        pytest.skip("this CPU has no VNNI: the 256-bit VNNI path cannot run here")
+    setup = ("assert not _q8_fused.VNNI" if cpu == "haswell" else "_q8_fused.VNNI_512 = False")
     code = """
 import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 from gguf.quants import quantize
 from attnlab.kernels import _q8_fused
 from attnlab.kernels.q8_activations import Q8ActivationMatrix, reference_matmul
-assert not _q8_fused.VNNI
+""" + setup + """
 rng = np.random.default_rng(1)
 for qtype in ("Q4_0", "Q4_1", "Q8_0"):
     W = Q8ActivationMatrix(quantize((rng.standard_normal((30, 96)) * 0.05).astype(np.float32), T[qtype]), qtype, 96)
@@ -182,7 +214,8 @@ for qtype in ("Q4_0", "Q4_1", "Q8_0"):
 print("ok")
 """
     import os
-    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), 
+               **({"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": HASWELL} if cpu == "haswell" else {}))
     env.pop("ATTNLAB_NO_NUMBA", None)
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]

@@ -12,11 +12,11 @@ pytestmark = [pytest.mark.skipif(not llama_cpp_installed(), reason="llama_cpp (l
               pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="numba not installed")]
 
 PROMPT = "The capital of France is Paris. The capital of Germany is"
-# Measured (docs/speed.md): the greedy tokens equal for 45 of 64 steps (where they split, llama.cpp's own two
-# candidates lie 1.3% of its largest logit apart), the logits' relative error per position 3.5% median and
-# 11.7% max before the split; llama.cpp's own logits move by 5.0% / 11% (median / max) between its float16 and
-# float32 KV caches. The bounds keep a margin over the measurement.
-STEPS_EQUAL, MEDIAN, MAX = 40, 6e-2, 1.5e-1
+# Measured (docs/speed.md): with the products' fused multiply-add as llama.cpp's, the greedy tokens equal for
+# all 64 steps, the logits' relative error per position 3.4% median and 14.4% max over the 76 positions (before
+# it, 45 of 64 steps, 3.5% / 11.7% over the 57 before the split); llama.cpp's own logits move by 5.0% / 11%
+# (median / max) between its float16 and float32 KV caches. The bounds keep a margin over the measurement.
+STEPS_EQUAL, MEDIAN, MAX = 40, 6e-2, 2e-1
 
 
 def test_q8_decodes_the_tokens_llama_cpp_decodes(tmp_path):

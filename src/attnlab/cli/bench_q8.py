@@ -16,7 +16,7 @@ import numpy as np
 
 PREFILLS = (512, 2048)
 DECODE_STEPS = 5                   # decode steps per round and contender
-DECODE_CONTEXT = 64                # the prompt a decode step follows, as bench_harness.Decoder's
+DECODE_CONTEXT = 512               # the prompt a decode step follows: the goal table's context (issue 33)
 
 
 def cpu_seconds(f, repeat: int = 1) -> float:
@@ -49,7 +49,7 @@ def alternate(sides: dict, rounds: int) -> dict:
 def decode_rows(q8, exact, llama, rounds: int, decoder) -> dict:
     """Decode ms/token at a DECODE_CONTEXT-token context: q8 against exact, and each against llama.cpp (None without);
     ``decoder(model)`` has the ``step()`` of :class:`attnlab.cli.bench_harness.Decoder`."""
-    d8, de = decoder(q8), decoder(exact)
+    d8, de = decoder(q8, DECODE_CONTEXT), decoder(exact, DECODE_CONTEXT)
     sides = {"q8": lambda: cpu_seconds(d8.step, DECODE_STEPS), "exact": lambda: cpu_seconds(de.step, DECODE_STEPS)}
     if llama is not None:
         sides["llama_cpp"] = lambda: llama.request(op="decode", context=DECODE_CONTEXT, steps=DECODE_STEPS, rounds=1)["seconds"][0]
@@ -100,7 +100,7 @@ def q8_rows(path, models: dict, reference, threads: int, rounds: int, decoder, s
         if torch is not None:
             torch.set_num_threads(threads)
         say("decode: 8-bit activations, exact quantized, llama.cpp")
-        out = {"llama_cpp": None if llama is None else llama.version, "threads": threads,
+        out = {"llama_cpp": None if llama is None else llama.version, "threads": threads, "context": DECODE_CONTEXT,
                "decode": decode_rows(models["q8"], models["exact"], llama, rounds, decoder)}
         out["prefill"] = []
         for tokens in PREFILLS:
@@ -117,7 +117,8 @@ def q8_rows(path, models: dict, reference, threads: int, rounds: int, decoder, s
 def q8_table(r: dict) -> list[str]:
     """The rows as text lines."""
     d = r["decode"]
-    lines = [f"decode q8         {d['q8']:8.1f} ms/token   exact quantized {d['exact']:.1f} ms   q8/exact "
+    lines = [f"decode q8 (context {r.get('context', DECODE_CONTEXT)}) {d['q8']:8.1f} ms/token   "
+             f"exact quantized {d['exact']:.1f} ms   q8/exact "
              f"{d['q8_vs_exact']['ratio']:.2f}x [{d['q8_vs_exact']['ratio_min']:.2f}-{d['q8_vs_exact']['ratio_max']:.2f}]"
              f"   (process time, {r['threads']} thread(s))"]
     if r["llama_cpp"] is None:

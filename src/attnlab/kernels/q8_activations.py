@@ -12,14 +12,16 @@ A row's dot with one token (``ggml_vec_dot_q4_1_q8_1`` and its siblings, AVX2 br
 
     lane_j = Σ_{u<4} w_{4j+u} · q_{4j+u}                    (int32, j = 0 … 7: w the weight's integer values,
                                                              Q4_0's shifted by −8, Q4_1's 0 … 15, Q8_0's int8)
-    acc_j  = acc_j + (d_w · d_x) · float(lane_j)             (float32; llama.cpp fuses this multiply-add)
+    acc_j  = fma(d_w · d_x, float(lane_j), acc_j)            (float32, one rounding: llama.cpp's _mm256_fmadd_ps)
     summs  = summs + m_w · s_x                               (Q4_1 only)
 
 then ``((acc_0 + acc_4) + (acc_2 + acc_6)) + ((acc_1 + acc_5) + (acc_3 + acc_7)) + summs``. The kernels
 (:mod:`attnlab.kernels._q8_fused`, numba) compute exactly this, and :func:`reference_matmul` does it in numpy;
-the tests hold them to each other bit for bit. The only difference from llama.cpp's arithmetic is the fused
-multiply-add (one rounding fewer there, ~1e-7 relative per block). The K-quants (Q8_K activations) have no
-kernel here yet: a Q4_K or Q6_K weight keeps the exact mode's product.
+the tests hold them to each other bit for bit (numpy has no fused multiply-add: :func:`fma32` computes one,
+correctly rounded). ``summs`` stays a multiply and an add: llama.cpp writes it in C, ``summs += m·s``, which its
+compiler may or may not contract into one rounding (GCC's default for GNU C does, with FMA enabled); that
+scalar, once per block, is the one place the two can still differ, by ~1e-7 relative. The K-quants (Q8_K
+activations) have no kernel here yet: a Q4_K or Q6_K weight keeps the exact mode's product.
 
 Every token's output depends on that token's x alone, so a decode step and a prefill give each token the same
 logits; the thread count changes nothing (a row is summed by one thread).
@@ -63,6 +65,25 @@ def integer_values(w: QuantizedMatrix) -> np.ndarray:
     return q - 8 if w.qtype == "Q4_0" else q
 
 
+def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """a·b + c in float32 with one rounding (what ``vfmadd`` computes), by numpy: the product of two float32 is
+    exact in float64, their sum with c is rounded to float64 with its error kept (Knuth's two-sum), and the
+    float64 sum rounded to float32 is the fused result unless it lies exactly halfway between two float32,
+    where the error says which way the exact value lies. (Finite values away from float32's extremes.)"""
+    p = a.astype(np.float64) * b.astype(np.float64)                           # exact
+    c64 = c.astype(np.float64)
+    s = p + c64
+    bb = s - p
+    err = (p - (s - bb)) + (c64 - bb)                                         # s + err == p + c exactly
+    r = s.astype(np.float32)
+    r64 = r.astype(np.float64)
+    toward = np.where(s > r64, np.float32(np.inf), np.float32(-np.inf)).astype(np.float32)
+    other = np.nextafter(r, toward)                                           # r's neighbour on s's side
+    halfway = (s != r64) & (s - r64 == other.astype(np.float64) - s)
+    wrong = halfway & (err != 0) & ((err > 0) == (other > r))                 # the exact value is past the tie
+    return np.where(wrong, other, r)
+
+
 def reference_matmul(x: np.ndarray, w: QuantizedMatrix) -> np.ndarray:
     """x (N, d_in) @ w in the 8-bit-activation arithmetic, by numpy: (N, d_out) float32, every rounding as the
     module's docstring says (the kernels' reference, bit for bit)."""
@@ -79,7 +100,7 @@ def reference_matmul(x: np.ndarray, w: QuantizedMatrix) -> np.ndarray:
     wm = None if w.m is None else w.rows("m").astype(np.float32)              # (R, nb)
     for b in range(n_blocks):
         dd = wd[None, :, b] * xd[:, b, None]                                  # (N, R)
-        acc = acc + dd[..., None] * lanes[:, :, b].astype(np.float32)         # (N, R, 8)
+        acc = fma32(np.broadcast_to(dd[..., None], acc.shape), lanes[:, :, b].astype(np.float32), acc)   # (N, R, 8)
         if w.qtype == "Q4_1":
             summs = summs + wm[None, :, b] * xs[:, b, None]                   # (N, R)
     a = acc
@@ -111,10 +132,13 @@ class Q8ActivationMatrix(QuantizedMatrix):
         if x.ndim < 1 or x.shape[-1] != self.d_in:
             raise ValueError(f"x @ W needs x (..., {self.d_in}), got shape {x.shape}")
         lead = x.shape[:-1]
-        x2 = np.ascontiguousarray(x.reshape(-1, self.d_in), dtype=np.float32)    # (N, d_in)
+        x2 = x.reshape(-1, self.d_in)                                              # (N, d_in)
+        if x2.dtype != np.float32 or not x2.flags.c_contiguous:
+            x2 = np.ascontiguousarray(x2, dtype=np.float32)                        # (N, d_in)
         out = np.empty((x2.shape[0], self.d_out), np.float32)                      # (N, d_out)
-        _kernels().matmul(self.qtype, *self.kernel_planes, x2, out, quantized.kernel_threads()["threads"],
-                          quantized.prefill_pool(x2.shape[0]))
+        many = x2.shape[0] > _kernels().MAX_TOKENS                                  # a prefill: the worker pool
+        _kernels().matmul(self.qtype, *self.kernel_planes, x2, out, quantized.product_kernel()[1],
+                          quantized.prefill_pool(x2.shape[0]) if many else None)
         return out.reshape(*lead, self.d_out)                                      # (..., d_out)
 
 
