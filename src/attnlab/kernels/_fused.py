@@ -381,8 +381,9 @@ def _axpy1(typingctx, acc, a_at, p0, v, v0, chunks):
 
 def _scores(qs, kh, j0, n, s):
     """s[i, j] = qs[i] · kh[j0 + j] for the g query heads and the n keys of a tile, each key widened (for numba
-    code only). float32: four keys at a time by :func:`_dot4`, then the features past the last multiple of 16
-    in turn; other dtypes in turn (:func:`_scores_any`)."""
+    code only). float32: four keys at a time by :func:`_dot4` (a float16 cache's keys widened in it, once per
+    head: widening a block once into float32 scratch for the g heads measured no faster for SmolLM2's 3), then
+    the features past the last multiple of 16 in turn; other dtypes in turn (:func:`_scores_any`)."""
     _scores_any(qs, kh, j0, n, s)
 
 
@@ -397,25 +398,31 @@ def _scores_any(qs, kh, j0, n, s):
             s[i, j] = total
 
 
+@numba.njit(nogil=True, cache=True, fastmath={"contract"}, boundscheck=False, inline="always")
+def _block_scores(qs, kh, j0, rows, s, col):
+    """s[i, col + r] = qs[i] · kh[j0 + r] for r < rows <= 4, every head i (float32 queries): :func:`_dot4`, a
+    short block repeating its last key, then the features past the last multiple of 16 in turn."""
+    g, d = qs.shape
+    chunks = d // LANES
+    last = j0 + rows - 1
+    k0, k1, k2, k3 = j0 * d, min(j0 + 1, last) * d, min(j0 + 2, last) * d, last * d
+    for i in range(g):
+        sums = _dot4(qs, i * d, kh, k0, k1, k2, k3, chunks)
+        for r in range(rows):
+            total = sums[r]
+            for t in range(chunks * LANES, d):
+                total += qs[i, t] * widen(kh[j0 + r, t])
+            s[i, col + r] = total
+
+
 @overload(_scores, jit_options={"fastmath": {"contract"}})
 def _scores_overload(qs, kh, j0, n, s):
     if qs.dtype != types.float32:
         return lambda qs, kh, j0, n, s: _scores_any(qs, kh, j0, n, s)
 
     def scores_f32(qs, kh, j0, n, s):
-        g, d = qs.shape
-        chunks = d // LANES
         for jb in range(0, n, KEYS):
-            rows = min(KEYS, n - jb)
-            j = j0 + jb                                      # a short block repeats its last key
-            k0, k1, k2, k3 = j * d, (j + min(1, rows - 1)) * d, (j + min(2, rows - 1)) * d, (j + rows - 1) * d
-            for i in range(g):
-                sums = _dot4(qs, i * d, kh, k0, k1, k2, k3, chunks)
-                for r in range(rows):
-                    total = sums[r]
-                    for t in range(chunks * LANES, d):
-                        total += qs[i, t] * widen(kh[j0 + jb + r, t])
-                    s[i, jb + r] = total
+            _block_scores(qs, kh, j0 + jb, min(KEYS, n - jb), s, jb)
     return scores_f32
 
 
