@@ -528,3 +528,58 @@ def decode_tiles(q, k, v, scale2, out, cap2, tile):
                 inv = (l[i] - l[i] + 1) / l[i]               # in the dtype; l >= 1
                 for t in range(d_v):
                     out[b, h, i, t] = acc[i, t] * inv
+
+
+@intrinsic
+def _round_half(typingctx, x):
+    """A float32 rounded to the nearest float16 (ties to even) and back: LLVM's fptrunc and fpext (vcvtps2ph,
+    vcvtph2ps), which it vectorises in a loop."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), ir.FloatType())
+    return types.float32(types.float32), codegen
+
+
+@numba.njit(nogil=True, cache=True, fastmath={"contract"}, boundscheck=False)
+def decode_half(q, k, v, scale2, out, cap2):
+    """The decode step against a float16 cache as llama.cpp computes it (flash-attention off, its default): q
+    rounded to float16 before its dot products with the keys (ggml's F16 ``vec_dot_type``), the scores in
+    float32, the softmax over the whole row, the normalised weights rounded to float16, their sum of the
+    values in float32.
+
+    q (B, h_kv, g, d_k) float32; k (B, h_kv, n_k, d_k) and v (B, h_kv, n_k, d_v) a float16 cache's bits
+    (uint16); ``scale2``, ``cap2`` and ``out`` as :func:`decode_tiles`. Each key/value head is read once for its
+    group: the keys for the g rows of scores (:func:`_scores`, (g, n_k) float32: 96 KiB at 8,192 keys for 3
+    heads, in L2), then the values for their weighted sum (:func:`_weigh`). The weights must be normalised
+    before they are rounded, so the softmax cannot run online across tiles here.
+    """
+    n_b, h_kv, g, d_k = q.shape
+    n_k, d_v = k.shape[2], v.shape[3]
+    s = np.empty((g, n_k), np.float32)                       # (g, n_k) the scores, then the weights
+    acc = np.empty((g, d_v), np.float32)                     # (g, d_v) the weighted sum of the values
+    qs = np.empty((g, d_k), np.float32)                      # (g, d_k) the queries, rounded, times scale2
+    for b in range(n_b):
+        for h in range(h_kv):
+            kh = np.ascontiguousarray(k[b, h])               # (n_k, d_k) views in C layout
+            vh = np.ascontiguousarray(v[b, h])               # (n_k, d_v)
+            for i in range(g):
+                for t in range(d_k):
+                    qs[i, t] = _round_half(q[b, h, i, t]) * scale2
+                for t in range(d_v):
+                    acc[i, t] = 0
+            _scores(qs, kh, 0, n_k, s)                       # base-2 scores, (g, n_k)
+            for i in range(g):
+                row = s[i]
+                if cap2 > 0:
+                    for j in range(n_k):
+                        row[j] = cap2 * np.tanh(row[j] / cap2)   # soft-capped (Gemma-2)
+                total = exp_row(row, row_max(row, np.float32(-np.inf)))   # row = 2^(s - max), in place; its sum
+                inv = np.float32(1) / total
+                for j in range(n_k):
+                    row[j] = _round_half(row[j] * inv)       # the normalised weight, as float16
+            _weigh(s, vh, 0, n_k, acc)                       # acc = Σ_j a_j v_j
+            for i in range(g):
+                for t in range(d_v):
+                    out[b, h, i, t] = acc[i, t]

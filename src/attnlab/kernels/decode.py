@@ -129,6 +129,8 @@ def decode_attention(c: Checked, kernel: str | None = None) -> np.ndarray:
     kernel = decode_choice(c, 0)[0] if kernel is None else kernel
     if kernel == "fused" and fused_fits(c) and c.sink is None:
         return _decode_fused(c)
+    if half_cache(c) and c.sink is None:
+        return _decode_half_numpy(c)
     c = widened(c)                                       # numpy computes in one dtype
     if c.sink is not None:
         return _decode_with_sink(c)
@@ -161,19 +163,38 @@ def _decode_with_sink(c: Checked) -> np.ndarray:
     return unfold(out, g)                                # (..., h, 1, d_v)
 
 
+def _decode_half_numpy(c: Checked) -> np.ndarray:
+    """:func:`decode_attention` against a float16 cache as llama.cpp computes it (:func:`attnlab.kernels._fused.
+    decode_half` without numba): q rounded to float16, the weights normalised, then rounded to float16, their
+    sum of the widened values in float32. (..., h, 1, d_v)."""
+    g = c.groups
+    q16 = c.q.astype(np.float16).astype(c.q.dtype)      # (..., h, 1, d_k) q as ggml's F16 vec_dot_type
+    qs = fold(q16 * c.scale, g)                          # (..., h_kv, g, d_k)
+    s = qs @ c.k.astype(c.q.dtype).swapaxes(-1, -2)      # (..., h_kv, g, n_k)
+    s = cap_scores(s, c.softcap)
+    s -= np.maximum.reduce(s, axis=-1, keepdims=True)
+    p = np.exp(s, out=s)                                 # (..., h_kv, g, n_k) unnormalised
+    p /= np.add.reduce(p, axis=-1, keepdims=True)        # normalised, then rounded as llama.cpp's F16 product
+    a = p.astype(np.float16).astype(c.q.dtype)           # (..., h_kv, g, n_k)
+    return unfold(a @ c.v.astype(c.q.dtype), g)          # (..., h, 1, d_v)
+
+
 def _decode_fused(c: Checked) -> np.ndarray:
     """:func:`decode_attention` by :func:`attnlab.kernels._fused.decode_tiles`: (..., h, 1, d_v). A float16
     cache goes in as its bits (uint16 views: numba computes no float16), widened in the kernel."""
     *lead, h, _, d_k = c.q.shape
     h_kv, n_k, d_v = c.k.shape[-3], c.k.shape[-2], c.v.shape[-1]
     g, n_b = h // h_kv, math.prod(lead)                  # n_b given, not -1: d_k = 0 has no size to infer
-    k, v = (c.k.view(np.uint16), c.v.view(np.uint16)) if half_cache(c) else (c.k, c.v)
+    half = half_cache(c)
+    k, v = (c.k.view(np.uint16), c.v.view(np.uint16)) if half else (c.k, c.v)
     q = c.q.reshape(n_b, h_kv, g, d_k)                   # (B, h_kv, g, d_k) the query heads of each group
     k = k.reshape(n_b, h_kv, n_k, d_k)                   # (B, h_kv, n_k, d_k) views of the cache
     v = v.reshape(n_b, h_kv, n_k, d_v)                   # (B, h_kv, n_k, d_v)
     out = np.empty((n_b, h_kv, g, d_v), c.q.dtype)       # (B, h_kv, g, d_v)
     cap2 = 0.0 if c.softcap is None else c.softcap * _kernels.LOG2E   # the cap in base 2; 0 = none
-    fused = _kernels.fused_module()
-    fused.decode_tiles(q, k, v, c.q.dtype.type(c.scale * _kernels.LOG2E), out, c.q.dtype.type(cap2),
-                       fused.DECODE_TILE)
+    fused, scale2 = _kernels.fused_module(), c.q.dtype.type(c.scale * _kernels.LOG2E)
+    if half:                                             # llama.cpp's arithmetic against its float16 cache
+        fused.decode_half(q, k, v, scale2, out, c.q.dtype.type(cap2))
+    else:
+        fused.decode_tiles(q, k, v, scale2, out, c.q.dtype.type(cap2), fused.DECODE_TILE)
     return out.reshape(*lead, h, 1, d_v)                 # (..., h, 1, d_v)
