@@ -12,8 +12,13 @@ softmax across the tiles; no temporaries. numpy takes seven calls and two (h, n_
 ``ATTNLAB_NO_NUMBA=1`` (or numba missing) keeps the numpy path.
 
 A float16 cache (:class:`attnlab.layer.cache.KVCache` with ``dtype=float16``, as llama.cpp keeps its own) comes
-in with a float32 query: the fused kernel widens each key and value to float32 as it loads it (F16C's
-``vcvtph2ps``), reading half the bytes; the numpy path widens a copy of the cache first.
+in with a float32 query, and the step computes as llama.cpp does against its own (flash-attention off, its
+default): q rounded to float16 before its dot products with the keys (ggml's F16 ``vec_dot_type``), the
+weights normalised and rounded to float16 before their sum of the values, the sums in float32
+(:func:`attnlab.kernels._fused.decode_half`: each key and value widened as it is loaded, F16C's
+``vcvtph2ps``, reading half the bytes; the numpy path alike on widened copies). Without those two roundings
+the q8 mode's greedy tokens left llama.cpp's after 15 of 64 steps on SmolLM2, with them after none.
+A float16 cache with a sink takes the numpy path on widened copies, without them.
 
 Which kernel runs is a rule, :func:`decode_kernel_rule`, never a race: a float16 cache takes the fused kernel
 (numpy would copy the whole cache every call); a float32 step stays on numpy unless it passes the fused

@@ -7,8 +7,9 @@ n_kv_heads key/value heads: n_heads / n_kv_heads times less memory than one per 
 
 A float32 model's cache may hold float16, as llama.cpp keeps its own (``type_k`` and ``type_v`` F16 by default):
 half the bytes a decode step reads at a long context. Each float32 key and value is rounded to the nearest
-float16 (ties to even, as numpy's and F16C's ``vcvtps2ph`` round) when it is appended, and the decode kernel
-widens it back to float32 as it loads it (:mod:`attnlab.kernels.decode`). Which a layer gets is a rule,
+float16 (ties to even, as numpy's and F16C's ``vcvtps2ph`` round) when it is appended, and the decode step
+computes against it as llama.cpp does against its own (:mod:`attnlab.kernels.decode`: q and the weights
+rounded to float16 too, each key and value widened to float32 as it is loaded). Which a layer gets is a rule,
 :func:`kv_dtype_rule`: float16 where the layer computes as llama.cpp does (the ``q8-activations`` mode), its
 own float dtype elsewhere, so the exact modes keep their bits.
 """
