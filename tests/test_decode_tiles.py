@@ -155,6 +155,16 @@ def test_a_float16_cache_computes_as_llama_cpp(monkeypatch, kernel, n_k, heads):
     np.testing.assert_allclose(out, reference(q, k, v), rtol=0, atol=HALF)
 
 
+def test_a_checked_float16_step_computes_as_the_unchecked_one():
+    """attend with check_finite (a layer whose inputs it could not bound) checks, then takes the same step."""
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((9, 1, 64), np.float32)
+    k, v = (a.astype(np.float16) for a in cache_of(rng, 3, 300, 64))
+    np.testing.assert_array_equal(attend(q, k, v, check_finite=True), attend(q, k, v, check_finite=False))
+    with pytest.raises(ValueError, match="query must be finite"):
+        attend(np.full_like(q, np.nan), k, v, check_finite=True)
+
+
 @needs_numba
 @pytest.mark.parametrize("n_k", [1, 300, 2000])
 def test_both_kernels_compute_a_float16_cache_alike(n_k):

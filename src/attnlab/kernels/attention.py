@@ -313,11 +313,15 @@ def attend(query, key, value, *, mask=None, bias=None, is_causal=False, window=N
     checks (a decode step's 54 of 196 Python calls for 2 layers). Anything else goes through
     :func:`attention`. Same result as :func:`attention` on the same arguments, bit for bit.
 
-    A float16 KV cache's keys and values with a float32 query stay float16 for the decode path, whose kernels
-    widen them (:mod:`attnlab.kernels.decode`); any other path gets float32 copies, as :func:`attention`
-    makes.
+    A float16 KV cache's keys and values with a float32 query stay float16 for the decode path, which computes
+    as llama.cpp does against its float16 cache (:mod:`attnlab.kernels.decode`), checked or not; any other path
+    gets float32 copies, as :func:`attention` makes (which computes mixed dtypes in float32 throughout).
     """
     half_cache = query.dtype == np.float32 and key.dtype == value.dtype == np.float16   # a float16 KV cache's
+    if half_cache and check_finite and mask is None and bias is None:
+        check_attention_args(query, key, value, is_causal=is_causal, window=window, q_offset=q_offset, scale=scale,
+                             softcap=softcap, sink=sink)   # refuses what attention would; the step stays the cache's
+        check_finite = False
     if (check_finite or mask is not None or bias is not None
             or (query.dtype != key.dtype and not half_cache) or key.dtype != value.dtype
             or query.dtype == np.float16 or query.ndim < 3
