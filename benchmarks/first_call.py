@@ -50,8 +50,8 @@ if mode == "numba":
     acc = np.zeros((8, 4), np.float32)
     step("first tile_softmax call", lambda: _fused.tile_softmax(s, m, z.copy(), z.copy(), acc, 99, -99, True, True))
     q = np.ones((1, 1, 1, 4), np.float32); k = np.ones((1, 1, 3, 4), np.float32)
-    step("then the first decode_groups call", lambda: _fused.decode_groups(q, k, k, np.float32(1), q.copy(),
-                                                                          np.empty((1, 3), np.float32), np.float32(0)))
+    step("then the first decode_tiles call", lambda: _fused.decode_tiles(q, k, k, np.float32(1), q.copy(),
+                                                                        np.float32(0), _fused.DECODE_TILE))
 else:
     from attnlab import attention
     from attnlab.kernels import _kernels

@@ -40,3 +40,18 @@ def test_the_rows_and_their_table():
     assert all(r["float32_ms"] >= 0 and r["attention_ms"] >= 0 and r["llama_cpp"] is None for r in rows)
     text = "\n".join(context_table(rows))
     assert "long contexts" in text and "not importable" in text and "per 1,000 tokens" in text
+
+
+def test_a_float16_cache_fills_and_steps_and_the_q8_row_shows():
+    """A filled decoder on float16 caches (what the rule gives the q8 mode) holds the context and steps, at half
+    the bytes; the q8 columns appear in the table when a q8 model is given (here the tiny model again)."""
+    model = tiny()
+    d = FilledDecoder(model, 12, np.random.default_rng(0))
+    d.caches = new_caches(model, 13, kv_dtype=np.float16)
+    d.fill()
+    assert all(c.k.dtype == np.float16 and c.length == 12 and c.k_max > 0 for c in d.caches)
+    np.testing.assert_array_equal(d.step(), d.step())
+    assert kv_bytes(model, 12, np.float16) * 2 == kv_bytes(model, 12)
+    rows = context_rows(model, model, None, rounds=3, contexts=(8, 32), llama=False, q8=model)
+    assert all(r["q8"]["ms"] >= 0 and r["q8"]["kv_mb"] > 0 for r in rows)
+    assert "q8 (float16 cache)" in "\n".join(context_table(rows))

@@ -307,12 +307,12 @@ def run_model_bench(name: str = "smollm2", *, rounds: int = 11, cores: int | Non
             out["llama_cpp"] = {"ms_per_token": p.b_ms, "attnlab_ms": p.a_ms, "ratio": p.ratio,
                                 "ratio_min": p.ratio_min, "ratio_max": p.ratio_max}
         from .bench_q8 import q8_rows                    # issue 33: 8-bit activations and prefill, own rows
-        out["q8"] = None if not quantized.has_kernel() else q8_rows(
-            path, {"float32": f32, "exact": q, "q8": smollm2_file_model(path, quantized="q8-activations")},
-            reference, threads, rounds, Decoder, say)
+        q8 = smollm2_file_model(path, quantized="q8-activations") if quantized.has_kernel() else None
+        out["q8"] = None if q8 is None else q8_rows(path, {"float32": f32, "exact": q, "q8": q8},
+                                                    reference, threads, rounds, Decoder, say)
         say("long contexts: 512, 2,048 and 8,192 tokens (and llama.cpp's, if importable)")
         from .bench_context import context_rows
-        out["long_context"] = context_rows(f32, q, path, rounds=max(5, rounds // 2))
+        out["long_context"] = context_rows(f32, q, path, rounds=max(5, rounds // 2), q8=q8)
     out["load_average"] = bench.load_average()
     return out
 

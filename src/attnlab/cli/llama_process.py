@@ -123,16 +123,17 @@ class LlamaProcess:
         self.close()
 
 
-def greedy_logits(model, prompt, steps: int):
+def greedy_logits(model, prompt, steps: int, kv_dtype=None):
     """attnlab's greedy decode of ``model`` from ``prompt`` (ids): ``(ids, logits)``, the prompt and ``steps``
     tokens, and every position's logits (prompt + steps, vocab) float32: the prompt in one forward (a prefill),
-    then one token at a time against the KV caches."""
+    then one token at a time against the KV caches (holding ``kv_dtype``; None: the rule's,
+    :func:`attnlab.layer.cache.kv_dtype_rule`)."""
     import numpy as np
 
     from ..stack.transformer import forward, new_caches
 
     ids = [int(t) for t in prompt]
-    caches = new_caches(model, len(ids) + steps + 1)
+    caches = new_caches(model, len(ids) + steps + 1, kv_dtype=kv_dtype)
     rows = [forward(model, np.asarray(ids), caches=caches).logits]            # (P, vocab)
     for _ in range(steps):
         ids.append(int(np.argmax(rows[-1][-1])))
@@ -147,14 +148,15 @@ def rel_errors(a, b):
     return np.linalg.norm(a - b, axis=-1) / np.linalg.norm(b, axis=-1)
 
 
-def against_llama_cpp(model, path, prompt, steps: int = 64, tmp=None) -> dict:
+def against_llama_cpp(model, path, prompt, steps: int = 64, tmp=None, kv_dtype=None) -> dict:
     """``model`` (attnlab, e.g. loaded with ``quantized="q8-activations"``) against llama.cpp on the same GGUF
     ``path``: both decode ``steps`` greedy tokens from ``prompt``; llama.cpp runs on 1 thread and on 2 (its own
     run-to-run difference). Returns the tokens of each, whether they are equal, and the relative errors of
     the logits per position (median, max): attnlab against llama.cpp (1 thread) over the positions before
     the first token that differs (the same context on both sides), and llama.cpp 2 threads against 1;
     ``steps_equal`` the greedy steps equal, ``gap_at_split`` llama.cpp's margin between its token and
-    attnlab's where they split, over its largest |logit| (None when they never do)."""
+    attnlab's where they split, over its largest |logit| (None when they never do). ``kv_dtype``: attnlab's
+    caches' (None: the rule's, float16 in the q8 mode as llama.cpp's own)."""
     import tempfile
     from pathlib import Path
 
@@ -168,7 +170,7 @@ def against_llama_cpp(model, path, prompt, steps: int = 64, tmp=None) -> dict:
             runs[threads] = (llama.request(op="greedy", prompt=list(map(int, prompt)), steps=steps,
                                            out=str(out))["ids"], np.load(out))
             version = llama.version
-    ids, logits = greedy_logits(model, prompt, steps)
+    ids, logits = greedy_logits(model, prompt, steps, kv_dtype)
     (ids1, l1), (ids2, l2) = runs[1], runs[2]
     first = next((i for i, (a, b) in enumerate(zip(ids, ids1)) if a != b), len(ids))
     same = slice(0, min(first, len(ids)))            # positions whose contexts are the same on both sides

@@ -226,7 +226,9 @@ def as_stop_ids(name: str, stop, vocab_size: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Checked:
-    """Validated attention inputs, in the dtype the math runs in (at least float32).
+    """Validated attention inputs, in the dtype the math runs in (at least float32); the one exception, k and v
+    of a float16 KV cache under a float32 q, which :func:`attnlab.kernels.attention.attend` keeps for the decode
+    path alone (its kernels widen them; :func:`attnlab.kernels.decode.widened` for any other).
 
     Grouped-query attention (GQA): ``q`` has ``groups`` times as many heads (axis -3) as ``k`` and ``v``;
     query head i uses key/value head ``i // groups``. ``groups`` is 1 otherwise (heads match or broadcast).

@@ -29,6 +29,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 # A row's exponentials stay below 2^(SHIFT_SLACK₂) (e^30 ≈ 1e13), as the numpy path's (attnlab.kernels.tiled).
@@ -230,51 +231,355 @@ def exp_minus_rows(s, shift, unit):
             row[j] = pow2(row[j] * unit - sh)
 
 
-@numba.njit(nogil=True, cache=True, fastmath={"contract", "reassoc", "nsz"}, boundscheck=False)
-def decode_groups(q, k, v, scale2, out, s, cap2):
-    """The decode step for every key/value head and its group of query heads, in one call.
+@intrinsic
+def _half_bits_f32(typingctx, bits):
+    """A float16 given by its bits (uint16) as a float32, exactly (LLVM's bitcast to half and fpext: F16C's
+    ``vcvtph2ps`` on x86, which LLVM vectorises 16 at a time with AVX-512)."""
+    if bits != types.uint16:
+        return None
 
-    q (B, h_kv, g, d_k) one query per head, its g query heads stacked per key/value head; k (B, h_kv, n_k, d_k)
-    and v (B, h_kv, n_k, d_v) the cache; ``scale2`` = scale · log₂e; ``cap2`` the soft-cap · log₂e (scores
-    become cap2 · tanh(s / cap2)), 0 for none; out (B, h_kv, g, d_v) is written;
-    s (g, n_k) scratch. Each cached key and value is read once for its whole group (the g dot products of
-    a key are taken together), every key is visible (the decode path's condition), so a row's max is
-    finite and its sum at least 1.
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+    return types.float32(types.uint16), codegen
 
-    A cache's keys and values arrive as views of a longer buffer (numba's layout "A": strides known only at
-    run time), where the loops over d_k and d_v did not vectorise (12 heads × 1024 keys: 0.82 against 0.32 ms
-    contiguous); each head is taken as a C-contiguous view (``np.ascontiguousarray`` copies nothing when
-    its rows are contiguous, as a cache's are), which runs as fast as contiguous input.
+
+def widen(x):
+    """A cached key or value as the kernel computes with it (for numba code only): a float16's bits (uint16)
+    as float32, a float32 or float64 as itself."""
+    return x
+
+
+@overload(widen)
+def _widen_overload(x):
+    if x == types.uint16:
+        return lambda x: _half_bits_f32(x)
+    if isinstance(x, types.Float):
+        return lambda x: x
+    return None
+
+
+# Keys per tile of the decode kernel: a tile's keys and values (256 × 64 features: 64 KiB each in float32, 32
+# KiB in float16) stay in L2 between the scores and the weighted sum, and its scores (g × 256) in L1.
+DECODE_TILE = 256
+LANES = 16          # float32 lanes of the decode kernel's vectors: one 512-bit (or two 256-bit) registers
+KEYS = 4            # keys per vector step: four independent chains of fused multiply-adds
+
+
+def _vec_load(builder, data, at, half: bool):
+    """16 float32 from ``data[at:at + 16]`` (float32), or widened from a float16 array's bits (uint16)."""
+    vf = ir.VectorType(ir.FloatType(), LANES)
+    vt = ir.VectorType(ir.IntType(16), LANES) if half else vf
+    x = builder.load(builder.bitcast(builder.gep(data, [at]), vt.as_pointer()), align=2 if half else 4)
+    return builder.fpext(builder.bitcast(x, ir.VectorType(ir.HalfType(), LANES)), vf) if half else x
+
+
+def _fma(builder):
+    vf = ir.VectorType(ir.FloatType(), LANES)
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]), "llvm.fma.v16f32")
+
+
+def _shuffle_add(builder, a, b, lo: list, hi: list):
+    """a ⧺ b taken at ``lo`` plus a ⧺ b taken at ``hi``, lane by lane."""
+    def take(at):
+        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), len(at)), at))
+    return builder.fadd(take(lo), take(hi))
+
+
+def _fold4(builder, v):
+    """Four 16-lane vectors to their four sums, each folded in halves (lane u plus u + 8, then u + 4, u + 2,
+    u + 1): the order of one vector folded alone, four at a time in 7 shuffle-adds."""
+    x = _shuffle_add(builder, v[0], v[1], [*range(8), *range(16, 24)], [*range(8, 16), *range(24, 32)])
+    y = _shuffle_add(builder, v[2], v[3], [*range(8), *range(16, 24)], [*range(8, 16), *range(24, 32)])
+    z = _shuffle_add(builder, x, y, [*range(4), *range(8, 12), *range(16, 20), *range(24, 28)],
+                     [*range(4, 8), *range(12, 16), *range(20, 24), *range(28, 32)])
+    w = _shuffle_add(builder, z, z, [0, 1, 4, 5, 8, 9, 12, 13], [2, 3, 6, 7, 10, 11, 14, 15])
+    return _shuffle_add(builder, w, w, [0, 2, 4, 6], [1, 3, 5, 7])        # <4 x float>
+
+
+def _half(k) -> bool:
+    return k.dtype == types.uint16
+
+
+@intrinsic
+def _dot4(typingctx, q, q_at, k, k0, k1, k2, k3, chunks):
+    """Four dot products q.flat[q_at:] · k.flat[k_r:] over 16 · chunks features (q float32, k float32 or a
+    float16 array's bits, widened by ``fpext``: vcvtph2ps), as LLVM vector IR: per key 16 lanes, lane u the
+    fused multiply-adds of the features t ≡ u (mod 16) in turn, then folded in halves (:func:`_fold4`). An
+    order written here, the same whatever LLVM makes of it; four keys for four independent chains (one key at a
+    time waited on each multiply-add's latency: 40 ns a key for three heads, d_head 64). The loop written in
+    numba stayed scalar (LLVM's SLP vectoriser did not pack its 16 running sums), and with ``reassoc`` the
+    order was LLVM's. Offsets rather than row views: a view per key cost two reference-count calls."""
+    if q.dtype != types.float32 or k.dtype not in (types.float32, types.uint16):
+        return None
+    half = _half(k)
+
+    def codegen(context, builder, signature, args):
+        q_data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        k_data = context.make_array(signature.args[2])(context, builder, args[2]).data
+        vf = ir.VectorType(ir.FloatType(), LANES)
+        fma = _fma(builder)
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, [0.0] * LANES)) for _ in range(KEYS)]
+        with cgutils.for_range(builder, args[7]) as loop:
+            at = builder.mul(loop.index, ir.Constant(loop.index.type, LANES))
+            qv = _vec_load(builder, q_data, builder.add(args[1], at), False)
+            for r in range(KEYS):
+                kv = _vec_load(builder, k_data, builder.add(args[3 + r], at), half)
+                builder.store(builder.call(fma, [qv, kv, builder.load(accs[r])]), accs[r])
+        sums = _fold4(builder, [builder.load(a) for a in accs])
+        out = ir.Constant(ir.ArrayType(ir.FloatType(), KEYS), ir.Undefined)
+        for r in range(KEYS):
+            out = builder.insert_value(out, builder.extract_element(sums, ir.Constant(ir.IntType(32), r)), r)
+        return out
+    return types.UniTuple(types.float32, KEYS)(q, types.intp, k, types.intp, types.intp, types.intp, types.intp,
+                                               types.intp), codegen
+
+
+def _axpy_codegen(n_keys: int):
+    def codegen(context, builder, signature, args):
+        """acc.flat[a_at:] = fma(p_r, v.flat[v_r:], …) key after key, per 16-lane chunk: one load and one store
+        of the accumulator for ``n_keys`` keys, the same roundings as one key at a time."""
+        acc_data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        v_data = context.make_array(signature.args[2 + n_keys])(context, builder, args[2 + n_keys]).data
+        half = _half(signature.args[2 + n_keys])
+        vf = ir.VectorType(ir.FloatType(), LANES)
+        fma = _fma(builder)
+        splats = []
+        for r in range(n_keys):
+            one = builder.insert_element(ir.Constant(vf, ir.Undefined), args[2 + r], ir.Constant(ir.IntType(32), 0))
+            splats.append(builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(ir.IntType(32), LANES),
+                                                                       [0] * LANES)))
+        with cgutils.for_range(builder, args[-1]) as loop:
+            at = builder.mul(loop.index, ir.Constant(loop.index.type, LANES))
+            ptr = builder.bitcast(builder.gep(acc_data, [builder.add(args[1], at)]), vf.as_pointer())
+            a = builder.load(ptr, align=4)
+            for r in range(n_keys):
+                a = builder.call(fma, [splats[r], _vec_load(builder, v_data, builder.add(args[3 + n_keys + r], at),
+                                                            half), a])
+            builder.store(a, ptr, align=4)
+        return context.get_dummy_value()
+    return codegen
+
+
+@intrinsic
+def _axpy4(typingctx, acc, a_at, p0, p1, p2, p3, v, v0, v1, v2, v3, chunks):
+    """acc.flat[a_at:] += p_r · v.flat[v_r:] for the four keys r in turn, over 16 · chunks features (acc
+    float32; v float32 or a float16 array's bits, widened): the weighted sum's step, in LLVM vector IR."""
+    if acc.dtype != types.float32 or v.dtype not in (types.float32, types.uint16):
+        return None
+    f = types.float32
+    return types.void(acc, types.intp, f, f, f, f, v, types.intp, types.intp, types.intp, types.intp,
+                      types.intp), _axpy_codegen(KEYS)
+
+
+@intrinsic
+def _axpy1(typingctx, acc, a_at, p0, v, v0, chunks):
+    """:func:`_axpy4` for one key."""
+    if acc.dtype != types.float32 or v.dtype not in (types.float32, types.uint16):
+        return None
+    return types.void(acc, types.intp, types.float32, v, types.intp, types.intp), _axpy_codegen(1)
+
+
+def _scores(qs, kh, j0, n, s):
+    """s[i, j] = qs[i] · kh[j0 + j] for the g query heads and the n keys of a tile, each key widened (for numba
+    code only). float32: four keys at a time by :func:`_dot4` (a float16 cache's keys widened in it, once per
+    head: widening a block once into float32 scratch for the g heads measured no faster for SmolLM2's 3), then
+    the features past the last multiple of 16 in turn; other dtypes in turn (:func:`_scores_any`)."""
+    _scores_any(qs, kh, j0, n, s)
+
+
+@numba.njit(nogil=True, cache=True, fastmath={"contract"}, boundscheck=False)
+def _scores_any(qs, kh, j0, n, s):
+    """:func:`_scores` in turn, feature after feature (float64)."""
+    for j in range(n):
+        for i in range(qs.shape[0]):
+            total = qs[i, 0] - qs[i, 0]
+            for t in range(qs.shape[1]):
+                total += qs[i, t] * widen(kh[j0 + j, t])
+            s[i, j] = total
+
+
+@numba.njit(nogil=True, cache=True, fastmath={"contract"}, boundscheck=False, inline="always")
+def _block_scores(qs, kh, j0, rows, s, col):
+    """s[i, col + r] = qs[i] · kh[j0 + r] for r < rows <= 4, every head i (float32 queries): :func:`_dot4`, a
+    short block repeating its last key, then the features past the last multiple of 16 in turn."""
+    g, d = qs.shape
+    chunks = d // LANES
+    last = j0 + rows - 1
+    k0, k1, k2, k3 = j0 * d, min(j0 + 1, last) * d, min(j0 + 2, last) * d, last * d
+    for i in range(g):
+        sums = _dot4(qs, i * d, kh, k0, k1, k2, k3, chunks)
+        for r in range(rows):
+            total = sums[r]
+            for t in range(chunks * LANES, d):
+                total += qs[i, t] * widen(kh[j0 + r, t])
+            s[i, col + r] = total
+
+
+@overload(_scores, jit_options={"fastmath": {"contract"}})
+def _scores_overload(qs, kh, j0, n, s):
+    if qs.dtype != types.float32:
+        return lambda qs, kh, j0, n, s: _scores_any(qs, kh, j0, n, s)
+
+    def scores_f32(qs, kh, j0, n, s):
+        for jb in range(0, n, KEYS):
+            _block_scores(qs, kh, j0 + jb, min(KEYS, n - jb), s, jb)
+    return scores_f32
+
+
+def _weigh(s, vh, j0, n, acc):
+    """acc[i] += Σ_j s[i, j] · vh[j0 + j] key after key, each value widened (for numba code only). float32:
+    four keys a step by :func:`_axpy4`; other dtypes in turn (:func:`_weigh_any`)."""
+    _weigh_any(s, vh, j0, n, acc)
+
+
+@numba.njit(nogil=True, cache=True, fastmath={"contract"}, boundscheck=False)
+def _weigh_any(s, vh, j0, n, acc):
+    """:func:`_weigh` key after key (float64)."""
+    for j in range(n):
+        for i in range(acc.shape[0]):
+            p = s[i, j]
+            for t in range(acc.shape[1]):
+                acc[i, t] += p * widen(vh[j0 + j, t])
+
+
+@overload(_weigh, jit_options={"fastmath": {"contract"}})
+def _weigh_overload(s, vh, j0, n, acc):
+    if acc.dtype != types.float32:
+        return lambda s, vh, j0, n, acc: _weigh_any(s, vh, j0, n, acc)
+
+    def weigh_f32(s, vh, j0, n, acc):
+        g, d = acc.shape
+        chunks = d // LANES
+        jb = 0
+        while jb + KEYS <= n:
+            j = j0 + jb
+            for i in range(g):
+                _axpy4(acc, i * d, s[i, jb], s[i, jb + 1], s[i, jb + 2], s[i, jb + 3],
+                       vh, j * d, (j + 1) * d, (j + 2) * d, (j + 3) * d, chunks)
+            jb += KEYS
+        while jb < n:
+            for i in range(g):
+                _axpy1(acc, i * d, s[i, jb], vh, (j0 + jb) * d, chunks)
+            jb += 1
+        for i in range(g):                                   # the features past the last multiple of 16
+            for j in range(n):
+                p = s[i, j]
+                for t in range(chunks * LANES, d):
+                    acc[i, t] += p * widen(vh[j0 + j, t])
+    return weigh_f32
+
+
+@numba.njit(nogil=True, cache=True, fastmath={"contract"}, boundscheck=False)
+def decode_tiles(q, k, v, scale2, out, cap2, tile):
+    """The decode step for every key/value head and its group of query heads, in one call, tile by tile.
+
+    q (B, h_kv, g, d_k) one query per head, the g query heads of each key/value head stacked; k (B, h_kv, n_k,
+    d_k) and v (B, h_kv, n_k, d_v) the cache, float32 or float64 as q, or float16 given as its bits (uint16,
+    widened to float32 as each is loaded); ``scale2`` = scale · log₂e; ``cap2`` the soft-cap · log₂e (scores
+    become cap2 · tanh(s / cap2)), 0 for none; out (B, h_kv, g, d_v) is written; ``tile`` keys per tile.
+
+    Each key/value head is read once for its whole group, ``tile`` keys at a time: the g scores of each key
+    (:func:`_scores`), then FlashAttention's online softmax across tiles in base 2 ::
+
+        m' = max(m, max_j s_j);  l, acc *= 2^(m - m');  p_j = 2^(s_j - m');  l += Σ_j p_j;  acc += Σ_j p_j v_j
+
+    (:func:`_weigh`), and out = acc / l. Every key is visible (the decode path's condition), so m is finite
+    after the first tile and l >= 1. Every sum is in an order written here: the same bits whether numba
+    compiled the kernel in this process or loaded it from its cache, and for any tile size that is a multiple
+    of 4 except through the running max (each tile's own max shifts its exponentials).
     """
     n_b, h_kv, g, d_k = q.shape
     n_k, d_v = k.shape[2], v.shape[3]
-    total = np.empty(g, s.dtype)                            # (g,) the rows' sums
-    zero = scale2 - scale2                                  # 0 in the dtype (scale2 is finite)
+    dt = q.dtype
+    s = np.empty((g, tile), dt)                              # (g, tile) one tile's scores, then weights
+    m = np.empty(g, dt)                                      # (g,) running max of the base-2 scores
+    l = np.empty(g, dt)                                      # (g,) running sum of the weights
+    acc = np.empty((g, d_v), dt)                             # (g, d_v) running weighted sum of the values
+    qs = np.empty((g, d_k), dt)                              # (g, d_k) the queries times scale2
     for b in range(n_b):
         for h in range(h_kv):
-            qh = np.ascontiguousarray(q[b, h])              # (g, d_k) views in C layout, no copies when
-            kh = np.ascontiguousarray(k[b, h])              # (n_k, d_k) each head's rows are contiguous
-            vh = np.ascontiguousarray(v[b, h])              # (n_k, d_v)
-            oh = out[b, h]                                  # (g, d_v)
-            for j in range(n_k):                            # key j once, for the g query heads
-                for i in range(g):
-                    acc = zero
-                    for t in range(d_k):
-                        acc += qh[i, t] * kh[j, t]
-                    s[i, j] = acc * scale2                  # base-2 scores
-                    if cap2 > 0:
-                        s[i, j] = cap2 * np.tanh(s[i, j] / cap2)   # soft-capped (Gemma-2)
+            kh = np.ascontiguousarray(k[b, h])               # (n_k, d_k) views in C layout, no copies when
+            vh = np.ascontiguousarray(v[b, h])               # (n_k, d_v) each head's rows are contiguous
             for i in range(g):
-                total[i] = exp_row(s[i], row_max(s[i], -np.inf))   # s[i] = 2^(s - max), in place
+                for t in range(d_k):
+                    qs[i, t] = q[b, h, i, t] * scale2
+                for t in range(d_v):
+                    acc[i, t] = 0
+                l[i] = 0
+                m[i] = -np.inf
+            for j0 in range(0, n_k, tile):
+                n = min(tile, n_k - j0)
+                _scores(qs, kh, j0, n, s)                    # base-2 scores, (g, n)
+                if cap2 > 0:
+                    for i in range(g):
+                        for j in range(n):
+                            s[i, j] = cap2 * np.tanh(s[i, j] / cap2)   # soft-capped (Gemma-2)
+                for i in range(g):
+                    mx = row_max(s[i][:n], m[i])             # in the dtype (m[i] is)
+                    if j0 > 0 and mx > m[i]:                 # what came before, to the new max
+                        alpha = pow2(m[i] - mx)
+                        l[i] *= alpha
+                        for t in range(d_v):
+                            acc[i, t] *= alpha
+                    m[i] = mx
+                    l[i] += exp_row(s[i][:n], mx)            # s[i] = 2^(s - m), in place; its sum
+                _weigh(s, vh, j0, n, acc)                    # acc += p · V of the tile's keys
+            for i in range(g):
+                inv = (l[i] - l[i] + 1) / l[i]               # in the dtype; l >= 1
+                for t in range(d_v):
+                    out[b, h, i, t] = acc[i, t] * inv
+
+
+@intrinsic
+def _round_half(typingctx, x):
+    """A float32 rounded to the nearest float16 (ties to even) and back: LLVM's fptrunc and fpext (vcvtps2ph,
+    vcvtph2ps), which it vectorises in a loop."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), ir.FloatType())
+    return types.float32(types.float32), codegen
+
+
+@numba.njit(nogil=True, cache=True, fastmath={"contract"}, boundscheck=False)
+def decode_half(q, k, v, scale2, out, cap2):
+    """The decode step against a float16 cache as llama.cpp computes it (flash-attention off, its default): q
+    rounded to float16 before its dot products with the keys (ggml's F16 ``vec_dot_type``), the scores in
+    float32, the softmax over the whole row, the normalised weights rounded to float16, their sum of the
+    values in float32.
+
+    q (B, h_kv, g, d_k) float32; k (B, h_kv, n_k, d_k) and v (B, h_kv, n_k, d_v) a float16 cache's bits
+    (uint16); ``scale2``, ``cap2`` and ``out`` as :func:`decode_tiles`. Each key/value head is read once for its
+    group: the keys for the g rows of scores (:func:`_scores`, (g, n_k) float32: 96 KiB at 8,192 keys for 3
+    heads, in L2), then the values for their weighted sum (:func:`_weigh`). The weights must be normalised
+    before they are rounded, so the softmax cannot run online across tiles here.
+    """
+    n_b, h_kv, g, d_k = q.shape
+    n_k, d_v = k.shape[2], v.shape[3]
+    s = np.empty((g, n_k), np.float32)                       # (g, n_k) the scores, then the weights
+    acc = np.empty((g, d_v), np.float32)                     # (g, d_v) the weighted sum of the values
+    qs = np.empty((g, d_k), np.float32)                      # (g, d_k) the queries, rounded, times scale2
+    for b in range(n_b):
+        for h in range(h_kv):
+            kh = np.ascontiguousarray(k[b, h])               # (n_k, d_k) views in C layout
+            vh = np.ascontiguousarray(v[b, h])               # (n_k, d_v)
+            for i in range(g):
+                for t in range(d_k):
+                    qs[i, t] = _round_half(q[b, h, i, t]) * scale2
+                for t in range(d_v):
+                    acc[i, t] = 0
+            _scores(qs, kh, 0, n_k, s)                       # base-2 scores, (g, n_k)
+            for i in range(g):
+                row = s[i]
+                if cap2 > 0:
+                    for j in range(n_k):
+                        row[j] = cap2 * np.tanh(row[j] / cap2)   # soft-capped (Gemma-2)
+                total = exp_row(row, row_max(row, np.float32(-np.inf)))   # row = 2^(s - max), in place; its sum
+                inv = np.float32(1) / total
+                for j in range(n_k):
+                    row[j] = _round_half(row[j] * inv)       # the normalised weight, as float16
+            _weigh(s, vh, 0, n_k, acc)                       # acc = Σ_j a_j v_j
             for i in range(g):
                 for t in range(d_v):
-                    oh[i, t] = 0
-            for j in range(n_k):                            # value j once, for the g query heads
-                for i in range(g):
-                    p = s[i, j]
-                    for t in range(d_v):
-                        oh[i, t] += p * vh[j, t]
-            for i in range(g):
-                inv = (total[i] - total[i] + 1) / total[i]
-                for t in range(d_v):
-                    oh[i, t] *= inv
+                    out[b, h, i, t] = acc[i, t]

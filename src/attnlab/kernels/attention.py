@@ -312,9 +312,19 @@ def attend(query, key, value, *, mask=None, bias=None, is_causal=False, window=N
     or float64) this builds the checked inputs directly and runs the path the rule picks, skipping the argument
     checks (a decode step's 54 of 196 Python calls for 2 layers). Anything else goes through
     :func:`attention`. Same result as :func:`attention` on the same arguments, bit for bit.
+
+    A float16 KV cache's keys and values with a float32 query stay float16 for the decode path, which computes
+    as llama.cpp does against its float16 cache (:mod:`attnlab.kernels.decode`), checked or not; any other path
+    gets float32 copies, as :func:`attention` makes (which computes mixed dtypes in float32 throughout).
     """
-    if (check_finite or mask is not None or bias is not None or query.dtype != key.dtype
-            or query.dtype != value.dtype or query.dtype == np.float16 or query.ndim < 3
+    half_cache = query.dtype == np.float32 and key.dtype == value.dtype == np.float16   # a float16 KV cache's
+    if half_cache and check_finite and mask is None and bias is None:
+        check_attention_args(query, key, value, is_causal=is_causal, window=window, q_offset=q_offset, scale=scale,
+                             softcap=softcap, sink=sink)   # refuses what attention would; the step stays the cache's
+        check_finite = False
+    if (check_finite or mask is not None or bias is not None
+            or (query.dtype != key.dtype and not half_cache) or key.dtype != value.dtype
+            or query.dtype == np.float16 or query.ndim < 3
             or query.shape[:-3] != key.shape[:-3] or key.shape[:-3] != value.shape[:-3]):
         return attention(query, key, value, mask=mask, bias=bias, is_causal=is_causal, window=window,
                          q_offset=q_offset, scale=scale, softcap=softcap, sink=sink, check_finite=check_finite)
@@ -328,12 +338,15 @@ def attend(query, key, value, *, mask=None, bias=None, is_causal=False, window=N
                 sink=None if sink is None else sink.astype(query.dtype, copy=False))
     chosen = answers()                                     # inside a step: each kind of call chosen once
     if chosen is None:
-        return run_path(c, choose_path(c))
-    kind = ("attention path", query.shape, key.shape, value.shape, query.dtype, is_causal, window, c.q_offset,
-            c.scale, softcap, sink is None)                # everything choose_path reads of c, as a key
-    path = chosen.get(kind)
-    if path is None:
-        path = chosen[kind] = choose_path(c)
+        path = choose_path(c)
+    else:
+        kind = ("attention path", query.shape, key.shape, value.shape, query.dtype, key.dtype, is_causal, window,
+                c.q_offset, c.scale, softcap, sink is None)   # everything choose_path reads of c, as a key
+        path = chosen.get(kind)
+        if path is None:
+            path = chosen[kind] = choose_path(c)
+    if half_cache and path.name != "decode":
+        c = decode.widened(c)                              # only the decode step reads float16 as it is
     return run_path(c, path)
 
 

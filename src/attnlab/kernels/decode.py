@@ -6,16 +6,24 @@ allocations cost it 40% at 1024 tokens). With grouped-query attention the query 
 (g, d_k) @ (d_k, n_k) matmul against their key/value head: each cached head is read once per group.
 
 With numba (the extra ``attnlab[fast]``) the whole step is one call of a fused kernel
-(:func:`attnlab.kernels._fused.decode_groups`): scores, the softmax and the weighted sum of every key/value
-head and its group, each cached key and value read once, no temporaries; numpy takes seven calls and two
-(h, n_k) temporaries. ``ATTNLAB_NO_NUMBA=1`` (or numba missing) keeps the numpy path.
+(:func:`attnlab.kernels._fused.decode_tiles`): each key/value head read once for its whole group, in tiles of
+``DECODE_TILE`` keys that stay in L2 between their scores and their weighted sum, with FlashAttention's online
+softmax across the tiles; no temporaries. numpy takes seven calls and two (h, n_k) temporaries.
+``ATTNLAB_NO_NUMBA=1`` (or numba missing) keeps the numpy path.
 
-Which of the two is faster depends on the machine and the shape: the fused kernel has no per-call overhead,
-while numpy's matrix-vector products (BLAS) stream a long context faster when each key/value head serves one
-query head (12 heads × 1024 keys on one core of an EPYC: 0.23 against 0.31 ms), and the fused kernel wins when
-it serves a group (9 on 3 heads: 0.16 against 0.24 ms) or the context is short (64 keys: 0.02 against 0.03
-ms). The choice is a rule, :func:`decode_kernel_rule`, never a race: a decode step is a short call, so it stays
-on numpy unless it passes the fused kernels' size rule (``FUSED_MIN_SCORES``) with grouped heads; ``attnlab
+A float16 cache (:class:`attnlab.layer.cache.KVCache` with ``dtype=float16``, as llama.cpp keeps its own) comes
+in with a float32 query, and the step computes as llama.cpp does against its own (flash-attention off, its
+default): q rounded to float16 before its dot products with the keys (ggml's F16 ``vec_dot_type``), the
+weights normalised and rounded to float16 before their sum of the values, the sums in float32
+(:func:`attnlab.kernels._fused.decode_half`: each key and value widened as it is loaded, F16C's
+``vcvtph2ps``, reading half the bytes; the numpy path alike on widened copies). Without those two roundings
+the q8 mode's greedy tokens left llama.cpp's after 15 of 64 steps on SmolLM2 (at a near-tie), with them
+all 64 were llama.cpp's (tests/test_q8_llama_cpp.py).
+A float16 cache with a sink takes the numpy path on widened copies, without them.
+
+Which kernel runs is a rule, :func:`decode_kernel_rule`, never a race: a float16 cache takes the fused kernel
+(numpy would copy the whole cache every call); a float32 step stays on numpy unless it passes the fused
+kernels' size rule (``FUSED_MIN_SCORES``) with grouped heads, so numba is not loaded for a short call; ``attnlab
 tune`` measures both kernels per group kind and context on this machine, and its profile then decides
 (:func:`decode_choice`).
 """
@@ -23,6 +31,7 @@ tune`` measures both kernels per group kind and context on this machine, and its
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -45,14 +54,19 @@ def takes_decode_path(c: Checked) -> bool:
             and not c.causal_hides_keys)
 
 
-def decode_kernel_rule(scores: int, groups: int, n_k: int, tuned: dict | None = None) -> tuple[str, str]:
+def decode_kernel_rule(scores: int, groups: int, n_k: int, tuned: dict | None = None, *,
+                       half_cache: bool = False) -> tuple[str, str]:
     """The rule for the decode step's kernel, given numba is installed and enabled and the fused kernel fits
     (:func:`fused_fits`): ``("fused" | "numpy", why)``, a pure function of its arguments.
 
+    A float16 cache (``half_cache``) takes the fused kernel, which widens each key as it loads it: the numpy
+    path would first widen a copy of the whole cache (a pass writing twice the cache's bytes) every call.
     With a tune profile's table (``tuned``: {"grouped" | "ungrouped": {context: kernel}}, measured at a few
     contexts): the kernel measured at the largest context <= n_k (the smallest measured one below them).
     Else fused only for grouped heads (``groups`` > 1) in a call of at least ``FUSED_MIN_SCORES`` scores;
     numpy otherwise (a decode step is a short call: numba is not loaded for it)."""
+    if half_cache:
+        return "fused", "rule: a float16 cache, widened as it is loaded (numpy would copy it to float32)"
     kind = "grouped" if groups > 1 else "ungrouped"
     table = None if tuned is None else tuned.get(kind)
     if table:
@@ -82,12 +96,26 @@ def decode_choice(c: Checked, scores: int) -> tuple[str, str]:
     elif not _kernels.numba_installed():
         return "numpy", "numba is not installed"
     else:
-        kernel, reason = decode_kernel_rule(scores, c.groups, c.k.shape[-2], profile.choice("decode"))
+        kernel, reason = decode_kernel_rule(scores, c.groups, c.k.shape[-2], profile.choice("decode"),
+                                            half_cache=half_cache(c))
     if kernel == "fused" and not fused_fits(c):
         return "numpy", "the fused decode kernel does not take broadcast heads or d_head 0"
     if kernel == "fused" and _kernels.load_fused() is None:
         return "numpy", "numba failed to import"
     return kernel, reason
+
+
+def half_cache(c: Checked) -> bool:
+    """Whether the keys and values are a float16 cache's, kept so for a float32 query (:func:`attnlab.kernels.
+    attention.attend` keeps them for the decode path only)."""
+    return c.k.dtype != c.q.dtype
+
+
+def widened(c: Checked) -> Checked:
+    """``c`` with its keys and values in the compute dtype (a float16 cache's copied to float32)."""
+    if not half_cache(c):
+        return c
+    return replace(c, k=c.k.astype(c.q.dtype), v=c.v.astype(c.q.dtype))   # (..., h_kv, n_k, d) copies
 
 
 def fused_fits(c: Checked) -> bool:
@@ -105,10 +133,13 @@ def decode_attention(c: Checked, kernel: str | None = None) -> np.ndarray:
     sum instead of the weights.
     """
     kernel = decode_choice(c, 0)[0] if kernel is None else kernel
+    if kernel == "fused" and fused_fits(c) and c.sink is None:
+        return _decode_fused(c)
+    if half_cache(c) and c.sink is None:
+        return _decode_half_numpy(c)
+    c = widened(c)                                       # numpy computes in one dtype
     if c.sink is not None:
         return _decode_with_sink(c)
-    if kernel == "fused" and fused_fits(c):
-        return _decode_fused(c)
     g = c.groups
     qs = fold(c.q * c.scale, g)                          # (..., h_kv, g, d_k) scaled once, not the scores
     if c.k.shape[-2] >= KEYS_FIRST:                      # K (q)ᵀ: BLAS streams the cache's rows as they lie
@@ -138,17 +169,38 @@ def _decode_with_sink(c: Checked) -> np.ndarray:
     return unfold(out, g)                                # (..., h, 1, d_v)
 
 
+def _decode_half_numpy(c: Checked) -> np.ndarray:
+    """:func:`decode_attention` against a float16 cache as llama.cpp computes it (:func:`attnlab.kernels._fused.
+    decode_half` without numba): q rounded to float16, the weights normalised, then rounded to float16, their
+    sum of the widened values in float32. (..., h, 1, d_v)."""
+    g = c.groups
+    q16 = c.q.astype(np.float16).astype(c.q.dtype)      # (..., h, 1, d_k) q as ggml's F16 vec_dot_type
+    qs = fold(q16 * c.scale, g)                          # (..., h_kv, g, d_k)
+    s = qs @ c.k.astype(c.q.dtype).swapaxes(-1, -2)      # (..., h_kv, g, n_k)
+    s = cap_scores(s, c.softcap)
+    s -= np.maximum.reduce(s, axis=-1, keepdims=True)
+    p = np.exp(s, out=s)                                 # (..., h_kv, g, n_k) unnormalised
+    p /= np.add.reduce(p, axis=-1, keepdims=True)        # normalised, then rounded as llama.cpp's F16 product
+    a = p.astype(np.float16).astype(c.q.dtype)           # (..., h_kv, g, n_k)
+    return unfold(a @ c.v.astype(c.q.dtype), g)          # (..., h, 1, d_v)
+
+
 def _decode_fused(c: Checked) -> np.ndarray:
-    """:func:`decode_attention` by :func:`attnlab.kernels._fused.decode_groups`: (..., h, 1, d_v)."""
+    """:func:`decode_attention` by :func:`attnlab.kernels._fused.decode_tiles`: (..., h, 1, d_v). A float16
+    cache goes in as its bits (uint16 views: numba computes no float16), widened in the kernel."""
     *lead, h, _, d_k = c.q.shape
     h_kv, n_k, d_v = c.k.shape[-3], c.k.shape[-2], c.v.shape[-1]
     g, n_b = h // h_kv, math.prod(lead)                  # n_b given, not -1: d_k = 0 has no size to infer
+    half = half_cache(c)
+    k, v = (c.k.view(np.uint16), c.v.view(np.uint16)) if half else (c.k, c.v)
     q = c.q.reshape(n_b, h_kv, g, d_k)                   # (B, h_kv, g, d_k) the query heads of each group
-    k = c.k.reshape(n_b, h_kv, n_k, d_k)                 # (B, h_kv, n_k, d_k) views of the cache
-    v = c.v.reshape(n_b, h_kv, n_k, d_v)                 # (B, h_kv, n_k, d_v)
-    out = np.empty((q.shape[0], h_kv, g, d_v), c.q.dtype)   # (B, h_kv, g, d_v)
-    s = np.empty((g, n_k), c.q.dtype)                    # (g, n_k) scratch: one group's scores
+    k = k.reshape(n_b, h_kv, n_k, d_k)                   # (B, h_kv, n_k, d_k) views of the cache
+    v = v.reshape(n_b, h_kv, n_k, d_v)                   # (B, h_kv, n_k, d_v)
+    out = np.empty((n_b, h_kv, g, d_v), c.q.dtype)       # (B, h_kv, g, d_v)
     cap2 = 0.0 if c.softcap is None else c.softcap * _kernels.LOG2E   # the cap in base 2; 0 = none
-    _kernels.fused_module().decode_groups(q, k, v, c.q.dtype.type(c.scale * _kernels.LOG2E), out, s,
-                                          c.q.dtype.type(cap2))
+    fused, scale2 = _kernels.fused_module(), c.q.dtype.type(c.scale * _kernels.LOG2E)
+    if half:                                             # llama.cpp's arithmetic against its float16 cache
+        fused.decode_half(q, k, v, scale2, out, c.q.dtype.type(cap2))
+    else:
+        fused.decode_tiles(q, k, v, scale2, out, c.q.dtype.type(cap2), fused.DECODE_TILE)
     return out.reshape(*lead, h, 1, d_v)                 # (..., h, 1, d_v)

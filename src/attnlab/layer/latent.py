@@ -171,10 +171,14 @@ class LatentAttention:
     def n_params(self) -> int:
         return sum(a.size for a in self.params().values())
 
-    def new_cache(self, capacity: int, *, batch_shape: tuple = ()) -> "LatentCache":
-        """An empty cache of ``capacity`` tokens, each r + d_rope numbers."""
+    def new_cache(self, capacity: int, *, batch_shape: tuple = (), kv_dtype=None) -> "LatentCache":
+        """An empty cache of ``capacity`` tokens, each r + d_rope numbers, in the layer's dtype (``kv_dtype``:
+        None or that dtype; the latent cache has no float16 form)."""
+        dtype = np.result_type(self.W_DKV, np.float32)
+        if kv_dtype is not None and np.dtype(kv_dtype) != dtype:
+            raise TypeError(f"kv_dtype must be None or {dtype} for a latent (MLA) cache, got {np.dtype(kv_dtype)}")
         return LatentCache.empty(1, capacity, self.config.cache_width, batch_shape=batch_shape,
-                                 dtype=np.result_type(self.W_DKV, np.float32), r=self.config.kv_lora_rank)
+                                 dtype=dtype, r=self.config.kv_lora_rank)
 
     def __call__(self, x, *, mask=None, is_causal=False, cache=None) -> np.ndarray:
         return latent_attention(self, x, mask=mask, is_causal=is_causal, cache=cache)

@@ -16,7 +16,7 @@ from ..kernels._checks import (as_float_array, as_positive_int, check_attention_
                                surely_fits, unfold)
 from ..kernels.attention import Saved, attend, attention, attention_backward, attention_forward
 from ..kernels.matmul import as_weight, fuse_columns, streamed
-from .cache import KVCache
+from .cache import KVCache, check_kv_dtype, kv_dtype_rule
 from .config import AttentionConfig
 from .hookpoints import NO_HOOKS, KeepPattern
 from .tape import Tape
@@ -134,10 +134,14 @@ class MultiHeadAttention:
         """The eight arrays by name (ten with QK-norm; the arrays themselves, not copies)."""
         return {n: getattr(self, n) for n in param_shapes(self.config)}
 
-    def new_cache(self, capacity: int, *, batch_shape: tuple = ()) -> KVCache:
-        """An empty KV cache for this layer, with room for ``capacity`` tokens of its n_kv_heads heads."""
+    def new_cache(self, capacity: int, *, batch_shape: tuple = (), kv_dtype=None) -> KVCache:
+        """An empty KV cache for this layer, with room for ``capacity`` tokens of its n_kv_heads heads, holding
+        ``kv_dtype`` (None: :func:`attnlab.layer.cache.kv_dtype_rule`; float16 under a float32 layer rounds
+        each key and value on append)."""
+        rule, _ = kv_dtype_rule(self.W_K)
+        dtype = rule if kv_dtype is None else check_kv_dtype(kv_dtype, np.result_type(self.W_K, np.float32))
         return KVCache.empty(self.config.n_kv_heads, capacity, self.config.d_head,
-                             batch_shape=batch_shape, dtype=np.result_type(self.W_K, np.float32))
+                             batch_shape=batch_shape, dtype=dtype)
 
     def __call__(self, x, *, mask=None, bias=None, is_causal=False, cache: KVCache | None = None) -> np.ndarray:
         """:func:`multihead_attention` with these weights: y (..., n, d_model)."""

@@ -677,9 +677,11 @@ def check_caches(model: Transformer, caches) -> int:
     return lengths.pop()
 
 
-def new_caches(model: Transformer, capacity: int, *, batch_shape: tuple = ()) -> list[KVCache]:
+def new_caches(model: Transformer, capacity: int, *, batch_shape: tuple = (), kv_dtype=None) -> list[KVCache]:
     """One empty KV cache per layer, each with room for ``capacity`` tokens of its n_kv_heads key/value heads
-    (at most n_ctx with a learned position table)."""
+    (at most n_ctx with a learned position table), holding ``kv_dtype``: None for the rule
+    (:func:`attnlab.layer.cache.kv_dtype_rule`: float16 under 8-bit activations, as llama.cpp keeps its cache,
+    else the model's dtype), or float16 / the model's dtype."""
     if not isinstance(model, Transformer):
         raise TypeError(f"model must be a Transformer, got {type(model).__name__}")
     capacity = as_positive_int("capacity", capacity)
@@ -689,7 +691,7 @@ def new_caches(model: Transformer, capacity: int, *, batch_shape: tuple = ()) ->
     if c.attention.positions.has_table and capacity > c.n_ctx:
         raise ValueError(f"capacity must be at most the model's n_ctx={c.n_ctx} (the rows of its position "
                          f"table), got {capacity}")
-    return [b.attn.new_cache(capacity, batch_shape=batch_shape) for b in model.blocks]
+    return [b.attn.new_cache(capacity, batch_shape=batch_shape, kv_dtype=kv_dtype) for b in model.blocks]
 
 
 def check_decoder(model: Transformer, what: str) -> None:
