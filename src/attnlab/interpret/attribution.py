@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..kernels._threads import blas_threads_for
 from ..layer.tape import Tape
 from ..stack.backward import backward
 from ..stack.hooks import run_with_cache
@@ -71,7 +72,8 @@ def attribute(model: Transformer, clean_ids, corrupt_ids, *, answer, wrong) -> A
     np.add.at(d_last, (np.arange(len(rows)), np.broadcast_to(wrong, len(rows))), -1 / len(rows))
     dlogits = np.zeros_like(logits)                                     # (..., n, vocab)
     dlogits[..., -1, :] = d_last.reshape(logits[..., -1, :].shape)
-    _, grads = backward(model, tape, dlogits, grad_names=names)
+    with blas_threads_for(logits.size // logits.shape[-1]):              # as the forward ran: by its rows
+        _, grads = backward(model, tape, dlogits, grad_names=names)
     diff = {k: clean_acts[k].astype(np.float64) - corrupt_acts[k] for k in names}
     n, h = logits.shape[-2], c.attention.n_heads
     z, r = "attn.hook_z", "hook_resid_pre"

@@ -69,6 +69,49 @@ def one_blas_thread():
     return contextlib.nullcontext() if limiter is None else limiter.limit(limits=1, user_api="blas")
 
 
+# A model pass gives BLAS one thread per this many rows (its tokens, every batch row's), at least one. On a loaded
+# 2-core Xeon (load average 1-9, OpenBLAS 0.3.31 SkylakeX) a loop of SmolLM2 passes of 14 tokens took 4.5x the CPU
+# time and 4.5-5x the wall time on 2 BLAS threads as on one, passes of 128 tokens 6.5x, of 256 tokens 4x: each
+# of a pass's small products splits over both threads, and the thread that finishes first spins until the other,
+# whose core another process holds, comes back (docs/speed.md). Larger passes keep BLAS's threads: a prefill of 512
+# tokens or more on a quiet machine is where they pay.
+ROWS_PER_BLAS_THREAD = 128
+
+
+def blas_threads_rule(rows: int, cores: int) -> int:
+    """The BLAS threads a model pass over ``rows`` rows may use on ``cores`` cores: one per ROWS_PER_BLAS_THREAD
+    rows, at least 1, at most ``cores``. A rule on shapes and cores, never on a time measured here."""
+    return max(1, min(cores, rows // ROWS_PER_BLAS_THREAD))
+
+
+@functools.cache
+def blas_controllers() -> tuple:
+    """threadpoolctl's controller of each BLAS loaded (found once), () without threadpoolctl."""
+    limiter = blas_limiter()
+    return () if limiter is None else tuple(limiter.select(user_api="blas").lib_controllers)
+
+
+@contextlib.contextmanager
+def blas_threads_for(rows: int):
+    """The scope of one model pass over ``rows`` rows: BLAS runs on at most :func:`blas_threads_rule`'s threads
+    in it, as it ran before on leaving. It only lowers: a command that pinned BLAS to one thread keeps one, and a
+    large pass keeps BLAS's own count. Costs ~2 µs when BLAS already has few enough threads, ~9 µs otherwise;
+    a no-op without threadpoolctl. The thread count changes no bit: BLAS splits a product's rows and columns
+    over its threads, never the sums (tests/test_blas_threads.py)."""
+    most = blas_threads_rule(rows, usable_cores())
+    lowered = []
+    try:
+        for lib in blas_controllers():
+            before = lib.num_threads
+            if before > most:
+                lib.set_num_threads(most)
+                lowered.append((lib, before))
+        yield
+    finally:
+        for lib, before in lowered:
+            lib.set_num_threads(before)
+
+
 def blas_info() -> list[dict]:
     """The BLAS libraries loaded in this process (threadpoolctl), or [] without threadpoolctl."""
     try:

@@ -19,6 +19,11 @@ per token, from memory. Two things set how fast:
   and a small one streams worse than a large one. W_Q, W_K and W_V, and the gated MLP's W_gate and W_in, are
   therefore stored side by side (:func:`fuse_columns`): one product instead of three, or two.
 
+A batch (several prompts, a sweep's stacked runs) multiplies (..., n, d_in) by a 2-D weight: numpy calls BLAS once
+per batch row then, each time for n rows only (SmolLM2's 576 × 3072 gate/up weight on a sweep's 9 × 14 rows, one
+BLAS thread: 13.3 ms against 5.8 ms as one product; docs/speed.md). :func:`linear` makes it one 2-D product of
+all the rows, where that cannot change a row's bits (:func:`merges_rows`).
+
 Fused float weights: the fused array owns the numbers and each weight is a view of its columns (an
 optimizer's in-place update of ``W_Q`` updates the fused array). Such a view, like a checkpoint's
 ``weight.T``, is not C-contiguous: whoever writes a weight's buffer as it lies in memory must make it
@@ -47,6 +52,32 @@ def as_weight(name: str, w):
     if getattr(type(w), "__array_ufunc__", False) is None and hasattr(w, "shape"):
         return w
     return as_float_array(name, w)
+
+
+# OpenBLAS (0.3.x, SkylakeX kernel) multiplies products of at most 100³ multiply-adds with its small-matrix kernel
+# and a single row (numpy's gemv) with its matrix-vector kernel, each summing in another order than its blocked
+# kernel; on the blocked kernel a row's sums do not depend on how many rows the product has (checked on this
+# machine for 4 … 2,048 rows, 1 and 2 BLAS threads, float32 and float64, C and F weights, d 8 … 3,072)
+SMALL_PRODUCT_MACS = 100**3
+
+
+def merges_rows(n: int, d_in: int, d_out: int) -> bool:
+    """Whether a batch's products of n rows each, by a (d_in, d_out) weight, may run as one product of all
+    their rows without changing a bit of any row: each batch row's own product already takes BLAS's blocked
+    kernel (more than one row, more than SMALL_PRODUCT_MACS multiply-adds), so the merged one takes it too.
+    A decode step's batch (n = 1) and small models' products keep one call per batch row, so a token's output
+    never depends on the batch it sits in."""
+    return n > 1 and n * d_in * d_out > SMALL_PRODUCT_MACS
+
+
+def linear(x: np.ndarray, w) -> np.ndarray:
+    """``x @ w`` (..., n, d_out) for x (..., n, d_in): one 2-D product of all the rows (B·n, d_in) @ (d_in, d_out)
+    when w is a 2-D float array, x has batch axes and :func:`merges_rows` allows it; else ``x @ w`` as numpy
+    runs it (quantized weights batch their own rows)."""
+    if not isinstance(w, np.ndarray) or w.ndim != 2 or x.ndim < 3 or not merges_rows(x.shape[-2], *w.shape):
+        return x @ w
+    rows = x.reshape(-1, x.shape[-1])                    # (B·n, d_in) a view when x is contiguous
+    return (rows @ w).reshape(*x.shape[:-1], w.shape[-1])   # (..., n, d_out)
 
 
 def gemv_order_rule(tall: bool) -> str:

@@ -15,7 +15,7 @@ import numpy as np
 from ..kernels._checks import (as_float_array, as_positive_int, check_attention_args, check_finite, check_rng, fold,
                                surely_fits, unfold)
 from ..kernels.attention import Saved, attend, attention, attention_backward, attention_forward
-from ..kernels.matmul import as_weight, fuse_columns, streamed
+from ..kernels.matmul import as_weight, fuse_columns, linear, streamed
 from .cache import KVCache, check_kv_dtype, kv_dtype_rule
 from .config import AttentionConfig
 from .hookpoints import NO_HOOKS, KeepPattern
@@ -491,7 +491,7 @@ def _output(p: MultiHeadAttention, heads: np.ndarray) -> tuple[np.ndarray, np.nd
     """The heads (..., h, n, d_head) side by side, and the layer's output ``merged W_O + b_O``."""
     *lead, h, n, d_head = heads.shape
     merged = heads.swapaxes(-2, -3).reshape(*lead, n, h * d_head)   # (..., n, h·d_head) merge_heads, unchecked
-    y = merged @ p.W_O                               # (..., n, d_model)
+    y = linear(merged, p.W_O)                        # (..., n, d_model)
     y += p.b_O
     return merged, y                                 # (..., n, h·d_head), (..., n, d_model)
 
@@ -502,12 +502,12 @@ def _project(p: MultiHeadAttention, x: np.ndarray):
     c = p.config
     h, h_kv = c.n_heads, c.n_kv_heads
     if p.W_QKV is None:
-        q = _heads(x @ p.W_Q + p.b_Q, h)                # (..., h, n, d_head)
-        k = _heads(x @ p.W_K + p.b_K, h_kv)             # (..., h_kv, n, d_head)
-        v = _heads(x @ p.W_V + p.b_V, h_kv)             # (..., h_kv, n, d_head)
+        q = _heads(linear(x, p.W_Q) + p.b_Q, h)         # (..., h, n, d_head)
+        k = _heads(linear(x, p.W_K) + p.b_K, h_kv)      # (..., h_kv, n, d_head)
+        v = _heads(linear(x, p.W_V) + p.b_V, h_kv)      # (..., h_kv, n, d_head)
         return q, k, v, None
     b_qkv = np.concatenate([p.b_Q, p.b_K, p.b_V]) if p.b_QKV is None else p.b_QKV   # ((h + 2·h_kv)·d_head,)
-    qkv = _heads(x @ p.W_QKV + b_qkv, h + 2 * h_kv)  # (..., h + 2·h_kv, n, d_head) one product
+    qkv = _heads(linear(x, p.W_QKV) + b_qkv, h + 2 * h_kv)   # (..., h + 2·h_kv, n, d_head) one product
     return qkv[..., :h, :, :], qkv[..., h:h + h_kv, :, :], qkv[..., h + h_kv:, :, :], qkv[..., :h + h_kv, :, :]
 
 

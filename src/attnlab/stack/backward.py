@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..kernels._threads import blas_threads_for
 from ..layer.tape import Tape
 from .transformer import Transformer, embed_backward, forward, hook_names, logits_backward
 
@@ -189,7 +190,8 @@ def grad(model: Transformer, ids, metric, *, at=(), token_types=None, attention_
         raise ValueError(f"metric must return (value, dvalue/dlogits) with the gradient shaped like the logits "
                          f"{logits.shape}; numpy does not differentiate, so the metric gives its own gradient "
                          "(see attnlab.stack.backward.logit_difference)")
-    params, named = backward(model, tape, np.asarray(got[1], logits.dtype), grad_names=names)
+    with blas_threads_for(logits.size // logits.shape[-1]):              # as the forward ran: by its rows
+        params, named = backward(model, tape, np.asarray(got[1], logits.dtype), grad_names=names)
     return Gradients(value=float(got[0]), at=named, params=params, logits=logits)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..kernels._kernels import step_kernels
-from ..kernels.matmul import fuse_columns, streamed
+from ..kernels.matmul import fuse_columns, linear, streamed
 from ..layer.hookpoints import NO_HOOKS
 from ..layer.tape import Tape
 
@@ -342,11 +342,11 @@ class MLP:
 
     def __call__(self, x: np.ndarray, hook=NO_HOOKS, tape: Tape | None = None) -> np.ndarray:
         """y (..., n, d_model); with a ``tape``, keeps the input, the pre-activation and the hidden layer."""
-        pre = hook("hook_pre", x @ self.W_in + self.b_in)                   # (..., n, d_mlp)
+        pre = hook("hook_pre", linear(x, self.W_in) + self.b_in)            # (..., n, d_mlp)
         hidden = hook("hook_post", ACTIVATIONS[self.activation](pre))       # (..., n, d_mlp)
         if tape is not None:
             tape.keep((x, pre, hidden))
-        return hidden @ self.W_out + self.b_out                             # (..., n, d_model)
+        return linear(hidden, self.W_out) + self.b_out                      # (..., n, d_model)
 
     @staticmethod
     def shapes(d_model: int, d_mlp: int) -> dict[str, tuple]:
@@ -417,19 +417,19 @@ class GatedMLP:
         """y (..., n, d_model); with a ``tape``, keeps the input, the gate's pre-activation, the linear path and
         the hidden layer."""
         if self.W_gate_in is None:
-            gate, up = x @ self.W_gate, x @ self.W_in                               # (..., n, d_mlp) each
+            gate, up = linear(x, self.W_gate), linear(x, self.W_in)                 # (..., n, d_mlp) each
         else:
             d_mlp = self.W_out.shape[0]
-            both = x @ self.W_gate_in                                               # (..., n, 2·d_mlp) one product
+            both = linear(x, self.W_gate_in)                                        # (..., n, 2·d_mlp) one product
             gate, up = both[..., :d_mlp], both[..., d_mlp:]                         # (..., n, d_mlp) each
         if hook is NO_HOOKS and tape is None:                                       # nothing listens
-            return self.gated(gate, up) @ self.W_out                                # (..., n, d_model)
+            return linear(self.gated(gate, up), self.W_out)                        # (..., n, d_model)
         pre = hook("hook_pre", gate)                                                # (..., n, d_mlp)
         up = hook("hook_pre_linear", up)                                            # (..., n, d_mlp)
         hidden = hook("hook_post", self.gated(pre, up))                             # (..., n, d_mlp)
         if tape is not None:
             tape.keep((x, pre, up, hidden))
-        return hidden @ self.W_out                                                  # (..., n, d_model)
+        return linear(hidden, self.W_out)                                           # (..., n, d_model)
 
     def gated(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         """The hidden layer act(gate) ⊙ up (..., n, d_mlp), a new array: for float32 rows with silu, the fused

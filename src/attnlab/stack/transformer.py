@@ -28,7 +28,8 @@ import numpy as np
 from ..kernels._checks import (as_positive_float, as_positive_int, as_stop_ids, as_token_ids, cap_scores, cap_slope,
                                check_flag, check_rng)
 from ..kernels._step import one_step
-from ..kernels.matmul import as_weight, streamed
+from ..kernels._threads import blas_threads_for
+from ..kernels.matmul import as_weight, linear, streamed
 from ..layer.cache import KVCache
 from ..layer.config import AttentionConfig
 from ..layer.hookpoints import NO_HOOKS, Hooks
@@ -509,17 +510,18 @@ def forward(model: Transformer, ids, *, caches: list[KVCache] | None = None, tok
     keys, position_ids = padding(attention_mask, ids, caches)           # (..., 1, 1, n), (..., n) or None
     x = embed(model, ids, start=start, token_types=token_types, hook=h, position_ids=position_ids, tape=tape)
     hidden = [x]                                                        # (..., n, d_model)
-    with one_step(pass_scores(model, ids.shape, start)):               # each attention path chosen once
+    # each attention path chosen once for the whole pass (one_step), and BLAS's threads by the pass's rows
+    with one_step(pass_scores(model, ids.shape, start)), blas_threads_for(ids.size):
         for i, (block, cache) in enumerate(zip(model.blocks, caches or itertools.repeat(None))):
             x = block.forward(x, NO_HOOKS if h is NO_HOOKS else h.scoped(f"blocks.{i}."), is_causal=c.is_causal,
                               cache=cache, mask=keys, tape=None if tape is None else tape.scoped(f"blocks.{i}."),
                               positions=position_ids)
             hidden.append(x)
-    if model.ln_final is not None:
-        x = model.ln_final(x, h.scoped("ln_final."), None if tape is None else tape.scoped("ln_final"))
-        hidden[-1] = x                                                  # as transformers returns it
-    kept = x[..., -logits_to_keep:, :] if logits_to_keep else x          # (..., k, d_model) the rows to unembed
-    logits = h("hook_unembed", logits_of(model, kept, tape)) if c.has_logits else None   # (..., k, vocab)
+        if model.ln_final is not None:
+            x = model.ln_final(x, h.scoped("ln_final."), None if tape is None else tape.scoped("ln_final"))
+            hidden[-1] = x                                              # as transformers returns it
+        kept = x[..., -logits_to_keep:, :] if logits_to_keep else x      # (..., k, d_model) the rows to unembed
+        logits = h("hook_unembed", logits_of(model, kept, tape)) if c.has_logits else None   # (..., k, vocab)
     attentions = [a.astype(x.dtype, copy=False) for a in weights] if return_weights else None
     return ModelOutput(logits=logits, hidden_states=hidden, attentions=attentions)
 
@@ -559,15 +561,17 @@ def forward_from(model: Transformer, resid, layer: int, *, hooks=None, attention
                              f"{x.shape[:-1]}, got {m.dtype} {m.shape}")
         keys = m[..., None, None, :]                                    # (..., 1, 1, n)
     hidden = [x]
-    with one_step(pass_scores(model, x.shape[:-1])):                   # the whole pass's, as forward counts them
+    # the pass's kernels and BLAS threads as forward counts them
+    with one_step(pass_scores(model, x.shape[:-1])), blas_threads_for(x.size // c.d_model):
         for i in range(layer, c.n_layers):
             x = model.blocks[i].forward(x, h.scoped(f"blocks.{i}."), is_causal=c.is_causal, cache=None, mask=keys)
             hidden.append(x)                                            # (..., n, d_model)
-    if model.ln_final is not None:
-        x = model.ln_final(x, h.scoped("ln_final."))                    # (..., n, d_model)
-        hidden[-1] = x
-    kept = x[..., -logits_to_keep:, :] if logits_to_keep else x          # (..., k, d_model)
-    return ModelOutput(logits=logits_of(model, kept) if c.has_logits else None, hidden_states=hidden)
+        if model.ln_final is not None:
+            x = model.ln_final(x, h.scoped("ln_final."))                # (..., n, d_model)
+            hidden[-1] = x
+        kept = x[..., -logits_to_keep:, :] if logits_to_keep else x      # (..., k, d_model)
+        logits = logits_of(model, kept) if c.has_logits else None       # (..., k, vocab)
+    return ModelOutput(logits=logits, hidden_states=hidden)
 
 
 def pass_scores(model: Transformer, shape: tuple, start: int = 0) -> int:
@@ -625,7 +629,7 @@ def logits_of(model: Transformer, x: np.ndarray, tape: Tape | None = None) -> np
     final_logit_softcapping). With a ``tape`` (the whole pass's), keeps what :func:`logits_backward` needs
     under "unembed"."""
     c = model.config
-    logits = x @ model.W_E.T if model.W_U is None else x @ model.W_U + model.b_U   # (..., vocab)
+    logits = linear(x, model.W_E.T) if model.W_U is None else linear(x, model.W_U) + model.b_U   # (..., vocab)
     logits = cap_scores(logits, c.logit_softcap)                        # (..., vocab) in place: a fresh array
     if tape is not None:
         tape.scoped("unembed").keep(SavedLogits(x=x, capped=None if c.logit_softcap is None else logits.copy()))
