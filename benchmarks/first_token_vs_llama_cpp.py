@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-LLAMA = ("from attnlab.cli.bench_context import llama_cpp_model\n"
+LLAMA = ("from attnlab.cli.llama_process import llama_cpp_model\n"
          "from attnlab.cli.bench_model import smollm2_gguf_path\n"
          "llm = llama_cpp_model(smollm2_gguf_path(), n_threads=1, n_ctx=512)\n"
          "llm.create_completion('Hello', max_tokens=1)")

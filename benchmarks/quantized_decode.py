@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from attnlab.cli import bench_harness as bench
-from attnlab.cli.bench_model import Decoder, llama_cpp_step, smollm2_file_model, smollm2_gguf_path
+from attnlab.cli.bench_model import Decoder, smollm2_file_model, smollm2_gguf_path
 from attnlab.kernels import quantized
 
 
@@ -102,9 +102,7 @@ def main() -> None:
         for n in range(1, (args.cores or 2) + 1):
             contenders[f"quantized {n} thread{'s' * (n > 1)}"] = forced(n, dq.step)
         contenders["float32"] = df.step
-        llama = llama_cpp_step(path, args.cores)
-        if llama is not None:
-            contenders["llama.cpp"] = llama
+        llama = None          # llama.cpp runs in its own process: benchmarks/q8_vs_llama_cpp.py, attnlab bench
         t, c = rounds_of(contenders, args.rounds)
         products = product_ms(dq.step)
     print(f"file {path.stat().st_size / 1e6:.0f} MB; the quantized load added {loaded - before:.0f} MB resident "

@@ -159,11 +159,14 @@ def test_load_model_q8_keeps_the_blocks_and_stays_near_the_float32_logits(tmp_pa
     got, want = forward(q8, ids).logits, forward(f32, ids).logits
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 6e-2      # random weights of std 0.2: x's rounding grows
     np.testing.assert_array_equal(forward(q8, ids).logits, got)
-    cache = new_caches(q8, 48)
-    forward(q8, ids, caches=cache)
-    step = forward(q8, [5], caches=cache).logits                           # a decode step after the prefill
     full = forward(f32, np.append(ids, 5)).logits[-1:]
-    assert np.linalg.norm(step - full) / np.linalg.norm(full) < 6e-2      # random weights of std 0.2: x's rounding grows
+    # a decode step after the prefill, on a float32 KV cache and on the mode's own float16 one (q, the cache and the
+    # attention weights rounded to float16, as llama.cpp computes; measured here 5.1% and 7.4% from float32's)
+    for kv_dtype, bound in (("float32", 6e-2), (None, 1e-1)):
+        cache = new_caches(q8, 48, kv_dtype=kv_dtype)
+        forward(q8, ids, caches=cache)
+        step = forward(q8, [5], caches=cache).logits                       # (1, vocab)
+        assert np.linalg.norm(step - full) / np.linalg.norm(full) < bound  # random weights of std 0.2: roundings grow
 
 
 def test_cli_takes_quantized_q8_and_refuses_another_value(tmp_path, capsys):

@@ -73,14 +73,13 @@ def test_bench_model_refuses_an_unknown_model_in_one_line(capsys):
 
 
 def test_llama_cpp_row_is_absent_without_llama_cpp(monkeypatch):
-    import builtins
+    import importlib.util
 
-    from attnlab.cli import bench_model
+    from attnlab.cli import llama_process
 
-    real_import = builtins.__import__
-    monkeypatch.setattr(builtins, "__import__", lambda name, *a, **k: (_ for _ in ()).throw(ImportError(name))
-                        if name == "llama_cpp" else real_import(name, *a, **k))
-    assert bench_model.llama_cpp_step("unused.gguf", threads=2) is None
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a))
+    assert llama_process.llama_step("unused.gguf", 64, threads=2) is None       # no process started, no row
 
 
 def test_a_decode_step_checks_once_at_the_door(shaped):

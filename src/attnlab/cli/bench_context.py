@@ -16,7 +16,8 @@ grouped-query decode kernel (:mod:`attnlab.kernels.decode`, chosen by its rule i
 :mod:`attnlab.kernels._kernels`) reads each key/value head once for its group of query heads.
 
 llama.cpp's rows (when ``llama_cpp``, the package llama-cpp-python, is importable; it is never a dependency):
-the same file at the same context, its cache filled by a prefill of random tokens, flash-attention on and off.
+the same file at the same context, its cache filled by a prefill of random tokens, flash-attention on and off,
+in a process of its own that times its own steps (:func:`attnlab.cli.llama_process.llama_step`).
 
 Every time is process time on one thread (BLAS pinned to one thread, llama.cpp's ``n_threads=1``), so a loaded
 machine's other work is not counted, and every ratio is the median of per-round ratios, the two sides alternating.
@@ -25,10 +26,12 @@ machine's other work is not counted, and every ratio is the median of per-round 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 
-from .bench_harness import Decoder, cpu_call, paired
+from .bench_harness import Decoder, cpu_call, cpu_seconds, paired, reported
+from .llama_process import llama_step
 
 LONG_CONTEXTS = (512, 2048, 8192)
 
@@ -82,48 +85,6 @@ def paired_cpu(a, b, rounds: int) -> dict:
     return dataclasses.asdict(paired(a, b, rounds, clock=cpu_call))
 
 
-def llama_cpp_model(path, **options):
-    """``llama_cpp.Llama(model_path=path, verbose=False, **options)`` with its weights in the CPU's plain
-    buffers (llama.cpp's ``use_extra_bufts`` off: no repacking at load), or None when ``llama_cpp`` cannot be
-    imported. On the Xeon the figures come from, llama.cpp repacked the Q4_1 weights for AMX by default
-    (1.8 s of its load) and then died of SIGILL on its first batch of more than one token; its plain kernels
-    run everywhere."""
-    try:
-        import llama_cpp
-        import llama_cpp.llama_cpp as low
-    except ImportError:
-        return None
-    defaults = low.llama_model_default_params
-
-    def plain():
-        params = defaults()
-        params.use_extra_bufts = False
-        return params
-    low.llama_model_default_params = plain
-    try:
-        return llama_cpp.Llama(model_path=str(path), verbose=False, **options)
-    finally:
-        low.llama_model_default_params = defaults
-
-
-def llama_cpp_at(path, context: int, *, flash_attn: bool):
-    """A llama.cpp decode step at ``context`` tokens on one thread (its cache filled by a prefill of random
-    tokens on every usable core: one thread took minutes at 8,192 with flash-attention), as a callable; None
-    when ``llama_cpp`` cannot be imported."""
-    import os
-    llm = llama_cpp_model(path, n_ctx=context + 8, n_threads=1, n_threads_batch=len(os.sched_getaffinity(0)),
-                          n_batch=512, flash_attn=flash_attn)
-    if llm is None:
-        return None
-    prompt = [int(i) for i in np.random.default_rng(0).integers(3, llm.n_vocab(), context)]
-    llm.eval(prompt)
-
-    def step():
-        llm.n_tokens = context                    # rewind to the same context, as the Decoder does
-        llm.eval([prompt[-1]])
-    return step
-
-
 def mode_row(decoder: FilledDecoder, att: dict, context: int) -> dict:
     """One mode's share of a row: its step's ms and its attention's (paired ``att``), its cache's dtype and MB."""
     dtype = decoder.caches[0].k.dtype
@@ -156,14 +117,15 @@ def context_rows(f32, q, path, *, rounds: int, contexts=LONG_CONTEXTS, llama: bo
                 ours = dq if d8 is None else d8
                 found = {"against": "quantized" if d8 is None else "q8"}
                 for fa in (True, False):
-                    step = llama_cpp_at(path, n, flash_attn=fa)
-                    if step is None:
+                    got = llama_step(path, n, flash_attn=fa, fill_threads=len(os.sched_getaffinity(0)))
+                    if got is None:
                         break
-                    p = paired_cpu(ours.step, step, rounds)
+                    llama, step = got
+                    with llama:
+                        p = paired(cpu_seconds(ours.step), step, rounds, clock=reported)
                     found["flash_attn_on" if fa else "flash_attn_off"] = {
-                        "ms_per_token": p["b_ms"], "quantized_ratio": p["ratio"], "ratio_min": p["ratio_min"],
-                        "ratio_max": p["ratio_max"], "attnlab_ms": p["a_ms"]}
-                    del step
+                        "ms_per_token": p.b_ms, "quantized_ratio": p.ratio, "ratio_min": p.ratio_min,
+                        "ratio_max": p.ratio_max, "attnlab_ms": p.a_ms}
                 row["llama_cpp"] = found if len(found) > 1 else None
             rows.append(row)
             del df, dq, d8

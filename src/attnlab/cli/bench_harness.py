@@ -263,6 +263,17 @@ def cpu_call(f) -> float:
     return time.process_time() - t0
 
 
+def reported(f) -> float:
+    """The seconds ``f`` reports of its own call: a side that times itself (llama.cpp in its own process, whose
+    CPU time this process's clock never sees), paired with one timed by :func:`cpu_seconds`."""
+    return f()
+
+
+def cpu_seconds(f):
+    """``f`` as a side that times itself (process seconds of one call), to pair with a :func:`reported` one."""
+    return lambda: cpu_call(f)
+
+
 def paired(a, b, rounds: int, *, clock=time_call) -> Pair:
     """``a`` against ``b`` alone: one warm-up each, then ``rounds`` rounds, each calling both (A B, then
     B A the next round, so neither always runs second); the medians and the per-round ratios a / b.

@@ -30,6 +30,7 @@ import numpy as np
 
 from . import bench_harness as bench
 from .bench_harness import Decoder
+from .llama_process import llama_step
 
 STREAM_BYTES = 256 * 2**20        # the streaming probe's matrix: 256 MiB, 8× a 32 MiB L3
 # SmolLM2-135M's shapes (its config.json and GGUF metadata): the random stand-in for speed work
@@ -244,22 +245,6 @@ def prefill_row(f32, q, reference, threads: int, rounds: int) -> dict:
     return row
 
 
-def llama_cpp_step(path, threads: int):
-    """One llama.cpp decode step on the same file and threads, as a callable (None when ``llama_cpp``, the
-    package llama-cpp-python, cannot be imported). It is never built here: see docs/speed.md."""
-    from .bench_context import llama_cpp_model
-    llm = llama_cpp_model(path, n_ctx=256, n_threads=threads, n_batch=64)   # plain buffers: see there
-    if llm is None:
-        return None
-    prompt = list(range(1, 65))
-    llm.eval(prompt)
-
-    def step():
-        llm.n_tokens = len(prompt)                   # rewind to the same 64-token context, as Decoder does
-        llm.eval([prompt[-1]])
-    return step
-
-
 def run_model_bench(name: str = "smollm2", *, rounds: int = 11, cores: int | None = None, progress=None) -> dict:
     """The rows ``attnlab bench --model smollm2`` prints: decode ms/token (float32 against its bound, and
     quantized against float32), the calls per decode step, a 512-token prefill (against transformers' when
@@ -299,11 +284,13 @@ def run_model_bench(name: str = "smollm2", *, rounds: int = 11, cores: int | Non
         say(f"prefill {PREFILL_TOKENS} tokens (the last position's logits, as generate needs)")
         out["prefill"] = prefill_row(f32, q, reference, threads, max(5, rounds // 2))
         say("llama.cpp, if llama_cpp is importable")
-        step = llama_cpp_step(path, threads)
-        if step is None:
+        got = llama_step(path, 64, threads=threads)         # the Decoder's 64-token context, in its own process
+        if got is None:
             out["llama_cpp"] = None
         else:
-            p = bench.paired(dq.step, step, rounds)
+            llama, step = got
+            with llama:
+                p = bench.paired(bench.cpu_seconds(dq.step), step, rounds, clock=bench.reported)
             out["llama_cpp"] = {"ms_per_token": p.b_ms, "attnlab_ms": p.a_ms, "ratio": p.ratio,
                                 "ratio_min": p.ratio_min, "ratio_max": p.ratio_max}
         from .bench_q8 import q8_rows                    # issue 33: 8-bit activations and prefill, own rows
