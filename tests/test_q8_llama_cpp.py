@@ -38,14 +38,12 @@ def test_q8_decodes_the_tokens_llama_cpp_decodes(tmp_path):
 
 def test_llama_cpp_steps_in_its_own_process_and_times_itself():
     """The benchmarks' llama.cpp side: a process of its own, its cache filled, each step's process seconds."""
-    import sys
-
     from attnlab.cli.bench_model import smollm2_gguf_path
     from attnlab.cli.llama_process import llama_step
 
     llama, step = llama_step(smollm2_gguf_path(), 32, flash_attn=True)
     with llama:
         seconds = [step() for _ in range(3)]
-        assert llama.proc.poll() is None                    # alive, and a child: llama_cpp never loaded here
-    assert all(0 < s < 10 for s in seconds) and "llama_cpp" not in sys.modules
+        assert llama.proc.poll() is None                    # alive: a child process of its own
+    assert all(0 < s < 10 for s in seconds)
     assert llama.proc.poll() == 0                           # closed with the block
