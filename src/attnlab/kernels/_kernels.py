@@ -175,10 +175,9 @@ def tile_kernel_rule(scores: int, *, masked: bool, exp_name: str, tuned_min: dic
     return "numpy", f"rule: {scores:,} scores < FUSED_MIN_SCORES ({FUSED_MIN_SCORES:,}): numba is not worth loading"
 
 
-def kernel_choice(scores: int = 0, *, masked: bool = True) -> tuple[str, str]:
-    """Which tile kernel a call of ``scores`` attention scores runs, and why: ``ATTNLAB_NO_NUMBA`` or a missing
-    numba keep numpy; ``ATTNLAB_KERNEL`` forces one; else :func:`tile_kernel_rule` with the tune profile's
-    thresholds when one applies. Loads numba when the answer is "fused"."""
+def numpy_unless_numba() -> tuple[str, str] | None:
+    """``("numpy", why)`` when no numba kernel may run here: ``ATTNLAB_NO_NUMBA`` set, ``ATTNLAB_KERNEL=numpy``, or
+    numba not installed (an error if ``ATTNLAB_KERNEL=fused`` asks for it then); else None, and a rule decides."""
     if numba_disabled():
         return "numpy", f"{NO_NUMBA_ENV} is set"
     forced = forced_kernel()
@@ -188,6 +187,17 @@ def kernel_choice(scores: int = 0, *, masked: bool = True) -> tuple[str, str]:
         if forced == "fused":
             raise ValueError(f"{KERNEL_ENV}=fused needs numba (pip install 'attnlab[fast]'), which is not installed")
         return "numpy", "numba is not installed"
+    return None
+
+
+def kernel_choice(scores: int = 0, *, masked: bool = True) -> tuple[str, str]:
+    """Which tile kernel a call of ``scores`` attention scores runs, and why: ``ATTNLAB_NO_NUMBA`` or a missing
+    numba keep numpy; ``ATTNLAB_KERNEL`` forces one; else :func:`tile_kernel_rule` with the tune profile's
+    thresholds when one applies. Loads numba when the answer is "fused"."""
+    kept = numpy_unless_numba()
+    if kept is not None:
+        return kept
+    forced = forced_kernel()
     if forced == "fused":
         kernel, reason = "fused", f"{KERNEL_ENV}=fused"
     else:
@@ -204,21 +214,17 @@ STEP_MODULE = __package__ + "._step_fused"
 
 def step_kernel_choice() -> tuple[str, str]:
     """Which kernels a one-token pass runs between its products (RMSNorm, RoPE with the cache append, the
-    residual adds, silu(gate) · up): ``"fused"`` (:mod:`attnlab.kernels._step_fused`, numba) or ``"numpy"``,
+    residual adds, silu(gate) · up), and so RMSNorm and silu(gate) · up on any float32 rows (a token's bits the
+    same alone or among others): ``"fused"`` (:mod:`attnlab.kernels._step_fused`, numba) or ``"numpy"``,
     and why. ``ATTNLAB_NO_NUMBA`` or a missing numba keep numpy; ``ATTNLAB_KERNEL`` forces one; else the rule:
     fused. A one-token pass is a decode step, and generation runs one per token: numba's load (0.5-2 s and
     ~110 MiB, once per process) is repaid by the ~29 numpy calls a layer it saves on every token (60-70 µs a
     layer; SmolLM2's 30 layers: about 2 ms a token), where the size rule of the attention kernels
     (``FUSED_MIN_SCORES``) is for calls made once. float32 rows only (the callers check)."""
-    if numba_disabled():
-        return "numpy", f"{NO_NUMBA_ENV} is set"
+    kept = numpy_unless_numba()
+    if kept is not None:
+        return kept
     forced = forced_kernel()
-    if forced == "numpy":
-        return "numpy", f"{KERNEL_ENV}=numpy"
-    if not numba_installed():
-        if forced == "fused":
-            raise ValueError(f"{KERNEL_ENV}=fused needs numba (pip install 'attnlab[fast]'), which is not installed")
-        return "numpy", "numba is not installed"
     if step_module() is None:
         return "numpy", "numba failed to import"
     return "fused", f"{KERNEL_ENV}=fused" if forced == "fused" else "rule: a one-token pass is a decode step"
