@@ -179,19 +179,20 @@ def test_compiled_functions_release_the_gil_and_are_cached():
 
 
 def test_a_second_process_compiles_nothing(tmp_path):
-    """numba's cache on disk: after one process has compiled the kernel, the next loads it."""
+    """numba's cache on disk: after one process has compiled the kernel, the next loads it (straight from the
+    cache, attnlab.kernels._numba_load, which numba's hit counter does not see): no miss, one kernel held."""
     pytest.importorskip("numba")
     code = ("import numpy as np; from attnlab.kernels.tiled import tiled_attention; from attnlab.kernels import _fused\n"
             "x = np.ones((1, 200, 8), np.float32)\n"
             "tiled_attention(x, x, x, is_causal=True)\n"
             "s = _fused.tile_softmax.stats\n"
-            "print(int(bool(s.cache_hits)), len(s.cache_misses))\n")
+            "print(len(s.cache_misses), len(_fused.tile_softmax.overloads))\n")
     env = {**os.environ, "PYTHONPATH": str(SRC), "NUMBA_CACHE_DIR": str(tmp_path), KERNEL_ENV: "fused"}
     env.pop(NO_NUMBA_ENV, None)
     runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
             for _ in range(2)]
     first, second = (r.stdout.split() for r in runs)
-    assert second == ["1", "0"], (first, second, runs[1].stderr)       # loaded from disk, no miss
+    assert first == ["1", "1"] and second == ["0", "1"], (first, second, runs[1].stderr)   # compiled, then loaded
 
 
 def test_a_fresh_process_runs_short_calls_on_numpy_and_loads_no_numba():

@@ -107,12 +107,15 @@ FUSED_MODULE = __package__ + "._fused"
 
 @functools.cache
 def fused_module():
-    """:mod:`attnlab.kernels._fused` (imports numba, ~0.3 s the first time), or None when numba cannot be imported."""
+    """:mod:`attnlab.kernels._fused`'s kernels (imports numba, ~0.3 s the first time; each kernel loaded from numba's
+    cache at its first call, :class:`attnlab.kernels._numba_load.FromCache`), or None when numba cannot be
+    imported."""
     try:
         from . import _fused
+        from ._numba_load import FromCache
     except ImportError:
         return None
-    return _fused
+    return FromCache(_fused)
 
 
 @functools.cache
