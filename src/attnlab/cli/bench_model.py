@@ -149,14 +149,22 @@ def fixed_cost(*, n_layers: int = SMOLLM2_SHAPE["n_layers"], rounds: int = 11) -
 
 
 def decode_row(model, *, rounds: int, context: int = 64) -> dict:
-    """Decode ms/token of ``model`` paired with numpy's streaming probe: the ratio to the float32 bound."""
+    """Decode ms/token of ``model`` paired with numpy's streaming probe: the ratio to the float32 bound. The probe
+    runs on the BLAS threads a one-token pass runs on (:func:`attnlab.kernels._threads.blas_threads_for`), so
+    the bound is the step's own threads' streaming rate."""
+    from ..kernels._threads import blas_threads_for
+
     decoder = Decoder(model, context)
     nbytes = weight_bytes(model)
     d = int(np.sqrt(STREAM_BYTES // 4))
     W = np.random.default_rng(0).standard_normal((d, d), dtype=np.float32)   # (d, d) the streaming probe
     x = np.ones((1, d), np.float32)                                           # (1, d)
     probe_scale = nbytes / W.nbytes                                          # the bound's time per probe time
-    pair = bench.paired(decoder.step, lambda: x @ W, rounds)
+
+    def probe():
+        with blas_threads_for(1):                                            # a decode step's threads
+            x @ W                                                            # (1, d)
+    pair = bench.paired(decoder.step, probe, rounds)
     t0 = time.perf_counter()
     calls = decode_calls(decoder)
     calls["python_calls"] = python_calls(decoder)["total"]
