@@ -43,7 +43,7 @@ from numba.extending import intrinsic
 
 from . import _quant_fused
 from ._numba_load import call
-from ._quant_fused import _fma
+from ._quant_fused import _fma, _next_block
 
 FLAGS = dict(nogil=True, cache=True, boundscheck=False)
 GROUP = _quant_fused.GROUP            # rows side by side in the planes
@@ -271,13 +271,7 @@ def _group_intrinsic(kind: str):
                                                                       GROUP)))
             else:
                 new_summ = summ
-            b_next = builder.add(b, ir.Constant(i64, 1))
-            here = builder.basic_block
-            b.add_incoming(b_next, here)
-            for a, a_new in zip(accs, new_accs):
-                a.add_incoming(a_new, here)
-            summ.add_incoming(new_summ, here)
-            builder.cbranch(builder.icmp_signed("<", b_next, nb), loop, done)
+            _next_block(builder, b, [*zip(accs, new_accs), (summ, new_summ)], nb, loop, done)
 
             builder.position_at_end(done)
             rows = [builder.shuffle_vector(a, a, _vec(I32, range(h, h + LANES))) for a in new_accs for h in (0, LANES)]

@@ -127,6 +127,17 @@ def _fma(builder, a, b, c):
     return builder.call(fn, [a, b, c])
 
 
+def _next_block(builder, b, updates, nb, loop, done):
+    """The block loop's back edge: b + 1, each phi of ``updates`` ((phi, its value after this block) pairs) fed
+    from here, and the branch back to ``loop`` while b + 1 < nb (else to ``done``)."""
+    b_next = builder.add(b, ir.Constant(b.type, 1))
+    here = builder.basic_block
+    b.add_incoming(b_next, here)
+    for phi, value in updates:
+        phi.add_incoming(value, here)
+    builder.cbranch(builder.icmp_signed("<", b_next, nb), loop, done)
+
+
 def _scales(builder, ptr, ty, n=GROUP):
     """<n x float> of n scales at ``ptr``: float16 bits widened exactly, or float32 as they are."""
     if ty == types.uint16:
@@ -211,14 +222,8 @@ def _nibbles_group(typingctx, qs, q_at, d, m, dm_at, x, x_at, xs, xs_at, n_block
             new.append(_fma(builder, d_k, dot, accs[k]))
         term = builder.fsub(builder.fmul(splat(ms_v, GROUP), m4), builder.fmul(splat(off_v, GROUP), d4))
         new_tail = _fma(builder, term, splat(builder.load(builder.gep(xs_p, [b])), GROUP), tail)
-        b_next = builder.add(b, ir.Constant(i64, 1))
-        here = builder.basic_block
-        b.add_incoming(b_next, here)
-        for a, a_new in zip(accs, new):
-            a.add_incoming(a_new, here)
-        tail.add_incoming(new_tail, here)
         nb = builder.sext(nb_v, i64) if nb_v.type != i64 else nb_v
-        builder.cbranch(builder.icmp_signed("<", b_next, nb), loop, done)
+        _next_block(builder, b, [*zip(accs, new), (tail, new_tail)], nb, loop, done)
 
         builder.position_at_end(done)
         total = builder.fadd(_sum_rows(builder, new), new_tail)
@@ -270,13 +275,8 @@ def _int8_intrinsic(scales: int):
                     q = builder.sitofp(builder.shuffle_vector(row, row, _vec(I32, range(16 * h, 16 * h + 16))), v16)
                     d_kh = builder.shuffle_vector(d_b, d_b, _vec(I32, [k * scales + (scales - 1) * h] * 16))
                     new.append(_fma(builder, d_kh, builder.fmul(xh[h], q), accs[2 * k + h]))
-            b_next = builder.add(b, ir.Constant(i64, 1))
-            here = builder.basic_block
-            b.add_incoming(b_next, here)
-            for a, a_new in zip(accs, new):
-                a.add_incoming(a_new, here)
             nb = builder.sext(nb_v, i64) if nb_v.type != i64 else nb_v
-            builder.cbranch(builder.icmp_signed("<", b_next, nb), loop, done)
+            _next_block(builder, b, zip(accs, new), nb, loop, done)
 
             builder.position_at_end(done)
             total = _sum_rows(builder, [builder.fadd(new[2 * k], new[2 * k + 1]) for k in range(GROUP)])
