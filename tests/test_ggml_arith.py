@@ -114,17 +114,30 @@ def test_f16_dots_orders_and_values():
 
 def test_attention_matches_float64_softmax_attention():
     rng = np.random.default_rng(4)
-    h, h_kv, d, n_kv = 4, 2, 64, 64
-    for n in (1, 3):
+    h, h_kv, d, start = 4, 2, 64, 10
+    for n in (1, 3, 70):
         q = rng.standard_normal((h, n, d)).astype(F)
-        k, v = G.half(rng.standard_normal((h_kv, n_kv, d))), G.half(rng.standard_normal((h_kv, n_kv, d)))
-        start = 10
-        mask = np.full((n, n_kv), -np.inf, F)
-        for i in range(n):
-            mask[i, :start + i + 1] = 0
-        o = G.attention(q, k, v, mask, d ** -0.5)
-        kg, vg = np.repeat(k, 2, 0).astype(np.float64), np.repeat(v, 2, 0).astype(np.float64)
-        s = np.einsum("hnd,hkd->hnk", q, kg) / 8 + mask
+        k, v = rng.standard_normal((h_kv, start + n, d)).astype(F), rng.standard_normal((h_kv, start + n, d)).astype(F)
+        o = G.attention(q, k, v, start, d ** -0.5)
+        kg, vg = np.repeat(G.half(k), 2, 0).astype(np.float64), np.repeat(G.half(v), 2, 0).astype(np.float64)
+        s = np.einsum("hnd,hkd->hnk", q, kg) / 8
+        s = np.where(np.arange(start + n)[None, :] <= start + np.arange(n)[:, None], s, -np.inf)
         w = np.exp(s - s.max(-1, keepdims=True))
         w /= w.sum(-1, keepdims=True)
         np.testing.assert_allclose(o, np.einsum("hnk,hkd->hnd", w, vg), rtol=0, atol=5e-3)   # q, w in float16
+
+
+def test_attention_is_the_softmax_and_dots_it_states():
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((2, 1, 64)).astype(F)
+    k, v = rng.standard_normal((1, 5, 64)).astype(F), rng.standard_normal((1, 5, 64)).astype(F)
+    o = G.attention(q, k, v, 4, 0.125)                                    # one token at position 4: 5 keys
+    kp = np.zeros((64, 64), F)
+    kp[:5] = G.half(k[0])
+    vp = np.zeros((64, 64), F)
+    vp[:5] = G.half(v[0])
+    mask = np.where(np.arange(64) < 5, F(0), F(-np.inf))
+    for head in range(2):
+        s = G.dot_f16_vec(G.half(q[head, 0])[None], kp)                   # (64,) ggml_vec_dot_f16's order
+        a = G.half(G.softmax(s, 0.125, mask))
+        np.testing.assert_array_equal(o[head, 0], G.dot_f16_vec(a[None], vp.T))

@@ -67,9 +67,8 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     x = np.asarray(x, F32)
     d = x.shape[-1]
     sq = (x * x).astype(np.float64)                           # (..., d) each square rounded to float32
-    total = np.zeros(x.shape[:-1], np.float64)                # (...)
-    for i in range(d):                                        # in order, as ggml's loop (not numpy's pairwise sum)
-        total += sq[..., i]
+    total = np.cumsum(sq, axis=-1)[..., -1]                   # (...) in order, as ggml's loop (cumsum runs in
+    #                                                           order; numpy's sum would add pairwise)
     mean = (total / d).astype(F32)                            # (...)
     scale = F32(1.0) / np.sqrt(mean + F32(eps))               # (...) float32 throughout
     return (x * scale[..., None]) * np.asarray(weight, F32)   # (..., d)
@@ -181,11 +180,12 @@ def swiglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
 
 def dot_f16_batch(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """(..., k) · (..., k) -> (...), a and b holding float16 values (k a multiple of 16): tinyBLAS's order for a
-    batch, one 16-lane accumulator of fused multiply-adds, then the reduce tree."""
+    batch, one 16-lane accumulator of fused multiply-adds, then the reduce tree. (A product of two float16 values
+    is exact in float32, so each fused multiply-add is the product added with one rounding.)"""
     a, b = np.broadcast_arrays(np.asarray(a, F32), np.asarray(b, F32))
     acc = np.zeros(a.shape[:-1] + (LANES,), F32)              # (..., 16)
     for i in range(0, a.shape[-1], LANES):
-        acc = fma32(a[..., i:i + LANES], b[..., i:i + LANES], acc)
+        acc += a[..., i:i + LANES] * b[..., i:i + LANES]
     return reduce_add16(acc)
 
 
@@ -198,7 +198,7 @@ def dot_f16_vec(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     for i in range(0, a.shape[-1], F16_STEP):
         for j in range(4):
             lo = i + j * LANES
-            accs[j] = fma32(a[..., lo:lo + LANES], b[..., lo:lo + LANES], accs[j])
+            accs[j] += a[..., lo:lo + LANES] * b[..., lo:lo + LANES]
     return reduce_add16((accs[0] + accs[2]) + (accs[1] + accs[3]))
 
 
@@ -207,16 +207,30 @@ def half(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, F32).astype(np.float16).astype(F32)
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float) -> np.ndarray:
-    """ggml's attention with flash-attention off, against a float16 cache: q (h, n, d) float32; k and v
-    (h_kv, n_kv, d) holding float16 values, n_kv padded to a multiple of 64 (unused rows anything finite);
-    ``mask`` (n, n_kv) additive, 0 or −inf. q and the softmax's weights are rounded to float16; one token
-    (n = 1) takes ``ggml_vec_dot_f16``'s order, a batch tinyBLAS's. Returns (h, n, d) float32."""
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, scale: float) -> np.ndarray:
+    """ggml's attention with flash-attention off, against its float16 cache: q (h, n, d) float32, the queries at
+    positions start … start + n − 1; k and v (h_kv, n_k, d), n_k ≥ start + n, rounded to float16 here (as the
+    cache rounds them on write); each query sees the keys up to its own position. q and the softmax's weights
+    are rounded to float16; one token (n = 1) takes ``ggml_vec_dot_f16``'s order, a batch tinyBLAS's. The keys
+    are padded with masked zeros to a multiple of 64, as llama.cpp pads its cache view (to 256): a masked key's
+    weight is an exact 0, which changes no sum. Returns (h, n, d) float32."""
     h, n, d = q.shape
-    group = h // k.shape[0]
+    h_kv, n_k = k.shape[0], start + n
+    pad = -(-n_k // F16_STEP) * F16_STEP
+    kp = np.zeros((h_kv, pad, d), F32)                        # (h_kv, n_kv, d)
+    vp = np.zeros((h_kv, d, pad), F32)                        # (h_kv, d, n_kv) V's rows as ggml reads them
+    kp[:, :n_k] = half(k[:, :n_k])
+    vp[:, :, :n_k] = half(v[:, :n_k]).transpose(0, 2, 1)
     dot = dot_f16_vec if n == 1 else dot_f16_batch
-    kg = np.repeat(np.asarray(k, F32), group, axis=0)         # (h, n_kv, d)
-    vg = np.repeat(np.asarray(v, F32), group, axis=0)         # (h, n_kv, d)
-    s = dot(half(q)[:, :, None, :], kg[:, None, :, :])        # (h, n, n_kv)
-    a = half(softmax(s, scale, mask))                         # (h, n, n_kv)
-    return dot(a[:, :, None, :], vg.transpose(0, 2, 1)[:, None, :, :])   # (h, n, d)
+    out = np.empty((h, n, d), F32)                            # (h, n, d)
+    rows = max(1, (1 << 22) // (pad * d))                     # queries per chunk: temporaries of ~16 MB
+    for head in range(h):
+        g = head // (h // h_kv)                               # its key/value head
+        for lo in range(0, n, rows):
+            qs = half(q[head, lo:lo + rows])                  # (r, d)
+            s = dot(qs[:, None, :], kp[g][None, :, :])        # (r, n_kv)
+            mask = np.where(np.arange(pad)[None, :] <= start + np.arange(lo, lo + len(qs))[:, None],
+                            F32(0), F32(-np.inf))             # (r, n_kv)
+            a = half(softmax(s, scale, mask))                 # (r, n_kv)
+            out[head, lo:lo + rows] = dot(a[:, None, :], vp[g][None, :, :])   # (r, d)
+    return out
