@@ -152,6 +152,41 @@ class MultiHeadAttention:
         """:func:`multihead_attention_with_weights` with these weights: y and the weights (..., h, n, n_k)."""
         return multihead_attention_with_weights(self, x, mask=mask, bias=bias, is_causal=is_causal, cache=cache)
 
+    def attend_heads(self, q, k, v, opts: dict, cache: KVCache | None) -> np.ndarray:
+        """The heads (..., h, n, d_head) of the rotated q (..., h, n, d_head) against k and v (..., h_kv, n_k,
+        d_head), every token so far with a ``cache``: the attention kernels (:func:`attnlab.kernels.attention.
+        attention`; with a cache :func:`~attnlab.kernels.attention.attend`, checked once at the door). ``opts``:
+        mask, bias, is_causal and the config's options (and a sink)."""
+        if cache is None:
+            return attention(q, k, v, **opts)        # (..., h, n, d_head)
+        q_max = check_finite("query", q)             # the cached keys and values were checked on append
+        d_k = q.shape[-1]
+        scale = opts["scale"] if opts.get("scale") is not None else d_k ** -0.5 if d_k else 1.0
+        fits = surely_fits(q.dtype, d_k, k.shape[-2], scale, q_max, cache.k_max, cache.v_max)
+        return attend(q, k, v, check_finite=not fits, **opts)   # checked once, at the door; huge: in full
+
+
+@dataclass(frozen=True, eq=False)
+class LlamaCppAttention(MultiHeadAttention):
+    """A :class:`MultiHeadAttention` whose attention computes as llama.cpp's CPU graph does with flash-attention
+    off (:func:`attnlab.kernels.ggml_arith.attention`): keys and values rounded to float16 (its cache's type),
+    q and the softmax's weights rounded to float16, its exp, its sums in its orders (one token: ggml_vec_dot_f16's;
+    a batch: tinyBLAS's). The ``q8-activations`` mode's attention. It takes causal self-attention on float32
+    heads without batch axes, mask, bias, window, softcap or sinks; anything else is MultiHeadAttention's.
+    (The pattern, when a hook asks for it, is computed on the (n, n_k) grid as MultiHeadAttention computes it.)"""
+
+    def attend_heads(self, q, k, v, opts: dict, cache: KVCache | None) -> np.ndarray:
+        plain = (q.ndim == 3 and q.dtype == np.float32 and opts.get("is_causal") and opts.get("mask") is None
+                 and opts.get("bias") is None and opts.get("window") is None and opts.get("softcap") is None
+                 and "sink" not in opts and k.shape[-2] >= q.shape[-2])
+        if not plain:
+            return super().attend_heads(q, k, v, opts, cache)
+        from ..kernels import ggml_arith
+        d_k = q.shape[-1]
+        scale = opts["scale"] if opts.get("scale") is not None else np.float32(1) / np.sqrt(np.float32(d_k))
+        check_finite("query", q)
+        return ggml_arith.attention(q, k, v, k.shape[-2] - q.shape[-2], scale)   # (h, n, d_head)
+
 
 PARAMS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
 QK_NORM_PARAMS = ("q_norm", "k_norm")   # with the config's qk_norm only
@@ -293,14 +328,8 @@ def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook, 
             heads, saved = _attention_on_the_grid(q, k, v, opts, hook, finite=cache is None)   # (..., h, n, d_head)
         elif tape is not None:
             heads, saved = attention_forward(q, k, v, **opts)   # (..., h, n, d_head), the backward's share
-        elif cache is None:
-            heads = attention(q, k, v, **opts)       # (..., h, n, d_head)
         else:
-            q_max = check_finite("query", q)         # the cached keys and values were checked on append
-            d_k = q.shape[-1]
-            scale = opts["scale"] if opts.get("scale") is not None else d_k ** -0.5 if d_k else 1.0
-            fits = surely_fits(q.dtype, d_k, k.shape[-2], scale, q_max, cache.k_max, cache.v_max)
-            heads = attend(q, k, v, check_finite=not fits, **opts)   # checked once, at the door; huge: in full
+            heads = p.attend_heads(q, k, v, opts, cache)   # (..., h, n, d_head)
     except Exception:
         if cache is not None:
             cache.length = start                     # a failed step leaves the cache as it was

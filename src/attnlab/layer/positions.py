@@ -517,6 +517,27 @@ class RoPE(PositionScheme):
 
 
 @dataclass(frozen=True)
+class LlamaCppRoPE(RoPE):
+    """RoPE as llama.cpp computes it on the CPU (:func:`attnlab.kernels.ggml_arith.rope`): each position's angles
+    by the float32 recurrence θ_{i+1} = θ_i · base^(−2/d_head), their cos and sin from the C library, each pair
+    turned with GCC's fused multiply-add. The ``q8-activations`` mode's scheme (its values are RoPE's within a
+    few ulps; its bits are llama.cpp's). Whole heads, no scaling; ``inverse`` turns back as RoPE does."""
+    name = "rope_llama_cpp"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.scaling is not None or self.rotary_dim is not None:
+            raise ValueError(f"rope_llama_cpp has no scaling and no rotary_dim, got scaling {self.scaling}, "
+                             f"rotary_dim {self.rotary_dim}")
+
+    def rotate(self, x: np.ndarray, *, start: int, inverse: bool = False, positions=None) -> np.ndarray:
+        if inverse or positions is not None or x.dtype != np.float32:
+            return super().rotate(x, start=start, inverse=inverse, positions=positions)
+        from ..kernels import ggml_arith
+        return ggml_arith.rope(x, range(start, start + x.shape[-2]), self.theta)   # (..., n, d_head)
+
+
+@dataclass(frozen=True)
 class ALiBi(PositionScheme):
     """ALiBi (Press et al., 2022): no vectors, a bias ``−m_h · (i − j)`` on each head's scores."""
     name = "alibi"
@@ -525,7 +546,7 @@ class ALiBi(PositionScheme):
         return alibi_bias(alibi_slopes(n_heads), n_q, n_k).astype(dtype)   # (h, n_q, n_k)
 
 
-POSITION_SCHEMES = {cls.name: cls for cls in (Learned, Sinusoidal, RoPE, ALiBi)}   # name -> class
+POSITION_SCHEMES = {cls.name: cls for cls in (Learned, Sinusoidal, RoPE, LlamaCppRoPE, ALiBi)}   # name -> class
 
 
 def check_scheme(positions) -> PositionScheme:

@@ -210,9 +210,15 @@ def open_model(path_or_name: str | Path = MINILM, *, quantized: bool | str = Fal
         def network(progress):
             build = lambda: family.load_gguf(dataclasses.replace(file, progress=progress))   # noqa: E731
             if cache is None or (quantized and not has_kernel()):   # (without numba: float32, as it warns)
-                return build()
+                return arithmetic(build())
             from .weight_cache import cached_network
-            return cached_network(file.path, Path(cache), build, quantized)
+            return arithmetic(cached_network(file.path, Path(cache), build, quantized))
+
+        def arithmetic(model):           # the q8 mode computes between its products as llama.cpp does
+            if quantized != "q8-activations" or not has_kernel():
+                return model
+            from ..stack.llama_cpp import llama_cpp_arithmetic
+            return llama_cpp_arithmetic(model)
         return ModelSource(name, family, lambda: text, lambda: gguf_tokenizer(file), network,
                            n_ctx=gguf_context(file))
     folder = model_folder(path_or_name)

@@ -39,8 +39,8 @@ from ..kernels._kernels import step_kernels
 from ..layer import latent
 from ..layer.config import AttentionConfig
 from ..layer.hookpoints import NO_HOOKS
-from ..layer.multihead import (MultiHeadAttention, hook_points, multihead_attention, multihead_attention_backward_named,
-                               param_shapes)
+from ..layer.multihead import (LlamaCppAttention, MultiHeadAttention, hook_points, multihead_attention,
+                               multihead_attention_backward_named, param_shapes)
 from .decode_step import decode_step, step_plan
 from .experts import Experts
 
@@ -74,6 +74,7 @@ class Slot:
 
 # each attention layer's class -> its forward and its backward (named), as the block's attn field calls them
 ATTENTION = {MultiHeadAttention: (multihead_attention, multihead_attention_backward_named),
+             LlamaCppAttention: (multihead_attention, multihead_attention_backward_named),   # the q8 mode's
              latent.LatentAttention: (latent.latent_attention, latent.latent_attention_backward_named)}
 
 

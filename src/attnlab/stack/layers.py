@@ -135,9 +135,19 @@ def taped(piece, x: np.ndarray):
     return y, tape.value
 
 
-ACTIVATIONS = {"gelu": gelu, "gelu_new": gelu_tanh, "gelu_pytorch_tanh": gelu_tanh, "silu": silu, "relu": relu}
+def silu_llama_cpp(x: np.ndarray) -> np.ndarray:
+    """silu as llama.cpp computes it on the CPU (``ggml_v_silu``: x / (1 + e^−x) with its AVX-512 exp,
+    :func:`attnlab.kernels.ggml_arith.silu`); the ``q8-activations`` mode's. Other dtypes: :func:`silu`."""
+    if x.dtype != np.float32:
+        return silu(x)
+    from ..kernels import ggml_arith
+    return ggml_arith.silu(x)
+
+
+ACTIVATIONS = {"gelu": gelu, "gelu_new": gelu_tanh, "gelu_pytorch_tanh": gelu_tanh, "silu": silu, "relu": relu,
+               "silu_llama_cpp": silu_llama_cpp}
 ACTIVATION_GRADS = {"gelu": gelu_grad, "gelu_new": gelu_tanh_grad, "gelu_pytorch_tanh": gelu_tanh_grad,
-                    "silu": silu_grad, "relu": relu_grad}   # name -> (x, dy) -> dx: each activation's backward
+                    "silu": silu_grad, "relu": relu_grad, "silu_llama_cpp": silu_grad}   # name -> (x, dy) -> dx: each activation's backward
 
 
 def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float, hook=NO_HOOKS,
@@ -325,6 +335,28 @@ class RMSNorm:
 
 
 @dataclass(frozen=True, eq=False)
+class LlamaCppRMSNorm(RMSNorm):
+    """RMSNorm as llama.cpp computes it on the CPU (:func:`attnlab.kernels.ggml_arith.rms_norm`): the squares
+    rounded to float32 and summed in double in order, 1/√(mean + eps) in float32, x times it, then times the
+    weight. The ``q8-activations`` mode's norm (the same values as RMSNorm's within an ulp; llama.cpp's bits).
+    With a tape (a backward) it is RMSNorm."""
+    name = "rms_llama_cpp"
+
+    def __call__(self, x: np.ndarray, hook=NO_HOOKS, tape: Tape | None = None) -> np.ndarray:
+        if tape is not None or x.dtype != np.float32:
+            return super().__call__(x, hook, tape)
+        from ..kernels import ggml_arith
+        y = ggml_arith.rms_norm(x, self.weight, self.eps)                          # (..., d_model)
+        if hook is NO_HOOKS:
+            return y
+        # hook_scale and hook_normalized are seen (a replacement there changes nothing); hook_out is the output
+        hook("hook_scale", np.sqrt(np.mean(np.square(x, dtype=np.float64), -1, keepdims=True)
+                                   + self.eps).astype(np.float32))                 # (..., 1)
+        hook("hook_normalized", ggml_arith.rms_norm(x, np.ones_like(self.weight), self.eps))   # (..., d_model)
+        return hook("hook_out", y)                                                 # (..., d_model)
+
+
+@dataclass(frozen=True, eq=False)
 class MLP:
     """The per-token network of a block: ``act(x W_in + b_in) W_out + b_out``."""
     W_in: np.ndarray     # (d_model, d_mlp)
@@ -486,7 +518,7 @@ class GatedMLP:
         return {"W_gate": self.W_gate, "W_in": self.W_in, "W_out": self.W_out}
 
 
-NORMS = {c.name: c for c in (LayerNorm, RMSNorm)}   # name -> class: what ModelConfig.norm names
+NORMS = {c.name: c for c in (LayerNorm, RMSNorm, LlamaCppRMSNorm)}   # name -> class: what ModelConfig.norm names
 MLPS = {c.name: c for c in (MLP, GatedMLP)}         # name -> class: what ModelConfig.mlp names
 
 
