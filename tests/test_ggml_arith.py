@@ -110,6 +110,11 @@ def test_f16_dots_orders_and_values():
     assert G.dot_f16_vec(big, np.ones((1, 64), F))[0] == 2.0 ** -10     # registers 0 and 2 cancel first
     # the batch order: one register, the 16-blocks added into it in turn: 2^15 + 2^-10 rounds to 2^15 first
     assert G.dot_f16_batch(big, np.ones((1, 64), F))[0] == 0.0
+    # a k short of 64: ggml_vec_dot_f16's tail in double (2^15 + 2^-10 − 2^15 exact), also for a batch (tinyBLAS
+    # declines k = 24, not a multiple of 16)
+    tail = np.zeros((1, 24), F)
+    tail[0, 0], tail[0, 1], tail[0, 2] = 2.0 ** 15, 2.0 ** -10, -(2.0 ** 15)
+    assert G.dot_f16_vec(tail, np.ones((1, 24), F))[0] == G.dot_f16_batch(tail, np.ones((1, 24), F))[0] == 2.0 ** -10
 
 
 def test_attention_matches_float64_softmax_attention():

@@ -178,7 +178,7 @@ def test_schemes_round_trip_through_json_and_refuse_strings():
     with pytest.raises(TypeError, match=r"positions must be a position scheme object \(Learned\(\), Sinusoidal"):
         AttentionConfig(d_model=8, n_heads=2, positions="rope")
     with pytest.raises(ValueError, match="positions must be one of 'learned', 'sinusoidal', 'rope', 'alibi', "
-                                         "got 'absolute'"):
+                                         "'rope_llama_cpp', got 'absolute'"):
         scheme_from_json("absolute")
     with pytest.raises(ValueError, match="rope needs an even d_head"):
         AttentionConfig(d_model=6, n_heads=2, positions=RoPE())

@@ -179,10 +179,13 @@ def swiglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
 
 
 def dot_f16_batch(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """(..., k) · (..., k) -> (...), a and b holding float16 values (k a multiple of 16): tinyBLAS's order for a
-    batch, one 16-lane accumulator of fused multiply-adds, then the reduce tree. (A product of two float16 values
-    is exact in float32, so each fused multiply-add is the product added with one rounding.)"""
+    """(..., k) · (..., k) -> (...), a and b holding float16 values: tinyBLAS's order for a batch, one 16-lane
+    accumulator of fused multiply-adds over k in steps of 16, then the reduce tree. (A product of two float16
+    values is exact in float32, so each fused multiply-add is the product added with one rounding.) tinyBLAS
+    declines a k that is not a multiple of 16; ggml then takes :func:`dot_f16_vec`, and so does this."""
     a, b = np.broadcast_arrays(np.asarray(a, F32), np.asarray(b, F32))
+    if a.shape[-1] % LANES:
+        return dot_f16_vec(a, b)
     acc = np.zeros(a.shape[:-1] + (LANES,), F32)              # (..., 16)
     for i in range(0, a.shape[-1], LANES):
         acc += a[..., i:i + LANES] * b[..., i:i + LANES]
@@ -190,16 +193,25 @@ def dot_f16_batch(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def dot_f16_vec(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """(..., k) · (..., k) -> (...), float16 values (k a multiple of 64): ``ggml_vec_dot_f16`` on AVX-512, one
-    token's order: four accumulators (register j takes the j-th 16 of each 64), then (0 + 2) + (1 + 3), then the
-    reduce tree."""
+    """(..., k) · (..., k) -> (...), float16 values: ``ggml_vec_dot_f16`` on AVX-512, one token's order: over the
+    first k − k mod 64, four accumulators (register j takes the j-th 16 of each 64), then (0 + 2) + (1 + 3), then
+    the reduce tree; that float32 sum and each product of the rest added in double, in order; rounded to
+    float32."""
     a, b = np.broadcast_arrays(np.asarray(a, F32), np.asarray(b, F32))
+    k = a.shape[-1]
+    whole = k - k % F16_STEP
     accs = [np.zeros(a.shape[:-1] + (LANES,), F32) for _ in range(4)]   # 4 x (..., 16)
-    for i in range(0, a.shape[-1], F16_STEP):
+    for i in range(0, whole, F16_STEP):
         for j in range(4):
             lo = i + j * LANES
             accs[j] += a[..., lo:lo + LANES] * b[..., lo:lo + LANES]
-    return reduce_add16((accs[0] + accs[2]) + (accs[1] + accs[3]))
+    total = reduce_add16((accs[0] + accs[2]) + (accs[1] + accs[3]))   # (...)
+    if whole == k:
+        return total
+    total = total.astype(np.float64)
+    for i in range(whole, k):                                  # ggml's scalar tail, in ggml_float
+        total += (a[..., i] * b[..., i]).astype(np.float64)
+    return total.astype(F32)
 
 
 def half(x: np.ndarray) -> np.ndarray:

@@ -172,13 +172,16 @@ class LlamaCppAttention(MultiHeadAttention):
     off (:func:`attnlab.kernels.ggml_arith.attention`): keys and values rounded to float16 (its cache's type),
     q and the softmax's weights rounded to float16, its exp, its sums in its orders (one token: ggml_vec_dot_f16's;
     a batch: tinyBLAS's). The ``q8-activations`` mode's attention. It takes causal self-attention on float32
-    heads without batch axes, mask, bias, window, softcap or sinks; anything else is MultiHeadAttention's.
-    (The pattern, when a hook asks for it, is computed on the (n, n_k) grid as MultiHeadAttention computes it.)"""
+    heads without batch axes, mask, bias, window, softcap or sinks, with no cache or a float16 one (the mode's
+    rule, :func:`attnlab.layer.cache.kv_dtype_rule`); anything else, a float32 cache asked for too, is
+    MultiHeadAttention's. (The pattern, when a hook asks for it, is computed on the (n, n_k) grid as
+    MultiHeadAttention computes it.)"""
 
     def attend_heads(self, q, k, v, opts: dict, cache: KVCache | None) -> np.ndarray:
         plain = (q.ndim == 3 and q.dtype == np.float32 and opts.get("is_causal") and opts.get("mask") is None
                  and opts.get("bias") is None and opts.get("window") is None and opts.get("softcap") is None
-                 and "sink" not in opts and k.shape[-2] >= q.shape[-2])
+                 and "sink" not in opts and k.shape[-2] >= q.shape[-2]
+                 and (cache is None or k.dtype == np.float16))
         if not plain:
             return super().attend_heads(q, k, v, opts, cache)
         from ..kernels import ggml_arith

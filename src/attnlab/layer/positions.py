@@ -546,7 +546,7 @@ class ALiBi(PositionScheme):
         return alibi_bias(alibi_slopes(n_heads), n_q, n_k).astype(dtype)   # (h, n_q, n_k)
 
 
-POSITION_SCHEMES = {cls.name: cls for cls in (Learned, Sinusoidal, RoPE, LlamaCppRoPE, ALiBi)}   # name -> class
+POSITION_SCHEMES = {cls.name: cls for cls in (Learned, Sinusoidal, RoPE, ALiBi, LlamaCppRoPE)}   # name -> class
 
 
 def check_scheme(positions) -> PositionScheme:
