@@ -231,18 +231,42 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, scale: fl
     pad = -(-n_k // F16_STEP) * F16_STEP
     kp = np.zeros((h_kv, pad, d), F32)                        # (h_kv, n_kv, d)
     vp = np.zeros((h_kv, d, pad), F32)                        # (h_kv, d, n_kv) V's rows as ggml reads them
-    kp[:, :n_k] = half(k[:, :n_k])
-    vp[:, :, :n_k] = half(v[:, :n_k]).transpose(0, 2, 1)
+    kp[:, :n_k] = k[:, :n_k] if k.dtype == np.float16 else half(k[:, :n_k])   # one widening pass of a float16 cache
+    vp[:, :, :n_k] = (v[:, :n_k] if v.dtype == np.float16 else half(v[:, :n_k])).transpose(0, 2, 1)
     dot = dot_f16_vec if n == 1 else dot_f16_batch
-    out = np.empty((h, n, d), F32)                            # (h, n, d)
-    rows = max(1, (1 << 22) // (pad * d))                     # queries per chunk: temporaries of ~16 MB
-    for head in range(h):
-        g = head // (h // h_kv)                               # its key/value head
-        for lo in range(0, n, rows):
-            qs = half(q[head, lo:lo + rows])                  # (r, d)
-            s = dot(qs[:, None, :], kp[g][None, :, :])        # (r, n_kv)
-            mask = np.where(np.arange(pad)[None, :] <= start + np.arange(lo, lo + len(qs))[:, None],
-                            F32(0), F32(-np.inf))             # (r, n_kv)
-            a = half(softmax(s, scale, mask))                 # (r, n_kv)
-            out[head, lo:lo + rows] = dot(a[:, None, :], vp[g][None, :, :])   # (r, d)
-    return out
+    qg = half(q).reshape(h_kv, h // h_kv, n, d)               # (h_kv, g, n, d) each group beside its key head
+    out = np.empty((h_kv, h // h_kv, n, d), F32)              # (h_kv, g, n, d)
+    rows = max(1, (1 << 20) // (h * pad))                     # queries per chunk: temporaries of ~64 MB at most
+    for lo in range(0, n, rows):
+        qs = qg[:, :, lo:lo + rows]                           # (h_kv, g, r, d)
+        s = dot(qs[:, :, :, None, :], kp[:, None, None, :, :])   # (h_kv, g, r, n_kv)
+        seen = np.arange(pad)[None, :] <= start + np.arange(lo, lo + qs.shape[2])[:, None]   # (r, n_kv)
+        a = half(softmax(s, scale, np.where(seen, F32(0), F32(-np.inf))))   # (h_kv, g, r, n_kv)
+        out[:, :, lo:lo + rows] = dot(a[:, :, :, None, :], vp[:, None, None, :, :])   # (h_kv, g, r, d)
+    return out.reshape(h, n, d)
+
+
+@functools.cache
+def _fused_module():
+    try:
+        from . import _ggml_fused
+        from ._numba_load import FromCache
+    except ImportError:
+        return None
+    return FromCache(_ggml_fused)
+
+
+def kernels():
+    """The numba kernels of this arithmetic (:mod:`attnlab.kernels._ggml_fused`: the same bits, each loaded from
+    numba's cache at its first call), or None without numba or with ``ATTNLAB_NO_NUMBA`` set (then the numpy
+    functions above serve)."""
+    from ._kernels import numpy_unless_numba
+    if numpy_unless_numba() is not None:
+        return None
+    return _fused_module()
+
+
+def rope_tables(positions, d: int, base: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin (n, d/2) float32 at ``positions`` (:func:`rope_table`'s rows)."""
+    tables = [rope_table(int(p), d, float(base)) for p in positions]
+    return np.stack([c for c, _ in tables]), np.stack([s for _, s in tables])   # (n, d/2) each
