@@ -11,8 +11,6 @@ so every call gives the same bits.
 
 from __future__ import annotations
 
-import math
-
 import numba
 import numpy as np
 from llvmlite import ir
@@ -51,6 +49,7 @@ C0, C1, C2, C3, C4 = (F32(float.fromhex(h)) for h in ("0x1.0e4020p-7", "0x1.573e
                                                       "0x1.fffdb6p-2", "0x1.ffffecp-1"))
 LOG2E, LN2_HI, LN2_LO = (F32(float.fromhex(h)) for h in ("0x1.715476p+0", "0x1.62e4p-1", "0x1.7f7d1cp-20"))
 SHIFT = F32(float.fromhex("0x1.8p23"))
+POW2 = np.ldexp(1.0, np.arange(-192, 193))                    # 2^n for |n| ≤ 192, float64 (exact)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -63,7 +62,7 @@ def expf(x):
         return F32(0) if n <= F32(0) else F32(np.inf)
     u = b * b
     j = fma32(fma32(fma32(C0, b, C1), u, fma32(C2, b, C3)), u, fma32(C4, b, F32(1)))
-    return F32(math.ldexp(np.float64(j), int(n)))              # _mm512_scalef_ps: one rounding
+    return F32(np.float64(j) * POW2[int(n) + 192])            # _mm512_scalef_ps: exact in float64, one rounding
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -109,14 +108,17 @@ def rope_rows(x, cos, sin, out):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _score(qh, k, g, j, d, one, acc):
-    """half(q) · k[g, j] in ggml's order: ``one`` ggml_vec_dot_f16's (four registers, a tail in double), else
-    tinyBLAS's (one register)."""
-    acc[:] = F32(0)
+def _score(qh, kw, d, one, acc):
+    """qh · kw (float16 values, widened) in ggml's order: ``one`` ggml_vec_dot_f16's (four registers over each 64,
+    then (0 + 2) + (1 + 3); a tail in double), else tinyBLAS's (one register over each 16; a d not a multiple of
+    16: the former, as ggml falls back)."""
     if one or d % 16:
         whole = d - d % 64
-        for i in range(whole):
-            acc[(i % 64) // 16 * 16 + i % 16] += qh[i] * widen(k[g, j, i])
+        for u in range(64):
+            acc[u] = F32(0)
+        for c in range(0, whole, 64):
+            for u in range(64):
+                acc[u] += qh[c + u] * kw[c + u]
         for u in range(16):
             acc[u] = (acc[u] + acc[32 + u]) + (acc[16 + u] + acc[48 + u])
         total = reduce16(acc, 0)
@@ -124,53 +126,70 @@ def _score(qh, k, g, j, d, one, acc):
             return total
         rest = np.float64(total)
         for i in range(whole, d):
-            rest += np.float64(qh[i] * widen(k[g, j, i]))
+            rest += np.float64(qh[i] * kw[i])
         return F32(rest)
-    for i in range(d):
-        acc[i % 16] += qh[i] * widen(k[g, j, i])
+    for u in range(16):
+        acc[u] = F32(0)
+    for c in range(0, d, 16):
+        for u in range(16):
+            acc[u] += qh[c + u] * kw[c + u]
     return reduce16(acc, 0)
 
 
 @numba.njit(nogil=True, cache=True)
 def attention(q, k, v, start, scale, out):
     """ggml_arith.attention: q (h, n, d) float32; k, v (h_kv, ≥ start + n, d) float16 bits (uint16) or float32
-    holding float16 values; out (h, n, d) float32."""
+    holding float16 values; out (h, n, d) float32. Each key and value row is widened once for its group's heads."""
     h, n, d = q.shape
     group = h // k.shape[0]
     one = n == 1
     n_kv = (start + n + 63) // 64 * 64
-    s = np.empty(n_kv, F32)
-    e = np.zeros(n_kv, F32)
-    qh = np.empty(d, F32)
+    s = np.empty((group, n_kv), F32)
+    e = np.zeros((group, n_kv), F32)
+    qh = np.empty((group, d), F32)
+    row = np.empty(d, F32)
     acc = np.zeros(64, F32)
-    sums = np.zeros((d, 64), F32)
-    for head in range(h):
-        g = head // group
+    sums = np.zeros((group, 64, d), F32)                       # (head, lane, d): the weighted sum's registers
+    for g in range(k.shape[0]):
         for i in range(n):
             seen = start + i + 1
-            for t in range(d):
-                qh[t] = half(q[head, i, t])
-            top = NEG_INF
-            for j in range(seen):
-                s[j] = _score(qh, k, g, j, d, one, acc) * scale
-                top = max(top, s[j])
-            total = 0.0
-            e[:] = F32(0)
-            for j in range(seen):
-                e[j] = expf(s[j] - top)
-            for b in range(0, seen, 16):
-                total += np.float64(reduce16(e, b))
-            inv = F32(1.0 / total)
-            sums[:, :] = F32(0)
-            for j in range(seen):
-                a = half(e[j] * inv)
-                lane = (j % 64) // 16 * 16 + j % 16 if one else j % 16
+            for hh in range(group):
                 for t in range(d):
-                    sums[t, lane] += a * widen(v[g, j, t])
-            for t in range(d):
-                if one:
-                    for u in range(16):
-                        acc[u] = (sums[t, u] + sums[t, 32 + u]) + (sums[t, 16 + u] + sums[t, 48 + u])
-                    out[head, i, t] = reduce16(acc, 0)
-                else:
-                    out[head, i, t] = reduce16(sums[t], 0)
+                    qh[hh, t] = half(q[g * group + hh, i, t])
+            for j in range(seen):
+                for t in range(d):
+                    row[t] = widen(k[g, j, t])
+                for hh in range(group):
+                    s[hh, j] = _score(qh[hh], row, d, one, acc) * scale
+            for hh in range(group):
+                top = NEG_INF
+                for j in range(seen):
+                    top = max(top, s[hh, j])
+                for j in range(seen):
+                    e[hh, j] = expf(s[hh, j] - top)
+                for j in range(seen, (seen + 15) // 16 * 16):
+                    e[hh, j] = F32(0)
+                total = 0.0
+                for b in range(0, seen, 16):
+                    total += np.float64(reduce16(e[hh], b))
+                inv = F32(1.0 / total)
+                for j in range(seen):
+                    e[hh, j] = half(e[hh, j] * inv)               # the weights, rounded to float16
+            sums[:, :, :] = F32(0)
+            for j in range(seen):
+                for t in range(d):
+                    row[t] = widen(v[g, j, t])
+                r = j % 64 if one else j % 16
+                for hh in range(group):
+                    a = e[hh, j]
+                    for t in range(d):
+                        sums[hh, r, t] += a * row[t]
+            for hh in range(group):
+                for t in range(d):
+                    if one:
+                        for u in range(16):
+                            acc[u] = (sums[hh, u, t] + sums[hh, 32 + u, t]) + (sums[hh, 16 + u, t] + sums[hh, 48 + u, t])
+                    else:
+                        for u in range(16):
+                            acc[u] = sums[hh, u, t]
+                    out[g * group + hh, i, t] = reduce16(acc, 0)

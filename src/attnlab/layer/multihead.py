@@ -186,9 +186,16 @@ class LlamaCppAttention(MultiHeadAttention):
             return super().attend_heads(q, k, v, opts, cache)
         from ..kernels import ggml_arith
         d_k = q.shape[-1]
-        scale = opts["scale"] if opts.get("scale") is not None else np.float32(1) / np.sqrt(np.float32(d_k))
+        scale = np.float32(opts["scale"] if opts.get("scale") is not None else np.float32(1) / np.sqrt(np.float32(d_k)))
         check_finite("query", q)
-        return ggml_arith.attention(q, k, v, k.shape[-2] - q.shape[-2], scale)   # (h, n, d_head)
+        start = k.shape[-2] - q.shape[-2]
+        fused = ggml_arith.kernels()
+        if fused is None:
+            return ggml_arith.attention(q, k, v, start, scale)                    # (h, n, d_head) numpy
+        bits = lambda a: a.view(np.uint16) if a.dtype == np.float16 else ggml_arith.half(a)   # noqa: E731
+        out = np.empty(q.shape, np.float32)                                       # (h, n, d_head)
+        fused.attention(q, bits(k), bits(v), start, scale, out)
+        return out
 
 
 PARAMS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")

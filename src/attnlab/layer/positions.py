@@ -534,7 +534,15 @@ class LlamaCppRoPE(RoPE):
         if inverse or positions is not None or x.dtype != np.float32:
             return super().rotate(x, start=start, inverse=inverse, positions=positions)
         from ..kernels import ggml_arith
-        return ggml_arith.rope(x, range(start, start + x.shape[-2]), self.theta)   # (..., n, d_head)
+        at = range(start, start + x.shape[-2])
+        fused = ggml_arith.kernels()
+        if fused is None:
+            return ggml_arith.rope(x, at, self.theta)                             # (..., n, d_head) numpy
+        cos, sin = ggml_arith.rope_tables(at, x.shape[-1], self.theta)            # (n, d_head/2) each
+        y = np.empty(x.shape, np.float32)                                         # (..., n, d_head)
+        rows = (-1,) + x.shape[-2:]
+        fused.rope_rows(np.ascontiguousarray(x).reshape(rows), cos, sin, y.reshape(rows))
+        return y
 
 
 @dataclass(frozen=True)

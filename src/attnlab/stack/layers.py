@@ -141,7 +141,12 @@ def silu_llama_cpp(x: np.ndarray) -> np.ndarray:
     if x.dtype != np.float32:
         return silu(x)
     from ..kernels import ggml_arith
-    return ggml_arith.silu(x)
+    fused = ggml_arith.kernels()
+    if fused is None:
+        return ggml_arith.silu(x)
+    y = np.empty(x.shape, np.float32)                                               # (...)
+    fused.silu_rows(np.ascontiguousarray(x).reshape(-1), y.reshape(-1))
+    return y
 
 
 ACTIVATIONS = {"gelu": gelu, "gelu_new": gelu_tanh, "gelu_pytorch_tanh": gelu_tanh, "silu": silu, "relu": relu,
@@ -346,7 +351,14 @@ class LlamaCppRMSNorm(RMSNorm):
         if tape is not None or x.dtype != np.float32:
             return super().__call__(x, hook, tape)
         from ..kernels import ggml_arith
-        y = ggml_arith.rms_norm(x, self.weight, self.eps)                          # (..., d_model)
+        fused = ggml_arith.kernels()
+        if fused is None or self.weight.dtype != np.float32:
+            y = ggml_arith.rms_norm(x, self.weight, self.eps)                      # (..., d_model) numpy
+        else:
+            y = np.empty(x.shape, np.float32)                                      # (..., d_model)
+            d = x.shape[-1]
+            fused.rms_norm_rows(np.ascontiguousarray(x).reshape(-1, d), self.weight, np.float32(self.eps),
+                                y.reshape(-1, d))
         if hook is NO_HOOKS:
             return y
         # hook_scale and hook_normalized are seen (a replacement there changes nothing); hook_out is the output
