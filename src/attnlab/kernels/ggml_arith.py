@@ -40,6 +40,8 @@ import functools
 
 import numpy as np
 
+from ._kernels import numpy_unless_numba
+from ._step import answers
 from .q8_activations import fma32
 
 F32 = np.float32
@@ -258,12 +260,16 @@ def _fused_module():
 
 def kernels():
     """The numba kernels of this arithmetic (:mod:`attnlab.kernels._ggml_fused`: the same bits, each loaded from
-    numba's cache at its first call), or None without numba or with ``ATTNLAB_NO_NUMBA`` set (then the numpy
-    functions above serve)."""
-    from ._kernels import numpy_unless_numba
-    if numpy_unless_numba() is not None:
-        return None
-    return _fused_module()
+    numba's cache at its first call), or None without numba or with ``ATTNLAB_NO_NUMBA`` (or
+    ``ATTNLAB_KERNEL=numpy``) set: then the numpy functions above serve. Inside a model's pass
+    (:func:`attnlab.kernels._step.one_step`) asked once per step."""
+    step = answers()
+    if step is not None and "ggml kernels" in step:
+        return step["ggml kernels"]
+    got = None if numpy_unless_numba() is not None else _fused_module()
+    if step is not None:
+        step["ggml kernels"] = got
+    return got
 
 
 def rope_tables(positions, d: int, base: float) -> tuple[np.ndarray, np.ndarray]:

@@ -192,6 +192,8 @@ class LlamaCppAttention(MultiHeadAttention):
         fused = ggml_arith.kernels()
         if fused is None:
             return ggml_arith.attention(q, k, v, start, scale)                    # (h, n, d_head) numpy
+        if cache is not None and cache.k.flags.c_contiguous and cache.v.flags.c_contiguous:
+            k, v = cache.k, cache.v                  # the whole buffers (rows past start + n unread): C layout
         bits = lambda a: a.view(np.uint16) if a.dtype == np.float16 else ggml_arith.half(a)   # noqa: E731
         out = np.empty(q.shape, np.float32)                                       # (h, n, d_head)
         fused.attention(q, bits(k), bits(v), start, scale, out)
