@@ -20,6 +20,8 @@ weights normalised and rounded to float16 before their sum of the values, the su
 the q8 mode's greedy tokens left llama.cpp's after 15 of 64 steps on SmolLM2 (at a near-tie), with them
 all 64 were llama.cpp's, before the products' fused multiply-add was merged; after it, fed llama.cpp's tokens,
 62 of 64 top-1 tokens are its (tests/test_q8_llama_cpp.py, docs/speed.md).
+(The q8 mode's parts now take llama.cpp's own attention arithmetic instead, :class:`attnlab.layer.multihead.
+LlamaCppAttention`, for its bits: all 64 tokens and every logit; this kernel still serves a float16 cache otherwise.)
 A float16 cache with a sink takes the numpy path on widened copies, without them.
 
 Which kernel runs is a rule, :func:`decode_kernel_rule`, never a race: a float16 cache takes the fused kernel
