@@ -125,3 +125,22 @@ def test_llama_cpp_rms_norm_is_ggml_s_and_its_hooks_see_it():
                                                  for n in LlamaCppRMSNorm.HOOKS})
     np.testing.assert_array_equal(norm(x, hooks), norm(x))
     assert seen["hook_scale"].shape == (3, 1) and seen["hook_normalized"].shape == (3, 16)
+
+
+def test_the_parts_give_the_same_bits_with_numba_and_without(monkeypatch):
+    """With ATTNLAB_NO_NUMBA the parts take ggml_arith's numpy functions: the same bits as the numba kernels."""
+    from attnlab.layer.config import AttentionConfig
+    from attnlab.layer.multihead import LlamaCppAttention
+    from attnlab.stack.layers import silu_llama_cpp
+
+    rng = np.random.default_rng(3)
+    config = AttentionConfig(d_model=128, n_heads=4, n_kv_heads=2, positions=LlamaCppRoPE(theta=10000.0))
+    attn = LlamaCppAttention.init(config, rng=rng, std=0.3)
+    norm = LlamaCppRMSNorm(rng.standard_normal(128).astype(np.float32), 1e-5)
+    x = rng.standard_normal((9, 128)).astype(np.float32)
+    runs = []
+    for off in ("", "1"):
+        monkeypatch.setenv("ATTNLAB_NO_NUMBA", off)
+        runs.append((norm(x), silu_llama_cpp(x), attn(x, is_causal=True), attn(x[:1], is_causal=True)))
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
