@@ -1,0 +1,263 @@
+"""The K-quants' 8-bit-activation kernels (numba, the optional extra ``attnlab[fast]``): x rounded to Q8_K, then
+integer dot products with Q4_K or Q6_K super-blocks, as llama.cpp's x86 ``ggml_vec_dot_q4_K_q8_K`` and
+``ggml_vec_dot_q6_K_q8_K`` run them.
+
+:mod:`attnlab.kernels.q8k_activations` says what is computed and holds the numpy reference these kernels are
+tested against bit for bit. Here:
+
+- :func:`quantize_k` rounds x (``quantize_row_q8_K``): per super-block of 256, the int8 values, the float32 d
+  and the 16 int16 sums;
+- a super-block's eight int32 lanes (lane j the values 4j … 4j + 3 of each 32, times their sub-block's
+  scale) are LLVM vector IR (:func:`_q4k_block`, :func:`_q6k_block`, numba intrinsics): ``vpdpbusd`` where the
+  CPU has VNNI, else plain IR that LLVM lowers to ``vpmaddwd`` (the helper ``_dpbusd`` of
+  :mod:`attnlab.kernels._q8_fused`), then ``acc = fma(x.d·d, float(lanes), acc)`` (``llvm.fma``, as llama.cpp's
+  ``_mm256_fmadd_ps``) on an 8-float accumulator;
+- Q4_K's minima are four more lanes, ``accm_k = fma(−x.d·dmin, float(mn·S), accm_k)`` (S x's sums of 32), in
+  numba, and a row's total is llama.cpp's horizontal sum of the eight, plus the four's.
+
+No fastmath: every float operation rounds as the reference's does; the integer sums are exact in any order.
+Rows are stored in groups of four side by side (:class:`attnlab.kernels.q8k_activations.Q8KActivationMatrix`'s
+planes); a product runs on the calling thread, or (a prefill) over the worker pool's threads, a range of
+groups each (the kernels release the GIL). Each output is one row's and one token's sum: neither the threads
+nor the number of tokens change it.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from . import _quant_fused
+from ._numba_load import call
+from ._q8_fused import _dpbusd, _ptr, _vec, _vload
+from ._quant_fused import _half
+
+FLAGS = dict(nogil=True, cache=True, boundscheck=False)
+GROUP = _quant_fused.GROUP            # rows side by side in the planes
+MAX_TOKENS = _quant_fused.MAX_TOKENS  # up to this many tokens a product runs on the calling thread (a decode step)
+QK_K = 256                            # values per super-block
+LANES = 8                             # llama.cpp's int32 lanes (and float32 accumulators) per row
+I8, I16, I32, F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
+
+
+@numba.njit(**FLAGS)
+def quantize_k(x, qx, xd, bsums):
+    """x (N, n·256) float32 -> qx (N, n, 256) int8, xd (N, n) float32, bsums (N, n, 16) int16: llama.cpp's
+    ``quantize_row_q8_K_ref`` (max the first largest |x| with its sign, iscale = −127 / max, q = min(127,
+    round-half-even(iscale·x)), d = 1 / iscale; a super-block of zeros gives zeros)."""
+    for n in range(x.shape[0]):
+        for b in range(qx.shape[1]):
+            amax = np.float32(0.0)
+            top = np.float32(0.0)
+            for t in range(QK_K):
+                v = x[n, b * QK_K + t]
+                if abs(v) > amax:
+                    amax = abs(v)
+                    top = v
+            if amax == 0:
+                qx[n, b, :] = 0
+                bsums[n, b, :] = 0
+                xd[n, b] = np.float32(0.0)
+                continue
+            iscale = np.float32(-127.0) / top
+            for i in range(QK_K // 16):
+                total = 0
+                for t in range(16 * i, 16 * i + 16):
+                    q = min(np.rint(x[n, b * QK_K + t] * iscale), np.float32(127.0))
+                    qx[n, b, t] = np.int32(q)
+                    total += np.int32(q)
+                bsums[n, b, i] = total
+            xd[n, b] = np.float32(1.0) / iscale
+
+
+def _fma_ir(builder, a, b, c):
+    """a·b + c with one rounding (``llvm.fma``): scalars or vectors of float32."""
+    name = f"llvm.fma.v{a.type.count}f32" if isinstance(a.type, ir.VectorType) else "llvm.fma.f32"
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(a.type, [a.type] * 3), name)
+    return builder.call(fn, [a, b, c])
+
+
+@intrinsic
+def _fma32(typingctx, a, b, c):
+    """a·b + c for float32 scalars, one rounding (vfmadd)."""
+    if not (a == b == c == types.float32):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return _fma_ir(builder, *args)
+    return types.float32(types.float32, types.float32, types.float32), codegen
+
+
+def _splat(builder, value, n):
+    vec = ir.VectorType(value.type, n)
+    one = builder.insert_element(ir.Constant(vec, ir.Undefined), value, ir.Constant(I32, 0))
+    return builder.shuffle_vector(one, one, _vec(I32, [0] * n))
+
+
+def _accumulate(context, builder, acc_ty, acc, scale, sumi):
+    """acc[0:8] = fma(scale, float(sumi), acc[0:8]) for the float32 array ``acc``."""
+    vf = ir.VectorType(F32, LANES)
+    p = builder.bitcast(_ptr(context, builder, acc_ty, acc, ir.Constant(ir.IntType(64), 0)), vf.as_pointer())
+    builder.store(_fma_ir(builder, _splat(builder, scale, LANES), builder.sitofp(sumi, vf),
+                          builder.load(p, align=4)), p, align=4)
+
+
+@intrinsic
+def _q4k_block(typingctx, qs, q_at, qx, x_at, sm, s_at, scale, acc):
+    """One Q4_K super-block of a row against one token: ``acc[0:8] = fma(scale, float(sumi), acc[0:8])``, sumi
+    the eight int32 lanes Σ_s sc_s · Σ_u w·q (``qs`` from element ``q_at``: 128 bytes of nibbles; x's ``qx``
+    from ``x_at``: 256 int8; the scales sc_0 … sc_7 from element ``s_at`` of ``sm``)."""
+    def codegen(context, builder, signature, args):
+        qs_v, q_at_v, qx_v, x_at_v, sm_v, s_at_v, scale_v, acc_v = args
+        t = signature.args
+        q_p = _ptr(context, builder, t[0], qs_v, q_at_v)
+        x_p = _ptr(context, builder, t[2], qx_v, x_at_v)
+        s_p = _ptr(context, builder, t[4], sm_v, s_at_v)
+        v32 = ir.VectorType(I8, 32)
+        sumi = ir.Constant(ir.VectorType(I32, LANES), [0] * LANES)
+        for j in range(QK_K // 64):                                   # 32 bytes: values 64j + t (low), + 32 (high)
+            bits = _vload(builder, q_p, ir.Constant(q_at_v.type, 32 * j), v32)
+            halves = (builder.and_(bits, _vec(I8, [15] * 32)), builder.lshr(bits, _vec(I8, [4] * 32)))
+            for h, w in enumerate(halves):
+                y = _vload(builder, x_p, ir.Constant(x_at_v.type, 64 * j + 32 * h), v32)
+                sc = builder.zext(builder.load(builder.gep(s_p, [ir.Constant(I32, 2 * j + h)])), I32)
+                sumi = builder.add(sumi, builder.mul(_dpbusd(builder, w, y), _splat(builder, sc, LANES)))
+        _accumulate(context, builder, t[7], acc_v, scale_v, sumi)
+        return context.get_dummy_value()
+    return types.void(qs, q_at, qx, x_at, sm, s_at, scale, acc), codegen
+
+
+@intrinsic
+def _q6k_block(typingctx, qs, q_at, qx, x_at, sc, s_at, bsums, b_at, scale, acc):
+    """One Q6_K super-block of a row against one token: ``acc[0:8] = fma(scale, float(sumi), acc[0:8])``, sumi
+    the eight int32 lanes Σ_c sc_{2c + j//4} · Σ_u w·q − 32·(sc_{2j}·bsums_{2j} + sc_{2j+1}·bsums_{2j+1}) (``qs``
+    from ``q_at``: 256 values 0 … 63; x's ``qx`` from ``x_at``; the int8 scales from ``s_at``; x's int16
+    ``bsums`` from ``b_at``)."""
+    def codegen(context, builder, signature, args):
+        qs_v, q_at_v, qx_v, x_at_v, sc_v, s_at_v, bs_v, b_at_v, scale_v, acc_v = args
+        t = signature.args
+        q_p = _ptr(context, builder, t[0], qs_v, q_at_v)
+        x_p = _ptr(context, builder, t[2], qx_v, x_at_v)
+        s_p = _ptr(context, builder, t[4], sc_v, s_at_v)
+        b_p = _ptr(context, builder, t[6], bs_v, b_at_v)
+        v32, i64 = ir.VectorType(I8, 32), q_at_v.type
+        scales = builder.sext(_vload(builder, s_p, ir.Constant(s_at_v.type, 0), ir.VectorType(I8, 16)),
+                              ir.VectorType(I32, 16))                                     # <16 x i32>
+        sumi = ir.Constant(ir.VectorType(I32, LANES), [0] * LANES)
+        for c in range(QK_K // 32):
+            w = _vload(builder, q_p, ir.Constant(i64, 32 * c), v32)
+            y = _vload(builder, x_p, ir.Constant(x_at_v.type, 32 * c), v32)
+            sc8 = builder.shuffle_vector(scales, scales, _vec(I32, [2 * c] * 4 + [2 * c + 1] * 4))
+            sumi = builder.add(sumi, builder.mul(_dpbusd(builder, w, y), sc8))
+        sums = builder.sext(_vload(builder, b_p, ir.Constant(b_at_v.type, 0), ir.VectorType(I16, 16)),
+                            ir.VectorType(I32, 16))
+        p = builder.mul(scales, sums)                                                     # <16 x i32>
+        pairs = builder.add(builder.shuffle_vector(p, p, _vec(I32, range(0, 16, 2))),
+                            builder.shuffle_vector(p, p, _vec(I32, range(1, 16, 2))))     # <8 x i32>
+        sumi = builder.sub(sumi, builder.shl(pairs, _vec(I32, [5] * LANES)))
+        _accumulate(context, builder, t[9], acc_v, scale_v, sumi)
+        return context.get_dummy_value()
+    return types.void(qs, q_at, qx, x_at, sc, s_at, bsums, b_at, scale, acc), codegen
+
+
+@numba.njit(inline="always", **FLAGS)
+def _hsum8(a):
+    """llama.cpp's ``hsum_float_8``: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))."""
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+
+
+@numba.njit(**FLAGS)
+def _q4k_groups(qs, d, sm, qx, xd, bsums, out, g0, g1):
+    """out[t, r] for the rows of groups g0 … g1 − 1: qs (G, n, 4, 128) uint8, d (G, n, 4, 2) float16 bits (d,
+    dmin), sm (G, n, 4, 16) uint8 (sc, mn); x's qx (N, n, 256), xd (N, n), bsums (N, n, 16)."""
+    n_sb, n_rows, n_tok = qs.shape[1], out.shape[1], qx.shape[0]
+    acc = np.empty(LANES, np.float32)
+    accm = np.empty(4, np.float32)
+    for g in range(g0, g1):
+        for k in range(GROUP):
+            r = g * GROUP + k
+            if r >= n_rows:
+                break
+            for t in range(n_tok):
+                acc[:] = 0
+                accm[:] = 0
+                for b in range(n_sb):
+                    at = (g * n_sb + b) * GROUP + k
+                    xdb = xd[t, b]
+                    _q4k_block(qs, at * 128, qx, (t * n_sb + b) * QK_K, sm, at * 16, xdb * _half(d[g, b, k, 0]), acc)
+                    dmin = -xdb * _half(d[g, b, k, 1])
+                    for i in range(4):
+                        s0 = np.int32(bsums[t, b, 4 * i]) + np.int32(bsums[t, b, 4 * i + 1])
+                        s1 = np.int32(bsums[t, b, 4 * i + 2]) + np.int32(bsums[t, b, 4 * i + 3])
+                        prod = np.int32(sm[g, b, k, 8 + 2 * i]) * s0 + np.int32(sm[g, b, k, 9 + 2 * i]) * s1
+                        accm[i] = _fma32(dmin, np.float32(prod), accm[i])
+                out[t, r] = _hsum8(acc) + ((accm[0] + accm[2]) + (accm[1] + accm[3]))
+
+
+@numba.njit(**FLAGS)
+def _q6k_groups(qs, d, sc, qx, xd, bsums, out, g0, g1):
+    """out[t, r] for the rows of groups g0 … g1 − 1: qs (G, n, 4, 256) uint8 (values 0 … 63), d (G, n, 4, 1)
+    float16 bits, sc (G, n, 4, 16) int8; x's qx (N, n, 256), xd (N, n), bsums (N, n, 16)."""
+    n_sb, n_rows, n_tok = qs.shape[1], out.shape[1], qx.shape[0]
+    acc = np.empty(LANES, np.float32)
+    for g in range(g0, g1):
+        for k in range(GROUP):
+            r = g * GROUP + k
+            if r >= n_rows:
+                break
+            for t in range(n_tok):
+                acc[:] = 0
+                for b in range(n_sb):
+                    at = (g * n_sb + b) * GROUP + k
+                    _q6k_block(qs, at * QK_K, qx, (t * n_sb + b) * QK_K, sc, at * 16, bsums, (t * n_sb + b) * 16,
+                               xd[t, b] * _half(d[g, b, k, 0]), acc)
+                out[t, r] = _hsum8(acc)
+
+
+@numba.njit(**FLAGS)
+def _quantized(x):
+    """(qx, xd, bsums) of x (N, d_in) float32 C-contiguous: :func:`quantize_k` into new arrays."""
+    n_sb = x.shape[1] // QK_K
+    qx = np.empty((x.shape[0], n_sb, QK_K), np.int8)                   # (N, n, 256)
+    xd = np.empty((x.shape[0], n_sb), np.float32)                      # (N, n)
+    bsums = np.empty((x.shape[0], n_sb, QK_K // 16), np.int16)         # (N, n, 16)
+    quantize_k(x, qx, xd, bsums)
+    return qx, xd, bsums
+
+
+@numba.njit(**FLAGS)
+def _q4k_product(qs, d, sm, x, out):
+    """x rounded, then every group on the calling thread: one numba call per product."""
+    qx, xd, bsums = _quantized(x)
+    _q4k_groups(qs, d, sm, qx, xd, bsums, out, 0, qs.shape[0])
+
+
+@numba.njit(**FLAGS)
+def _q6k_product(qs, d, sc, x, out):
+    qx, xd, bsums = _quantized(x)
+    _q6k_groups(qs, d, sc, qx, xd, bsums, out, 0, qs.shape[0])
+
+
+def quantize(x):
+    """(qx, xd, bsums) of x (N, d_in) float32 C-contiguous: :func:`quantize_k` into new arrays."""
+    return call(_quantized, x)
+
+
+def matmul(qtype: str, qs, d, m, x, out, pool=None) -> None:
+    """out (N, R) = x (N, d_in) times the rows of a Q4_K or Q6_K weight in grouped integer planes (d as float16
+    bits), x rounded to Q8_K first; on the calling thread, or with ``pool`` (a ThreadPoolExecutor) over its
+    threads, a range of groups each."""
+    if pool is None:
+        call(_q4k_product if qtype == "Q4_K" else _q6k_product, qs, d, m, x, out)
+        return
+    qx, xd, bsums = call(_quantized, x)
+    groups = qs.shape[0]
+    serial = _q4k_groups if qtype == "Q4_K" else _q6k_groups
+    step = -(-groups // pool._max_workers)
+    for f in [pool.submit(call, serial, qs, d, m, qx, xd, bsums, out, g0, min(groups, g0 + step))
+              for g0 in range(0, groups, step)]:
+        f.result()
