@@ -48,6 +48,7 @@ import numpy as np
 
 from ..kernels.matmul import gemv_order
 from ..kernels.q8_activations import Q8ActivationMatrix
+from ..kernels.q8k_activations import Q8KActivationMatrix
 from ..kernels.quantized import GROUP, QuantizedMatrix, QuantizedRows, is_quantized, quant_sizes
 from ..stack.transformer import ModelConfig, Transformer
 
@@ -93,7 +94,7 @@ def cached_network(path: Path, folder: Path, build, quantized: bool | str = Fals
     return model
 
 
-MATRIX_CLASSES = {c.__name__: c for c in (QuantizedMatrix, Q8ActivationMatrix)}   # what a quantized weight may be
+MATRIX_CLASSES = {c.__name__: c for c in (QuantizedMatrix, Q8ActivationMatrix, Q8KActivationMatrix)}   # what a quantized weight may be
 ROOT_DTYPES = {np.dtype(t).str for t in (np.float32, np.float16, np.uint8, np.int8)}   # the arrays an entry holds
 
 
