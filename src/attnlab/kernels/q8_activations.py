@@ -144,13 +144,10 @@ class Q8ActivationMatrix(QuantizedMatrix):
 
 def weight_q8(raw: np.ndarray, qtype: str, d_in: int, *, rows: bool = False):
     """A GGUF tensor as the stack's weight in this mode: a :class:`Q8ActivationMatrix` (its ``.T`` rows with
-    ``rows``) for the types with an integer kernel (the K-quants': a
-    :class:`attnlab.kernels.q8k_activations.Q8KActivationMatrix`); any other type as
-    :func:`attnlab.kernels.quantized.weight_from_gguf` keeps it (the exact product, or float32)."""
-    from . import q8k_activations
-
-    if qtype in INT_TYPES + q8k_activations.K_TYPES and quantized.has_kernel():
-        cls = Q8ActivationMatrix if qtype in INT_TYPES else q8k_activations.Q8KActivationMatrix
-        m = cls(raw, qtype, d_in)
+    ``rows``) for the types with an integer kernel; any other type as
+    :func:`attnlab.kernels.quantized.weight_from_gguf` keeps it (the exact product, or float32).
+    (:func:`attnlab.kernels.q8k_activations.weight_q8` adds the K-quants.)"""
+    if qtype in INT_TYPES and quantized.has_kernel():
+        m = Q8ActivationMatrix(raw, qtype, d_in)
         return m.T if rows else m
     return quantized.weight_from_gguf(raw, qtype, d_in, rows=rows)

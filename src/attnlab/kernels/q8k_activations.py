@@ -42,6 +42,7 @@ import numpy as np
 
 from . import quantized
 from .q8_activations import LANES, Q8ActivationMatrix, fma32
+from .q8_activations import weight_q8 as q8_weight
 from .quantized import grouped
 
 QK_K = 256                       # values per super-block (Q8_K, Q4_K, Q6_K)
@@ -231,3 +232,13 @@ class Q8KActivationMatrix(Q8ActivationMatrix):
         _kernels().matmul(self.qtype, *self.kernel_planes, x2, out,
                           quantized.prefill_pool(x2.shape[0]) if many else None)
         return out.reshape(*lead, self.d_out)                                      # (..., d_out)
+
+
+def weight_q8(raw: np.ndarray, qtype: str, d_in: int, *, rows: bool = False):
+    """A GGUF tensor as the stack's weight in the 8-bit-activation mode: a :class:`Q8KActivationMatrix` (its
+    ``.T`` rows with ``rows``) for Q4_K and Q6_K, any other type as
+    :func:`attnlab.kernels.q8_activations.weight_q8` keeps it."""
+    if qtype in K_TYPES and quantized.has_kernel():
+        m = Q8KActivationMatrix(raw, qtype, d_in)
+        return m.T if rows else m
+    return q8_weight(raw, qtype, d_in, rows=rows)
