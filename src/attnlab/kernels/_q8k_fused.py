@@ -34,13 +34,15 @@ from numba.extending import intrinsic
 from . import _quant_fused
 from ._numba_load import call
 from ._q8_fused import _dpbusd, _ptr, _vec, _vload
-from ._quant_fused import _half
+from ._quant_fused import _half, _prefetch
 
 FLAGS = dict(nogil=True, cache=True, boundscheck=False)
 GROUP = _quant_fused.GROUP            # rows side by side in the planes
 MAX_TOKENS = _quant_fused.MAX_TOKENS  # up to this many tokens a product runs on the calling thread (a decode step)
 QK_K = 256                            # values per super-block
 LANES = 8                             # llama.cpp's int32 lanes (and float32 accumulators) per row
+PREFETCH_BYTES = 4096                 # the values are prefetched this far ahead, as _q8_fused's (a hint: no result
+#                                       changes; a decode step streams its weights from memory)
 I8, I16, I32, F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
 
 
@@ -98,47 +100,65 @@ def _splat(builder, value, n):
     return builder.shuffle_vector(one, one, _vec(I32, [0] * n))
 
 
-def _accumulate(context, builder, acc_ty, acc, scale, sumi):
-    """acc[0:8] = fma(scale, float(sumi), acc[0:8]) for the float32 array ``acc``."""
+def _accumulate(context, builder, acc_ty, acc, acc_at, scale, sumi):
+    """acc[at:at + 8] = fma(scale, float(sumi), acc[at:at + 8]) for the float32 array ``acc``."""
     vf = ir.VectorType(F32, LANES)
-    p = builder.bitcast(_ptr(context, builder, acc_ty, acc, ir.Constant(ir.IntType(64), 0)), vf.as_pointer())
+    p = builder.bitcast(_ptr(context, builder, acc_ty, acc, acc_at), vf.as_pointer())
     builder.store(_fma_ir(builder, _splat(builder, scale, LANES), builder.sitofp(sumi, vf),
                           builder.load(p, align=4)), p, align=4)
 
 
 @intrinsic
-def _q4k_block(typingctx, qs, q_at, qx, x_at, sm, s_at, scale, acc):
-    """One Q4_K super-block of a row against one token: ``acc[0:8] = fma(scale, float(sumi), acc[0:8])``, sumi
-    the eight int32 lanes Σ_s sc_s · Σ_u w·q (``qs`` from element ``q_at``: 128 bytes of nibbles; x's ``qx``
-    from ``x_at``: 256 int8; the scales sc_0 … sc_7 from element ``s_at`` of ``sm``)."""
+def _q4k_block(typingctx, qs, q_at, qx, x_at, sm, s_at, bsums, b_at, scale, dmin, acc, acc_at, accm, accm_at):
+    """One Q4_K super-block of a row against one token: ``acc[a:a+8] = fma(scale, float(sumi), acc[a:a+8])``
+    (a = ``acc_at``), sumi the eight int32 lanes Σ_s sc_s · Σ_u w·q (``qs`` from element ``q_at``: 128 bytes of
+    nibbles; x's ``qx`` from ``x_at``: 256 int8; sc_0 … sc_7 and mn_0 … mn_7 from element ``s_at`` of ``sm``);
+    and the minima's four lanes ``accm[m:m+4] = fma(dmin, float(prod), accm[m:m+4])`` (m = ``accm_at``),
+    prod_k = mn_2k·S_2k + mn_2k+1·S_2k+1 with S_s x's sum over sub-block s (its ``bsums`` from ``b_at``)."""
     def codegen(context, builder, signature, args):
-        qs_v, q_at_v, qx_v, x_at_v, sm_v, s_at_v, scale_v, acc_v = args
+        (qs_v, q_at_v, qx_v, x_at_v, sm_v, s_at_v, bs_v, b_at_v, scale_v, dmin_v, acc_v, acc_at_v, accm_v,
+         accm_at_v) = args
         t = signature.args
         q_p = _ptr(context, builder, t[0], qs_v, q_at_v)
         x_p = _ptr(context, builder, t[2], qx_v, x_at_v)
         s_p = _ptr(context, builder, t[4], sm_v, s_at_v)
+        b_p = _ptr(context, builder, t[6], bs_v, b_at_v)
         v32 = ir.VectorType(I8, 32)
+        sm16 = builder.zext(_vload(builder, s_p, ir.Constant(s_at_v.type, 0), ir.VectorType(I8, 16)),
+                            ir.VectorType(I32, 16))                                     # <16 x i32> sc, mn
         sumi = ir.Constant(ir.VectorType(I32, LANES), [0] * LANES)
         for j in range(QK_K // 64):                                   # 32 bytes: values 64j + t (low), + 32 (high)
             bits = _vload(builder, q_p, ir.Constant(q_at_v.type, 32 * j), v32)
             halves = (builder.and_(bits, _vec(I8, [15] * 32)), builder.lshr(bits, _vec(I8, [4] * 32)))
             for h, w in enumerate(halves):
                 y = _vload(builder, x_p, ir.Constant(x_at_v.type, 64 * j + 32 * h), v32)
-                sc = builder.zext(builder.load(builder.gep(s_p, [ir.Constant(I32, 2 * j + h)])), I32)
-                sumi = builder.add(sumi, builder.mul(_dpbusd(builder, w, y), _splat(builder, sc, LANES)))
-        _accumulate(context, builder, t[7], acc_v, scale_v, sumi)
+                sc = builder.shuffle_vector(sm16, sm16, _vec(I32, [2 * j + h] * LANES))
+                sumi = builder.add(sumi, builder.mul(_dpbusd(builder, w, y), sc))
+        _accumulate(context, builder, t[10], acc_v, acc_at_v, scale_v, sumi)
+        sums = builder.sext(_vload(builder, b_p, ir.Constant(b_at_v.type, 0), ir.VectorType(I16, 16)),
+                            ir.VectorType(I32, 16))                                     # <16 x i32> bsums
+        S = builder.add(builder.shuffle_vector(sums, sums, _vec(I32, range(0, 16, 2))),
+                        builder.shuffle_vector(sums, sums, _vec(I32, range(1, 16, 2))))     # <8 x i32> sums of 32
+        p = builder.mul(builder.shuffle_vector(sm16, sm16, _vec(I32, range(8, 16))), S)      # mn_s · S_s
+        prod = builder.add(builder.shuffle_vector(p, p, _vec(I32, range(0, 8, 2))),
+                           builder.shuffle_vector(p, p, _vec(I32, range(1, 8, 2))))         # <4 x i32>
+        vf4 = ir.VectorType(F32, 4)
+        mp = builder.bitcast(_ptr(context, builder, t[12], accm_v, accm_at_v), vf4.as_pointer())
+        builder.store(_fma_ir(builder, _splat(builder, dmin_v, 4), builder.sitofp(prod, vf4),
+                              builder.load(mp, align=4)), mp, align=4)
         return context.get_dummy_value()
-    return types.void(qs, q_at, qx, x_at, sm, s_at, scale, acc), codegen
+    return types.void(qs, q_at, qx, x_at, sm, s_at, bsums, b_at, scale, dmin, acc, acc_at, accm, accm_at), codegen
 
 
 @intrinsic
-def _q6k_block(typingctx, qs, q_at, qx, x_at, sc, s_at, bsums, b_at, scale, acc):
-    """One Q6_K super-block of a row against one token: ``acc[0:8] = fma(scale, float(sumi), acc[0:8])``, sumi
+def _q6k_block(typingctx, qs, q_at, qx, x_at, sc, s_at, bsums, b_at, scale, acc, acc_at):
+    """One Q6_K super-block of a row against one token: ``acc[a:a+8] = fma(scale, float(sumi), acc[a:a+8])``
+    (a = ``acc_at``), sumi
     the eight int32 lanes Σ_c sc_{2c + j//4} · Σ_u w·q − 32·(sc_{2j}·bsums_{2j} + sc_{2j+1}·bsums_{2j+1}) (``qs``
     from ``q_at``: 256 values 0 … 63; x's ``qx`` from ``x_at``; the int8 scales from ``s_at``; x's int16
     ``bsums`` from ``b_at``)."""
     def codegen(context, builder, signature, args):
-        qs_v, q_at_v, qx_v, x_at_v, sc_v, s_at_v, bs_v, b_at_v, scale_v, acc_v = args
+        qs_v, q_at_v, qx_v, x_at_v, sc_v, s_at_v, bs_v, b_at_v, scale_v, acc_v, acc_at_v = args
         t = signature.args
         q_p = _ptr(context, builder, t[0], qs_v, q_at_v)
         x_p = _ptr(context, builder, t[2], qx_v, x_at_v)
@@ -159,43 +179,41 @@ def _q6k_block(typingctx, qs, q_at, qx, x_at, sc, s_at, bsums, b_at, scale, acc)
         pairs = builder.add(builder.shuffle_vector(p, p, _vec(I32, range(0, 16, 2))),
                             builder.shuffle_vector(p, p, _vec(I32, range(1, 16, 2))))     # <8 x i32>
         sumi = builder.sub(sumi, builder.shl(pairs, _vec(I32, [5] * LANES)))
-        _accumulate(context, builder, t[9], acc_v, scale_v, sumi)
+        _accumulate(context, builder, t[9], acc_v, acc_at_v, scale_v, sumi)
         return context.get_dummy_value()
-    return types.void(qs, q_at, qx, x_at, sc, s_at, bsums, b_at, scale, acc), codegen
+    return types.void(qs, q_at, qx, x_at, sc, s_at, bsums, b_at, scale, acc, acc_at), codegen
 
 
 @numba.njit(inline="always", **FLAGS)
-def _hsum8(a):
-    """llama.cpp's ``hsum_float_8``: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))."""
-    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+def _hsum8(a, at):
+    """llama.cpp's ``hsum_float_8`` of a[at:at + 8]: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))."""
+    return ((a[at] + a[at + 4]) + (a[at + 2] + a[at + 6])) + ((a[at + 1] + a[at + 5]) + (a[at + 3] + a[at + 7]))
 
 
 @numba.njit(**FLAGS)
 def _q4k_groups(qs, d, sm, qx, xd, bsums, out, g0, g1):
     """out[t, r] for the rows of groups g0 … g1 − 1: qs (G, n, 4, 128) uint8, d (G, n, 4, 2) float16 bits (d,
-    dmin), sm (G, n, 4, 16) uint8 (sc, mn); x's qx (N, n, 256), xd (N, n), bsums (N, n, 16)."""
+    dmin), sm (G, n, 4, 16) uint8 (sc, mn); x's qx (N, n, 256), xd (N, n), bsums (N, n, 16). A group's four
+    rows side by side, super-block after super-block: the planes are read in order, once per token."""
     n_sb, n_rows, n_tok = qs.shape[1], out.shape[1], qx.shape[0]
-    acc = np.empty(LANES, np.float32)
-    accm = np.empty(4, np.float32)
+    acc = np.empty(GROUP * LANES, np.float32)                     # (4 rows × 8 lanes)
+    accm = np.empty(GROUP * 4, np.float32)                        # (4 rows × 4 lanes) the minima's
     for g in range(g0, g1):
-        for k in range(GROUP):
-            r = g * GROUP + k
-            if r >= n_rows:
-                break
-            for t in range(n_tok):
-                acc[:] = 0
-                accm[:] = 0
-                for b in range(n_sb):
-                    at = (g * n_sb + b) * GROUP + k
-                    xdb = xd[t, b]
-                    _q4k_block(qs, at * 128, qx, (t * n_sb + b) * QK_K, sm, at * 16, xdb * _half(d[g, b, k, 0]), acc)
-                    dmin = -xdb * _half(d[g, b, k, 1])
-                    for i in range(4):
-                        s0 = np.int32(bsums[t, b, 4 * i]) + np.int32(bsums[t, b, 4 * i + 1])
-                        s1 = np.int32(bsums[t, b, 4 * i + 2]) + np.int32(bsums[t, b, 4 * i + 3])
-                        prod = np.int32(sm[g, b, k, 8 + 2 * i]) * s0 + np.int32(sm[g, b, k, 9 + 2 * i]) * s1
-                        accm[i] = _fma32(dmin, np.float32(prod), accm[i])
-                out[t, r] = _hsum8(acc) + ((accm[0] + accm[2]) + (accm[1] + accm[3]))
+        for t in range(n_tok):
+            acc[:] = 0
+            accm[:] = 0
+            for b in range(n_sb):
+                at = (g * n_sb + b) * GROUP
+                xdb = xd[t, b]
+                for k in range(GROUP):
+                    _prefetch(qs, (at + k) * 128 + PREFETCH_BYTES)
+                    _prefetch(qs, (at + k) * 128 + PREFETCH_BYTES + 64)
+                    _q4k_block(qs, (at + k) * 128, qx, (t * n_sb + b) * QK_K, sm, (at + k) * 16, bsums,
+                               (t * n_sb + b) * 16, xdb * _half(d[g, b, k, 0]), -xdb * _half(d[g, b, k, 1]),
+                               acc, k * LANES, accm, 4 * k)
+            for k in range(min(GROUP, n_rows - g * GROUP)):
+                m = 4 * k
+                out[t, g * GROUP + k] = _hsum8(acc, k * LANES) + ((accm[m] + accm[m + 2]) + (accm[m + 1] + accm[m + 3]))
 
 
 @numba.njit(**FLAGS)
@@ -203,19 +221,19 @@ def _q6k_groups(qs, d, sc, qx, xd, bsums, out, g0, g1):
     """out[t, r] for the rows of groups g0 … g1 − 1: qs (G, n, 4, 256) uint8 (values 0 … 63), d (G, n, 4, 1)
     float16 bits, sc (G, n, 4, 16) int8; x's qx (N, n, 256), xd (N, n), bsums (N, n, 16)."""
     n_sb, n_rows, n_tok = qs.shape[1], out.shape[1], qx.shape[0]
-    acc = np.empty(LANES, np.float32)
+    acc = np.empty(GROUP * LANES, np.float32)
     for g in range(g0, g1):
-        for k in range(GROUP):
-            r = g * GROUP + k
-            if r >= n_rows:
-                break
-            for t in range(n_tok):
-                acc[:] = 0
-                for b in range(n_sb):
-                    at = (g * n_sb + b) * GROUP + k
-                    _q6k_block(qs, at * QK_K, qx, (t * n_sb + b) * QK_K, sc, at * 16, bsums, (t * n_sb + b) * 16,
-                               xd[t, b] * _half(d[g, b, k, 0]), acc)
-                out[t, r] = _hsum8(acc)
+        for t in range(n_tok):
+            acc[:] = 0
+            for b in range(n_sb):
+                at = (g * n_sb + b) * GROUP
+                for k in range(GROUP):
+                    for line in range(0, QK_K, 64):
+                        _prefetch(qs, (at + k) * QK_K + PREFETCH_BYTES + line)
+                    _q6k_block(qs, (at + k) * QK_K, qx, (t * n_sb + b) * QK_K, sc, (at + k) * 16, bsums,
+                               (t * n_sb + b) * 16, xd[t, b] * _half(d[g, b, k, 0]), acc, k * LANES)
+            for k in range(min(GROUP, n_rows - g * GROUP)):
+                out[t, g * GROUP + k] = _hsum8(acc, k * LANES)
 
 
 @numba.njit(**FLAGS)
