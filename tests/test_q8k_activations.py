@@ -246,3 +246,32 @@ def test_the_reference_equals_ggml_s_own_functions_bit_for_bit(tmp_path, rng, qt
     W = Q8KActivationMatrix(raw, qtype, 768)
     np.testing.assert_array_equal(reference_matmul(x, W), got["out"])
     np.testing.assert_array_equal(x @ W, got["out"])
+
+
+def test_the_kernels_without_vnni_give_the_same_bits(tmp_path):
+    """Compiled for a CPU without VNNI (``NUMBA_CPU_NAME=haswell`` and its features alone, no AVX-512: the
+    lanes as plain vector IR, which LLVM lowers to ``vpmaddwd``), the kernels still equal the numpy reference
+    bit for bit (a fresh process and numba cache)."""
+    import os
+
+    code = """
+import numpy as np
+from attnlab.kernels import _q8_fused
+from attnlab.kernels.q8k_activations import Q8KActivationMatrix, reference_matmul
+assert not _q8_fused.VNNI
+rng = np.random.default_rng(1)
+for qtype, nbytes in (("Q4_K", 144), ("Q6_K", 210)):
+    raw = rng.integers(0, 256, (30, 3, nbytes), dtype=np.uint8)
+    at = slice(-2, None) if qtype == "Q6_K" else slice(0, 4)
+    raw[..., at] = rng.uniform(0, 1e-3, raw[..., at].shape[:-1] + (raw[..., at].shape[-1] // 2,)).astype(
+        np.float16).view(np.uint8)
+    W = Q8KActivationMatrix(raw.reshape(30, -1), qtype, 768)
+    x = rng.standard_normal((3, 768)).astype(np.float32)
+    assert np.array_equal(x @ W, reference_matmul(x, W)), qtype
+print("ok")
+"""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), NUMBA_CPU_NAME="haswell",
+               NUMBA_CPU_FEATURES="+avx2,+fma,+f16c,+bmi2")
+    env.pop("ATTNLAB_NO_NUMBA", None)
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
