@@ -248,17 +248,23 @@ def test_the_reference_equals_ggml_s_own_functions_bit_for_bit(tmp_path, rng, qt
     np.testing.assert_array_equal(x @ W, got["out"])
 
 
-def test_the_kernels_without_vnni_give_the_same_bits(tmp_path):
-    """Compiled for a CPU without VNNI (``NUMBA_CPU_NAME=haswell`` and its features alone, no AVX-512: the
-    lanes as plain vector IR, which LLVM lowers to ``vpmaddwd``), the kernels still equal the numpy reference
-    bit for bit (a fresh process and numba cache)."""
+@pytest.mark.parametrize("cpu", ["haswell", "vnni"])
+def test_the_kernels_on_other_instructions_give_the_same_bits(tmp_path, cpu):
+    """Compiled for a CPU named by its features (``NUMBA_CPU_NAME=haswell``, no VNNI, no AVX-512: the lanes as
+    plain vector IR, which LLVM lowers to ``vpmaddwd``), or with ``vpdpbusd`` and a multiply instead of the
+    AVX2 rule's ``vpmaddubsw`` + ``vpmaddwd`` (``MADD`` off before anything compiles, where the CPU has VNNI),
+    the kernels still equal the numpy reference bit for bit (a fresh process and numba cache)."""
     import os
 
+    from attnlab.kernels import _q8_fused
+    if cpu == "vnni" and not _q8_fused.VNNI:
+        pytest.skip("this CPU has no VNNI")
+    setup = "assert not _q8_fused.VNNI and not _q8k_fused.MADD" if cpu == "haswell" else "_q8k_fused.MADD = False"
     code = """
 import numpy as np
-from attnlab.kernels import _q8_fused
+from attnlab.kernels import _q8_fused, _q8k_fused
 from attnlab.kernels.q8k_activations import Q8KActivationMatrix, reference_matmul
-assert not _q8_fused.VNNI
+""" + setup + """
 rng = np.random.default_rng(1)
 for qtype, nbytes in (("Q4_K", 144), ("Q6_K", 210)):
     raw = rng.integers(0, 256, (30, 3, nbytes), dtype=np.uint8)
@@ -270,8 +276,9 @@ for qtype, nbytes in (("Q4_K", 144), ("Q6_K", 210)):
     assert np.array_equal(x @ W, reference_matmul(x, W)), qtype
 print("ok")
 """
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), NUMBA_CPU_NAME="haswell",
-               NUMBA_CPU_FEATURES="+avx2,+fma,+f16c,+bmi2")
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"),
+               **({"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx2,+fma,+f16c,+bmi2"} if cpu == "haswell"
+                  else {}))
     env.pop("ATTNLAB_NO_NUMBA", None)
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]

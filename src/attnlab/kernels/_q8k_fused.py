@@ -94,6 +94,35 @@ def _fma32(typingctx, a, b, c):
     return types.float32(types.float32, types.float32, types.float32), codegen
 
 
+def avx2_rule() -> bool:
+    """Whether a sub-block's lanes are ``vpmaddubsw`` then ``vpmaddwd`` with its scale (llama.cpp's own two
+    instructions; LLVM's ``llvm.x86.avx2.pmadd.*``): numba compiles for this CPU (``NUMBA_CPU_NAME`` unset or
+    "host") and LLVM reports AVX2 here. Else ``vpdpbusd`` (or its plain-IR sums) times the scale. A rule on the
+    CPU's features, never a timing; the integer lanes are the same either way."""
+    import llvmlite.binding as llvm
+
+    if numba.config.CPU_NAME not in (None, "host"):
+        return False
+    return bool(llvm.get_host_cpu_features().get("avx2"))
+
+
+MADD = avx2_rule()
+
+
+def _scaled_lanes(builder, w, y, sc16):
+    """<8 x i32>: lane j = Σ_{u<4} w[4j+u]·y[4j+u] times the scale of its values (w <32 x u8>, y <32 x s8>,
+    ``sc16`` <16 x i16> the scale of each pair of values): :data:`MADD`'s two instructions, or ``vpdpbusd``
+    and a multiply. No sum saturates: |w·y| pairs stay within 2·63·127."""
+    v16, v8 = ir.VectorType(I16, 16), ir.VectorType(I32, LANES)
+    if MADD:
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [w.type, y.type]),
+                                            "llvm.x86.avx2.pmadd.ub.sw")
+        wd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v16, v16]), "llvm.x86.avx2.pmadd.wd")
+        return builder.call(wd, [builder.call(fn, [w, y]), sc16])
+    sc = builder.sext(builder.shuffle_vector(sc16, sc16, _vec(I32, range(0, 16, 2))), v8)
+    return builder.mul(_dpbusd(builder, w, y), sc)
+
+
 def _splat(builder, value, n):
     vec = ir.VectorType(value.type, n)
     one = builder.insert_element(ir.Constant(vec, ir.Undefined), value, ir.Constant(I32, 0))
@@ -132,8 +161,9 @@ def _q4k_block(typingctx, qs, q_at, qx, x_at, sm, s_at, bsums, b_at, scale, dmin
             halves = (builder.and_(bits, _vec(I8, [15] * 32)), builder.lshr(bits, _vec(I8, [4] * 32)))
             for h, w in enumerate(halves):
                 y = _vload(builder, x_p, ir.Constant(x_at_v.type, 64 * j + 32 * h), v32)
-                sc = builder.shuffle_vector(sm16, sm16, _vec(I32, [2 * j + h] * LANES))
-                sumi = builder.add(sumi, builder.mul(_dpbusd(builder, w, y), sc))
+                sc = builder.trunc(builder.shuffle_vector(sm16, sm16, _vec(I32, [2 * j + h] * 16)),
+                                   ir.VectorType(I16, 16))
+                sumi = builder.add(sumi, _scaled_lanes(builder, w, y, sc))
         _accumulate(context, builder, t[10], acc_v, acc_at_v, scale_v, sumi)
         sums = builder.sext(_vload(builder, b_p, ir.Constant(b_at_v.type, 0), ir.VectorType(I16, 16)),
                             ir.VectorType(I32, 16))                                     # <16 x i32> bsums
@@ -171,8 +201,9 @@ def _q6k_block(typingctx, qs, q_at, qx, x_at, sc, s_at, bsums, b_at, scale, acc,
         for c in range(QK_K // 32):
             w = _vload(builder, q_p, ir.Constant(i64, 32 * c), v32)
             y = _vload(builder, x_p, ir.Constant(x_at_v.type, 32 * c), v32)
-            sc8 = builder.shuffle_vector(scales, scales, _vec(I32, [2 * c] * 4 + [2 * c + 1] * 4))
-            sumi = builder.add(sumi, builder.mul(_dpbusd(builder, w, y), sc8))
+            sc = builder.trunc(builder.shuffle_vector(scales, scales, _vec(I32, [2 * c] * 8 + [2 * c + 1] * 8)),
+                               ir.VectorType(I16, 16))
+            sumi = builder.add(sumi, _scaled_lanes(builder, w, y, sc))
         sums = builder.sext(_vload(builder, b_p, ir.Constant(b_at_v.type, 0), ir.VectorType(I16, 16)),
                             ir.VectorType(I32, 16))
         p = builder.mul(scales, sums)                                                     # <16 x i32>
