@@ -1,5 +1,5 @@
 """The K-quants in the 8-bit-activation mode (issue 33): x rounded to Q8_K, integer dot products with Q4_K and
-Q6_K super-blocks, as llama.cpp's x86 ``ggml_vec_dot_q4_K_q8_K`` / ``ggml_vec_dot_q6_K_q8_K``.
+Q5_K and Q6_K super-blocks, as llama.cpp's x86 ``ggml_vec_dot_<type>_q8_K``.
 
 The numba kernels (:mod:`attnlab.kernels._q8k_fused`) are held to the numpy reference
 (:func:`attnlab.kernels.q8k_activations.reference_matmul`) bit for bit, on weights written by ``gguf.GGUFWriter``
@@ -138,7 +138,8 @@ def test_a_token_s_outputs_are_its_own_in_a_prefill_and_a_decode_step(tmp_path, 
 
 def test_bad_arguments_name_what_was_expected(rng):
     raw = k_blocks(rng, 8, 256, "Q4_K")
-    with pytest.raises(ValueError, match=r"qtype must be one of \['Q4_K', 'Q6_K'\] for Q8_K activations, got 'Q4_1'"):
+    with pytest.raises(ValueError, match=r"qtype must be one of \['Q4_K', 'Q5_K', 'Q6_K'\] for Q8_K activations, "
+                                         "got 'Q4_1'"):
         Q8KActivationMatrix(raw, "Q4_1", 256)
     with pytest.raises(ValueError, match="d_in must be a positive multiple of 256 for Q4_K, got 64"):
         Q8KActivationMatrix(raw, "Q4_K", 64)
@@ -147,14 +148,15 @@ def test_bad_arguments_name_what_was_expected(rng):
         Q8KActivationMatrix(raw, "Q4_K", 512)
     with pytest.raises(ValueError, match=r"x @ W needs x \(\.\.\., 256\), got shape \(1, 32\)"):
         np.ones((1, 32), np.float32) @ Q8KActivationMatrix(raw, "Q4_K", 256)
-    with pytest.raises(ValueError, match=r"w.qtype must be one of \['Q4_K', 'Q6_K'\], got 'Q4_1'"):
+    with pytest.raises(ValueError, match=r"w.qtype must be one of \['Q4_K', 'Q5_K', 'Q6_K'\], got 'Q4_1'"):
         from attnlab.kernels.q8_activations import Q8ActivationMatrix
         reference_matmul(np.ones((1, 32), np.float32), Q8ActivationMatrix(np.zeros((4, 20), np.uint8), "Q4_1", 32))
 
 
 def tiny_k_gguf(path, monkeypatch):
     """tests/test_gguf.py's tiny llama GGUF at widths of 256 (d_model 256, d_mlp 512), its matrices Q4_K but
-    ffn_down and the tied embedding Q6_K (as a Q4_K_M file has them), written as random super-blocks."""
+    ffn_down and the tied embedding Q6_K (as a Q4_K_M file has them) and the second block's ffn_up Q5_K,
+    written as random super-blocks."""
     spec = importlib.util.spec_from_file_location("_test_gguf", Path(__file__).with_name("test_gguf.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -167,7 +169,8 @@ def tiny_k_gguf(path, monkeypatch):
         return plain(arr, kind)
     monkeypatch.setattr(gguf.quants, "quantize", quantize)
     Q = GGMLQuantizationType
-    types = {f"blk.{i}.ffn_down.weight": Q.Q6_K for i in range(2)} | {"token_embd.weight": Q.Q6_K}
+    types = {f"blk.{i}.ffn_down.weight": Q.Q6_K for i in range(2)} | {"token_embd.weight": Q.Q6_K,
+                                                                      "blk.1.ffn_up.weight": Q.Q5_K}
     module.write_gguf(path, qtype=Q.Q4_K, d_model=256, n_heads=4, n_kv_heads=2, d_head=64, d_mlp=512, types=types)
     monkeypatch.setattr(gguf.quants, "quantize", plain)
 
@@ -266,7 +269,7 @@ from attnlab.kernels import _q8_fused, _q8k_fused
 from attnlab.kernels.q8k_activations import Q8KActivationMatrix, reference_matmul
 """ + setup + """
 rng = np.random.default_rng(1)
-for qtype, nbytes in (("Q4_K", 144), ("Q6_K", 210)):
+for qtype, nbytes in (("Q4_K", 144), ("Q5_K", 176), ("Q6_K", 210)):
     raw = rng.integers(0, 256, (30, 3, nbytes), dtype=np.uint8)
     at = slice(-2, None) if qtype == "Q6_K" else slice(0, 4)
     raw[..., at] = rng.uniform(0, 1e-3, raw[..., at].shape[:-1] + (raw[..., at].shape[-1] // 2,)).astype(

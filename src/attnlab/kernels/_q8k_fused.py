@@ -1,6 +1,6 @@
 """The K-quants' 8-bit-activation kernels (numba, the optional extra ``attnlab[fast]``): x rounded to Q8_K, then
-integer dot products with Q4_K or Q6_K super-blocks, as llama.cpp's x86 ``ggml_vec_dot_q4_K_q8_K`` and
-``ggml_vec_dot_q6_K_q8_K`` run them.
+integer dot products with Q4_K, Q5_K or Q6_K super-blocks, as llama.cpp's x86 ``ggml_vec_dot_q4_K_q8_K``,
+``ggml_vec_dot_q5_K_q8_K`` and ``ggml_vec_dot_q6_K_q8_K`` run them.
 
 :mod:`attnlab.kernels.q8k_activations` says what is computed and holds the numpy reference these kernels are
 tested against bit for bit. Here:
@@ -137,56 +137,76 @@ def _accumulate(context, builder, acc_ty, acc, acc_at, scale, sumi):
                           builder.load(p, align=4)), p, align=4)
 
 
-@intrinsic
-def _q4k_block(typingctx, qs, q_at, qx, x_at, sm, s_at, bsums, b_at, scale, dmin, acc, acc_at, accm, accm_at):
-    """One Q4_K super-block of a row against one token: ``acc[a:a+8] = fma(scale, float(sumi), acc[a:a+8])``
-    (a = ``acc_at``), sumi the eight int32 lanes Σ_s sc_s · Σ_u w·q (``qs`` from element ``q_at``: 128 bytes of
-    nibbles; x's ``qx`` from ``x_at``: 256 int8; sc_0 … sc_7 and mn_0 … mn_7 from element ``s_at`` of ``sm``);
-    and the minima's four lanes ``accm[m:m+4] = fma(dmin, float(prod), accm[m:m+4])`` (m = ``accm_at``),
-    prod_k = mn_2k·S_2k + mn_2k+1·S_2k+1 with S_s x's sum over sub-block s (its ``bsums`` from ``b_at``)."""
-    def codegen(context, builder, signature, args):
-        (qs_v, q_at_v, qx_v, x_at_v, sm_v, s_at_v, bs_v, b_at_v, scale_v, dmin_v, acc_v, acc_at_v, accm_v,
-         accm_at_v) = args
-        t = signature.args
-        q_p = _ptr(context, builder, t[0], qs_v, q_at_v)
-        x_p = _ptr(context, builder, t[2], qx_v, x_at_v)
-        s_p = _ptr(context, builder, t[4], sm_v, s_at_v)
-        b_p = _ptr(context, builder, t[6], bs_v, b_at_v)
-        v32 = ir.VectorType(I8, 32)
-        sm16 = builder.zext(_vload(builder, s_p, ir.Constant(s_at_v.type, 0), ir.VectorType(I8, 16)),
-                            ir.VectorType(I32, 16))                                     # <16 x i32> sc, mn
-        sumi = ir.Constant(ir.VectorType(I32, LANES), [0] * LANES)
-        for j in range(QK_K // 64):                                   # 32 bytes: values 64j + t (low), + 32 (high)
-            bits = _vload(builder, q_p, ir.Constant(q_at_v.type, 32 * j), v32)
-            halves = (builder.and_(bits, _vec(I8, [15] * 32)), builder.lshr(bits, _vec(I8, [4] * 32)))
-            for h, w in enumerate(halves):
-                y = _vload(builder, x_p, ir.Constant(x_at_v.type, 64 * j + 32 * h), v32)
-                sc = builder.trunc(builder.shuffle_vector(sm16, sm16, _vec(I32, [2 * j + h] * 16)),
-                                   ir.VectorType(I16, 16))
-                sumi = builder.add(sumi, _scaled_lanes(builder, w, y, sc))
-        _accumulate(context, builder, t[10], acc_v, acc_at_v, scale_v, sumi)
-        sums = builder.sext(_vload(builder, b_p, ir.Constant(b_at_v.type, 0), ir.VectorType(I16, 16)),
-                            ir.VectorType(I32, 16))                                     # <16 x i32> bsums
-        S = builder.add(builder.shuffle_vector(sums, sums, _vec(I32, range(0, 16, 2))),
-                        builder.shuffle_vector(sums, sums, _vec(I32, range(1, 16, 2))))     # <8 x i32> sums of 32
-        p = builder.mul(builder.shuffle_vector(sm16, sm16, _vec(I32, range(8, 16))), S)      # mn_s · S_s
-        prod = builder.add(builder.shuffle_vector(p, p, _vec(I32, range(0, 8, 2))),
-                           builder.shuffle_vector(p, p, _vec(I32, range(1, 8, 2))))         # <4 x i32>
-        vf4 = ir.VectorType(F32, 4)
-        mp = builder.bitcast(_ptr(context, builder, t[12], accm_v, accm_at_v), vf4.as_pointer())
-        builder.store(_fma_ir(builder, _splat(builder, dmin_v, 4), builder.sitofp(prod, vf4),
-                              builder.load(mp, align=4)), mp, align=4)
-        return context.get_dummy_value()
-    return types.void(qs, q_at, qx, x_at, sm, s_at, bsums, b_at, scale, dmin, acc, acc_at, accm, accm_at), codegen
+def _nibbles_block(kind: str):
+    """The intrinsic of one Q4_K or Q5_K super-block of a row against one token (``kind``):
+    ``(qs, q_at, qx, x_at, sm, s_at, bsums, b_at, scale, dmin, acc, acc_at, accm, accm_at)``.
+    ``acc[a:a+8] = fma(scale, float(sumi), acc[a:a+8])`` (a = ``acc_at``), sumi the eight int32 lanes
+    Σ_s sc_s · Σ_u w·q (``qs`` from element ``q_at``: 128 bytes of nibbles, Q5_K's 32 bytes of fifth bits after
+    them; x's ``qx`` from ``x_at``: 256 int8; sc_0 … sc_7 and mn_0 … mn_7 from element ``s_at`` of ``sm``). The
+    minima, with prod_k = mn_2k·S_2k + mn_2k+1·S_2k+1 (S_s x's sum over sub-block s, from its ``bsums`` at
+    ``b_at``): Q4_K's four lanes ``accm[m:m+4] = fma(dmin, float(prod), accm[m:m+4])`` (m = ``accm_at``), Q5_K's
+    one ``accm[m] = fma(dmin, float(Σ_k prod_k), accm[m])``."""
+    five = kind == "Q5_K"
+
+    @intrinsic
+    def block(typingctx, qs, q_at, qx, x_at, sm, s_at, bsums, b_at, scale, dmin, acc, acc_at, accm, accm_at):
+        def codegen(context, builder, signature, args):
+            (qs_v, q_at_v, qx_v, x_at_v, sm_v, s_at_v, bs_v, b_at_v, scale_v, dmin_v, acc_v, acc_at_v, accm_v,
+             accm_at_v) = args
+            t = signature.args
+            q_p = _ptr(context, builder, t[0], qs_v, q_at_v)
+            x_p = _ptr(context, builder, t[2], qx_v, x_at_v)
+            s_p = _ptr(context, builder, t[4], sm_v, s_at_v)
+            b_p = _ptr(context, builder, t[6], bs_v, b_at_v)
+            v32 = ir.VectorType(I8, 32)
+            sm16 = builder.zext(_vload(builder, s_p, ir.Constant(s_at_v.type, 0), ir.VectorType(I8, 16)),
+                                ir.VectorType(I32, 16))                                 # <16 x i32> sc, mn
+            high = _vload(builder, q_p, ir.Constant(q_at_v.type, QK_K // 2), v32) if five else None
+            sumi = ir.Constant(ir.VectorType(I32, LANES), [0] * LANES)
+            for j in range(QK_K // 64):                               # 32 bytes: values 64j + t (low), + 32 (high)
+                bits = _vload(builder, q_p, ir.Constant(q_at_v.type, 32 * j), v32)
+                halves = (builder.and_(bits, _vec(I8, [15] * 32)), builder.lshr(bits, _vec(I8, [4] * 32)))
+                for h, w in enumerate(halves):
+                    if five:                                          # + 16 · bit 2j + h of qh[t]
+                        bit = builder.and_(builder.lshr(high, _vec(I8, [2 * j + h] * 32)), _vec(I8, [1] * 32))
+                        w = builder.or_(w, builder.shl(bit, _vec(I8, [4] * 32)))
+                    y = _vload(builder, x_p, ir.Constant(x_at_v.type, 64 * j + 32 * h), v32)
+                    sc = builder.trunc(builder.shuffle_vector(sm16, sm16, _vec(I32, [2 * j + h] * 16)),
+                                       ir.VectorType(I16, 16))
+                    sumi = builder.add(sumi, _scaled_lanes(builder, w, y, sc))
+            _accumulate(context, builder, t[10], acc_v, acc_at_v, scale_v, sumi)
+            sums = builder.sext(_vload(builder, b_p, ir.Constant(b_at_v.type, 0), ir.VectorType(I16, 16)),
+                                ir.VectorType(I32, 16))                                 # <16 x i32> bsums
+            S = builder.add(builder.shuffle_vector(sums, sums, _vec(I32, range(0, 16, 2))),
+                            builder.shuffle_vector(sums, sums, _vec(I32, range(1, 16, 2))))   # <8 x i32> sums of 32
+            p = builder.mul(builder.shuffle_vector(sm16, sm16, _vec(I32, range(8, 16))), S)    # mn_s · S_s
+            prod = builder.add(builder.shuffle_vector(p, p, _vec(I32, range(0, 8, 2))),
+                               builder.shuffle_vector(p, p, _vec(I32, range(1, 8, 2))))       # <4 x i32>
+            mp = _ptr(context, builder, t[12], accm_v, accm_at_v)
+            if five:                                                  # one scalar: Σ_k prod_k, exact
+                total = builder.extract_element(prod, ir.Constant(I32, 0))
+                for k in range(1, 4):
+                    total = builder.add(total, builder.extract_element(prod, ir.Constant(I32, k)))
+                builder.store(_fma_ir(builder, dmin_v, builder.sitofp(total, F32), builder.load(mp)), mp)
+            else:
+                vf4 = ir.VectorType(F32, 4)
+                mp = builder.bitcast(mp, vf4.as_pointer())
+                builder.store(_fma_ir(builder, _splat(builder, dmin_v, 4), builder.sitofp(prod, vf4),
+                                      builder.load(mp, align=4)), mp, align=4)
+            return context.get_dummy_value()
+        return types.void(qs, q_at, qx, x_at, sm, s_at, bsums, b_at, scale, dmin, acc, acc_at, accm, accm_at), codegen
+    return block
+
+
+_q4k_block, _q5k_block = _nibbles_block("Q4_K"), _nibbles_block("Q5_K")
 
 
 @intrinsic
 def _q6k_block(typingctx, qs, q_at, qx, x_at, sc, s_at, bsums, b_at, scale, acc, acc_at):
     """One Q6_K super-block of a row against one token: ``acc[a:a+8] = fma(scale, float(sumi), acc[a:a+8])``
-    (a = ``acc_at``), sumi
-    the eight int32 lanes Σ_c sc_{2c + j//4} · Σ_u w·q − 32·(sc_{2j}·bsums_{2j} + sc_{2j+1}·bsums_{2j+1}) (``qs``
-    from ``q_at``: 256 values 0 … 63; x's ``qx`` from ``x_at``; the int8 scales from ``s_at``; x's int16
-    ``bsums`` from ``b_at``)."""
+    (a = ``acc_at``), sumi the eight int32 lanes
+    Σ_c sc_{2c + j//4} · Σ_u w·q − 32·(sc_{2j}·bsums_{2j} + sc_{2j+1}·bsums_{2j+1}) (``qs`` from ``q_at``: 256
+    values 0 … 63; x's ``qx`` from ``x_at``; the int8 scales from ``s_at``; x's int16 ``bsums`` from ``b_at``)."""
     def codegen(context, builder, signature, args):
         qs_v, q_at_v, qx_v, x_at_v, sc_v, s_at_v, bs_v, b_at_v, scale_v, acc_v, acc_at_v = args
         t = signature.args
@@ -248,6 +268,30 @@ def _q4k_groups(qs, d, sm, qx, xd, bsums, out, g0, g1):
 
 
 @numba.njit(**FLAGS)
+def _q5k_groups(qs, d, sm, qx, xd, bsums, out, g0, g1):
+    """out[t, r] for the rows of groups g0 … g1 − 1 of Q5_K: qs (G, n, 4, 160) uint8 (nibbles, then fifth
+    bits), d and sm as Q4_K's; the minima one float32 per row, summs = fma(dmin, float(Σ mn·S), summs)."""
+    n_sb, n_rows, n_tok = qs.shape[1], out.shape[1], qx.shape[0]
+    acc = np.empty(GROUP * LANES, np.float32)                     # (4 rows × 8 lanes)
+    summs = np.empty(GROUP, np.float32)                           # (4 rows,) the minima's
+    for g in range(g0, g1):
+        for t in range(n_tok):
+            acc[:] = 0
+            summs[:] = 0
+            for b in range(n_sb):
+                at = (g * n_sb + b) * GROUP
+                xdb = xd[t, b]
+                for k in range(GROUP):
+                    for line in range(0, 160, 64):
+                        _prefetch(qs, (at + k) * 160 + PREFETCH_BYTES + line)
+                    _q5k_block(qs, (at + k) * 160, qx, (t * n_sb + b) * QK_K, sm, (at + k) * 16, bsums,
+                               (t * n_sb + b) * 16, xdb * _half(d[g, b, k, 0]), -xdb * _half(d[g, b, k, 1]),
+                               acc, k * LANES, summs, k)
+            for k in range(min(GROUP, n_rows - g * GROUP)):
+                out[t, g * GROUP + k] = _hsum8(acc, k * LANES) + summs[k]
+
+
+@numba.njit(**FLAGS)
 def _q6k_groups(qs, d, sc, qx, xd, bsums, out, g0, g1):
     """out[t, r] for the rows of groups g0 … g1 − 1: qs (G, n, 4, 256) uint8 (values 0 … 63), d (G, n, 4, 1)
     float16 bits, sc (G, n, 4, 16) int8; x's qx (N, n, 256), xd (N, n), bsums (N, n, 16)."""
@@ -286,6 +330,12 @@ def _q4k_product(qs, d, sm, x, out):
 
 
 @numba.njit(**FLAGS)
+def _q5k_product(qs, d, sm, x, out):
+    qx, xd, bsums = _quantized(x)
+    _q5k_groups(qs, d, sm, qx, xd, bsums, out, 0, qs.shape[0])
+
+
+@numba.njit(**FLAGS)
 def _q6k_product(qs, d, sc, x, out):
     qx, xd, bsums = _quantized(x)
     _q6k_groups(qs, d, sc, qx, xd, bsums, out, 0, qs.shape[0])
@@ -296,16 +346,20 @@ def quantize(x):
     return call(_quantized, x)
 
 
+PRODUCTS = {"Q4_K": _q4k_product, "Q5_K": _q5k_product, "Q6_K": _q6k_product}
+GROUPS = {"Q4_K": _q4k_groups, "Q5_K": _q5k_groups, "Q6_K": _q6k_groups}
+
+
 def matmul(qtype: str, qs, d, m, x, out, pool=None) -> None:
-    """out (N, R) = x (N, d_in) times the rows of a Q4_K or Q6_K weight in grouped integer planes (d as float16
+    """out (N, R) = x (N, d_in) times the rows of a Q4_K, Q5_K or Q6_K weight in grouped integer planes (d as float16
     bits), x rounded to Q8_K first; on the calling thread, or with ``pool`` (a ThreadPoolExecutor) over its
     threads, a range of groups each."""
     if pool is None:
-        call(_q4k_product if qtype == "Q4_K" else _q6k_product, qs, d, m, x, out)
+        call(PRODUCTS[qtype], qs, d, m, x, out)
         return
     qx, xd, bsums = call(_quantized, x)
     groups = qs.shape[0]
-    serial = _q4k_groups if qtype == "Q4_K" else _q6k_groups
+    serial = GROUPS[qtype]
     step = -(-groups // pool._max_workers)
     for f in [pool.submit(call, serial, qs, d, m, qx, xd, bsums, out, g0, min(groups, g0 + step))
               for g0 in range(0, groups, step)]:

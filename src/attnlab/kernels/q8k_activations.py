@@ -1,6 +1,6 @@
 """The K-quants in the 8-bit-activation mode (``quantized="q8-activations"``, :mod:`attnlab.kernels.q8_activations`):
-x rounded to Q8_K, then integer dot products with a Q4_K or Q6_K weight's super-blocks, as llama.cpp computes
-them on x86 (``ggml_vec_dot_q4_K_q8_K`` and ``ggml_vec_dot_q6_K_q8_K``, ggml-cpu/arch/x86/quants.c, the AVX2
+x rounded to Q8_K, then integer dot products with a Q4_K, Q5_K or Q6_K weight's super-blocks, as llama.cpp computes
+them on x86 (``ggml_vec_dot_q4_K_q8_K``, ``_q5_K_q8_K`` and ``_q6_K_q8_K``, ggml-cpu/arch/x86/quants.c, the AVX2
 branch, which AVX2 and AVX-512 builds both run; ``quantize_row_q8_K``, which on x86 is ggml-quants.c's
 ``quantize_row_q8_K_ref``).
 
@@ -16,8 +16,12 @@ A row's dot with one token, super-block after super-block b (all integer sums ex
   ``acc_j = fma(x.d·d, float(sumi_j), acc_j)``; the minima: ``prod_k = mn_{2k}·S_{2k} + mn_{2k+1}·S_{2k+1}``
   (S_s the sum of x's 32 values of sub-block s, k = 0 … 3), ``accm_k = fma(−x.d·dmin, float(prod_k), accm_k)``;
   at the end ``hsum8(acc) + ((accm_0 + accm_2) + (accm_1 + accm_3))``.
+- Q5_K (Q4_K's form, the values 5-bit: a fifth bit per value from 32 bytes qh): the same lanes and ``acc``;
+  the minima as one scalar, ``summs = fma(−x.d·dmin, float(Σ_s mn_s·S_s), summs)`` (ggml's C
+  ``summs += dmin * hsum``, which the vendored build compiles to ``vfmadd231ss``), then ``hsum8(acc) + summs``.
 - Q6_K (16 sub-blocks of 16, int8 scale sc, float16 d, 6-bit values w, w − 32 the weight's integer):
-  ``sumi_j = Σ_c sc_{2c + j//4} · Σ_{u<4} w_{32c+4j+u} · q_{32c+4j+u} − 32·(sc_{2j}·bsums_{2j} + sc_{2j+1}·bsums_{2j+1})``
+  ``sumi_j = Σ_c sc_{2c + j//4} · Σ_{u<4} w_{32c+4j+u} · q_{32c+4j+u}
+  − 32·(sc_{2j}·bsums_{2j} + sc_{2j+1}·bsums_{2j+1})``
   (c = 0 … 7; the −32 taken out through x's sums, as the vendored ggml does: its lanes, not the older
   ``_mm256_maddubs_epi16(m32s, q8)`` ones), ``acc_j = fma(x.d·d, float(sumi_j), acc_j)`` (the int32 to
   float32 conversion rounds past 2²⁴), then ``hsum8(acc)``.
@@ -30,8 +34,9 @@ tests hold the two to each other bit for bit (and, where llama-cpp-python is ins
 The weight's planes here are its integers, not the exact mode's float32 sub-block scales (d·sc rounds away
 which d and sc it came from, and llama.cpp multiplies d by x.d first): rows in groups of four side by side as
 :class:`attnlab.kernels.quantized.QuantizedMatrix` keeps them, ``qs`` the values (Q4_K: the file's 128 bytes of
-nibbles; Q6_K: 256 bytes, w in value order), ``d`` the float16 scales (Q4_K: d and dmin; Q6_K: d) and ``m`` the
-sub-block scales (Q4_K: sc_0 … sc_7 then mn_0 … mn_7, uint8; Q6_K: sc_0 … sc_15, int8).
+nibbles; Q5_K: those, then its 32 bytes of fifth bits; Q6_K: 256 bytes, w in value order), ``d`` the float16
+scales (Q4_K, Q5_K: d and dmin; Q6_K: d) and ``m`` the sub-block scales (Q4_K, Q5_K: sc_0 … sc_7 then
+mn_0 … mn_7, uint8; Q6_K: sc_0 … sc_15, int8).
 """
 
 from __future__ import annotations
@@ -46,8 +51,8 @@ from .q8_activations import weight_q8 as q8_weight
 from .quantized import grouped
 
 QK_K = 256                       # values per super-block (Q8_K, Q4_K, Q6_K)
-K_TYPES = ("Q4_K", "Q6_K")       # the K-quants with an integer kernel
-SUB = {"Q4_K": 32, "Q6_K": 16}   # values per sub-block (one scale each)
+K_TYPES = ("Q4_K", "Q5_K", "Q6_K")   # the K-quants with an integer kernel
+SUB = {"Q4_K": 32, "Q5_K": 32, "Q6_K": 16}   # values per sub-block (one scale each)
 
 
 def quantize_q8_k(x: np.ndarray):
@@ -69,18 +74,21 @@ def quantize_q8_k(x: np.ndarray):
 
 
 def planes(raw: np.ndarray, qtype: str, d_in: int):
-    """(qs, d, m) with a row per output of Q4_K or Q6_K bytes ``raw`` (d_out, bytes), the module's docstring's
-    integer planes: (d_out, n, 128 or 256) uint8, (d_out, n, 2 or 1) float16, (d_out, n, 16) uint8 or int8."""
+    """(qs, d, m) with a row per output of Q4_K, Q5_K or Q6_K bytes ``raw`` (d_out, bytes), the module's docstring's
+    integer planes: (d_out, n, 128, 160 or 256) uint8, (d_out, n, 2 or 1) float16, (d_out, n, 16) uint8 or
+    int8."""
     from gguf.quants import Q4_K
 
     block, nbytes = quantized.quant_sizes(qtype)
     rows, n = raw.shape[0], d_in // block
     blocks = raw.reshape(rows * n, nbytes)                                      # (super-blocks, bytes)
-    if qtype == "Q4_K":
+    if qtype in ("Q4_K", "Q5_K"):
         d = blocks[:, :4].copy().view(np.float16)                               # (rows·n, 2) d, dmin
         sc, mn = Q4_K.get_scale_min(blocks[:, 4:4 + Q4_K.K_SCALE_SIZE])         # (rows·n, 8) each
         sm = np.concatenate([sc, mn], axis=-1).astype(np.uint8)                 # (rows·n, 16)
-        qs = blocks[:, 4 + Q4_K.K_SCALE_SIZE:]                                  # (rows·n, 128) the file's nibbles
+        qs = blocks[:, 4 + Q4_K.K_SCALE_SIZE:]                                  # (rows·n, 128 [+ 32]) the file's
+        if qtype == "Q5_K":                                                     # qh then nibbles: nibbles, then qh
+            qs = np.concatenate([qs[:, QK_K // 8:], qs[:, :QK_K // 8]], axis=-1)   # (rows·n, 160)
         return qs.reshape(rows, n, -1), d.reshape(rows, n, 2), sm.reshape(rows, n, 16)
     if qtype == "Q6_K":
         ql, qh = blocks[:, :QK_K // 2], blocks[:, QK_K // 2:QK_K // 2 + QK_K // 4]   # (rows·n, 128), (rows·n, 64)
@@ -98,12 +106,17 @@ def planes(raw: np.ndarray, qtype: str, d_in: int):
 
 
 def values(qs: np.ndarray, qtype: str) -> np.ndarray:
-    """The weights' values w (R, n, 256) int32 in value order from ``qs`` (R, n, 128 or 256): Q4_K's 4-bit
-    w (byte 32·i + t holds values 64·i + t and 64·i + 32 + t), Q6_K's 6-bit w (its integer is w − 32)."""
+    """The weights' values w (R, n, 256) int32 in value order from ``qs`` (R, n, 128, 160 or 256): Q4_K's
+    4-bit w (byte 32·i + t holds values 64·i + t and 64·i + 32 + t), Q5_K's those plus 16 times bit 2·i (or
+    2·i + 1) of byte 128 + t, Q6_K's 6-bit w (its integer is w − 32)."""
     if qtype == "Q6_K":
         return qs.astype(np.int32)
-    q = qs.reshape(*qs.shape[:2], 4, 1, 32).astype(np.int32)                    # (R, n, 4, 1, 32)
-    return np.concatenate([q & 15, q >> 4], axis=3).reshape(*qs.shape[:2], QK_K)
+    q = qs[..., :QK_K // 2].reshape(*qs.shape[:2], 4, 1, 32).astype(np.int32)   # (R, n, 4, 1, 32)
+    w = np.concatenate([q & 15, q >> 4], axis=3)                                # (R, n, 4, 2, 32)
+    if qtype == "Q5_K":
+        bit = np.arange(8).reshape(4, 2, 1)                                     # value 64·i + 32·h: bit 2·i + h
+        w = w + 16 * ((qs[..., None, None, QK_K // 2:].astype(np.int32) >> bit) & 1)
+    return w.reshape(*qs.shape[:2], QK_K)
 
 
 def dequantized(qs, d, m, qtype: str) -> np.ndarray:
@@ -111,7 +124,7 @@ def dequantized(qs, d, m, qtype: str) -> np.ndarray:
     per output): Q4_K (d·sc)·w − dmin·mn, Q6_K (d·sc)·(w − 32), each product rounded to float32 as gguf's."""
     w = (values(qs, qtype) - (32 if qtype == "Q6_K" else 0)).astype(np.float32)   # (R, n, 256)
     dd = d.astype(np.float32)                                                   # (R, n, 2 or 1)
-    if qtype == "Q4_K":
+    if qtype in ("Q4_K", "Q5_K"):
         scale = dd[..., :1] * m[..., :8].astype(np.float32)                     # (R, n, 8)
         low = dd[..., 1:] * m[..., 8:].astype(np.float32)                       # (R, n, 8)
         out = scale[..., None] * w.reshape(*w.shape[:2], 8, 32) - low[..., None]   # (R, n, 8, 32)
@@ -139,7 +152,7 @@ def integer_lanes(qx: np.ndarray, w: np.ndarray, sc: np.ndarray, bsums: np.ndarr
     else:                                                                       # lanes 0-3: sc_2c, 4-7: sc_2c+1
         scale = np.repeat(sc.astype(np.int64).reshape(*sc.shape[:2], per, 2), 4, axis=-1)[None]   # (1, R, n, 8, 8)
     sumi = (lanes * scale).sum(axis=3)                                          # (N, R, n, 8)
-    if qtype == "Q6_K":                                                         # − 32·Σ_i sc_i·bsums_i, lane j: i = 2j, 2j + 1
+    if qtype == "Q6_K":                                    # − 32·Σ_i sc_i·bsums_i, lane j: i = 2j, 2j + 1
         offset = (sc.astype(np.int64).reshape(1, *sc.shape[:2], 8, 2) *
                   bsums.astype(np.int64).reshape(bsums.shape[0], 1, bsums.shape[1], 8, 2)).sum(-1)   # (N, R, n, 8)
         sumi = sumi - 32 * offset
@@ -154,13 +167,14 @@ def reference_matmul(x: np.ndarray, w: "Q8KActivationMatrix") -> np.ndarray:
     qx, xd, bsums = quantize_q8_k(x)                                            # (N, n, 256), (N, n), (N, n, 16)
     qs, d, m = (w.rows(p) for p in ("qs", "d", "m"))                            # (R, n, ...)
     wi = values(qs, w.qtype)                                                    # (R, n, 256)
-    sc = m[..., :8] if w.qtype == "Q4_K" else m                                 # (R, n, 8 or 16)
+    sc = m if w.qtype == "Q6_K" else m[..., :8]                                 # (R, n, 8 or 16)
     sumi = integer_lanes(qx, wi, sc, bsums, w.qtype).astype(np.int32).astype(np.float32)   # (N, R, n, 8)
     wd = d.astype(np.float32)                                                   # (R, n, 2 or 1)
     N, R, n = qx.shape[0], wi.shape[0], wi.shape[1]
     acc = np.zeros((N, R, LANES), np.float32)                                   # (N, R, 8)
     accm = np.zeros((N, R, 4), np.float32)                                      # (N, R, 4)
-    if w.qtype == "Q4_K":
+    summs = np.zeros((N, R), np.float32)                                        # (N, R) Q5_K's minima
+    if w.qtype != "Q6_K":
         S = bsums.astype(np.int64).reshape(N, n, 8, 2).sum(-1)                  # (N, n, 8) x's sums of 32
         mn = m[..., 8:].astype(np.int64)                                        # (R, n, 8)
         prod = (mn[None].reshape(1, R, n, 4, 2) * S[:, None].reshape(N, 1, n, 4, 2)).sum(-1)   # (N, R, n, 4)
@@ -168,12 +182,17 @@ def reference_matmul(x: np.ndarray, w: "Q8KActivationMatrix") -> np.ndarray:
     for b in range(n):
         dd = xd[:, None, b] * wd[None, :, b, 0]                                 # (N, R) x.d·d, float32
         acc = fma32(np.broadcast_to(dd[..., None], acc.shape), sumi[:, :, b], acc)   # (N, R, 8)
-        if w.qtype == "Q4_K":
+        if w.qtype != "Q6_K":
             dmin = -xd[:, None, b] * wd[None, :, b, 1]                          # (N, R) −x.d·dmin
+        if w.qtype == "Q4_K":
             accm = fma32(np.broadcast_to(dmin[..., None], accm.shape), prod[:, :, b], accm)   # (N, R, 4)
+        elif w.qtype == "Q5_K":
+            summs = fma32(dmin, prod[:, :, b].astype(np.int64).sum(-1).astype(np.float32), summs)   # (N, R)
     total = hsum8(acc)                                                          # (N, R)
     if w.qtype == "Q4_K":
         total = total + ((accm[..., 0] + accm[..., 2]) + (accm[..., 1] + accm[..., 3]))
+    elif w.qtype == "Q5_K":
+        total = total + summs
     return total
 
 
@@ -184,7 +203,7 @@ def _kernels():
 
 
 class Q8KActivationMatrix(Q8ActivationMatrix):
-    """A Q4_K or Q6_K weight W (d_in, d_out) whose ``x @ W`` rounds x to Q8_K and multiplies integers, as
+    """A Q4_K, Q5_K or Q6_K weight W (d_in, d_out) whose ``x @ W`` rounds x to Q8_K and multiplies integers, as
     llama.cpp does (the module's docstring); its planes are the integer ones (not the exact mode's). Any number
     of tokens, each token's outputs its own (a prefill gives the decode step's values)."""
 
@@ -236,7 +255,7 @@ class Q8KActivationMatrix(Q8ActivationMatrix):
 
 def weight_q8(raw: np.ndarray, qtype: str, d_in: int, *, rows: bool = False):
     """A GGUF tensor as the stack's weight in the 8-bit-activation mode: a :class:`Q8KActivationMatrix` (its
-    ``.T`` rows with ``rows``) for Q4_K and Q6_K, any other type as
+    ``.T`` rows with ``rows``) for Q4_K, Q5_K and Q6_K, any other type as
     :func:`attnlab.kernels.q8_activations.weight_q8` keeps it."""
     if qtype in K_TYPES and quantized.has_kernel():
         m = Q8KActivationMatrix(raw, qtype, d_in)

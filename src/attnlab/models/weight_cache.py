@@ -95,7 +95,8 @@ def cached_network(path: Path, folder: Path, build, quantized: bool | str = Fals
     return model
 
 
-MATRIX_CLASSES = {c.__name__: c for c in (QuantizedMatrix, Q8ActivationMatrix, Q8KActivationMatrix)}   # what a quantized weight may be
+MATRIX_CLASSES = {c.__name__: c for c in (QuantizedMatrix, Q8ActivationMatrix, Q8KActivationMatrix)}   # what a
+#                                                                        quantized weight may be
 ROOT_DTYPES = {np.dtype(t).str for t in (np.float32, np.float16, np.uint8, np.int8)}   # the arrays an entry holds
 
 
