@@ -40,6 +40,7 @@ FLAGS = dict(nogil=True, cache=True, boundscheck=False)
 GROUP = _quant_fused.GROUP            # rows side by side in the planes
 MAX_TOKENS = _quant_fused.MAX_TOKENS  # up to this many tokens a product runs on the calling thread (a decode step)
 QK_K = 256                            # values per super-block
+Q6_BYTES = 192                        # a Q6_K row's values per super-block: ql (128 bytes), qh (64)
 LANES = 8                             # llama.cpp's int32 lanes (and float32 accumulators) per row
 PREFETCH_BYTES = 4096                 # the values are prefetched this far ahead, as _q8_fused's (a hint: no result
 #                                       changes; a decode step streams its weights from memory)
@@ -205,8 +206,8 @@ _q4k_block, _q5k_block = _nibbles_block("Q4_K"), _nibbles_block("Q5_K")
 def _q6k_block(typingctx, qs, q_at, qx, x_at, sc, s_at, bsums, b_at, scale, acc, acc_at):
     """One Q6_K super-block of a row against one token: ``acc[a:a+8] = fma(scale, float(sumi), acc[a:a+8])``
     (a = ``acc_at``), sumi the eight int32 lanes
-    Σ_c sc_{2c + j//4} · Σ_u w·q − 32·(sc_{2j}·bsums_{2j} + sc_{2j+1}·bsums_{2j+1}) (``qs`` from ``q_at``: 256
-    values 0 … 63; x's ``qx`` from ``x_at``; the int8 scales from ``s_at``; x's int16 ``bsums`` from ``b_at``)."""
+    Σ_c sc_{2c + j//4} · Σ_u w·q − 32·(sc_{2j}·bsums_{2j} + sc_{2j+1}·bsums_{2j+1}) (``qs`` from ``q_at``: 128
+    bytes of low 4 bits, 64 of high 2, unpacked as llama.cpp's AVX2 loop does; x's ``qx`` from ``x_at``; the int8 scales from ``s_at``; x's int16 ``bsums`` from ``b_at``)."""
     def codegen(context, builder, signature, args):
         qs_v, q_at_v, qx_v, x_at_v, sc_v, s_at_v, bs_v, b_at_v, scale_v, acc_v, acc_at_v = args
         t = signature.args
@@ -218,8 +219,14 @@ def _q6k_block(typingctx, qs, q_at, qx, x_at, sc, s_at, bsums, b_at, scale, acc,
         scales = builder.sext(_vload(builder, s_p, ir.Constant(s_at_v.type, 0), ir.VectorType(I8, 16)),
                               ir.VectorType(I32, 16))                                     # <16 x i32>
         sumi = ir.Constant(ir.VectorType(I32, LANES), [0] * LANES)
-        for c in range(QK_K // 32):
-            w = _vload(builder, q_p, ir.Constant(i64, 32 * c), v32)
+        m4, m3 = _vec(I8, [15] * 32), _vec(I8, [3] * 32)
+        for c in range(QK_K // 32):                   # chunk c = 4h + k: as dequantize_row_q6_K's value order
+            h, k = divmod(c, 4)
+            low = _vload(builder, q_p, ir.Constant(i64, 64 * h + 32 * (k % 2)), v32)
+            high = _vload(builder, q_p, ir.Constant(i64, QK_K // 2 + 32 * h), v32)
+            nib = builder.and_(builder.lshr(low, _vec(I8, [4 * (k // 2)] * 32)), m4)
+            top = builder.shl(builder.and_(builder.lshr(high, _vec(I8, [2 * k] * 32)), m3), _vec(I8, [4] * 32))
+            w = builder.or_(nib, top)
             y = _vload(builder, x_p, ir.Constant(x_at_v.type, 32 * c), v32)
             sc = builder.trunc(builder.shuffle_vector(scales, scales, _vec(I32, [2 * c] * 8 + [2 * c + 1] * 8)),
                                ir.VectorType(I16, 16))
@@ -293,7 +300,7 @@ def _q5k_groups(qs, d, sm, qx, xd, bsums, out, g0, g1):
 
 @numba.njit(**FLAGS)
 def _q6k_groups(qs, d, sc, qx, xd, bsums, out, g0, g1):
-    """out[t, r] for the rows of groups g0 … g1 − 1: qs (G, n, 4, 256) uint8 (values 0 … 63), d (G, n, 4, 1)
+    """out[t, r] for the rows of groups g0 … g1 − 1: qs (G, n, 4, 192) uint8 (the file's ql, qh), d (G, n, 4, 1)
     float16 bits, sc (G, n, 4, 16) int8; x's qx (N, n, 256), xd (N, n), bsums (N, n, 16)."""
     n_sb, n_rows, n_tok = qs.shape[1], out.shape[1], qx.shape[0]
     acc = np.empty(GROUP * LANES, np.float32)
@@ -303,9 +310,9 @@ def _q6k_groups(qs, d, sc, qx, xd, bsums, out, g0, g1):
             for b in range(n_sb):
                 at = (g * n_sb + b) * GROUP
                 for k in range(GROUP):
-                    for line in range(0, QK_K, 64):
-                        _prefetch(qs, (at + k) * QK_K + PREFETCH_BYTES + line)
-                    _q6k_block(qs, (at + k) * QK_K, qx, (t * n_sb + b) * QK_K, sc, (at + k) * 16, bsums,
+                    for line in range(0, Q6_BYTES, 64):
+                        _prefetch(qs, (at + k) * Q6_BYTES + PREFETCH_BYTES + line)
+                    _q6k_block(qs, (at + k) * Q6_BYTES, qx, (t * n_sb + b) * QK_K, sc, (at + k) * 16, bsums,
                                (t * n_sb + b) * 16, xd[t, b] * _half(d[g, b, k, 0]), acc, k * LANES)
             for k in range(min(GROUP, n_rows - g * GROUP)):
                 out[t, g * GROUP + k] = _hsum8(acc, k * LANES)

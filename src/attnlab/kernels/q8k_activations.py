@@ -34,7 +34,7 @@ tests hold the two to each other bit for bit (and, where llama-cpp-python is ins
 The weight's planes here are its integers, not the exact mode's float32 sub-block scales (d·sc rounds away
 which d and sc it came from, and llama.cpp multiplies d by x.d first): rows in groups of four side by side as
 :class:`attnlab.kernels.quantized.QuantizedMatrix` keeps them, ``qs`` the values (Q4_K: the file's 128 bytes of
-nibbles; Q5_K: those, then its 32 bytes of fifth bits; Q6_K: 256 bytes, w in value order), ``d`` the float16
+nibbles; Q5_K: those, then its 32 bytes of fifth bits; Q6_K: the file's 192 bytes of low and high bits), ``d`` the float16
 scales (Q4_K, Q5_K: d and dmin; Q6_K: d) and ``m`` the sub-block scales (Q4_K, Q5_K: sc_0 … sc_7 then
 mn_0 … mn_7, uint8; Q6_K: sc_0 … sc_15, int8).
 """
@@ -75,7 +75,7 @@ def quantize_q8_k(x: np.ndarray):
 
 def planes(raw: np.ndarray, qtype: str, d_in: int):
     """(qs, d, m) with a row per output of Q4_K, Q5_K or Q6_K bytes ``raw`` (d_out, bytes), the module's docstring's
-    integer planes: (d_out, n, 128, 160 or 256) uint8, (d_out, n, 2 or 1) float16, (d_out, n, 16) uint8 or
+    integer planes: (d_out, n, 128, 160 or 192) uint8, (d_out, n, 2 or 1) float16, (d_out, n, 16) uint8 or
     int8."""
     from gguf.quants import Q4_K
 
@@ -91,26 +91,26 @@ def planes(raw: np.ndarray, qtype: str, d_in: int):
             qs = np.concatenate([qs[:, QK_K // 8:], qs[:, :QK_K // 8]], axis=-1)   # (rows·n, 160)
         return qs.reshape(rows, n, -1), d.reshape(rows, n, 2), sm.reshape(rows, n, 16)
     if qtype == "Q6_K":
-        ql, qh = blocks[:, :QK_K // 2], blocks[:, QK_K // 2:QK_K // 2 + QK_K // 4]   # (rows·n, 128), (rows·n, 64)
+        qs = blocks[:, :3 * QK_K // 4]                                          # (rows·n, 192) ql, then qh
         sc = blocks[:, 3 * QK_K // 4:3 * QK_K // 4 + 16].view(np.int8)          # (rows·n, 16)
         d = blocks[:, 3 * QK_K // 4 + 16:].copy().view(np.float16)              # (rows·n, 1)
-        w = np.empty((rows * n, 2, 4, 32), np.uint8)                            # (rows·n, half, quarter, 32)
-        for h in range(2):                                                      # llama.cpp's value order
-            low = ql[:, 64 * h:64 * h + 64].reshape(-1, 2, 32)                  # bytes l and l + 32 of the half
-            high = qh[:, 32 * h:32 * h + 32]                                    # (rows·n, 32)
-            for k in range(4):
-                nib = (low[:, k % 2] >> np.uint8(4 * (k // 2))) & np.uint8(15)
-                w[:, h, k] = nib | (((high >> np.uint8(2 * k)) & np.uint8(3)) << np.uint8(4))
-        return w.reshape(rows, n, QK_K), d.reshape(rows, n, 1), sc.reshape(rows, n, 16).copy()
+        return qs.reshape(rows, n, -1), d.reshape(rows, n, 1), sc.reshape(rows, n, 16).copy()
     raise ValueError(f"qtype must be one of {list(K_TYPES)}, got {qtype!r}")
 
 
 def values(qs: np.ndarray, qtype: str) -> np.ndarray:
-    """The weights' values w (R, n, 256) int32 in value order from ``qs`` (R, n, 128, 160 or 256): Q4_K's
+    """The weights' values w (R, n, 256) int32 in value order from ``qs`` (R, n, 128, 160 or 192): Q4_K's
     4-bit w (byte 32·i + t holds values 64·i + t and 64·i + 32 + t), Q5_K's those plus 16 times bit 2·i (or
-    2·i + 1) of byte 128 + t, Q6_K's 6-bit w (its integer is w − 32)."""
-    if qtype == "Q6_K":
-        return qs.astype(np.int32)
+    2·i + 1) of byte 128 + t, Q6_K's 6-bit w (its integer is w − 32; low 4 bits in the first 128 bytes, high 2
+    in the last 64, as ``dequantize_row_q6_K`` reads them)."""
+    if qtype == "Q6_K":                                                         # ql (128 bytes), qh (64)
+        w = np.empty((*qs.shape[:2], 2, 4, 32), np.int32)                       # (R, n, half, quarter, 32)
+        for h in range(2):                                                      # llama.cpp's value order
+            low = qs[..., 64 * h:64 * h + 64].reshape(*qs.shape[:2], 2, 32).astype(np.int32)   # bytes l, l + 32
+            high = qs[..., 128 + 32 * h:128 + 32 * h + 32].astype(np.int32)     # (R, n, 32)
+            for k in range(4):
+                w[:, :, h, k] = ((low[:, :, k % 2] >> 4 * (k // 2)) & 15) | (((high >> 2 * k) & 3) << 4)
+        return w.reshape(*qs.shape[:2], QK_K)
     q = qs[..., :QK_K // 2].reshape(*qs.shape[:2], 4, 1, 32).astype(np.int32)   # (R, n, 4, 1, 32)
     w = np.concatenate([q & 15, q >> 4], axis=3)                                # (R, n, 4, 2, 32)
     if qtype == "Q5_K":
