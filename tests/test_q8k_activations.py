@@ -270,18 +270,19 @@ def test_the_reference_equals_ggml_s_own_functions_bit_for_bit(tmp_path, rng, qt
     np.testing.assert_array_equal(x @ W, got["out"])
 
 
-@pytest.mark.parametrize("cpu", ["haswell", "vnni"])
+@pytest.mark.parametrize("cpu", ["haswell", "vnni", "plain"])
 def test_the_kernels_on_other_instructions_give_the_same_bits(tmp_path, cpu):
-    """Compiled for a CPU named by its features (``NUMBA_CPU_NAME=haswell``, no VNNI, no AVX-512: the lanes as
-    plain vector IR, which LLVM lowers to ``vpmaddwd``), or with ``vpdpbusd`` and a multiply instead of the
-    AVX2 rule's ``vpmaddubsw`` + ``vpmaddwd`` (``MADD`` off before anything compiles, where the CPU has VNNI),
-    the kernels still equal the numpy reference bit for bit (a fresh process and numba cache)."""
+    """Compiled for a CPU named by its features (``NUMBA_CPU_NAME=haswell``: AVX2, no VNNI, no AVX-512), with
+    ``vpdpbusd`` and a multiply instead of the AVX2 rule's ``vpmaddubsw`` + ``vpmaddwd`` (``MADD`` off before
+    anything compiles, where the CPU has VNNI), or with neither (plain vector IR: what a CPU without AVX2 would
+    run), the kernels still equal the numpy reference bit for bit (a fresh process and numba cache)."""
     import os
 
     from attnlab.kernels import _q8_fused
     if cpu == "vnni" and not _q8_fused.VNNI:
         pytest.skip("this CPU has no VNNI")
-    setup = "assert not _q8_fused.VNNI and not _q8k_fused.MADD" if cpu == "haswell" else "_q8k_fused.MADD = False"
+    setup = {"haswell": "assert not _q8_fused.VNNI and _q8k_fused.MADD", "vnni": "_q8k_fused.MADD = False",
+             "plain": "_q8k_fused.MADD = False; _q8_fused.VNNI = False"}[cpu]
     code = """
 import numpy as np
 from attnlab.kernels import _q8_fused, _q8k_fused

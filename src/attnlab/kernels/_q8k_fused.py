@@ -97,13 +97,14 @@ def _fma32(typingctx, a, b, c):
 
 def avx2_rule() -> bool:
     """Whether a sub-block's lanes are ``vpmaddubsw`` then ``vpmaddwd`` with its scale (llama.cpp's own two
-    instructions; LLVM's ``llvm.x86.avx2.pmadd.*``): numba compiles for this CPU (``NUMBA_CPU_NAME`` unset or
-    "host") and LLVM reports AVX2 here. Else ``vpdpbusd`` (or its plain-IR sums) times the scale. A rule on the
-    CPU's features, never a timing; the integer lanes are the same either way."""
+    instructions; LLVM's ``llvm.x86.avx2.pmadd.*``): the features numba compiles for have AVX2 (this CPU's as
+    LLVM reports them, or ``NUMBA_CPU_FEATURES`` where ``NUMBA_CPU_NAME`` names another CPU). Else ``vpdpbusd``
+    (or its plain-IR sums) times the scale. A rule on the features, never a timing; the integer lanes are the
+    same either way."""
     import llvmlite.binding as llvm
 
     if numba.config.CPU_NAME not in (None, "host"):
-        return False
+        return "+avx2" in str(numba.config.CPU_FEATURES or "").split(",")
     return bool(llvm.get_host_cpu_features().get("avx2"))
 
 
