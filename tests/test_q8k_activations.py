@@ -25,7 +25,7 @@ from gguf.quants import dequantize  # noqa: E402
 from attnlab.kernels import _q8k_fused  # noqa: E402
 from attnlab.kernels.q8_activations import MODE  # noqa: E402
 from attnlab.kernels.q8k_activations import (K_TYPES, Q8KActivationMatrix, quantize_q8_k,  # noqa: E402
-                                             reference_matmul)
+                                             reference_matmul, reference_matmul_tiled)
 
 
 @pytest.fixture(autouse=True)
@@ -305,3 +305,59 @@ print("ok")
     env.pop("ATTNLAB_NO_NUMBA", None)
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
+MUL_MAT = r"""
+import ctypes, importlib.util, os, sys
+import numpy as np
+import gguf
+lib = os.path.join(os.path.dirname(importlib.util.find_spec("llama_cpp").origin), "lib")
+base = ctypes.CDLL(os.path.join(lib, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+cpu = ctypes.CDLL(os.path.join(lib, "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
+class Params(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+vp, i64 = ctypes.c_void_p, ctypes.c_int64
+for name, res, args in (("ggml_init", vp, [Params]), ("ggml_new_tensor_2d", vp, [vp, ctypes.c_int, i64, i64]),
+                        ("ggml_get_data", vp, [vp]), ("ggml_mul_mat", vp, [vp, vp, vp]), ("ggml_new_graph", vp, [vp]),
+                        ("ggml_build_forward_expand", None, [vp, vp]), ("ggml_free", None, [vp])):
+    getattr(base, name).restype, getattr(base, name).argtypes = res, args
+cpu.ggml_graph_compute_with_ctx.argtypes = [vp, vp, ctypes.c_int]
+cpu.ggml_cpu_init()
+data = np.load(sys.argv[1])
+raw, x, qtype = np.ascontiguousarray(data["raw"]), np.ascontiguousarray(data["x"], np.float32), str(data["qtype"])
+ctx = base.ggml_init(Params(64 << 20, None, False))
+W = base.ggml_new_tensor_2d(ctx, int(gguf.GGMLQuantizationType[qtype]), x.shape[1], raw.shape[0])
+X = base.ggml_new_tensor_2d(ctx, 0, x.shape[1], x.shape[0])
+ctypes.memmove(base.ggml_get_data(W), raw.ctypes.data, raw.nbytes)
+ctypes.memmove(base.ggml_get_data(X), x.ctypes.data, x.nbytes)
+Y = base.ggml_mul_mat(ctx, W, X)
+graph = base.ggml_new_graph(ctx)
+base.ggml_build_forward_expand(graph, Y)
+cpu.ggml_graph_compute_with_ctx(ctx, graph, 1)
+out = np.empty((x.shape[0], raw.shape[0]), np.float32)
+ctypes.memmove(out.ctypes.data, base.ggml_get_data(Y), out.nbytes)
+np.save(sys.argv[2], out)
+"""
+
+
+@pytest.mark.parametrize("qtype", K_TYPES)
+def test_llama_cpp_s_mul_mat_is_the_vec_dot_below_8_tokens_and_the_tiled_gemm_from_8(tmp_path, rng, qtype):
+    """Dev only (llama-cpp-python installed): ggml's ``ggml_mul_mat`` (the graph op llama.cpp runs, one thread)
+    gives the mode's bits for 1 and 7 tokens (``ggml_vec_dot_*_q8_K`` per row and token) and, from 8 tokens on,
+    :func:`reference_matmul_tiled`'s (its tiled K-quant GEMM): llama.cpp's prefill of a K-quant weight rounds
+    differently from its decode steps."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed (pip install llama-cpp-python: a dev reference only)")
+    raw = k_blocks(rng, 48, 512, qtype, 1e-2)
+    W = Q8KActivationMatrix(raw, qtype, 512)
+    for n_tokens in (1, 7, 8, 20):
+        x = (rng.standard_normal((n_tokens, 512)) * 2).astype(np.float32)
+        np.savez(tmp_path / "in.npz", raw=raw, x=x, qtype=qtype)
+        run = subprocess.run([sys.executable, "-c", MUL_MAT, str(tmp_path / "in.npz"), str(tmp_path / "out.npy")],
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        got = np.load(tmp_path / "out.npy")
+        want = reference_matmul(x, W) if n_tokens < 8 else reference_matmul_tiled(x, W)
+        np.testing.assert_array_equal(got, want)
+        if n_tokens >= 8:
+            assert not np.array_equal(got, x @ W)                              # the mode keeps the decode's bits

@@ -196,6 +196,37 @@ def reference_matmul(x: np.ndarray, w: "Q8KActivationMatrix") -> np.ndarray:
     return total
 
 
+def reference_matmul_tiled(x: np.ndarray, w: "Q8KActivationMatrix") -> np.ndarray:
+    """x (N, d_in) @ w as the vendored ggml's *tiled* K-quant GEMM computes it (ggml-cpu's
+    ``ggml_compute_forward_mul_mat_tiled``, which ``ggml_tiled_min_batch`` takes for 8 or more tokens: llama.cpp's
+    prefill), by numpy: per super-block the exact integers s1 = Σ_s sc_s · Σ w·q (Q6_K: with its −32) and
+    s2 = Σ_s mn_s · S_s, then ``r = float(s1)·d`` and ``r = fma(−dmin, float(s2), r)`` (the VNNI microkernel's
+    epilogue, ``_mm512_fnmadd_ps``; no minima for Q6_K), ``out = fma(r, x.d, out)`` super-block after
+    super-block (its ``buf + r·d1``, contracted by the compiler). Not the mode's arithmetic: a token's outputs
+    here would depend on the batch's size (llama.cpp's do); kept as the measured description of llama.cpp's
+    prefill (tests/test_q8k_activations.py holds it to ggml's ``ggml_mul_mat`` where llama-cpp-python is
+    installed)."""
+    if w.qtype not in K_TYPES:
+        raise ValueError(f"w.qtype must be one of {list(K_TYPES)}, got {w.qtype!r}")
+    qx, xd, bsums = quantize_q8_k(x)                                            # (N, n, 256), (N, n), (N, n, 16)
+    qs, d, m = (w.rows(p) for p in ("qs", "d", "m"))                            # (R, n, ...)
+    sc = m if w.qtype == "Q6_K" else m[..., :8]                                 # (R, n, 8 or 16)
+    s1 = integer_lanes(qx, values(qs, w.qtype), sc, bsums, w.qtype).sum(-1)    # (N, R, n) exact
+    s1 = s1.astype(np.int32).astype(np.float32)
+    wd = d.astype(np.float32)                                                   # (R, n, 2 or 1)
+    N, R, n = s1.shape
+    if w.qtype != "Q6_K":
+        S = bsums.astype(np.int64).reshape(N, n, 8, 2).sum(-1)                  # (N, n, 8) x's sums of 32
+        s2 = (m[..., 8:].astype(np.int64)[None] * S[:, None]).sum(-1).astype(np.int32).astype(np.float32)
+    out = np.zeros((N, R), np.float32)                                          # (N, R)
+    for b in range(n):
+        r = s1[:, :, b] * wd[None, :, b, 0]                                     # (N, R)
+        if w.qtype != "Q6_K":
+            r = fma32(-np.broadcast_to(wd[None, :, b, 1], r.shape), s2[:, :, b], r)
+        out = fma32(r, np.broadcast_to(xd[:, None, b], r.shape), out)
+    return out
+
+
 @functools.cache
 def _kernels():
     from . import _q8k_fused
