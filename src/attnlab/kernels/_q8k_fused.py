@@ -161,8 +161,9 @@ def _nibbles_block(kind: str):
             s_p = _ptr(context, builder, t[4], sm_v, s_at_v)
             b_p = _ptr(context, builder, t[6], bs_v, b_at_v)
             v32 = ir.VectorType(I8, 32)
-            sm16 = builder.zext(_vload(builder, s_p, ir.Constant(s_at_v.type, 0), ir.VectorType(I8, 16)),
-                                ir.VectorType(I32, 16))                                 # <16 x i32> sc, mn
+            sm8 = _vload(builder, s_p, ir.Constant(s_at_v.type, 0), ir.VectorType(I8, 16))   # sc, mn
+            sm16 = builder.zext(sm8, ir.VectorType(I32, 16))                            # <16 x i32>
+            sc16 = builder.zext(sm8, ir.VectorType(I16, 16))                            # <16 x i16>
             high = _vload(builder, q_p, ir.Constant(q_at_v.type, QK_K // 2), v32) if five else None
             sumi = ir.Constant(ir.VectorType(I32, LANES), [0] * LANES)
             for j in range(QK_K // 64):                               # 32 bytes: values 64j + t (low), + 32 (high)
@@ -173,8 +174,7 @@ def _nibbles_block(kind: str):
                         bit = builder.and_(builder.lshr(high, _vec(I8, [2 * j + h] * 32)), _vec(I8, [1] * 32))
                         w = builder.or_(w, builder.shl(bit, _vec(I8, [4] * 32)))
                     y = _vload(builder, x_p, ir.Constant(x_at_v.type, 64 * j + 32 * h), v32)
-                    sc = builder.trunc(builder.shuffle_vector(sm16, sm16, _vec(I32, [2 * j + h] * 16)),
-                                       ir.VectorType(I16, 16))
+                    sc = builder.shuffle_vector(sc16, sc16, _vec(I32, [2 * j + h] * 16))
                     sumi = builder.add(sumi, _scaled_lanes(builder, w, y, sc))
             _accumulate(context, builder, t[10], acc_v, acc_at_v, scale_v, sumi)
             sums = builder.sext(_vload(builder, b_p, ir.Constant(b_at_v.type, 0), ir.VectorType(I16, 16)),
@@ -217,8 +217,9 @@ def _q6k_block(typingctx, qs, q_at, qx, x_at, sc, s_at, bsums, b_at, scale, acc,
         s_p = _ptr(context, builder, t[4], sc_v, s_at_v)
         b_p = _ptr(context, builder, t[6], bs_v, b_at_v)
         v32, i64 = ir.VectorType(I8, 32), q_at_v.type
-        scales = builder.sext(_vload(builder, s_p, ir.Constant(s_at_v.type, 0), ir.VectorType(I8, 16)),
-                              ir.VectorType(I32, 16))                                     # <16 x i32>
+        sc8 = _vload(builder, s_p, ir.Constant(s_at_v.type, 0), ir.VectorType(I8, 16))
+        scales = builder.sext(sc8, ir.VectorType(I32, 16))                                # <16 x i32>
+        scales16 = builder.sext(sc8, ir.VectorType(I16, 16))                              # <16 x i16>
         sumi = ir.Constant(ir.VectorType(I32, LANES), [0] * LANES)
         m4, m3 = _vec(I8, [15] * 32), _vec(I8, [3] * 32)
         for c in range(QK_K // 32):                   # chunk c = 4h + k: as dequantize_row_q6_K's value order
@@ -229,8 +230,7 @@ def _q6k_block(typingctx, qs, q_at, qx, x_at, sc, s_at, bsums, b_at, scale, acc,
             top = builder.shl(builder.and_(builder.lshr(high, _vec(I8, [2 * k] * 32)), m3), _vec(I8, [4] * 32))
             w = builder.or_(nib, top)
             y = _vload(builder, x_p, ir.Constant(x_at_v.type, 32 * c), v32)
-            sc = builder.trunc(builder.shuffle_vector(scales, scales, _vec(I32, [2 * c] * 8 + [2 * c + 1] * 8)),
-                               ir.VectorType(I16, 16))
+            sc = builder.shuffle_vector(scales16, scales16, _vec(I32, [2 * c] * 8 + [2 * c + 1] * 8))
             sumi = builder.add(sumi, _scaled_lanes(builder, w, y, sc))
         sums = builder.sext(_vload(builder, b_p, ir.Constant(b_at_v.type, 0), ir.VectorType(I16, 16)),
                             ir.VectorType(I32, 16))
