@@ -20,8 +20,8 @@ then ``((acc_0 + acc_4) + (acc_2 + acc_6)) + ((acc_1 + acc_5) + (acc_3 + acc_7))
 the tests hold them to each other bit for bit (numpy has no fused multiply-add: :func:`fma32` computes one,
 correctly rounded). ``summs`` stays a multiply and an add: llama.cpp writes it in C, ``summs += m·s``, which its
 compiler may or may not contract into one rounding (GCC's default for GNU C does, with FMA enabled); that
-scalar, once per block, is the one place the two can still differ, by ~1e-7 relative. The K-quants (Q8_K
-activations) have no kernel here yet: a Q4_K or Q6_K weight keeps the exact mode's product.
+scalar, once per block, is the one place the two can still differ, by ~1e-7 relative. The K-quants (Q4_K,
+Q6_K: Q8_K activations, super-blocks of 256) are :mod:`attnlab.kernels.q8k_activations`'s.
 
 Every token's output depends on that token's x alone, so a decode step and a prefill give each token the same
 logits; the thread count changes nothing (a row is summed by one thread).
@@ -145,7 +145,8 @@ class Q8ActivationMatrix(QuantizedMatrix):
 def weight_q8(raw: np.ndarray, qtype: str, d_in: int, *, rows: bool = False):
     """A GGUF tensor as the stack's weight in this mode: a :class:`Q8ActivationMatrix` (its ``.T`` rows with
     ``rows``) for the types with an integer kernel; any other type as
-    :func:`attnlab.kernels.quantized.weight_from_gguf` keeps it (the exact product, or float32)."""
+    :func:`attnlab.kernels.quantized.weight_from_gguf` keeps it (the exact product, or float32).
+    (:func:`attnlab.kernels.q8k_activations.weight_q8` adds the K-quants.)"""
     if qtype in INT_TYPES and quantized.has_kernel():
         m = Q8ActivationMatrix(raw, qtype, d_in)
         return m.T if rows else m

@@ -159,6 +159,16 @@ class QuantizedMatrix:
         out = self.dequantize()
         return out if dtype is None else out.astype(dtype)
 
+    def dequantize_rows(self, ids: np.ndarray) -> np.ndarray:
+        """Rows ``ids`` (n,) int64 in [0, d_out) of the transpose, float32 (n, d_in): a table's lookup (the fused
+        kernel, or numpy without it; the same values)."""
+        fused = fused_kernels()
+        if fused is None:
+            return self.dequantize(ids).T                                       # (n, d) by numpy
+        rows = np.empty((ids.size, self.d_in), np.float32)                      # (n, d) the same values
+        fused.dequantize(self.qtype, *self.kernel_planes, ids, rows)
+        return rows
+
     def __rmatmul__(self, x):
         x = np.asarray(x)
         if x.ndim < 1 or x.shape[-1] != self.d_in:
@@ -360,16 +370,11 @@ class QuantizedRows:
         if ids.dtype.kind not in "iu":
             raise TypeError(f"a quantized table is indexed by integer ids, got dtype {ids.dtype}")
         flat = ids.ravel().astype(np.int64)
-        m, fused = self.matrix, fused_kernels()
+        m = self.matrix
         if flat.size and not (-m.d_out <= flat.min() and flat.max() < m.d_out):
             raise IndexError(f"ids must lie in [-{m.d_out}, {m.d_out}), got {flat.min()} … {flat.max()}")
         flat %= m.d_out
-        if fused is None:
-            rows = m.dequantize(flat).T                                         # (n, d) by numpy
-        else:
-            rows = np.empty((flat.size, m.d_in), np.float32)                    # (n, d) the same values
-            fused.dequantize(self.qtype, *m.kernel_planes, flat, rows)
-        return rows.reshape(*ids.shape, self.shape[1])                       # (..., d)
+        return m.dequantize_rows(flat).reshape(*ids.shape, self.shape[1])     # (..., d)
 
     def __rmatmul__(self, y):
         """``y @ W`` for y (..., n_rows): (..., d) in float32 (a backward pass through ``x @ W.T``), the rows

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from ..kernels.q8_activations import MODE as Q8_MODE
-from ..kernels.q8_activations import weight_q8
+from ..kernels.q8k_activations import weight_q8
 from ..kernels.quantized import KERNEL_TYPES, weight_from_gguf
 from ..text.tokens import HFTokenizer
 from .checkpoint import Tensors

@@ -48,10 +48,12 @@ import numpy as np
 
 from ..kernels.matmul import gemv_order
 from ..kernels.q8_activations import Q8ActivationMatrix
+from ..kernels.q8k_activations import Q8KActivationMatrix
 from ..kernels.quantized import GROUP, QuantizedMatrix, QuantizedRows, is_quantized, quant_sizes
 from ..stack.transformer import ModelConfig, Transformer
 
-FORMAT = 1                 # bumped when the entry's layout changes: old entries are then never read
+FORMAT = 2                 # bumped when the entry's layout changes: old entries are then never read (2: the q8
+#                            mode's K-quants are Q8KActivationMatrix planes, no longer the exact mode's)
 HEAD_BYTES = 1 << 20       # the bytes of the GGUF file hashed into the key: its header, and then some
 ALIGN = 4096               # each array starts on a page
 
@@ -93,7 +95,8 @@ def cached_network(path: Path, folder: Path, build, quantized: bool | str = Fals
     return model
 
 
-MATRIX_CLASSES = {c.__name__: c for c in (QuantizedMatrix, Q8ActivationMatrix)}   # what a quantized weight may be
+MATRIX_CLASSES = {c.__name__: c for c in (QuantizedMatrix, Q8ActivationMatrix, Q8KActivationMatrix)}   # what a
+#                                                                        quantized weight may be
 ROOT_DTYPES = {np.dtype(t).str for t in (np.float32, np.float16, np.uint8, np.int8)}   # the arrays an entry holds
 
 
