@@ -203,7 +203,9 @@ def test_load_model_q8_runs_a_k_quant_file_near_its_float32_logits(tmp_path, mon
 def test_a_decode_step_gives_the_prefill_s_last_logits_bit_for_bit(tmp_path, monkeypatch):
     """The tiny K-quant model in the q8 mode: a prefill of all but the last token, then a decode step of it (its
     products on the calling thread, one token), gives the logits of one prefill of all the tokens (its products
-    over the worker pool), bit for bit (float32 KV caches: the float16 one rounds what the cacheless pass keeps)."""
+    over the worker pool), bit for bit. Both sides keep float32 KV caches, whose attention is the stack's own: with
+    the mode's float16 cache, attention follows llama.cpp's orders, which differ between a batch and one token
+    (attnlab.stack.llama_cpp)."""
     pytest.importorskip("tokenizers")
     from attnlab.models import load_model
     from attnlab.stack.transformer import forward, new_caches
@@ -213,7 +215,7 @@ def test_a_decode_step_gives_the_prefill_s_last_logits_bit_for_bit(tmp_path, mon
     model, _ = load_model(str(path), quantized=MODE)
     ids = np.arange(1, 13) * 7 % 264                                           # 12 tokens: more than MAX_TOKENS
     assert len(ids) > _q8k_fused.MAX_TOKENS
-    full = forward(model, ids).logits                                          # (12, vocab)
+    full = forward(model, ids, caches=new_caches(model, 32, kv_dtype="float32")).logits   # (12, vocab)
     cache = new_caches(model, 32, kv_dtype="float32")
     np.testing.assert_array_equal(forward(model, ids[:-1], caches=cache).logits, full[:-1])
     np.testing.assert_array_equal(forward(model, ids[-1:], caches=cache).logits, full[-1:])
