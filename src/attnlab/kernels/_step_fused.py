@@ -27,7 +27,11 @@ chosen (:func:`attnlab.kernels._kernels.step_kernel_choice`), ``rms_norm`` and t
 vectorise a loop, never reorder or contract its operations, so a vectorised loop and its scalar remainder, or
 the same function inlined in two kernels, give the same bits. float32 only.
 
-Compiled with ``cache=True`` (the machine code is kept in ``__pycache__``) and ``nogil=True``.
+Compiled with ``cache=True`` (the machine code is kept in ``__pycache__``), ``nogil=True`` and numpy's error model
+(``error_model="numpy"``): a float division by 0 gives inf or nan, as numpy's, where Python's model checks every
+divisor and raises ZeroDivisionError. That check, a branch in the loop, kept LLVM from vectorising the divisions
+of silu and the norm: silu(gate) · up of a 512 × 1,536 prompt took 5.3 ms in scalar code and 1.0 ms vectorised
+(one core of a Xeon, AVX-512, loaded), the same bits (no function here reorders or contracts its operations).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ EXP_HI, EXP_LO = np.float32(88.0), np.float32(-87.0)   # e^x overflows float32 a
 HALF, ONE, ZERO = np.float32(0.5), np.float32(1.0), np.float32(0.0)
 
 
-@numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
+@numba.njit(nogil=True, cache=True, boundscheck=False, error_model="numpy", inline="always")
 def exp_f32(x):
     """e^x for a float32 x in [-87, 88] (n in [-126, 127]: 2^n a normal float): Cephes' expf."""
     z = np.floor(LOG2E_F32 * x + HALF)                     # n, as a float32
@@ -62,7 +66,7 @@ def exp_f32(x):
     return y * _bits_f32((np.int32(z) + np.int32(127)) << 23)   # times 2^n, built in the exponent bits
 
 
-@numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
+@numba.njit(nogil=True, cache=True, boundscheck=False, error_model="numpy", inline="always")
 def silu_f32(g):
     """silu(g) = g / (1 + e^(−g)); e^(−g) is inf above 88 (g / inf = −0, as numpy's) and 0 below −87."""
     t = -g
@@ -70,7 +74,7 @@ def silu_f32(g):
     return g / (e + ONE)
 
 
-@numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
+@numba.njit(nogil=True, cache=True, boundscheck=False, error_model="numpy", inline="always")
 def sum_squares(x):
     """Σ_j x[j]² of a 1-D float32 row, in 16 lanes (lane i sums x[i::16], the tail into lane 0) combined in a
     fixed tree: an order written here, the same in every kernel that inlines it."""
@@ -93,7 +97,7 @@ def sum_squares(x):
     return a + b
 
 
-@numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
+@numba.njit(nogil=True, cache=True, boundscheck=False, error_model="numpy", inline="always")
 def rms_scale(x, inv_d, eps):
     """√(Σ x² · (1/d) + eps) of one row, as ``rms_norm`` orders it: the sum times 1/d, plus eps, the root."""
     ms = sum_squares(x) * inv_d
@@ -101,21 +105,21 @@ def rms_scale(x, inv_d, eps):
     return np.sqrt(ms)
 
 
-@numba.njit(nogil=True, cache=True, boundscheck=False)
+@numba.njit(nogil=True, cache=True, boundscheck=False, error_model="numpy")
 def rms_scale_rows(x, inv_d, eps, out):
     """out[r, 0] = √(mean(x[r]²) + eps) for each row of x (rows, d): the divisor ``hook_scale`` sees."""
     for r in range(x.shape[0]):
         out[r, 0] = rms_scale(np.ascontiguousarray(x[r]), inv_d, eps)
 
 
-@numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
+@numba.njit(nogil=True, cache=True, boundscheck=False, error_model="numpy", inline="always")
 def _normalise(x, w, s, out):
     """out = (x / s) · w elementwise, one row: numpy's ``y = x / scale; y *= weight``."""
     for j in range(x.shape[0]):
         out[j] = (x[j] / s) * w[j]
 
 
-@numba.njit(nogil=True, cache=True, boundscheck=False)
+@numba.njit(nogil=True, cache=True, boundscheck=False, error_model="numpy")
 def rms_norm_rows(x, w, inv_d, eps, out):
     """out (rows, d) = RMSNorm of x (rows, d) with weight w (d,)."""
     for r in range(x.shape[0]):
@@ -123,7 +127,7 @@ def rms_norm_rows(x, w, inv_d, eps, out):
         _normalise(row, w, rms_scale(row, inv_d, eps), out[r])
 
 
-@numba.njit(nogil=True, cache=True, boundscheck=False)
+@numba.njit(nogil=True, cache=True, boundscheck=False, error_model="numpy")
 def resid_rms(x, y, b, w, inv_d, eps, x_out, h_out):
     """The attention's residual line and the next norm, one row: x_out = x + (y + b) (numpy's ``y += b_O``,
     then ``x + y``), h_out = RMSNorm(x_out) with weight w. x, y, x_out, h_out (1, d); b, w (d,)."""
@@ -133,20 +137,20 @@ def resid_rms(x, y, b, w, inv_d, eps, x_out, h_out):
     _normalise(xo, w, rms_scale(xo, inv_d, eps), h_out[0])
 
 
-@numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
+@numba.njit(nogil=True, cache=True, boundscheck=False, error_model="numpy", inline="always")
 def _silu_mul(g, u, out):
     for j in range(g.shape[0]):
         out[j] = silu_f32(g[j]) * u[j]
 
 
-@numba.njit(nogil=True, cache=True, boundscheck=False)
+@numba.njit(nogil=True, cache=True, boundscheck=False, error_model="numpy")
 def silu_mul_rows(gate, up, out):
     """out = silu(gate) · up, rows (rows, m) each: the gated MLP's hidden layer (SwiGLU)."""
     for r in range(gate.shape[0]):
         _silu_mul(np.ascontiguousarray(gate[r]), np.ascontiguousarray(up[r]), out[r])
 
 
-@numba.njit(nogil=True, cache=True, boundscheck=False)
+@numba.njit(nogil=True, cache=True, boundscheck=False, error_model="numpy")
 def swiglu_row(both, out):
     """out (1, m) = silu(both[0, :m]) · both[0, m:]: the hidden layer from the gate|up product (1, 2m)."""
     m = out.shape[1]
@@ -154,7 +158,7 @@ def swiglu_row(both, out):
     _silu_mul(row[:m], row[m:], out[0])
 
 
-@numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
+@numba.njit(nogil=True, cache=True, boundscheck=False, error_model="numpy", inline="always")
 def _rotated(row, b, cos, sin, base, i, rotate):
     """Feature i of the head starting at ``base`` of the projected row, biased and (with ``rotate``) turned by
     RoPE as numpy's ``rope`` does: pair · cos + reversed(pair) · sin, cos and sin (d/2, 2) rows of its tables."""
@@ -165,7 +169,7 @@ def _rotated(row, b, cos, sin, base, i, rotate):
     return t * cos[i >> 1, i & 1] + (row[o] + b[o]) * sin[i >> 1, i & 1]
 
 
-@numba.njit(nogil=True, cache=True, boundscheck=False)
+@numba.njit(nogil=True, cache=True, boundscheck=False, error_model="numpy")
 def qkv_rope_append(qkv, b, cos, sin, rotate, q, k_buf, v_buf, pos):
     """One token's q, k and v from its q|k|v product: biased, q and k rotated (RoPE, with ``rotate``), q written
     to q (h, 1, d), k and v to the cache buffers k_buf, v_buf (h_kv, capacity, d) at position ``pos``.
