@@ -11,6 +11,8 @@ Here each stretch between two products is one call:
     resid_rms          x' = x + (y + b_O); h = rms_norm(x')                                  (ln_2)
     silu_mul_rows      hidden = silu(gate) · up
 
+and, for a prompt's rows (a prefill), ``qkv_rope_rows``: the bias and RoPE of q|k|v, each head to its own block.
+
 The arithmetic is numpy's, operation for operation, wherever an elementwise IEEE operation is exact (the
 bias, RoPE's ``pair · cos + reversed(pair) · sin``, the divisions and products of the norm, the adds): those
 bits equal the numpy path's. Two pieces are not numpy's own:
@@ -167,6 +169,61 @@ def _rotated(row, b, cos, sin, base, i, rotate):
         return t
     o = base + (i ^ 1)                                     # the pair's other feature
     return t * cos[i >> 1, i & 1] + (row[o] + b[o]) * sin[i >> 1, i & 1]
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False, error_model="numpy")
+def qkv_rope_rows(qkv, b, cos, sin, rotate, q, k, v):
+    """A prompt's q, k and v from its q|k|v product, in one pass: each row biased, q and k rotated (RoPE, with
+    ``rotate``) as :func:`qkv_rope_append` turns one token's, and every head written to its own contiguous
+    (n, d) block: q (h, n, d), k and v (h_kv, n, d). qkv (n, (h + 2·h_kv)·d); b its bias; cos, sin
+    (n, d/2, 2) RoPE's pair tables at the rows' positions (:meth:`attnlab.layer.positions.RoPE.turns`).
+
+    numpy's ``qkv + b``, then ``rope`` on the strided head views, take a pass each for the bias, the pair swap,
+    both products and their sum; the operations here are the same, each rounded alike (``pair · cos +
+    reversed(pair) · sin``), so the bits are numpy's. Head by head, a row's head biased into ``t``, its pairs
+    swapped into ``u``, then ``t · cos + u · sin``: three loops LLVM vectorises (SmolLM2's 512 rows: 0.53 ms,
+    numpy's passes 1.2 ms, the pairs indexed in one loop 1.6 ms; one core of a Xeon, AVX-512)."""
+    n = qkv.shape[0]
+    h, d = q.shape[0], q.shape[2]
+    h_kv = k.shape[0]
+    for hd in range(h + h_kv):                             # q's and k's heads
+        out = q[hd] if hd < h else k[hd - h]               # (n, d)
+        if rotate:
+            _rope_head(qkv, b, cos, sin, hd * d, out)
+        else:
+            _bias_head(qkv, b, hd * d, out)
+    for hd in range(h_kv):                                 # v's heads
+        _bias_head(qkv, b, (h + h_kv + hd) * d, v[hd])
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False, error_model="numpy", inline="always")
+def _bias_head(qkv, b, base, out):
+    """out (n, d) = qkv[:, base:base + d] + b[base:base + d]."""
+    d = out.shape[1]
+    bias = b[base:base + d]
+    for r in range(qkv.shape[0]):
+        row, o = qkv[r, base:base + d], out[r]
+        for i in range(d):
+            o[i] = row[i] + bias[i]
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False, error_model="numpy", inline="always")
+def _rope_head(qkv, b, cos, sin, base, out):
+    """out (n, d) = the head at column ``base`` of qkv, biased, turned: ``pair · cos + reversed(pair) · sin``."""
+    n, d = out.shape
+    c2, s2 = cos.reshape(n, d), sin.reshape(n, d)          # (n, d) each pair's cos, and ±sin, twice
+    bias = b[base:base + d]
+    t = np.empty(d, np.float32)                            # a row's head, biased
+    u = np.empty(d, np.float32)                            # its pairs swapped: (x_2i+1, x_2i)
+    for r in range(n):
+        row, c, s, o = qkv[r, base:base + d], c2[r], s2[r], out[r]
+        for i in range(d):
+            t[i] = row[i] + bias[i]
+        for i in range(0, d, 2):
+            u[i] = t[i + 1]
+            u[i + 1] = t[i]
+        for i in range(d):
+            o[i] = t[i] * c[i] + u[i] * s[i]
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False, error_model="numpy")
