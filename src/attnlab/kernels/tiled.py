@@ -413,8 +413,7 @@ class FusedTile:
     unit, exp, log = LOG2E, np.exp2, np.log2
 
     def __init__(self, module):
-        self.softmax = module.tile_softmax
-        self.exp_minus_rows = module.exp_minus_rows
+        self.module = module    # looked up at each call: after its first, FromCache hands out the kernel itself
 
     def __call__(self, s, plan, r0, r1, j0, j1, keep, m, shift, l, acc, first, bounded, buf):
         if keep is not None:
@@ -423,7 +422,7 @@ class FusedTile:
         far = plan.n_q + plan.n_k + 1                           # no bound
         hi0 = r0 + plan.offset + 1 - j0 if plan.is_causal else far          # row r sees columns < hi0 + r
         lo0 = r0 + plan.offset - plan.window + 1 - j0 if plan.window is not None else -far   # and >= lo0 + r
-        self.softmax(s, m, shift, l, acc, hi0, lo0, first, not bounded)
+        self.module.tile_softmax(s, m, shift, l, acc, hi0, lo0, first, not bounded)
         if first:
             np.matmul(s, buf.ones[:j1 - j0], out=l)             # (br,) l = rowsum p (a written order: BLAS's)
         else:
@@ -432,7 +431,7 @@ class FusedTile:
 
     def exp_rows(self, s, shift):
         """The backward's weights in place, exp(s - shift), in one pass (:func:`attnlab.kernels._fused.exp_minus_rows`)."""
-        self.exp_minus_rows(s, shift, s.dtype.type(LOG2E))
+        self.module.exp_minus_rows(s, shift, s.dtype.type(LOG2E))
         return s
 
 
