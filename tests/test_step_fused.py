@@ -287,3 +287,14 @@ def test_a_rows_norm_and_gated_mlp_bits_do_not_depend_on_the_rows_beside_it(fuse
     np.testing.assert_array_equal(mlp.gated(np.ascontiguousarray(gate[1, 3:4]), np.ascontiguousarray(up[1, 3:4])),
                                   hidden[1, 3:4])
     np.testing.assert_allclose(hidden, silu(gate.astype(np.float64)) * up, rtol=1e-6, atol=1e-6)
+
+
+def test_a_zero_divisor_gives_numpys_nan_not_an_exception(fused, monkeypatch):
+    """The kernels use numpy's error model: a zero row with eps = 0 (√0 = 0, then 0 / 0) is nan, as the numpy
+    path gives it, where Python's model raised ZeroDivisionError from inside the kernel."""
+    x, w = np.zeros((2, 4), f32), np.ones(4, f32)
+    got = rms_norm(x, w, 0.0)
+    monkeypatch.setenv(_kernels.NO_NUMBA_ENV, "1")
+    with np.errstate(invalid="ignore"):
+        want = rms_norm(x, w, 0.0)
+    assert np.isnan(got).all() and np.isnan(want).all()
