@@ -123,15 +123,18 @@ def test_bias_rotation_and_append_are_numpys_bits(rotate):
     assert not k_buf.any() and not v_buf.any()                              # nothing written
 
 
-@pytest.mark.parametrize("rotate", [True, False])
-def test_a_prompts_bias_and_rotation_are_numpys_bits(rotate):
+@pytest.mark.parametrize("rotate, scaling", [(True, None), (False, None),
+                                             (True, {"rope_type": "yarn", "factor": 4.0,
+                                                     "original_max_position_embeddings": 8})])
+def test_a_prompts_bias_and_rotation_are_numpys_bits(rotate, scaling):
     """qkv_rope_rows (a prefill's q, k, v) against numpy's ``qkv + b`` then ``rope`` on the head views, rows at
-    positions 5 … 5 + n − 1 (a prompt after 5 cached tokens), with values where the last bits show."""
+    positions 5 … 5 + n − 1 (a prompt after 5 cached tokens), with values where the last bits show; with YaRN's
+    scaling too (its attention factor rides on both tables)."""
     rng = np.random.default_rng(4)
     n, h, h_kv, d, start = 11, 6, 2, 8, 5
     qkv = (rng.standard_normal((n, (h + 2 * h_kv) * d)) * 7).astype(f32)
     b = rng.standard_normal((h + 2 * h_kv) * d).astype(f32)
-    rope = RoPE(1000.0)
+    rope = RoPE(1000.0, scaling=scaling)
     heads = (qkv + b).reshape(n, h + 2 * h_kv, d).swapaxes(0, 1)            # (h + 2·h_kv, n, d) numpy's way
     qk = rope.rotate(heads[:h + h_kv], start=start) if rotate else heads[:h + h_kv]
     cos, sin = rope.turns(d, start, n) if rotate else (np.zeros((1, 1, 2), f32),) * 2
@@ -140,7 +143,7 @@ def test_a_prompts_bias_and_rotation_are_numpys_bits(rotate):
     np.testing.assert_array_equal(q.view(np.int32), np.ascontiguousarray(qk[:h]).view(np.int32))
     np.testing.assert_array_equal(k.view(np.int32), np.ascontiguousarray(qk[h:]).view(np.int32))
     np.testing.assert_array_equal(v.view(np.int32), np.ascontiguousarray(heads[h + h_kv:]).view(np.int32))
-    if rotate:                                                              # by hand: pair (1, 0) at angle pos·θ_0
+    if rotate and scaling is None:                                          # by hand: pair (1, 0) at angle pos·θ_0
         one = np.zeros((2, (h + 2 * h_kv) * d), f32)
         one[:, 0] = 1
         q1 = np.empty((h, 2, d), f32)
