@@ -519,13 +519,14 @@ def _project(p: MultiHeadAttention, x: np.ndarray):
 
 def _rows_kernels(p: MultiHeadAttention, x: np.ndarray):
     """The fused kernels (:mod:`attnlab.kernels._step_fused`) when they take this layer's q, k and v of x: float32
-    rows (n, d_model) without batch axes, q|k|v as one float32 product (a float32 or a quantized weight) with a
-    float32 bias, no QK-norm, RoPE over whole
-    heads or no rotation; else None (numpy's way: :func:`_project`, :func:`_rotate`)."""
+    rows (n, d_model) without batch axes, q|k|v as one product of a float32 weight with a float32 bias, no
+    QK-norm, RoPE over whole heads or no rotation; else None (numpy's way: :func:`_project`, :func:`_rotate`).
+    Quantized weights keep numpy's way, which their modes' own arithmetic may take over."""
     c, scheme = p.config, p.config.positions
-    if (x.ndim != 2 or x.dtype != np.float32 or getattr(p.W_QKV, "dtype", None) != np.float32
+    if (x.ndim != 2 or x.dtype != np.float32 or not isinstance(p.W_QKV, np.ndarray) or p.W_QKV.dtype != np.float32
             or p.b_QKV is None or p.b_QKV.dtype != np.float32
-            or c.qk_norm is not None or (scheme.rotates and (type(scheme) is not RoPE or scheme.rotary_dim is not None))):
+            or c.qk_norm is not None
+            or (scheme.rotates and (type(scheme) is not RoPE or scheme.rotary_dim is not None))):
         return None
     return step_kernels()
 
