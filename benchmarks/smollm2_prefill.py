@@ -35,11 +35,13 @@ TORCH_CLASSES = {"aten::mm": "products (sgemm)", "aten::addmm": "products (sgemm
 
 def parts(model, ids: np.ndarray, rounds: int) -> dict:
     """Process-time milliseconds of each part of attnlab's prefill, summed over the layers, medians of ``rounds``;
-    inside one model step, as :func:`attnlab.stack.transformer.forward` runs its layers (the same kernels)."""
+    inside one model step, as :func:`attnlab.stack.transformer.forward` runs its layers (the same kernels: the
+    fused bias and RoPE of q|k|v, ``qkv_rope_rows``, where the forward takes it, and the gated MLP's own
+    silu(gate) · up)."""
     from attnlab.kernels._step import one_step
     from attnlab.kernels.attention import attention
-    from attnlab.layer.multihead import _output, _project
-    from attnlab.stack.layers import ACTIVATIONS
+    from attnlab.kernels.matmul import linear
+    from attnlab.layer.multihead import _output, _project, _rows_kernels
     from attnlab.stack.transformer import embed, logits_of, pass_scores
 
     def one() -> dict:
@@ -54,17 +56,27 @@ def parts(model, ids: np.ndarray, rounds: int) -> dict:
         with one_step(pass_scores(model, ids.shape)):
             x = clock("embedding", lambda: embed(model, ids))                      # (n, d_model)
             for b in model.blocks:
+                a = b.attn.config
                 h = clock("norms", lambda: b.ln_1(x))
-                q, k, v, qk = clock("products (sgemm): q/k/v", lambda: _project(b.attn, h))
-                qk = clock("RoPE", lambda: b.attn.config.positions.rotate(qk, start=0))   # (h + h_kv, n, d_head)
-                q, k = qk[:b.attn.config.n_heads], qk[b.attn.config.n_heads:]
+                fused = _rows_kernels(b.attn, h)
+                if fused is not None:
+                    qkv = clock("products (sgemm): q/k/v", lambda: linear(h, b.attn.W_QKV))   # (n, (h + 2·h_kv)·d)
+                    q = np.empty((a.n_heads, len(ids), a.d_head), np.float32)        # (h, n, d_head)
+                    k, v = (np.empty((a.n_kv_heads, len(ids), a.d_head), np.float32) for _ in range(2))
+                    cos, sin = a.positions.turns(a.d_head, 0, len(ids))              # (n, d_head/2, 2)
+                    clock("bias, RoPE, heads (qkv_rope_rows)",
+                          lambda: fused.qkv_rope_rows(qkv, b.attn.b_QKV, cos, sin, True, q, k, v))
+                else:
+                    q, k, v, qk = clock("products (sgemm): q/k/v", lambda: _project(b.attn, h))
+                    qk = clock("bias, RoPE, heads (qkv_rope_rows)", lambda: a.positions.rotate(qk, start=0))
+                    q, k = qk[:a.n_heads], qk[a.n_heads:]                           # (h | h_kv, n, d_head)
                 z = clock("attention (causal, tiled)", lambda: attention(q, k, v, is_causal=True))
                 o = clock("products (sgemm): W_O, with the heads' merge", lambda: _output(b.attn, z)[1])
                 x = clock("residuals", lambda: x + o)
                 h = clock("norms", lambda: b.ln_2(x))
                 both = clock("products (sgemm): gate/up", lambda: h @ b.mlp.W_gate_in)
                 d = b.mlp.W_out.shape[0]
-                hid = clock("SiLU * up", lambda: ACTIVATIONS["silu"](both[..., :d]) * both[..., d:])
+                hid = clock("SiLU * up", lambda: b.mlp.gated(both[..., :d], both[..., d:]))
                 o = clock("products (sgemm): W_out", lambda: hid @ b.mlp.W_out)
                 x = clock("residuals", lambda: x + o)
             x = clock("norms", lambda: model.ln_final(x))

@@ -123,6 +123,54 @@ def test_bias_rotation_and_append_are_numpys_bits(rotate):
     assert not k_buf.any() and not v_buf.any()                              # nothing written
 
 
+@pytest.mark.parametrize("rotate, scaling", [(True, None), (False, None),
+                                             (True, {"rope_type": "yarn", "factor": 4.0,
+                                                     "original_max_position_embeddings": 8})])
+def test_a_prompts_bias_and_rotation_are_numpys_bits(rotate, scaling):
+    """qkv_rope_rows (a prefill's q, k, v) against numpy's ``qkv + b`` then ``rope`` on the head views, rows at
+    positions 5 … 5 + n − 1 (a prompt after 5 cached tokens), with values where the last bits show; with YaRN's
+    scaling too (its attention factor rides on both tables)."""
+    rng = np.random.default_rng(4)
+    n, h, h_kv, d, start = 11, 6, 2, 8, 5
+    qkv = (rng.standard_normal((n, (h + 2 * h_kv) * d)) * 7).astype(f32)
+    b = rng.standard_normal((h + 2 * h_kv) * d).astype(f32)
+    rope = RoPE(1000.0, scaling=scaling)
+    heads = (qkv + b).reshape(n, h + 2 * h_kv, d).swapaxes(0, 1)            # (h + 2·h_kv, n, d) numpy's way
+    qk = rope.rotate(heads[:h + h_kv], start=start) if rotate else heads[:h + h_kv]
+    cos, sin = rope.turns(d, start, n) if rotate else (np.zeros((1, 1, 2), f32),) * 2
+    q, k, v = np.empty((h, n, d), f32), np.empty((h_kv, n, d), f32), np.empty((h_kv, n, d), f32)
+    F.qkv_rope_rows(qkv, b, cos, sin, rotate, q, k, v)
+    np.testing.assert_array_equal(q.view(np.int32), np.ascontiguousarray(qk[:h]).view(np.int32))
+    np.testing.assert_array_equal(k.view(np.int32), np.ascontiguousarray(qk[h:]).view(np.int32))
+    np.testing.assert_array_equal(v.view(np.int32), np.ascontiguousarray(heads[h + h_kv:]).view(np.int32))
+    if rotate and scaling is None:                                          # by hand: pair (1, 0) at angle pos·θ_0
+        one = np.zeros((2, (h + 2 * h_kv) * d), f32)
+        one[:, 0] = 1
+        q1 = np.empty((h, 2, d), f32)
+        F.qkv_rope_rows(one, np.zeros_like(b), *rope.turns(d, 1, 2), True, q1, k[:, :2].copy(), v[:, :2].copy())
+        np.testing.assert_allclose(q1[0, :, :2], [[np.cos(1), np.sin(1)], [np.cos(2), np.sin(2)]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("option", [SMOLLM2, LEARNED], ids=["rope", "learned"])
+def test_a_prompts_fused_projection_changes_no_bit(option, fused):
+    """A prompt's forward (q, k and v from qkv_rope_rows) against the same forward with hooks looking at q, k and
+    v (numpy's bias and rope on the head views): the same logits and the same cache, bit for bit, for a first
+    prompt and for a second one after it (RoPE from position 6 on)."""
+    model = random_model(option, np.random.default_rng(7), dtype=f32)
+    hooks = {f"blocks.{i}.attn.{p}": (lambda a, name: None) for i in range(model.config.n_layers)
+             for p in ("hook_q", "hook_k", "hook_v")}
+    caches = [new_caches(model, 12) for _ in range(2)]
+    for ids in (np.arange(6) % 13, np.array([3, 1, 4, 1, 5])):
+        a = forward(model, ids, caches=caches[0]).logits
+        b = forward(model, ids, caches=caches[1], hooks=hooks).logits
+        np.testing.assert_array_equal(a.view(np.int32), b.view(np.int32))
+    for c0, c1 in zip(*caches):
+        np.testing.assert_array_equal(c0.keys, c1.keys)
+        np.testing.assert_array_equal(c0.values, c1.values)
+    out = forward(model, np.arange(7) % 13).logits                          # no cache: the same bits again
+    np.testing.assert_array_equal(out, forward(model, np.arange(7) % 13, hooks=hooks).logits)
+
+
 def steps(model, n_steps=4):
     caches = new_caches(model, 6 + n_steps)
     forward(model, np.arange(6) % 13, caches=caches)
@@ -242,3 +290,14 @@ def test_a_rows_norm_and_gated_mlp_bits_do_not_depend_on_the_rows_beside_it(fuse
     np.testing.assert_array_equal(mlp.gated(np.ascontiguousarray(gate[1, 3:4]), np.ascontiguousarray(up[1, 3:4])),
                                   hidden[1, 3:4])
     np.testing.assert_allclose(hidden, silu(gate.astype(np.float64)) * up, rtol=1e-6, atol=1e-6)
+
+
+def test_a_zero_divisor_gives_numpys_nan_not_an_exception(fused, monkeypatch):
+    """The kernels use numpy's error model: a zero row with eps = 0 (√0 = 0, then 0 / 0) is nan, as the numpy
+    path gives it, where Python's model raised ZeroDivisionError from inside the kernel."""
+    x, w = np.zeros((2, 4), f32), np.ones(4, f32)
+    got = rms_norm(x, w, 0.0)
+    monkeypatch.setenv(_kernels.NO_NUMBA_ENV, "1")
+    with np.errstate(invalid="ignore"):
+        want = rms_norm(x, w, 0.0)
+    assert np.isnan(got).all() and np.isnan(want).all()

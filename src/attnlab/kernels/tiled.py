@@ -360,8 +360,9 @@ def tiled_forward(c: Checked, plan: Plan, *, workers=None, kernel=None) -> tuple
     out = np.empty((*g.batch, plan.n_q, d_v), g.q.dtype)    # (..., h_kv, g, n_q, d_v)
     lse = np.empty((*g.batch, plan.n_q), g.q.dtype)         # (..., h_kv, g, n_q)
     # head by head, so a worker finds each key head's largest norm once; biggest blocks first within a head
-    items = [(idx, i0, i1) for idx in np.ndindex(g.batch)
-             for i0, i1 in sorted(plan.query_blocks(), key=lambda b: -plan.n_scores(*b))]
+    blocks = sorted(plan.query_blocks(), key=lambda b: -plan.n_scores(*b))
+    tiles = {b: plan.tiles(*b) for b in blocks}             # each query block's tiles, the same for every head
+    items = [(idx, i0, i1) for idx in np.ndindex(g.batch) for i0, i1 in blocks]
     if not items:                                           # no query (n_q = 0) or an empty batch: nothing to run
         return out.reshape(*c.batch, plan.n_q, d_v), lse.reshape(*c.batch, plan.n_q)
 
@@ -369,7 +370,7 @@ def tiled_forward(c: Checked, plan: Plan, *, workers=None, kernel=None) -> tuple
         idx, i0, i1 = item
         buf.key_norm_of(g.key_head(idx), g.k[idx])
         forward_rows(g.q[idx], g.k[idx], g.v[idx], None if g.keep is None else g.keep[idx], plan, c.scale, i0, i1,
-                     out[idx], lse[idx], buf, tile, softcap=c.softcap)
+                     out[idx], lse[idx], buf, tile, softcap=c.softcap, tiles=tiles[i0, i1])
 
     run_items(items, work, lambda: Scratch(plan, d_k, d_v, g.q.dtype), workers)
     return out.reshape(*c.batch, plan.n_q, d_v), lse.reshape(*c.batch, plan.n_q)   # (..., h, n_q, d_v), (..., h, n_q)
@@ -413,8 +414,7 @@ class FusedTile:
     unit, exp, log = LOG2E, np.exp2, np.log2
 
     def __init__(self, module):
-        self.softmax = module.tile_softmax
-        self.exp_minus_rows = module.exp_minus_rows
+        self.module = module    # looked up at each call: after its first, FromCache hands out the kernel itself
 
     def __call__(self, s, plan, r0, r1, j0, j1, keep, m, shift, l, acc, first, bounded, buf):
         if keep is not None:
@@ -423,7 +423,7 @@ class FusedTile:
         far = plan.n_q + plan.n_k + 1                           # no bound
         hi0 = r0 + plan.offset + 1 - j0 if plan.is_causal else far          # row r sees columns < hi0 + r
         lo0 = r0 + plan.offset - plan.window + 1 - j0 if plan.window is not None else -far   # and >= lo0 + r
-        self.softmax(s, m, shift, l, acc, hi0, lo0, first, not bounded)
+        self.module.tile_softmax(s, m, shift, l, acc, hi0, lo0, first, not bounded)
         if first:
             np.matmul(s, buf.ones[:j1 - j0], out=l)             # (br,) l = rowsum p (a written order: BLAS's)
         else:
@@ -432,7 +432,7 @@ class FusedTile:
 
     def exp_rows(self, s, shift):
         """The backward's weights in place, exp(s - shift), in one pass (:func:`attnlab.kernels._fused.exp_minus_rows`)."""
-        self.exp_minus_rows(s, shift, s.dtype.type(LOG2E))
+        self.module.exp_minus_rows(s, shift, s.dtype.type(LOG2E))
         return s
 
 
@@ -455,13 +455,14 @@ def _tile_step(kernel: str, exp):
 
 
 def forward_rows(q, k, v, keep, plan: Plan, scale: float, i0: int, i1: int, out, lse, buf: Scratch,
-                 tile=None, softcap: float | None = None) -> None:
+                 tile=None, softcap: float | None = None, tiles=None) -> None:
     """Rows i0:i1 of one (batch, head): the online softmax over the key blocks they may see.
 
     q (n_q, d_k), k (n_k, d_k), v (n_k, d_v), keep (n_q, n_k) or None; writes out[i0:i1] (the running
     numerator ``acc`` until the last tile) and lse[i0:i1]; ``buf.key_norm`` is this head's largest ‖k_j‖.
     ``tile`` is the tile step (:class:`NumpyTile` or :class:`FusedTile`; default the numpy one). ``softcap``
-    caps each tile's scores (``cap · tanh(s / cap)``, in the tile's unit) before the mask.
+    caps each tile's scores (``cap · tanh(s / cap)``, in the tile's unit) before the mask. ``tiles``: the
+    block's ``plan.tiles(i0, i1)`` when the caller has them (every head's block has the same).
 
     Each row subtracts a reference ``shift`` before exp. Any shift gives the same out = acc / l and
     lse = shift + log l; it only has to keep exp(s - shift) from overflowing. So a row keeps shift = 0
@@ -482,7 +483,7 @@ def forward_rows(q, k, v, keep, plan: Plan, scale: float, i0: int, i1: int, out,
     shift = np.zeros(bq, q.dtype)                               # (bq,) what the exponential's argument lost
     l = buf.l[:bq]                                              # (bq,) running sum Σ exp(s - shift)
     acc = out[i0:i1]                                            # (bq, d_v) running numerator, in place
-    tiles = plan.tiles(i0, i1)
+    tiles = plan.tiles(i0, i1) if tiles is None else tiles
     if not tiles:
         l.fill(0)                                               # no key at all: out = 0, lse = -inf
         acc.fill(0)
@@ -496,8 +497,9 @@ def forward_rows(q, k, v, keep, plan: Plan, scale: float, i0: int, i1: int, out,
         else:
             acc[rows] += np.matmul(p, v[j0:j1], out=buf.pv[:r1 - r0])   # (br, d_v) acc += p vⱼ
     seen = l > 0                                                # (bq,) False: the query saw no key
-    np.divide(acc, np.where(seen, l, 1)[:, None], out=acc)     # (bq, d_v) out = acc / l, or 0
-    lse_u = shift + tile.log(np.where(seen, l, 1))              # (bq,) log Σ_j exp(s) in the unit's base
+    safe = np.where(seen, l, 1)                                 # (bq,) l, or 1 where it is 0
+    np.divide(acc, safe[:, None], out=acc)                      # (bq, d_v) out = acc / l, or 0
+    lse_u = shift + tile.log(safe)                              # (bq,) log Σ_j exp(s) in the unit's base
     lse[i0:i1] = np.where(seen, lse_u / unit, -np.inf)          # (bq,) lse = log Σ_j exp(s)
 
 

@@ -14,10 +14,12 @@ import numpy as np
 
 from ..kernels._checks import (as_float_array, as_positive_int, check_attention_args, check_finite, check_rng, fold,
                                surely_fits, unfold)
+from ..kernels._kernels import step_kernels
 from ..kernels.attention import Saved, attend, attention, attention_backward, attention_forward
 from ..kernels.matmul import as_weight, fuse_columns, linear, streamed
 from .cache import KVCache, check_kv_dtype, kv_dtype_rule
 from .config import AttentionConfig
+from .positions import RoPE
 from .hookpoints import NO_HOOKS, KeepPattern
 from .tape import Tape
 from ..kernels.naive import NaiveSaved, naive_scores
@@ -320,13 +322,17 @@ def _multihead(p: MultiHeadAttention, x, *, mask, bias, is_causal, cache, hook, 
     :class:`SavedLayer` on ``tape`` when given one (no cache then)."""
     x = _check_x(p, x)
     start = 0 if cache is None else cache.length
-    q0, k0, v, qk = _project(p, x)                   # (..., h, n, d_head), (..., h_kv, n, d_head) × 2
     plain = hook is NO_HOOKS                         # nothing listens: no calls at the points
-    q, k, v = (q0, k0, v) if plain else (hook("hook_q", q0), hook("hook_k", k0), hook("hook_v", v))
+    fused = _rows_kernels(p, x) if plain and tape is None and positions is None else None
     normed = None
-    if p.config.qk_norm is not None:                 # QK-norm: before RoPE, so q and k are new arrays
-        q, k, normed = _qk_norm(p, q, k, hook, keep=tape is not None)   # (..., h|h_kv, n, d_head)
-    q, k = _rotate(p, q, k, qk if q is q0 and k is k0 else None, hook, start=start, positions=positions)
+    if fused is not None:                            # a prompt's rows: bias and RoPE in one pass, numpy's bits
+        q, k, v = _project_rotated(p, x, start, fused)   # (h, n, d_head), (h_kv, n, d_head) × 2
+    else:
+        q0, k0, v, qk = _project(p, x)               # (..., h, n, d_head), (..., h_kv, n, d_head) × 2
+        q, k, v = (q0, k0, v) if plain else (hook("hook_q", q0), hook("hook_k", k0), hook("hook_v", v))
+        if p.config.qk_norm is not None:             # QK-norm: before RoPE, so q and k are new arrays
+            q, k, normed = _qk_norm(p, q, k, hook, keep=tape is not None)   # (..., h|h_kv, n, d_head)
+        q, k = _rotate(p, q, k, qk if q is q0 and k is k0 else None, hook, start=start, positions=positions)
     if cache is not None:
         k, v = cache.append(k, v)                    # (..., h_kv, n_k, d_head) each: every token so far
     try:
@@ -550,6 +556,39 @@ def _project(p: MultiHeadAttention, x: np.ndarray):
     b_qkv = np.concatenate([p.b_Q, p.b_K, p.b_V]) if p.b_QKV is None else p.b_QKV   # ((h + 2·h_kv)·d_head,)
     qkv = _heads(linear(x, p.W_QKV) + b_qkv, h + 2 * h_kv)   # (..., h + 2·h_kv, n, d_head) one product
     return qkv[..., :h, :, :], qkv[..., h:h + h_kv, :, :], qkv[..., h + h_kv:, :, :], qkv[..., :h + h_kv, :, :]
+
+
+def _rows_kernels(p: MultiHeadAttention, x: np.ndarray):
+    """The fused kernels (:mod:`attnlab.kernels._step_fused`) when they take this layer's q, k and v of x: float32
+    rows (n, d_model) without batch axes, q|k|v as one product of a float32 weight with a float32 bias, no
+    QK-norm, RoPE over whole heads or no rotation; else None (numpy's way: :func:`_project`, :func:`_rotate`).
+    Quantized weights keep numpy's way, which their modes' own arithmetic may take over."""
+    c, scheme = p.config, p.config.positions
+    if (x.ndim != 2 or x.dtype != np.float32 or not isinstance(p.W_QKV, np.ndarray) or p.W_QKV.dtype != np.float32
+            or p.b_QKV is None or p.b_QKV.dtype != np.float32
+            or c.qk_norm is not None
+            or (scheme.rotates and (type(scheme) is not RoPE or scheme.rotary_dim is not None))):
+        return None
+    return step_kernels()
+
+
+def _project_rotated(p: MultiHeadAttention, x: np.ndarray, start: int, fused):
+    """:func:`_project` then :func:`_rotate` on float32 rows x (n, d_model) in one pass after the product
+    (``qkv_rope_rows``: the same operations, the same bits): q (h, n, d_head), k and v (h_kv, n, d_head), each
+    head contiguous."""
+    c = p.config
+    qkv = linear(x, p.W_QKV)                         # (n, (h + 2·h_kv)·d_head)
+    n = x.shape[0]
+    q = np.empty((c.n_heads, n, c.d_head), np.float32)             # (h, n, d_head)
+    k = np.empty((c.n_kv_heads, n, c.d_head), np.float32)          # (h_kv, n, d_head)
+    v = np.empty((c.n_kv_heads, n, c.d_head), np.float32)          # (h_kv, n, d_head)
+    rotate = c.positions.rotates
+    cos, sin = c.positions.turns(c.d_head, start, n) if rotate else (_NO_TURN, _NO_TURN)   # (n, d_head/2, 2)
+    fused.qkv_rope_rows(qkv, p.b_QKV, cos, sin, rotate, q, k, v)
+    return q, k, v
+
+
+_NO_TURN = np.zeros((1, 1, 2), np.float32)           # RoPE's tables where nothing rotates (unread)
 
 
 def _rotate(p: MultiHeadAttention, q, k, qk, hook, *, start: int, positions=None):
