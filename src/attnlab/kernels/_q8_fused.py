@@ -288,57 +288,202 @@ def _group_intrinsic(kind: str):
 _q4_0_group, _q4_1_group, _q8_0_group = (_group_intrinsic(k) for k in ("Q4_0", "Q4_1", "Q8_0"))
 
 
+TILE = 4   # tokens a prefill's product multiplies each unpacked block with: 4 rows x 4 tokens x 8 lanes of float32
+#            accumulators, eight zmm registers (see _gemm_intrinsic)
+
+
+def _hsum_pairs(builder, v):
+    """<16 x float>: two (row, token) pairs' 8 accumulators (lanes 0 … 7 and 8 … 15) each summed in
+    llama.cpp's ``hsum_float_8`` order, ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)), in lanes 0 and 8
+    (float addition commutes: the swapped lanes give the same sums)."""
+    for swap in ([4, 5, 6, 7, 0, 1, 2, 3], [2, 3, 0, 1, 6, 7, 4, 5], [1, 0, 3, 2, 5, 4, 7, 6]):
+        v = builder.fadd(v, builder.shuffle_vector(v, v, _vec(I32, [*swap, *(8 + j for j in swap)])))
+    return v
+
+
+def _gemm_intrinsic(kind: str, tile: int = TILE):
+    """An intrinsic ``(qs, q_at, d, m, dm_at, y, xd, xs, x_at, n_blocks, res, res_at, stride)``: one group of
+    GROUP rows against ``tile`` tokens, every block, each output with :func:`_group_intrinsic`'s arithmetic
+    (the same bits as that token alone): a block's four rows are unpacked once and multiplied with each of the
+    tile's tokens; 2·tile <16 x float> accumulators (rows 2h, 2h + 1 of token t) and (Q4_1) one <4·tile x float>
+    of minima's sums (row k of token t at 4t + k) stay in registers. The tokens come tiled (:func:`_tiles`):
+    ``y`` (n_tiles, n_blocks, tile, 32) int8, ``xd`` and ``xs`` (n_tiles, n_blocks, tile), the tile's first
+    element at ``x_at`` (of xd and xs; 32·x_at of y). Row k of token t is written to res[res_at + t·stride + k]."""
+    width = QK if kind == "Q8_0" else QK // 2
+    vf, vf4, vft = ir.VectorType(F32, 2 * LANES), ir.VectorType(F32, GROUP), ir.VectorType(F32, GROUP * tile)
+
+    @intrinsic
+    def gemm(typingctx, qs, q_at, d, m, dm_at, y, xd, xs, x_at, n_blocks, res, res_at, stride):
+        def codegen(context, builder, signature, args):
+            qs_v, q_at_v, d_v, m_v, dm_at_v, y_v, xd_v, xs_v, x_at_v, nb_v, res_v, res_at_v, stride_v = args
+            t_ = signature.args
+            i64 = q_at_v.type
+            c = lambda k: ir.Constant(i64, k)                                      # noqa: E731
+            q_p = _ptr(context, builder, t_[0], qs_v, q_at_v)
+            d_p = _ptr(context, builder, t_[2], d_v, dm_at_v)
+            m_p = _ptr(context, builder, t_[3], m_v, dm_at_v)
+            y_p = _ptr(context, builder, t_[5], y_v, builder.mul(x_at_v, c(QK)))
+            xd_p = _ptr(context, builder, t_[6], xd_v, x_at_v)
+            xs_p = _ptr(context, builder, t_[7], xs_v, x_at_v)
+            nb = builder.sext(nb_v, i64) if nb_v.type != i64 else nb_v
+            entry = builder.basic_block
+            loop = builder.append_basic_block("q8gemm.blocks")
+            done = builder.append_basic_block("q8gemm.done")
+            builder.branch(loop)
+            builder.position_at_end(loop)
+            b = builder.phi(i64)
+            accs = [[builder.phi(vf) for _ in range(GROUP // 2)] for _ in range(tile)]   # [token][row pair]
+            summ = builder.phi(vft)
+            b.add_incoming(c(0), entry)
+            for a in (a for row in accs for a in row):
+                a.add_incoming(ir.Constant(vf, [0.0] * 2 * LANES), entry)
+            summ.add_incoming(ir.Constant(vft, [0.0] * GROUP * tile), entry)
+
+            dm_at_b = builder.mul(b, c(GROUP))
+            d4 = builder.fpext(builder.bitcast(_vload(builder, d_p, dm_at_b, ir.VectorType(ir.IntType(16), GROUP)),
+                                               ir.VectorType(ir.HalfType(), GROUP)), vf4)
+            d_pairs = [builder.shuffle_vector(d4, d4, _vec(I32, [2 * h] * LANES + [2 * h + 1] * LANES))
+                       for h in range(GROUP // 2)]                               # <16 x float> rows 2h, 2h + 1
+            xd_b = _vload(builder, xd_p, builder.mul(b, c(tile)), ir.VectorType(F32, tile))   # the tile's xd
+            q_b = builder.mul(b, c(GROUP * width))
+            v64 = ir.VectorType(I8, 2 * QK)
+            if kind == "Q8_0":
+                pairs = [_vload(builder, q_p, builder.add(q_b, c(h)), v64) for h in (0, 2 * QK)]
+            else:
+                packed = _vload(builder, q_p, q_b, v64)
+                low, high = builder.and_(packed, _vec(I8, [15] * 64)), builder.lshr(packed, _vec(I8, [4] * 64))
+                pairs = [builder.shuffle_vector(low, high, _vec(I32, [*range(32 * h, 32 * h + 16),
+                                                                      *range(64 + 32 * h, 64 + 32 * h + 16),
+                                                                      *range(32 * h + 16, 32 * h + 32),
+                                                                      *range(80 + 32 * h, 80 + 32 * h + 16)]))
+                         for h in (0, 1)]
+            new_accs = []
+            for t in range(tile):                    # each token of the tile against the unpacked block
+                y8 = _vload(builder, y_p, builder.mul(builder.add(builder.mul(b, c(tile)), c(t)), c(QK)),
+                            ir.VectorType(I8, QK))
+                y2 = builder.shuffle_vector(y8, y8, _vec(I32, [*range(QK), *range(QK)]))
+                y_sums = _dpbusd(builder, _vec(I8, [1] * 2 * QK), y2) if kind == "Q4_0" else None
+                xd_t = _lane(builder, xd_b, t, 2 * LANES)
+                row = []
+                for h, w in enumerate(pairs):
+                    lanes = _block_lanes(builder, kind, w, y2, y_sums)
+                    scale = builder.fmul(d_pairs[h], xd_t)                       # d_w·xd, as the decode kernel
+                    row.append(_fma(builder, scale, builder.sitofp(lanes, vf), accs[t][h]))
+                new_accs.append(row)
+            if kind == "Q4_1":
+                m4 = builder.fpext(builder.bitcast(_vload(builder, m_p, dm_at_b, ir.VectorType(ir.IntType(16), GROUP)),
+                                                   ir.VectorType(ir.HalfType(), GROUP)), vf4)
+                xs_b = _vload(builder, xs_p, builder.mul(b, c(tile)), ir.VectorType(F32, tile))
+                m_t = builder.shuffle_vector(m4, m4, _vec(I32, [k for _ in range(tile) for k in range(GROUP)]))
+                xs_t = builder.shuffle_vector(xs_b, xs_b, _vec(I32, [t for t in range(tile) for _ in range(GROUP)]))
+                new_summ = builder.fadd(summ, builder.fmul(m_t, xs_t))
+            else:
+                new_summ = summ
+            _next_block(builder, b, [*zip((a for row in accs for a in row), (a for row in new_accs for a in row)),
+                                     (summ, new_summ)], nb, loop, done)
+
+            builder.position_at_end(done)
+            res_p = _ptr(context, builder, t_[10], res_v, res_at_v)
+            step = builder.sext(stride_v, i64) if stride_v.type != i64 else stride_v
+            for t, row in enumerate(new_accs):
+                s01, s23 = (_hsum_pairs(builder, a) for a in row)                # sums in lanes 0 and 8
+                total = builder.shuffle_vector(s01, s23, _vec(I32, [0, LANES, 16, 16 + LANES]))   # <4 x float>
+                if kind == "Q4_1":
+                    total = builder.fadd(total, builder.shuffle_vector(new_summ, new_summ,
+                                                                       _vec(I32, range(GROUP * t, GROUP * t + GROUP))))
+                at = builder.gep(res_p, [builder.mul(c(t), step)])
+                builder.store(total, builder.bitcast(at, vf4.as_pointer()), align=4)
+            return context.get_dummy_value()
+        return types.void(qs, q_at, d, m, dm_at, y, xd, xs, x_at, n_blocks, res, res_at, stride), codegen
+    return gemm
+
+
+_q4_0_gemm, _q4_1_gemm, _q8_0_gemm = (_gemm_intrinsic(k) for k in ("Q4_0", "Q4_1", "Q8_0"))
+
+
 @numba.njit(**FLAGS)
-def _nibbles_groups(qs, d, m, off, qx, xd, xs, out, g0, g1):
+def _tiles(qx, xd, xs):
+    """The first N − N % TILE tokens of (qx, xd, xs) (:func:`_quantized`) in tiles of TILE tokens, a block's
+    tokens side by side: (qt (n_tiles, n_blocks, TILE, 32) int8, xdt and xst (n_tiles, n_blocks, TILE))."""
+    n_tiles, n_blocks = qx.shape[0] // TILE, qx.shape[1]
+    qt = np.empty((n_tiles, n_blocks, TILE, QK), np.int8)               # (n_tiles, n_blocks, TILE, 32)
+    xdt = np.empty((n_tiles, n_blocks, TILE), np.float32)               # (n_tiles, n_blocks, TILE)
+    xst = np.empty((n_tiles, n_blocks, TILE), np.float32)               # (n_tiles, n_blocks, TILE)
+    for i in range(n_tiles):
+        for b in range(n_blocks):
+            for t in range(TILE):
+                qt[i, b, t] = qx[i * TILE + t, b]
+                xdt[i, b, t] = xd[i * TILE + t, b]
+                xst[i, b, t] = xs[i * TILE + t, b]
+    return qt, xdt, xst
+
+
+@numba.njit(**FLAGS)
+def _nibbles_groups(qs, d, m, off, qx, xd, xs, qt, xdt, xst, out, g0, g1):
     """out[n, r] for the rows of groups g0 … g1 − 1 of a 4-bit type: qs (G, n_blocks, 4, 16) bytes (value t
     in byte t's low nibble, t + 16 in its high one), d and m (G, n_blocks, 4) float16 bits; ``off`` 8: Q4_0
-    (w = d·(q − 8), m unused), 0: Q4_1 (w = d·q + m: adds Σ_b m_b·xs_b)."""
-    n_blocks, n_rows = qs.shape[1], out.shape[1]
-    last = np.empty(GROUP, np.float32)                       # (rows,) a last group's sums, padding rows too
+    (w = d·(q − 8), m unused), 0: Q4_1 (w = d·q + m: adds Σ_b m_b·xs_b). The tokens of whole tiles (qt, xdt,
+    xst: :func:`_tiles`) TILE at a time, the rest (qx, xd, xs) one by one: the same bits either way."""
+    n_blocks, n_rows, n_tiles = qs.shape[1], out.shape[1], qt.shape[0]
+    last = np.empty(GROUP * TILE, np.float32)                # (TILE, rows) a last group's sums, padding rows too
     flat = out.reshape(-1)
     for g in range(g0, g1):
         full = (g + 1) * GROUP <= n_rows
-        for n in range(qx.shape[0]):
+        q_at, dm_at = g * n_blocks * GROUP * 16, g * n_blocks * GROUP
+        for i in range(n_tiles):
+            res, at, stride = (flat, i * TILE * n_rows + g * GROUP, n_rows) if full else (last, 0, GROUP)
+            if off == 0:
+                _q4_1_gemm(qs, q_at, d, m, dm_at, qt, xdt, xst, i * n_blocks * TILE, n_blocks, res, at, stride)
+            else:
+                _q4_0_gemm(qs, q_at, d, m, dm_at, qt, xdt, xst, i * n_blocks * TILE, n_blocks, res, at, stride)
+            if not full:
+                for t in range(TILE):
+                    out[i * TILE + t, g * GROUP:] = last[t * GROUP:t * GROUP + n_rows - g * GROUP]
+        for n in range(n_tiles * TILE, qx.shape[0]):
             res, at = (flat, n * n_rows + g * GROUP) if full else (last, 0)
             if off == 0:
-                _q4_1_group(qs, g * n_blocks * GROUP * 16, d, m, g * n_blocks * GROUP, qx, n * n_blocks * QK,
-                            xd, xs, n * n_blocks, n_blocks, res, at)
+                _q4_1_group(qs, q_at, d, m, dm_at, qx, n * n_blocks * QK, xd, xs, n * n_blocks, n_blocks, res, at)
             else:
-                _q4_0_group(qs, g * n_blocks * GROUP * 16, d, m, g * n_blocks * GROUP, qx, n * n_blocks * QK,
-                            xd, xs, n * n_blocks, n_blocks, res, at)
+                _q4_0_group(qs, q_at, d, m, dm_at, qx, n * n_blocks * QK, xd, xs, n * n_blocks, n_blocks, res, at)
             if not full:
                 out[n, g * GROUP:] = last[:n_rows - g * GROUP]
 
 
 @numba.njit(**FLAGS)
-def _int8_groups(qs, d, qx, xd, out, g0, g1):
+def _int8_groups(qs, d, qx, xd, qt, xdt, out, g0, g1):
     """out[n, r] for the rows of groups g0 … g1 − 1 of Q8_0: qs (G, n_blocks, 4, 32) int8, d (G, n_blocks, 4, 1)
-    float16 bits."""
-    n_blocks, n_rows = qs.shape[1], out.shape[1]
-    last = np.empty(GROUP, np.float32)
+    float16 bits; whole tiles TILE tokens at a time, the rest one by one."""
+    n_blocks, n_rows, n_tiles = qs.shape[1], out.shape[1], qt.shape[0]
+    last = np.empty(GROUP * TILE, np.float32)
     flat = out.reshape(-1)
     for g in range(g0, g1):
         full = (g + 1) * GROUP <= n_rows
-        for n in range(qx.shape[0]):
+        q_at, dm_at = g * n_blocks * GROUP * QK, g * n_blocks * GROUP
+        for i in range(n_tiles):
+            res, at, stride = (flat, i * TILE * n_rows + g * GROUP, n_rows) if full else (last, 0, GROUP)
+            _q8_0_gemm(qs, q_at, d, d, dm_at, qt, xdt, xdt, i * n_blocks * TILE, n_blocks, res, at, stride)
+            if not full:
+                for t in range(TILE):
+                    out[i * TILE + t, g * GROUP:] = last[t * GROUP:t * GROUP + n_rows - g * GROUP]
+        for n in range(n_tiles * TILE, qx.shape[0]):
             res, at = (flat, n * n_rows + g * GROUP) if full else (last, 0)
-            _q8_0_group(qs, g * n_blocks * GROUP * QK, d, d, g * n_blocks * GROUP, qx, n * n_blocks * QK,
-                        xd, xd, n * n_blocks, n_blocks, res, at)
+            _q8_0_group(qs, q_at, d, d, dm_at, qx, n * n_blocks * QK, xd, xd, n * n_blocks, n_blocks, res, at)
             if not full:
                 out[n, g * GROUP:] = last[:n_rows - g * GROUP]
 
 
 @numba.njit(parallel=True, **FLAGS)
-def _nibbles_parallel(qs, d, m, off, qx, xd, xs, out, chunks):
+def _nibbles_parallel(qs, d, m, off, qx, xd, xs, qt, xdt, xst, out, chunks):
     step = -(-qs.shape[0] // chunks)
     for c in prange(chunks):
-        _nibbles_groups(qs, d, m, off, qx, xd, xs, out, c * step, min(qs.shape[0], (c + 1) * step))
+        _nibbles_groups(qs, d, m, off, qx, xd, xs, qt, xdt, xst, out, c * step, min(qs.shape[0], (c + 1) * step))
 
 
 @numba.njit(parallel=True, **FLAGS)
-def _int8_parallel(qs, d, qx, xd, out, chunks):
+def _int8_parallel(qs, d, qx, xd, qt, xdt, out, chunks):
     step = -(-qs.shape[0] // chunks)
     for c in prange(chunks):
-        _int8_groups(qs, d, qx, xd, out, c * step, min(qs.shape[0], (c + 1) * step))
+        _int8_groups(qs, d, qx, xd, qt, xdt, out, c * step, min(qs.shape[0], (c + 1) * step))
 
 
 @numba.njit(**FLAGS)
@@ -353,16 +498,24 @@ def _quantized(x):
 
 
 @numba.njit(**FLAGS)
+def _quantized_tiles(x):
+    """(qx, xd, xs, qt, xdt, xst): x rounded (:func:`_quantized`), its whole tiles laid out (:func:`_tiles`)."""
+    qx, xd, xs = _quantized(x)
+    qt, xdt, xst = _tiles(qx, xd, xs)
+    return qx, xd, xs, qt, xdt, xst
+
+
+@numba.njit(**FLAGS)
 def _nibbles_product(qs, d, m, off, x, out):
     """x rounded, then every group of a 4-bit type on the calling thread: one numba call per product."""
-    qx, xd, xs = _quantized(x)
-    _nibbles_groups(qs, d, m, off, qx, xd, xs, out, 0, qs.shape[0])
+    qx, xd, xs, qt, xdt, xst = _quantized_tiles(x)
+    _nibbles_groups(qs, d, m, off, qx, xd, xs, qt, xdt, xst, out, 0, qs.shape[0])
 
 
 @numba.njit(**FLAGS)
 def _int8_product(qs, d, x, out):
-    qx, xd, _ = _quantized(x)
-    _int8_groups(qs, d, qx, xd, out, 0, qs.shape[0])
+    qx, xd, _, qt, xdt, _ = _quantized_tiles(x)
+    _int8_groups(qs, d, qx, xd, qt, xdt, out, 0, qs.shape[0])
 
 
 def quantize(x):
@@ -383,12 +536,12 @@ def matmul(qtype: str, qs, d, m, x, out, threads: int = 1, pool=None) -> None:
         else:
             call(_nibbles_product, qs, d, m, off, x, out)
         return
-    qx, xd, xs = call(_quantized, x)
+    qx, xd, xs, qt, xdt, xst = call(_quantized_tiles, x)
     groups = qs.shape[0]
     if qtype == "Q8_0":
-        serial, parallel, args = _int8_groups, _int8_parallel, (qs, d, qx, xd, out)
+        serial, parallel, args = _int8_groups, _int8_parallel, (qs, d, qx, xd, qt, xdt, out)
     else:
-        serial, parallel, args = _nibbles_groups, _nibbles_parallel, (qs, d, m, off, qx, xd, xs, out)
+        serial, parallel, args = _nibbles_groups, _nibbles_parallel, (qs, d, m, off, qx, xd, xs, qt, xdt, xst, out)
     if pool is not None:
         n = pool._max_workers
         step = -(-groups // n)
