@@ -114,14 +114,17 @@ def _vec(ty, values):
     return ir.Constant(ir.VectorType(ty, len(values)), list(values))
 
 
-def _dpbusd(builder, unsigned8, signed8):
+def _dpbusd(builder, unsigned8, signed8, start=None):
     """<n/4 x i32> of two <n x i8> (n 32 or 64): lane j = Σ_{u<4} unsigned8[4j+u] · signed8[4j+u] (bytes as u8
-    and s8): ``vpdpbusd`` from zero where :data:`VNNI` (a 512-bit one where :data:`VNNI_512`, else two of 256
-    bits), else the same sums in plain IR (products as i32, then two pairwise adds)."""
+    and s8), added to ``start`` (<n/4 x i32>, zero when None): ``vpdpbusd`` where :data:`VNNI` (a 512-bit one
+    where :data:`VNNI_512`, else two of 256 bits), else the same sums in plain IR (products as i32, then two
+    pairwise adds)."""
     n = unsigned8.type.count
     if VNNI and n == 64 and not VNNI_512:
+        starts = [None, None] if start is None else [builder.shuffle_vector(start, start, _vec(I32, range(h, h + 8)))
+                                                     for h in (0, 8)]
         halves = [_dpbusd(builder, *(builder.shuffle_vector(v, v, _vec(I32, range(h, h + 32)))
-                                     for v in (unsigned8, signed8))) for h in (0, 32)]
+                                     for v in (unsigned8, signed8)), s) for h, s in zip((0, 32), starts)]
         return builder.shuffle_vector(*halves, _vec(I32, range(16)))
     vl = ir.VectorType(I32, n // 4)
     if VNNI:
@@ -132,28 +135,28 @@ def _dpbusd(builder, unsigned8, signed8):
             args = [builder.bitcast(unsigned8, vl), builder.bitcast(signed8, vl)]
             fnty = ir.FunctionType(vl, [vl, vl, vl])
         fn = cgutils.get_or_insert_function(builder.module, fnty, f"llvm.x86.avx512.vpdpbusd.{8 * n}")
-        return builder.call(fn, [ir.Constant(vl, [0] * (n // 4)), *args])
+        return builder.call(fn, [ir.Constant(vl, [0] * (n // 4)) if start is None else start, *args])
     wide = ir.VectorType(I32, n)
     p = builder.mul(builder.zext(unsigned8, wide), builder.sext(signed8, wide))          # <n x i32>
     for half in (n // 2, n // 4):                                                      # pairs, then fours
         even = builder.shuffle_vector(p, p, _vec(I32, range(0, 2 * half, 2)))
         odd = builder.shuffle_vector(p, p, _vec(I32, range(1, 2 * half, 2)))
         p = builder.add(even, odd)
-    return p
+    return p if start is None else builder.add(start, p)
 
 
-def _block_lanes(builder, kind, w, y, y_sums=None):
+def _block_lanes(builder, kind, w, y, y_sums=None, start=None):
     """The int32 lanes of two rows' blocks (<16 x i32>, eight a row): w their 2 × 32 values as bytes in value
     order (Q4: 0 … 15, Q8_0: int8), y the token's 32 int8 twice; Q4_0's values are q − 8: Σ q·y − 8·Σ y per
-    lane (``y_sums`` the lanes of Σ y, shared by the rows of a group)."""
+    lane (``y_sums`` the lanes of Σ y, shared by the rows of a group); added to ``start`` (zero when None)."""
     n = w.type.count
     if kind == "Q8_0":                      # s8 · s8 as llama.cpp: |w| (u8) times y with w's sign (|y| <= 127)
         zero = _vec(I8, [0] * n)
         negative = builder.icmp_signed("<", w, zero)
         w_abs = builder.select(negative, builder.sub(zero, w), w)
         y_signed = builder.select(negative, builder.sub(zero, y), y)
-        return _dpbusd(builder, w_abs, y_signed)
-    lanes = _dpbusd(builder, w, y)
+        return _dpbusd(builder, w_abs, y_signed, start)
+    lanes = _dpbusd(builder, w, y, start)
     if kind == "Q4_0":
         lanes = builder.sub(lanes, builder.shl(y_sums, _vec(I32, [3] * (n // 4))))
     return lanes
@@ -288,8 +291,15 @@ def _group_intrinsic(kind: str):
 _q4_0_group, _q4_1_group, _q8_0_group = (_group_intrinsic(k) for k in ("Q4_0", "Q4_1", "Q8_0"))
 
 
-TILE = 4   # tokens a prefill's product multiplies each unpacked block with: 4 rows x 4 tokens x 8 lanes of float32
+TILE = 8   # tokens a prefill's product multiplies each unpacked block with: 4 rows x 4 tokens x 8 lanes of float32
 #            accumulators, eight zmm registers (see _gemm_intrinsic)
+
+
+MAGIC, MAGIC_BITS = 12582912.0, 0x4B400000
+#   1.5·2^23 and its float32 bits: for an int32 i with |i| < 2^22, the float32 of bits MAGIC_BITS + i is exactly
+#   MAGIC + i, so float(i) = that − MAGIC, exactly: the sums start from MAGIC_BITS (vpdpbusd's accumulator, free)
+#   and a subtraction (either vector port) replaces vcvtdq2ps (port 0 alone on AVX-512 cores, beside
+#   vpdpbusd). A block's lane is at most 4·128·127 = 65,024 in magnitude (Q8_0; Q4: 4·15·127).
 
 
 def _hsum_pairs(builder, v):
@@ -366,9 +376,10 @@ def _gemm_intrinsic(kind: str, tile: int = TILE):
                 xd_t = _lane(builder, xd_b, t, 2 * LANES)
                 row = []
                 for h, w in enumerate(pairs):
-                    lanes = _block_lanes(builder, kind, w, y2, y_sums)
+                    lanes = _block_lanes(builder, kind, w, y2, y_sums, _vec(I32, [MAGIC_BITS] * 2 * LANES))
                     scale = builder.fmul(d_pairs[h], xd_t)                       # d_w·xd, as the decode kernel
-                    row.append(_fma(builder, scale, builder.sitofp(lanes, vf), accs[t][h]))
+                    value = builder.fsub(builder.bitcast(lanes, vf), ir.Constant(vf, [MAGIC] * 2 * LANES))
+                    row.append(_fma(builder, scale, value, accs[t][h]))          # float(lanes) exactly
                 new_accs.append(row)
             if kind == "Q4_1":
                 m4 = builder.fpext(builder.bitcast(_vload(builder, m_p, dm_at_b, ir.VectorType(ir.IntType(16), GROUP)),
