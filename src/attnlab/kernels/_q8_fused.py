@@ -293,6 +293,8 @@ _q4_0_group, _q4_1_group, _q8_0_group = (_group_intrinsic(k) for k in ("Q4_0", "
 
 TILE = 8   # tokens a prefill's product multiplies each unpacked block with: 4 rows x 4 tokens x 8 lanes of float32
 #            accumulators, eight zmm registers (see _gemm_intrinsic)
+CHUNK_BYTES = 32768   # a product's tokens in chunks of about this many bytes of 8-bit x, each multiplied by every
+#                       group of rows before the next: a chunk's tokens stay in the core's caches
 
 
 MAGIC, MAGIC_BITS = 12582912.0, 0x4B400000
@@ -438,18 +440,23 @@ def _nibbles_groups(qs, d, m, off, qx, xd, xs, qt, xdt, xst, out, g0, g1):
     n_blocks, n_rows, n_tiles = qs.shape[1], out.shape[1], qt.shape[0]
     last = np.empty(GROUP * TILE, np.float32)                # (TILE, rows) a last group's sums, padding rows too
     flat = out.reshape(-1)
+    chunk = max(1, CHUNK_BYTES // (TILE * n_blocks * QK))                # tiles whose tokens stay in cache
+    for c0 in range(0, n_tiles, chunk):
+        for g in range(g0, g1):
+            full = (g + 1) * GROUP <= n_rows
+            q_at, dm_at = g * n_blocks * GROUP * 16, g * n_blocks * GROUP
+            for i in range(c0, min(n_tiles, c0 + chunk)):
+                res, at, stride = (flat, i * TILE * n_rows + g * GROUP, n_rows) if full else (last, 0, GROUP)
+                if off == 0:
+                    _q4_1_gemm(qs, q_at, d, m, dm_at, qt, xdt, xst, i * n_blocks * TILE, n_blocks, res, at, stride)
+                else:
+                    _q4_0_gemm(qs, q_at, d, m, dm_at, qt, xdt, xst, i * n_blocks * TILE, n_blocks, res, at, stride)
+                if not full:
+                    for t in range(TILE):
+                        out[i * TILE + t, g * GROUP:] = last[t * GROUP:t * GROUP + n_rows - g * GROUP]
     for g in range(g0, g1):
         full = (g + 1) * GROUP <= n_rows
         q_at, dm_at = g * n_blocks * GROUP * 16, g * n_blocks * GROUP
-        for i in range(n_tiles):
-            res, at, stride = (flat, i * TILE * n_rows + g * GROUP, n_rows) if full else (last, 0, GROUP)
-            if off == 0:
-                _q4_1_gemm(qs, q_at, d, m, dm_at, qt, xdt, xst, i * n_blocks * TILE, n_blocks, res, at, stride)
-            else:
-                _q4_0_gemm(qs, q_at, d, m, dm_at, qt, xdt, xst, i * n_blocks * TILE, n_blocks, res, at, stride)
-            if not full:
-                for t in range(TILE):
-                    out[i * TILE + t, g * GROUP:] = last[t * GROUP:t * GROUP + n_rows - g * GROUP]
         for n in range(n_tiles * TILE, qx.shape[0]):
             res, at = (flat, n * n_rows + g * GROUP) if full else (last, 0)
             if off == 0:
@@ -467,15 +474,20 @@ def _int8_groups(qs, d, qx, xd, qt, xdt, out, g0, g1):
     n_blocks, n_rows, n_tiles = qs.shape[1], out.shape[1], qt.shape[0]
     last = np.empty(GROUP * TILE, np.float32)
     flat = out.reshape(-1)
+    chunk = max(1, CHUNK_BYTES // (TILE * n_blocks * QK))
+    for c0 in range(0, n_tiles, chunk):
+        for g in range(g0, g1):
+            full = (g + 1) * GROUP <= n_rows
+            q_at, dm_at = g * n_blocks * GROUP * QK, g * n_blocks * GROUP
+            for i in range(c0, min(n_tiles, c0 + chunk)):
+                res, at, stride = (flat, i * TILE * n_rows + g * GROUP, n_rows) if full else (last, 0, GROUP)
+                _q8_0_gemm(qs, q_at, d, d, dm_at, qt, xdt, xdt, i * n_blocks * TILE, n_blocks, res, at, stride)
+                if not full:
+                    for t in range(TILE):
+                        out[i * TILE + t, g * GROUP:] = last[t * GROUP:t * GROUP + n_rows - g * GROUP]
     for g in range(g0, g1):
         full = (g + 1) * GROUP <= n_rows
         q_at, dm_at = g * n_blocks * GROUP * QK, g * n_blocks * GROUP
-        for i in range(n_tiles):
-            res, at, stride = (flat, i * TILE * n_rows + g * GROUP, n_rows) if full else (last, 0, GROUP)
-            _q8_0_gemm(qs, q_at, d, d, dm_at, qt, xdt, xdt, i * n_blocks * TILE, n_blocks, res, at, stride)
-            if not full:
-                for t in range(TILE):
-                    out[i * TILE + t, g * GROUP:] = last[t * GROUP:t * GROUP + n_rows - g * GROUP]
         for n in range(n_tiles * TILE, qx.shape[0]):
             res, at = (flat, n * n_rows + g * GROUP) if full else (last, 0)
             _q8_0_group(qs, q_at, d, d, dm_at, qx, n * n_blocks * QK, xd, xd, n * n_blocks, n_blocks, res, at)

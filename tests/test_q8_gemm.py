@@ -1,0 +1,95 @@
+"""The q8 mode's product of many tokens (issue 33, prefill): the register-blocked GEMM of
+:mod:`attnlab.kernels._q8_fused` (a group's block unpacked once for TILE tokens) gives every token the bits of
+that token's product alone (the decode kernel) and of the numpy reference, on weights written by
+``gguf.GGUFWriter``: token counts that are not a multiple of TILE, rows that are not a multiple of 4, tokens over
+several cache chunks, and any split over threads."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+pytest.importorskip("numba")
+from gguf.constants import GGMLQuantizationType  # noqa: E402
+from gguf.quants import quantize  # noqa: E402
+
+from attnlab.kernels import _q8_fused  # noqa: E402
+from attnlab.kernels.q8_activations import INT_TYPES, Q8ActivationMatrix, reference_matmul  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def numba_on(monkeypatch):
+    monkeypatch.delenv("ATTNLAB_NO_NUMBA", raising=False)
+
+
+def written(tmp_path, w: np.ndarray, qtype: str) -> Q8ActivationMatrix:
+    """``w`` (d_out, d_in) written to a GGUF file in ``qtype`` by GGUFWriter, read back as the mode's weight."""
+    path = tmp_path / f"w_{qtype}.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    t = GGMLQuantizationType[qtype]
+    writer.add_tensor("w", quantize(w, t), raw_dtype=t)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tensor = gguf.GGUFReader(str(path)).tensors[0]
+    return Q8ActivationMatrix(np.asarray(tensor.data), qtype, int(tensor.shape[0]))
+
+
+def one_by_one(x: np.ndarray, W) -> np.ndarray:
+    """Each token's product alone (the decode step's kernel), stacked: (N, d_out)."""
+    return np.concatenate([x[i:i + 1] @ W for i in range(x.shape[0])])
+
+
+@pytest.mark.parametrize("qtype", INT_TYPES)
+def test_a_prefill_gives_each_token_its_decode_bits(tmp_path, rng, qtype):
+    """45 tokens (five tiles of 8 and 5 left; at d_in 1,024 a cache chunk holds 4 tiles: two chunks) against
+    99 rows (24 groups and 3 rows): the GEMM equals 45 single-token products and the numpy reference bit for
+    bit, with a block of zeros and a token of zeros among them."""
+    assert _q8_fused.TILE == 8 and _q8_fused.CHUNK_BYTES // (8 * 32 * 32) == 4
+    W = written(tmp_path, (rng.standard_normal((99, 1024)) * 0.05).astype(np.float32), qtype)
+    x = rng.standard_normal((45, 1024)).astype(np.float32)                   # (N, d_in)
+    x[3, 64:96] = 0.0
+    x[17] = 0.0
+    got = x @ W                                                              # (N, d_out)
+    np.testing.assert_array_equal(got, one_by_one(x, W))
+    np.testing.assert_array_equal(got, reference_matmul(x, W))
+
+
+@pytest.mark.parametrize("qtype", INT_TYPES)
+@pytest.mark.parametrize("n_tokens", [8, 9, 16, 23])
+def test_whole_tiles_and_a_rest_equal_the_reference(tmp_path, rng, qtype, n_tokens):
+    W = written(tmp_path, (rng.standard_normal((30, 96)) * 0.05).astype(np.float32), qtype)
+    x = rng.standard_normal((n_tokens, 96)).astype(np.float32)
+    got = x @ W
+    np.testing.assert_array_equal(got, reference_matmul(x, W))
+    np.testing.assert_array_equal(got, one_by_one(x, W))
+
+
+@pytest.mark.parametrize("qtype", INT_TYPES)
+def test_the_split_over_threads_changes_no_bit(tmp_path, rng, qtype):
+    """The prefill pool's rule (Python threads over ranges of row groups) and numba's threads: the same bits as
+    the calling thread alone."""
+    W = written(tmp_path, (rng.standard_normal((70, 128)) * 0.05).astype(np.float32), qtype)
+    x = rng.standard_normal((27, 128)).astype(np.float32)
+    alone = np.empty((27, 70), np.float32)
+    _q8_fused.matmul(qtype, *W.kernel_planes, x, alone)
+    with ThreadPoolExecutor(3) as pool:
+        pooled = np.empty_like(alone)
+        _q8_fused.matmul(qtype, *W.kernel_planes, x, pooled, pool=pool)
+    numba_threads = np.empty_like(alone)
+    _q8_fused.matmul(qtype, *W.kernel_planes, x, numba_threads, threads=2)
+    np.testing.assert_array_equal(pooled, alone)
+    np.testing.assert_array_equal(numba_threads, alone)
+    np.testing.assert_array_equal(alone, reference_matmul(x, W))
+
+
+def test_the_tiles_lay_each_blocks_tokens_side_by_side(rng):
+    """_tiles by hand: token 8i + t's block b at qt[i, b, t], its scales at xdt[i, b, t] and xst[i, b, t]; the
+    tokens after the last whole tile are left to the one-token kernel."""
+    x = rng.standard_normal((19, 64)).astype(np.float32)
+    qx, xd, xs, qt, xdt, xst = _q8_fused._quantized_tiles(x)
+    assert qt.shape == (2, 2, 8, 32) and xdt.shape == xst.shape == (2, 2, 8)
+    np.testing.assert_array_equal(qt[1, 1, 3], qx[11, 1])
+    assert (xdt[1, 0, 7], xst[0, 1, 2]) == (xd[15, 0], xs[2, 1])
