@@ -93,3 +93,22 @@ def test_the_tiles_lay_each_blocks_tokens_side_by_side(rng):
     assert qt.shape == (2, 2, 8, 32) and xdt.shape == xst.shape == (2, 2, 8)
     np.testing.assert_array_equal(qt[1, 1, 3], qx[11, 1])
     assert (xdt[1, 0, 7], xst[0, 1, 2]) == (xd[15, 0], xs[2, 1])
+
+
+def test_x_rounded_in_vector_ir_equals_numpys_rounding(rng):
+    """The kernels' rounding of x (a block at a time in vector IR) against :func:`quantize_q8`: blocks of every
+    magnitude, halves that tie (x·127/amax = k + 0.5), a block of zeros; the tiles hold the same values."""
+    from attnlab.kernels.q8_activations import quantize_q8
+
+    x = rng.standard_normal((19, 256)).astype(np.float32) * np.logspace(-6, 2, 8, dtype=np.float32).repeat(32)
+    x[2, :32] = np.arange(32, dtype=np.float32) - 15.5                      # amax 15.5: ties at every other value
+    x[2, 31] = 127.0                                                       # amax 127: x·1 ... and k + 0.5 exactly
+    x[2, :8] = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5, 126.5]
+    x[5, 64:96] = 0.0
+    qx, xd, xs, qt, xdt, xst = _q8_fused._quantized_tiles(x)
+    want = quantize_q8(x)
+    for got, ref in zip((qx, xd, xs), want):
+        np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(qx[2, 0, :8], [0, 2, 2, 0, -2, -2, 4, 126])
+    np.testing.assert_array_equal(qt.transpose(0, 2, 1, 3).reshape(16, 8, 32), qx[:16])
+    np.testing.assert_array_equal(xst.transpose(0, 2, 1).reshape(16, 8), xs[:16])

@@ -57,6 +57,9 @@ PREFETCH_BYTES = 4096   # the values are prefetched this far ahead of the block 
 #                         changes no result.
 
 
+I8, I32, F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
+
+
 @intrinsic
 def _to_half(typingctx, value):
     """A float32 rounded to the nearest float16 (ties to even), returned as float32: llama.cpp's
@@ -69,28 +72,60 @@ def _to_half(typingctx, value):
     return types.float32(types.float32), codegen
 
 
+@intrinsic
+def _quantize_block(typingctx, x, x_at, q, q_at, q2, q2_at, xd, xs, s_at):
+    """One block of 32 values of x (from element ``x_at``) rounded as :func:`quantize_blocks` says, in vector
+    IR: its 32 int8 written at ``q[q_at]`` and at ``q2[q2_at]`` (a tile's copy, or the same place again),
+    ``xd[s_at]`` and ``xs[s_at]``. The maximum of |x| is exact in any order (no NaN in x), the rest rounds as
+    the scalar code: d = amax / 127, inv = 127 / amax (0 where amax is 0), q = roundeven(x·inv), xs = d·Σq."""
+    def codegen(context, builder, signature, args):
+        x_v, x_at_v, q_v, q_at_v, q2_v, q2_at_v, xd_v, xs_v, s_at_v = args
+        t = signature.args
+        v32 = ir.VectorType(F32, QK)
+        v = _vload(builder, _ptr(context, builder, t[0], x_v, x_at_v), ir.Constant(x_at_v.type, 0), v32)
+        fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v32, [v32]), "llvm.fabs.v32f32")
+        a = builder.call(fabs, [v])
+        width = QK
+        while width > 1:                                      # the larger half, halving: max|x| in lane 0
+            width //= 2
+            lo = builder.shuffle_vector(a, a, _vec(I32, range(width)))
+            hi = builder.shuffle_vector(a, a, _vec(I32, range(width, 2 * width)))
+            a = builder.select(builder.fcmp_ordered(">", lo, hi), lo, hi)
+        amax = builder.extract_element(a, ir.Constant(I32, 0))
+        k127, zero = ir.Constant(F32, 127.0), ir.Constant(F32, 0.0)
+        d = builder.fdiv(amax, k127)
+        inv = builder.select(builder.fcmp_ordered("!=", amax, zero), builder.fdiv(k127, amax), zero)
+        rne = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v32, [v32]), "llvm.roundeven.v32f32")
+        qi = builder.fptosi(builder.call(rne, [builder.fmul(v, _splat(builder, inv, QK))]),
+                            ir.VectorType(I32, QK))                                  # <32 x i32>
+        q8 = builder.trunc(qi, ir.VectorType(I8, QK))
+        for arg, ary, at in ((2, q_v, q_at_v), (4, q2_v, q2_at_v)):
+            builder.store(q8, builder.bitcast(_ptr(context, builder, t[arg], ary, at),
+                                              ir.VectorType(I8, QK).as_pointer()), align=1)
+        vadd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(I32, [ir.VectorType(I32, QK)]),
+                                              "llvm.vector.reduce.add.v32i32")
+        total = builder.sitofp(builder.call(vadd, [qi]), F32)
+
+        def half(value):
+            return builder.fpext(builder.fptrunc(value, ir.HalfType()), F32)
+        builder.store(half(d), _ptr(context, builder, t[6], xd_v, s_at_v))
+        builder.store(half(builder.fmul(d, total)), _ptr(context, builder, t[7], xs_v, s_at_v))
+        return context.get_dummy_value()
+    return types.void(x, x_at, q, q_at, q2, q2_at, xd, xs, s_at), codegen
+
+
 @numba.njit(**FLAGS)
 def quantize_blocks(x, qx, xd, xs):
     """x (N, n_blocks·32) float32 -> qx (N, n_blocks, 32) int8, xd (N, n_blocks) and xs (N, n_blocks) float32
     (each the value of a float16), as llama.cpp's x86 ``quantize_row_q8_1`` (``quantize_row_q8_0``: the
-    same, xs unused): amax = max|x|, d = amax / 127, q = round-half-even(x · (127 / amax)), xs = d·Σq."""
-    for n in range(x.shape[0]):
-        for b in range(qx.shape[1]):
-            amax = np.float32(0.0)
-            for t in range(QK):
-                amax = max(amax, abs(x[n, b * QK + t]))
-            d = amax / np.float32(127.0)
-            inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
-            total = 0
-            for t in range(QK):
-                q = np.int32(np.rint(x[n, b * QK + t] * inv))
-                qx[n, b, t] = q
-                total += q
-            xd[n, b] = _to_half(d)
-            xs[n, b] = _to_half(d * np.float32(total))
+    same, xs unused): amax = max|x|, d = amax / 127, q = round-half-even(x · (127 / amax)), xs = d·Σq.
+    x C-contiguous (a block at a time in vector IR: :func:`_quantize_block`)."""
+    n_blocks = qx.shape[1]
+    xf, qf, xdf, xsf = x.reshape(-1), qx.reshape(-1), xd.reshape(-1), xs.reshape(-1)
+    for i in range(x.shape[0] * n_blocks):
+        _quantize_block(xf, i * QK, qf, i * QK, qf, i * QK, xdf, xsf, i)
 
 
-I8, I32, F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
 
 
 def vnni_rule() -> bool:
@@ -318,7 +353,7 @@ def _gemm_intrinsic(kind: str, tile: int = TILE):
     GROUP rows against ``tile`` tokens, every block, each output with :func:`_group_intrinsic`'s arithmetic
     (the same bits as that token alone): a block's four rows are unpacked once and multiplied with each of the
     tile's tokens; 2·tile <16 x float> accumulators (rows 2h, 2h + 1 of token t) and (Q4_1) one <4·tile x float>
-    of minima's sums (row k of token t at 4t + k) stay in registers. The tokens come tiled (:func:`_tiles`):
+    of minima's sums (row k of token t at 4t + k) stay in registers. The tokens come tiled (:func:`_quantized_tiles`):
     ``y`` (n_tiles, n_blocks, tile, 32) int8, ``xd`` and ``xs`` (n_tiles, n_blocks, tile), the tile's first
     element at ``x_at`` (of xd and xs; 32·x_at of y). Row k of token t is written to res[res_at + t·stride + k]."""
     width = QK if kind == "Q8_0" else QK // 2
@@ -415,28 +450,11 @@ _q4_0_gemm, _q4_1_gemm, _q8_0_gemm = (_gemm_intrinsic(k) for k in ("Q4_0", "Q4_1
 
 
 @numba.njit(**FLAGS)
-def _tiles(qx, xd, xs):
-    """The first N − N % TILE tokens of (qx, xd, xs) (:func:`_quantized`) in tiles of TILE tokens, a block's
-    tokens side by side: (qt (n_tiles, n_blocks, TILE, 32) int8, xdt and xst (n_tiles, n_blocks, TILE))."""
-    n_tiles, n_blocks = qx.shape[0] // TILE, qx.shape[1]
-    qt = np.empty((n_tiles, n_blocks, TILE, QK), np.int8)               # (n_tiles, n_blocks, TILE, 32)
-    xdt = np.empty((n_tiles, n_blocks, TILE), np.float32)               # (n_tiles, n_blocks, TILE)
-    xst = np.empty((n_tiles, n_blocks, TILE), np.float32)               # (n_tiles, n_blocks, TILE)
-    for i in range(n_tiles):
-        for b in range(n_blocks):
-            for t in range(TILE):
-                qt[i, b, t] = qx[i * TILE + t, b]
-                xdt[i, b, t] = xd[i * TILE + t, b]
-                xst[i, b, t] = xs[i * TILE + t, b]
-    return qt, xdt, xst
-
-
-@numba.njit(**FLAGS)
 def _nibbles_groups(qs, d, m, off, qx, xd, xs, qt, xdt, xst, out, g0, g1):
     """out[n, r] for the rows of groups g0 … g1 − 1 of a 4-bit type: qs (G, n_blocks, 4, 16) bytes (value t
     in byte t's low nibble, t + 16 in its high one), d and m (G, n_blocks, 4) float16 bits; ``off`` 8: Q4_0
     (w = d·(q − 8), m unused), 0: Q4_1 (w = d·q + m: adds Σ_b m_b·xs_b). The tokens of whole tiles (qt, xdt,
-    xst: :func:`_tiles`) TILE at a time, the rest (qx, xd, xs) one by one: the same bits either way."""
+    xst: :func:`_quantized_tiles`) TILE at a time, the rest (qx, xd, xs) one by one: the same bits either way."""
     n_blocks, n_rows, n_tiles = qs.shape[1], out.shape[1], qt.shape[0]
     last = np.empty(GROUP * TILE, np.float32)                # (TILE, rows) a last group's sums, padding rows too
     flat = out.reshape(-1)
@@ -522,9 +540,28 @@ def _quantized(x):
 
 @numba.njit(**FLAGS)
 def _quantized_tiles(x):
-    """(qx, xd, xs, qt, xdt, xst): x rounded (:func:`_quantized`), its whole tiles laid out (:func:`_tiles`)."""
-    qx, xd, xs = _quantized(x)
-    qt, xdt, xst = _tiles(qx, xd, xs)
+    """(qx, xd, xs, qt, xdt, xst): x rounded (:func:`_quantized`), and its first N − N % TILE tokens again in
+    tiles of TILE tokens, a block's tokens side by side (token TILE·i + t's block b at qt[i, b, t], its scales
+    at xdt[i, b, t] and xst[i, b, t]); one pass over x."""
+    n, n_blocks = x.shape[0], x.shape[1] // QK
+    n_tiles = n // TILE
+    qx = np.empty((n, n_blocks, QK), np.int8)                          # (N, n_blocks, 32)
+    xd = np.empty((n, n_blocks), np.float32)                           # (N, n_blocks)
+    xs = np.empty((n, n_blocks), np.float32)                           # (N, n_blocks)
+    qt = np.empty((n_tiles, n_blocks, TILE, QK), np.int8)              # (n_tiles, n_blocks, TILE, 32)
+    xdt = np.empty((n_tiles, n_blocks, TILE), np.float32)              # (n_tiles, n_blocks, TILE)
+    xst = np.empty((n_tiles, n_blocks, TILE), np.float32)              # (n_tiles, n_blocks, TILE)
+    xf, qf, qtf, xdf, xsf = x.reshape(-1), qx.reshape(-1), qt.reshape(-1), xd.reshape(-1), xs.reshape(-1)
+    for t in range(n):
+        for b in range(n_blocks):
+            i = t * n_blocks + b
+            if t < n_tiles * TILE:
+                _quantize_block(xf, i * QK, qf, i * QK, qtf, (((t // TILE) * n_blocks + b) * TILE + t % TILE) * QK,
+                                xdf, xsf, i)
+                xdt[t // TILE, b, t % TILE] = xd[t, b]
+                xst[t // TILE, b, t % TILE] = xs[t, b]
+            else:
+                _quantize_block(xf, i * QK, qf, i * QK, qf, i * QK, xdf, xsf, i)
     return qx, xd, xs, qt, xdt, xst
 
 
