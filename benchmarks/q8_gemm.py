@@ -44,7 +44,7 @@ def sides(qtype: str, W, E, x: np.ndarray) -> dict:
         k.matmul(qtype, *planes, x, out)
         return out.copy()
 
-    _, _, _, qt, xdt, xst = k._quantized_tiles(np.ascontiguousarray(x[:0]))   # no whole tile: (0, n_blocks, ...)
+    _, _, _, qt, ys, xdt, xst = k._quantized_tiles(np.ascontiguousarray(x[:0]), qtype != "Q8_0")   # no whole tile
 
     def by_token():                   # the same kernels, every token through the decode kernel (the prefill before)
         qx, xd, xs = k._quantized(x)
@@ -52,7 +52,7 @@ def sides(qtype: str, W, E, x: np.ndarray) -> dict:
             k._int8_groups(planes[0], planes[1], qx, xd, qt, xdt, out, 0, planes[0].shape[0])
         else:
             k._nibbles_groups(planes[0], planes[1], planes[1] if planes[2] is None else planes[2], off, qx, xd, xs,
-                              qt, xdt, xst, out, 0, planes[0].shape[0])
+                              qt, ys, xdt, xst, out, 0, planes[0].shape[0])
         return out.copy()
 
     dense = np.ascontiguousarray((np.eye(E.d_in, dtype=np.float32) @ E).T)   # (d_out, d_in) the values, float32

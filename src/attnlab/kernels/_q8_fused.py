@@ -449,13 +449,117 @@ def _gemm_intrinsic(kind: str, tile: int = TILE):
 _q4_0_gemm, _q4_1_gemm, _q8_0_gemm = (_gemm_intrinsic(k) for k in ("Q4_0", "Q4_1", "Q8_0"))
 
 
+def _gemm_by_dword_intrinsic(kind: str, tile: int = TILE):
+    """As :func:`_gemm_intrinsic` for Q4_0 and Q4_1, the registers laid out the other way: lane i = 4k + u of a
+    <16 x float> is row k and token 4q + u of the tile's quad q, and the eight lanes j of a (row, token) lie in
+    eight registers, acc[j][q]. A block's d_w·xd is then one multiply for 16 (row, token) pairs, and its weights
+    one in-lane dword shuffle per j (row k's dword j in 128-bit lane k, broadcast over its four lanes), against
+    the quad's dwords j broadcast from memory (y in :func:`_quantized_tiles`' dword layout,
+    (n_tiles, n_blocks, 8, tile, 4)). Each (row, token)'s arithmetic is :func:`_group_intrinsic`'s: the same
+    bits. ``ys`` (n_tiles, n_blocks, 8, tile) int32: MAGIC_BITS − 8·Σ of each dword's four y (Q4_0's −8·Σy folded
+    into vpdpbusd's start; unused for Q4_1)."""
+    quads = tile // 4
+    vf, vf4, v16 = ir.VectorType(F32, 16), ir.VectorType(F32, GROUP), ir.VectorType(I32, 16)
+
+    @intrinsic
+    def gemm(typingctx, qs, q_at, d, m, dm_at, y, ys, xd, xs, x_at, n_blocks, res, res_at, stride):
+        def codegen(context, builder, signature, args):
+            qs_v, q_at_v, d_v, m_v, dm_at_v, y_v, ys_v, xd_v, xs_v, x_at_v, nb_v, res_v, res_at_v, stride_v = args
+            t_ = signature.args
+            i64 = q_at_v.type
+            c = lambda k: ir.Constant(i64, k)                                      # noqa: E731
+            q_p = _ptr(context, builder, t_[0], qs_v, q_at_v)
+            d_p = _ptr(context, builder, t_[2], d_v, dm_at_v)
+            m_p = _ptr(context, builder, t_[3], m_v, dm_at_v)
+            y_p = _ptr(context, builder, t_[5], y_v, builder.mul(x_at_v, c(QK)))
+            ys_p = _ptr(context, builder, t_[6], ys_v, builder.mul(x_at_v, c(LANES)))
+            xd_p = _ptr(context, builder, t_[7], xd_v, x_at_v)
+            xs_p = _ptr(context, builder, t_[8], xs_v, x_at_v)
+            nb = builder.sext(nb_v, i64) if nb_v.type != i64 else nb_v
+            entry = builder.basic_block
+            loop = builder.append_basic_block("q8gemm.blocks")
+            done = builder.append_basic_block("q8gemm.done")
+            builder.branch(loop)
+            builder.position_at_end(loop)
+            b = builder.phi(i64)
+            accs = [[builder.phi(vf) for _ in range(quads)] for _ in range(LANES)]      # [j][quad]
+            summs = [builder.phi(vf) for _ in range(quads)]
+            b.add_incoming(c(0), entry)
+            for a in (*(a for row in accs for a in row), *summs):
+                a.add_incoming(ir.Constant(vf, [0.0] * 16), entry)
+
+            by_row = _vec(I32, [i // 4 for i in range(16)])                      # lane 4k + u <- row k
+            quad = _vec(I32, [i % 4 for i in range(16)])                         # lane 4k + u <- token u
+            dm_at_b = builder.mul(b, c(GROUP))
+            d4 = builder.fpext(builder.bitcast(_vload(builder, d_p, dm_at_b, ir.VectorType(ir.IntType(16), GROUP)),
+                                               ir.VectorType(ir.HalfType(), GROUP)), vf4)
+            d16 = builder.shuffle_vector(d4, d4, by_row)
+            scales = []
+            for q in range(quads):                   # d_w·xd of the 16 (row, token) pairs, as the decode kernel
+                x4 = _vload(builder, xd_p, builder.add(builder.mul(b, c(tile)), c(4 * q)), vf4)
+                scales.append(builder.fmul(d16, builder.shuffle_vector(x4, x4, quad)))
+            packed = builder.bitcast(_vload(builder, q_p, builder.mul(b, c(GROUP * QK // 2)), ir.VectorType(I8, 64)),
+                                     v16)
+            low = builder.and_(packed, _vec(I32, [0x0F0F0F0F] * 16))           # values 0 … 15, four a dword
+            high = builder.and_(builder.lshr(packed, _vec(I32, [4] * 16)), _vec(I32, [0x0F0F0F0F] * 16))
+            yq_at = builder.mul(b, c(LANES * tile))                              # the block's dwords in y and ys
+            for j in range(LANES):
+                src = low if j < 4 else high
+                w = builder.shuffle_vector(src, src, _vec(I32, [4 * (i // 4) + j % 4 for i in range(16)]))
+                w8 = builder.bitcast(w, ir.VectorType(I8, 64))
+                for q in range(quads):
+                    at = builder.add(yq_at, c(j * tile + 4 * q))                 # the quad's 4 dwords j
+                    y4 = _vload(builder, builder.bitcast(y_p, I32.as_pointer()), at, ir.VectorType(I32, 4))
+                    y16 = builder.bitcast(builder.shuffle_vector(y4, y4, quad), ir.VectorType(I8, 64))
+                    if kind == "Q4_0":
+                        s4 = _vload(builder, ys_p, at, ir.VectorType(I32, 4))
+                        start = builder.shuffle_vector(s4, s4, quad)
+                    else:
+                        start = _vec(I32, [MAGIC_BITS] * 16)
+                    lanes = _dpbusd(builder, w8, y16, start)
+                    value = builder.fsub(builder.bitcast(lanes, vf), ir.Constant(vf, [MAGIC] * 16))
+                    accs[j][q] = (accs[j][q], _fma(builder, scales[q], value, accs[j][q]))
+            new_summs = []
+            if kind == "Q4_1":
+                m4 = builder.fpext(builder.bitcast(_vload(builder, m_p, dm_at_b, ir.VectorType(ir.IntType(16), GROUP)),
+                                                   ir.VectorType(ir.HalfType(), GROUP)), vf4)
+                m16 = builder.shuffle_vector(m4, m4, by_row)
+                for q in range(quads):
+                    x4 = _vload(builder, xs_p, builder.add(builder.mul(b, c(tile)), c(4 * q)), vf4)
+                    new_summs.append(builder.fadd(summs[q], builder.fmul(m16, builder.shuffle_vector(x4, x4, quad))))
+            else:
+                new_summs = summs
+            _next_block(builder, b, [*(pair for row in accs for pair in row), *zip(summs, new_summs)], nb, loop, done)
+
+            builder.position_at_end(done)
+            res_p = _ptr(context, builder, t_[11], res_v, res_at_v)
+            step = builder.sext(stride_v, i64) if stride_v.type != i64 else stride_v
+            for q in range(quads):
+                a = [accs[j][q][1] for j in range(LANES)]
+                total = builder.fadd(builder.fadd(builder.fadd(a[0], a[4]), builder.fadd(a[2], a[6])),
+                                     builder.fadd(builder.fadd(a[1], a[5]), builder.fadd(a[3], a[7])))
+                if kind == "Q4_1":
+                    total = builder.fadd(total, new_summs[q])
+                by_token = builder.shuffle_vector(total, total, _vec(I32, [4 * k + u for u in range(4) for k in range(4)]))
+                for u in range(4):
+                    row4 = builder.shuffle_vector(by_token, by_token, _vec(I32, range(4 * u, 4 * u + 4)))
+                    at = builder.gep(res_p, [builder.mul(c(4 * q + u), step)])
+                    builder.store(row4, builder.bitcast(at, vf4.as_pointer()), align=4)
+            return context.get_dummy_value()
+        return types.void(qs, q_at, d, m, dm_at, y, ys, xd, xs, x_at, n_blocks, res, res_at, stride), codegen
+    return gemm
+
+
+_q4_0_dword_gemm, _q4_1_dword_gemm = (_gemm_by_dword_intrinsic(k) for k in ("Q4_0", "Q4_1"))
+
+
 @numba.njit(**FLAGS)
-def _nibbles_groups(qs, d, m, off, qx, xd, xs, qt, xdt, xst, out, g0, g1):
+def _nibbles_groups(qs, d, m, off, qx, xd, xs, qt, ys, xdt, xst, out, g0, g1):
     """out[n, r] for the rows of groups g0 … g1 − 1 of a 4-bit type: qs (G, n_blocks, 4, 16) bytes (value t
     in byte t's low nibble, t + 16 in its high one), d and m (G, n_blocks, 4) float16 bits; ``off`` 8: Q4_0
     (w = d·(q − 8), m unused), 0: Q4_1 (w = d·q + m: adds Σ_b m_b·xs_b). The tokens of whole tiles (qt, xdt,
     xst: :func:`_quantized_tiles`) TILE at a time, the rest (qx, xd, xs) one by one: the same bits either way."""
-    n_blocks, n_rows, n_tiles = qs.shape[1], out.shape[1], qt.shape[0]
+    n_blocks, n_rows, n_tiles = qs.shape[1], out.shape[1], xdt.shape[0]
     last = np.empty(GROUP * TILE, np.float32)                # (TILE, rows) a last group's sums, padding rows too
     flat = out.reshape(-1)
     chunk = max(1, CHUNK_BYTES // (TILE * n_blocks * QK))                # tiles whose tokens stay in cache
@@ -465,10 +569,11 @@ def _nibbles_groups(qs, d, m, off, qx, xd, xs, qt, xdt, xst, out, g0, g1):
             q_at, dm_at = g * n_blocks * GROUP * 16, g * n_blocks * GROUP
             for i in range(c0, min(n_tiles, c0 + chunk)):
                 res, at, stride = (flat, i * TILE * n_rows + g * GROUP, n_rows) if full else (last, 0, GROUP)
+                x_at = i * n_blocks * TILE
                 if off == 0:
-                    _q4_1_gemm(qs, q_at, d, m, dm_at, qt, xdt, xst, i * n_blocks * TILE, n_blocks, res, at, stride)
+                    _q4_1_dword_gemm(qs, q_at, d, m, dm_at, qt, ys, xdt, xst, x_at, n_blocks, res, at, stride)
                 else:
-                    _q4_0_gemm(qs, q_at, d, m, dm_at, qt, xdt, xst, i * n_blocks * TILE, n_blocks, res, at, stride)
+                    _q4_0_dword_gemm(qs, q_at, d, m, dm_at, qt, ys, xdt, xst, x_at, n_blocks, res, at, stride)
                 if not full:
                     for t in range(TILE):
                         out[i * TILE + t, g * GROUP:] = last[t * GROUP:t * GROUP + n_rows - g * GROUP]
@@ -489,7 +594,7 @@ def _nibbles_groups(qs, d, m, off, qx, xd, xs, qt, xdt, xst, out, g0, g1):
 def _int8_groups(qs, d, qx, xd, qt, xdt, out, g0, g1):
     """out[n, r] for the rows of groups g0 … g1 − 1 of Q8_0: qs (G, n_blocks, 4, 32) int8, d (G, n_blocks, 4, 1)
     float16 bits; whole tiles TILE tokens at a time, the rest one by one."""
-    n_blocks, n_rows, n_tiles = qs.shape[1], out.shape[1], qt.shape[0]
+    n_blocks, n_rows, n_tiles = qs.shape[1], out.shape[1], xdt.shape[0]
     last = np.empty(GROUP * TILE, np.float32)
     flat = out.reshape(-1)
     chunk = max(1, CHUNK_BYTES // (TILE * n_blocks * QK))
@@ -514,10 +619,10 @@ def _int8_groups(qs, d, qx, xd, qt, xdt, out, g0, g1):
 
 
 @numba.njit(parallel=True, **FLAGS)
-def _nibbles_parallel(qs, d, m, off, qx, xd, xs, qt, xdt, xst, out, chunks):
+def _nibbles_parallel(qs, d, m, off, qx, xd, xs, qt, ys, xdt, xst, out, chunks):
     step = -(-qs.shape[0] // chunks)
     for c in prange(chunks):
-        _nibbles_groups(qs, d, m, off, qx, xd, xs, qt, xdt, xst, out, c * step, min(qs.shape[0], (c + 1) * step))
+        _nibbles_groups(qs, d, m, off, qx, xd, xs, qt, ys, xdt, xst, out, c * step, min(qs.shape[0], (c + 1) * step))
 
 
 @numba.njit(parallel=True, **FLAGS)
@@ -539,42 +644,54 @@ def _quantized(x):
 
 
 @numba.njit(**FLAGS)
-def _quantized_tiles(x):
-    """(qx, xd, xs, qt, xdt, xst): x rounded (:func:`_quantized`), and its first N − N % TILE tokens again in
-    tiles of TILE tokens, a block's tokens side by side (token TILE·i + t's block b at qt[i, b, t], its scales
-    at xdt[i, b, t] and xst[i, b, t]); one pass over x."""
+def _quantized_tiles(x, by_dword):
+    """(qx, xd, xs, qt, ys, xdt, xst): x rounded (:func:`_quantized`), and its first N − N % TILE tokens again in
+    tiles of TILE tokens (one pass over x): xdt and xst (n_tiles, n_blocks, TILE) (token TILE·i + u's block b
+    at [i, b, u]); qt flat int8, laid out (n_tiles, n_blocks, TILE, 32) (a block's tokens side by side: the
+    Q8_0 GEMM), or with ``by_dword`` (n_tiles, n_blocks, 8, TILE, 4) (each dword j of the tokens side by side:
+    the Q4 GEMM), then ys (n_tiles, n_blocks, 8, TILE) int32 flat: MAGIC_BITS − 8·(the sum of the dword's four
+    values) (empty without ``by_dword``)."""
     n, n_blocks = x.shape[0], x.shape[1] // QK
     n_tiles = n // TILE
     qx = np.empty((n, n_blocks, QK), np.int8)                          # (N, n_blocks, 32)
     xd = np.empty((n, n_blocks), np.float32)                           # (N, n_blocks)
     xs = np.empty((n, n_blocks), np.float32)                           # (N, n_blocks)
-    qt = np.empty((n_tiles, n_blocks, TILE, QK), np.int8)              # (n_tiles, n_blocks, TILE, 32)
+    qt = np.empty(n_tiles * n_blocks * TILE * QK, np.int8)             # (n_tiles, n_blocks, [8,] TILE, 32 or 4)
+    ys = np.empty(n_tiles * n_blocks * LANES * TILE if by_dword else 0, np.int32)   # (n_tiles, n_blocks, 8, TILE)
     xdt = np.empty((n_tiles, n_blocks, TILE), np.float32)              # (n_tiles, n_blocks, TILE)
     xst = np.empty((n_tiles, n_blocks, TILE), np.float32)              # (n_tiles, n_blocks, TILE)
-    xf, qf, qtf, xdf, xsf = x.reshape(-1), qx.reshape(-1), qt.reshape(-1), xd.reshape(-1), xs.reshape(-1)
+    xf, qf, xdf, xsf = x.reshape(-1), qx.reshape(-1), xd.reshape(-1), xs.reshape(-1)
     for t in range(n):
+        tiled = t < n_tiles * TILE
         for b in range(n_blocks):
             i = t * n_blocks + b
-            if t < n_tiles * TILE:
-                _quantize_block(xf, i * QK, qf, i * QK, qtf, (((t // TILE) * n_blocks + b) * TILE + t % TILE) * QK,
-                                xdf, xsf, i)
-                xdt[t // TILE, b, t % TILE] = xd[t, b]
-                xst[t // TILE, b, t % TILE] = xs[t, b]
-            else:
-                _quantize_block(xf, i * QK, qf, i * QK, qf, i * QK, xdf, xsf, i)
-    return qx, xd, xs, qt, xdt, xst
+            base, u = ((t // TILE) * n_blocks + b) * TILE, t % TILE
+            _quantize_block(xf, i * QK, qf, i * QK, qt if tiled and not by_dword else qf,
+                            (base + u) * QK if tiled and not by_dword else i * QK, xdf, xsf, i)
+            if tiled:
+                xdt[t // TILE, b, u] = xd[t, b]
+                xst[t // TILE, b, u] = xs[t, b]
+                if by_dword:
+                    for j in range(LANES):
+                        total = 0
+                        for k in range(4):
+                            v = qf[i * QK + 4 * j + k]
+                            qt[((base * LANES) + j * TILE + u) * 4 + k] = v
+                            total += v
+                        ys[base * LANES + j * TILE + u] = MAGIC_BITS - 8 * total
+    return qx, xd, xs, qt, ys, xdt, xst
 
 
 @numba.njit(**FLAGS)
 def _nibbles_product(qs, d, m, off, x, out):
     """x rounded, then every group of a 4-bit type on the calling thread: one numba call per product."""
-    qx, xd, xs, qt, xdt, xst = _quantized_tiles(x)
-    _nibbles_groups(qs, d, m, off, qx, xd, xs, qt, xdt, xst, out, 0, qs.shape[0])
+    qx, xd, xs, qt, ys, xdt, xst = _quantized_tiles(x, True)
+    _nibbles_groups(qs, d, m, off, qx, xd, xs, qt, ys, xdt, xst, out, 0, qs.shape[0])
 
 
 @numba.njit(**FLAGS)
 def _int8_product(qs, d, x, out):
-    qx, xd, _, qt, xdt, _ = _quantized_tiles(x)
+    qx, xd, _, qt, _, xdt, _ = _quantized_tiles(x, False)
     _int8_groups(qs, d, qx, xd, qt, xdt, out, 0, qs.shape[0])
 
 
@@ -596,12 +713,12 @@ def matmul(qtype: str, qs, d, m, x, out, threads: int = 1, pool=None) -> None:
         else:
             call(_nibbles_product, qs, d, m, off, x, out)
         return
-    qx, xd, xs, qt, xdt, xst = call(_quantized_tiles, x)
+    qx, xd, xs, qt, ys, xdt, xst = call(_quantized_tiles, x, qtype != "Q8_0")
     groups = qs.shape[0]
     if qtype == "Q8_0":
         serial, parallel, args = _int8_groups, _int8_parallel, (qs, d, qx, xd, qt, xdt, out)
     else:
-        serial, parallel, args = _nibbles_groups, _nibbles_parallel, (qs, d, m, off, qx, xd, xs, qt, xdt, xst, out)
+        serial, parallel, args = _nibbles_groups, _nibbles_parallel, (qs, d, m, off, qx, xd, xs, qt, ys, xdt, xst, out)
     if pool is not None:
         n = pool._max_workers
         step = -(-groups // n)
