@@ -44,12 +44,13 @@ def one_by_one(x: np.ndarray, W) -> np.ndarray:
 
 @pytest.mark.parametrize("qtype", INT_TYPES)
 def test_a_prefill_gives_each_token_its_decode_bits(tmp_path, rng, qtype):
-    """45 tokens (five tiles of 8 and 5 left; at d_in 1,024 a cache chunk holds 4 tiles: two chunks) against
-    99 rows (24 groups and 3 rows): the GEMM equals 45 single-token products and the numpy reference bit for
-    bit, with a block of zeros and a token of zeros among them."""
-    assert _q8_fused.TILE == 8 and _q8_fused.CHUNK_BYTES // (8 * 32 * 32) == 4
+    """Tokens over three cache chunks of whole tiles and 5 left (at d_in 1,024 and TILE 8: 4 tiles a chunk, 77
+    tokens), against 99 rows (24 groups and 3 rows): the GEMM equals the single-token products and the numpy
+    reference bit for bit, with a block of zeros and a token of zeros among them."""
+    tiles = _q8_fused.CHUNK_BYTES // (_q8_fused.TILE * 32 * 32)             # whole tiles in a chunk at d_in 1,024
+    n = (2 * tiles + 1) * _q8_fused.TILE + 5
     W = written(tmp_path, (rng.standard_normal((99, 1024)) * 0.05).astype(np.float32), qtype)
-    x = rng.standard_normal((45, 1024)).astype(np.float32)                   # (N, d_in)
+    x = rng.standard_normal((n, 1024)).astype(np.float32)                    # (N, d_in)
     x[3, 64:96] = 0.0
     x[17] = 0.0
     got = x @ W                                                              # (N, d_out)
@@ -89,6 +90,7 @@ def test_the_tiles_lay_each_blocks_tokens_side_by_side(rng):
     """_quantized_tiles by hand: token 8i + u's block b at qt[i, b, u] (Q8_0's layout) or its dword j at
     qt[i, b, j, u] (the Q4 layout, with ys[i, b, j, u] = MAGIC_BITS − 8·the dword's sum), its scales at
     xdt[i, b, u] and xst[i, b, u]; the tokens after the last whole tile are left to the one-token kernel."""
+    assert _q8_fused.TILE == 8                                               # the layouts below, by hand
     x = rng.standard_normal((19, 64)).astype(np.float32)
     qx, xd, xs, qt, ys, xdt, xst = _q8_fused._quantized_tiles(x, False)
     assert qt.shape == (2 * 2 * 8 * 32,) and ys.shape == (0,) and xdt.shape == xst.shape == (2, 2, 8)

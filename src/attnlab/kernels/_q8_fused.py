@@ -26,9 +26,21 @@ intrinsic kept them in memory, a load and a store per block and row):
 - the values prefetched :data:`PREFETCH_BYTES` ahead; the four rows' sums in llama.cpp's order at the end,
   written to ``out`` as one 4-lane store; x rounded and every group multiplied in one numba call.
 
+A product of many tokens (a prefill) runs a GEMM: the tokens in tiles of :data:`TILE` (8), each group's block
+unpacked once for the tile's tokens, the tile's accumulators in registers (:func:`_gemm_by_dword_intrinsic`
+for Q4_0 and Q4_1: a register's 16 lanes are 4 rows × 4 tokens, lane j of every (row, token) in its own
+register, so d_w·xd is one multiply for 16 pairs and a block's weights one ``vpshufd`` per j;
+:func:`_gemm_intrinsic` for Q8_0: the decode kernel's layout, 8 tokens against each unpacked block). The
+tokens after the last whole tile go through the one-token kernel. Every (row, token) keeps the one-token
+kernel's arithmetic, so a token's outputs are the same bits in a prefill and in a decode step (tested). x is
+rounded a block at a time in vector IR (:func:`_quantize_block`), the tiles written in the same pass
+(:func:`_quantized_tiles`), and the tokens go in chunks of :data:`CHUNK_BYTES` over all the groups.
+
 No fastmath: every float operation rounds as the numpy reference's does (its fused multiply-add emulated
 exactly), and the integer sums are exact whatever instructions compute them. (A 1,536 × 576 Q4_1 product
-held in L2: 11-18 G weights/s with the per-block intrinsic, 16-22 with this loop; 2-core Xeon, loaded.)
+held in L2: 11-18 G weights/s with the per-block intrinsic, 16-22 with this loop; 2-core Xeon, loaded. At 512
+tokens, one thread: 27 G MAC/s token by token, 54 with the GEMM, float32 BLAS 57 (benchmarks/q8_gemm.py;
+Xeon, AVX-512, loaded).)
 """
 
 from __future__ import annotations
@@ -326,8 +338,8 @@ def _group_intrinsic(kind: str):
 _q4_0_group, _q4_1_group, _q8_0_group = (_group_intrinsic(k) for k in ("Q4_0", "Q4_1", "Q8_0"))
 
 
-TILE = 8   # tokens a prefill's product multiplies each unpacked block with: 4 rows x 4 tokens x 8 lanes of float32
-#            accumulators, eight zmm registers (see _gemm_intrinsic)
+TILE = 8   # tokens a prefill's product multiplies each unpacked block with: 4 rows x 8 tokens x 8 lanes of float32
+#            accumulators, 16 zmm registers (32 on AVX-512; 12 tokens would spill). Any TILE gives the same bits.
 CHUNK_BYTES = 32768   # a product's tokens in chunks of about this many bytes of 8-bit x, each multiplied by every
 #                       group of rows before the next: a chunk's tokens stay in the core's caches
 
