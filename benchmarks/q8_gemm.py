@@ -44,7 +44,7 @@ def sides(qtype: str, W, E, x: np.ndarray) -> dict:
         k.matmul(qtype, *planes, x, out)
         return out.copy()
 
-    _, _, _, qt, ys, xdt, xst = k._quantized_tiles(np.ascontiguousarray(x[:0]), qtype != "Q8_0")   # no whole tile
+    _, _, _, qt, ys, xdt, xst = k._quantized_tiles(np.ascontiguousarray(x[:0]), qtype == "Q8_0")   # no whole tile
 
     def by_token():                   # the same kernels, every token through the decode kernel (the prefill before)
         qx, xd, xs = k._quantized(x)

@@ -86,19 +86,19 @@ def test_the_split_over_threads_changes_no_bit(tmp_path, rng, qtype):
     np.testing.assert_array_equal(alone, reference_matmul(x, W))
 
 
-def test_the_tiles_lay_each_blocks_tokens_side_by_side(rng):
-    """_quantized_tiles by hand: token 8i + u's block b at qt[i, b, u] (Q8_0's layout) or its dword j at
-    qt[i, b, j, u] (the Q4 layout, with ys[i, b, j, u] = MAGIC_BITS − 8·the dword's sum), its scales at
-    xdt[i, b, u] and xst[i, b, u]; the tokens after the last whole tile are left to the one-token kernel."""
+def test_the_tiles_lay_each_dword_of_the_tokens_side_by_side(rng):
+    """_quantized_tiles by hand: token 8i + u's values 4j … 4j + 3 of block b at qt[i, b, j, u] (for Q8_0 their
+    bits + 128 as uint8), ys[i, b, j, u] = MAGIC_BITS − 8·their sum, its scales at xdt[i, b, u] and
+    xst[i, b, u]; the tokens after the last whole tile are left to the one-token kernel."""
     assert _q8_fused.TILE == 8                                               # the layouts below, by hand
     x = rng.standard_normal((19, 64)).astype(np.float32)
     qx, xd, xs, qt, ys, xdt, xst = _q8_fused._quantized_tiles(x, False)
-    assert qt.shape == (2 * 2 * 8 * 32,) and ys.shape == (0,) and xdt.shape == xst.shape == (2, 2, 8)
-    np.testing.assert_array_equal(qt.reshape(2, 2, 8, 32)[1, 1, 3], qx[11, 1])
-    assert (xdt[1, 0, 7], xst[0, 1, 2]) == (xd[15, 0], xs[2, 1])
-    qx, xd, xs, qt, ys, xdt, xst = _q8_fused._quantized_tiles(x, True)
+    assert qt.shape == (2 * 2 * 8 * 32,) and ys.shape == (2 * 2 * 8 * 8,) and xdt.shape == xst.shape == (2, 2, 8)
     np.testing.assert_array_equal(qt.reshape(2, 2, 8, 8, 4)[1, 1, 5, 3], qx[11, 1, 20:24])
     assert ys.reshape(2, 2, 8, 8)[1, 1, 5, 3] == 0x4B400000 - 8 * int(qx[11, 1, 20:24].astype(np.int32).sum())
+    assert (xdt[1, 0, 7], xst[0, 1, 2]) == (xd[15, 0], xs[2, 1])
+    unsigned = _q8_fused._quantized_tiles(x, True)[3].view(np.uint8).reshape(2, 2, 8, 8, 4)
+    np.testing.assert_array_equal(unsigned[1, 1, 5, 3], qx[11, 1, 20:24].astype(np.int32) + 128)
 
 
 def test_x_rounded_in_vector_ir_equals_numpys_rounding(rng):
@@ -112,10 +112,11 @@ def test_x_rounded_in_vector_ir_equals_numpys_rounding(rng):
     x[2, :8] = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5, 126.5]
     x[5, 64:96] = 0.0
     want = quantize_q8(x)
-    for by_dword in (False, True):
-        qx, xd, xs, qt, ys, xdt, xst = _q8_fused._quantized_tiles(x, by_dword)
+    for unsigned in (False, True):
+        qx, xd, xs, qt, ys, xdt, xst = _q8_fused._quantized_tiles(x, unsigned)
         for got, ref in zip((qx, xd, xs), want):
             np.testing.assert_array_equal(got, ref)
     np.testing.assert_array_equal(qx[2, 0, :8], [0, 2, 2, 0, -2, -2, 4, 126])
-    np.testing.assert_array_equal(qt.reshape(2, 8, 8, 8, 4).transpose(0, 3, 1, 2, 4).reshape(16, 8, 32), qx[:16])
+    signed = qt.view(np.uint8).astype(np.int32) - 128                       # the unsigned layout's values
+    np.testing.assert_array_equal(signed.reshape(2, 8, 8, 8, 4).transpose(0, 3, 1, 2, 4).reshape(16, 8, 32), qx[:16])
     np.testing.assert_array_equal(xst.transpose(0, 2, 1).reshape(16, 8), xs[:16])

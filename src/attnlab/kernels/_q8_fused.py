@@ -27,11 +27,10 @@ intrinsic kept them in memory, a load and a store per block and row):
   written to ``out`` as one 4-lane store; x rounded and every group multiplied in one numba call.
 
 A product of many tokens (a prefill) runs a GEMM: the tokens in tiles of :data:`TILE` (8), each group's block
-unpacked once for the tile's tokens, the tile's accumulators in registers (:func:`_gemm_by_dword_intrinsic`
-for Q4_0 and Q4_1: a register's 16 lanes are 4 rows × 4 tokens, lane j of every (row, token) in its own
-register, so d_w·xd is one multiply for 16 pairs and a block's weights one ``vpshufd`` per j;
-:func:`_gemm_intrinsic` for Q8_0: the decode kernel's layout, 8 tokens against each unpacked block). The
-tokens after the last whole tile go through the one-token kernel. Every (row, token) keeps the one-token
+unpacked once for the tile's tokens, the tile's accumulators in registers (:func:`_gemm_intrinsic`: a
+register's 16 lanes are 4 rows × 4 tokens, lane j of every (row, token) in its own register, so d_w·xd is one
+multiply for 16 pairs and a block's weights one dword shuffle per j). The tokens after the last whole tile go
+through the one-token kernel. Every (row, token) keeps the one-token
 kernel's arithmetic, so a token's outputs are the same bits in a prefill and in a decode step (tested). x is
 rounded a block at a time in vector IR (:func:`_quantize_block`), the tiles written in the same pass
 (:func:`_quantized_tiles`), and the tokens go in chunks of :data:`CHUNK_BYTES` over all the groups.
@@ -351,125 +350,18 @@ MAGIC, MAGIC_BITS = 12582912.0, 0x4B400000
 #   vpdpbusd). A block's lane is at most 4·128·127 = 65,024 in magnitude (Q8_0; Q4: 4·15·127).
 
 
-def _hsum_pairs(builder, v):
-    """<16 x float>: two (row, token) pairs' 8 accumulators (lanes 0 … 7 and 8 … 15) each summed in
-    llama.cpp's ``hsum_float_8`` order, ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)), in lanes 0 and 8
-    (float addition commutes: the swapped lanes give the same sums)."""
-    for swap in ([4, 5, 6, 7, 0, 1, 2, 3], [2, 3, 0, 1, 6, 7, 4, 5], [1, 0, 3, 2, 5, 4, 7, 6]):
-        v = builder.fadd(v, builder.shuffle_vector(v, v, _vec(I32, [*swap, *(8 + j for j in swap)])))
-    return v
-
-
 def _gemm_intrinsic(kind: str, tile: int = TILE):
-    """An intrinsic ``(qs, q_at, d, m, dm_at, y, xd, xs, x_at, n_blocks, res, res_at, stride)``: one group of
-    GROUP rows against ``tile`` tokens, every block, each output with :func:`_group_intrinsic`'s arithmetic
-    (the same bits as that token alone): a block's four rows are unpacked once and multiplied with each of the
-    tile's tokens; 2·tile <16 x float> accumulators (rows 2h, 2h + 1 of token t) and (Q4_1) one <4·tile x float>
-    of minima's sums (row k of token t at 4t + k) stay in registers. The tokens come tiled (:func:`_quantized_tiles`):
-    ``y`` (n_tiles, n_blocks, tile, 32) int8, ``xd`` and ``xs`` (n_tiles, n_blocks, tile), the tile's first
-    element at ``x_at`` (of xd and xs; 32·x_at of y). Row k of token t is written to res[res_at + t·stride + k]."""
-    width = QK if kind == "Q8_0" else QK // 2
-    vf, vf4, vft = ir.VectorType(F32, 2 * LANES), ir.VectorType(F32, GROUP), ir.VectorType(F32, GROUP * tile)
-
-    @intrinsic
-    def gemm(typingctx, qs, q_at, d, m, dm_at, y, xd, xs, x_at, n_blocks, res, res_at, stride):
-        def codegen(context, builder, signature, args):
-            qs_v, q_at_v, d_v, m_v, dm_at_v, y_v, xd_v, xs_v, x_at_v, nb_v, res_v, res_at_v, stride_v = args
-            t_ = signature.args
-            i64 = q_at_v.type
-            c = lambda k: ir.Constant(i64, k)                                      # noqa: E731
-            q_p = _ptr(context, builder, t_[0], qs_v, q_at_v)
-            d_p = _ptr(context, builder, t_[2], d_v, dm_at_v)
-            m_p = _ptr(context, builder, t_[3], m_v, dm_at_v)
-            y_p = _ptr(context, builder, t_[5], y_v, builder.mul(x_at_v, c(QK)))
-            xd_p = _ptr(context, builder, t_[6], xd_v, x_at_v)
-            xs_p = _ptr(context, builder, t_[7], xs_v, x_at_v)
-            nb = builder.sext(nb_v, i64) if nb_v.type != i64 else nb_v
-            entry = builder.basic_block
-            loop = builder.append_basic_block("q8gemm.blocks")
-            done = builder.append_basic_block("q8gemm.done")
-            builder.branch(loop)
-            builder.position_at_end(loop)
-            b = builder.phi(i64)
-            accs = [[builder.phi(vf) for _ in range(GROUP // 2)] for _ in range(tile)]   # [token][row pair]
-            summ = builder.phi(vft)
-            b.add_incoming(c(0), entry)
-            for a in (a for row in accs for a in row):
-                a.add_incoming(ir.Constant(vf, [0.0] * 2 * LANES), entry)
-            summ.add_incoming(ir.Constant(vft, [0.0] * GROUP * tile), entry)
-
-            dm_at_b = builder.mul(b, c(GROUP))
-            d4 = builder.fpext(builder.bitcast(_vload(builder, d_p, dm_at_b, ir.VectorType(ir.IntType(16), GROUP)),
-                                               ir.VectorType(ir.HalfType(), GROUP)), vf4)
-            d_pairs = [builder.shuffle_vector(d4, d4, _vec(I32, [2 * h] * LANES + [2 * h + 1] * LANES))
-                       for h in range(GROUP // 2)]                               # <16 x float> rows 2h, 2h + 1
-            xd_b = _vload(builder, xd_p, builder.mul(b, c(tile)), ir.VectorType(F32, tile))   # the tile's xd
-            q_b = builder.mul(b, c(GROUP * width))
-            v64 = ir.VectorType(I8, 2 * QK)
-            if kind == "Q8_0":
-                pairs = [_vload(builder, q_p, builder.add(q_b, c(h)), v64) for h in (0, 2 * QK)]
-            else:
-                packed = _vload(builder, q_p, q_b, v64)
-                low, high = builder.and_(packed, _vec(I8, [15] * 64)), builder.lshr(packed, _vec(I8, [4] * 64))
-                pairs = [builder.shuffle_vector(low, high, _vec(I32, [*range(32 * h, 32 * h + 16),
-                                                                      *range(64 + 32 * h, 64 + 32 * h + 16),
-                                                                      *range(32 * h + 16, 32 * h + 32),
-                                                                      *range(80 + 32 * h, 80 + 32 * h + 16)]))
-                         for h in (0, 1)]
-            new_accs = []
-            for t in range(tile):                    # each token of the tile against the unpacked block
-                y8 = _vload(builder, y_p, builder.mul(builder.add(builder.mul(b, c(tile)), c(t)), c(QK)),
-                            ir.VectorType(I8, QK))
-                y2 = builder.shuffle_vector(y8, y8, _vec(I32, [*range(QK), *range(QK)]))
-                y_sums = _dpbusd(builder, _vec(I8, [1] * 2 * QK), y2) if kind == "Q4_0" else None
-                xd_t = _lane(builder, xd_b, t, 2 * LANES)
-                row = []
-                for h, w in enumerate(pairs):
-                    lanes = _block_lanes(builder, kind, w, y2, y_sums, _vec(I32, [MAGIC_BITS] * 2 * LANES))
-                    scale = builder.fmul(d_pairs[h], xd_t)                       # d_w·xd, as the decode kernel
-                    value = builder.fsub(builder.bitcast(lanes, vf), ir.Constant(vf, [MAGIC] * 2 * LANES))
-                    row.append(_fma(builder, scale, value, accs[t][h]))          # float(lanes) exactly
-                new_accs.append(row)
-            if kind == "Q4_1":
-                m4 = builder.fpext(builder.bitcast(_vload(builder, m_p, dm_at_b, ir.VectorType(ir.IntType(16), GROUP)),
-                                                   ir.VectorType(ir.HalfType(), GROUP)), vf4)
-                xs_b = _vload(builder, xs_p, builder.mul(b, c(tile)), ir.VectorType(F32, tile))
-                m_t = builder.shuffle_vector(m4, m4, _vec(I32, [k for _ in range(tile) for k in range(GROUP)]))
-                xs_t = builder.shuffle_vector(xs_b, xs_b, _vec(I32, [t for t in range(tile) for _ in range(GROUP)]))
-                new_summ = builder.fadd(summ, builder.fmul(m_t, xs_t))
-            else:
-                new_summ = summ
-            _next_block(builder, b, [*zip((a for row in accs for a in row), (a for row in new_accs for a in row)),
-                                     (summ, new_summ)], nb, loop, done)
-
-            builder.position_at_end(done)
-            res_p = _ptr(context, builder, t_[10], res_v, res_at_v)
-            step = builder.sext(stride_v, i64) if stride_v.type != i64 else stride_v
-            for t, row in enumerate(new_accs):
-                s01, s23 = (_hsum_pairs(builder, a) for a in row)                # sums in lanes 0 and 8
-                total = builder.shuffle_vector(s01, s23, _vec(I32, [0, LANES, 16, 16 + LANES]))   # <4 x float>
-                if kind == "Q4_1":
-                    total = builder.fadd(total, builder.shuffle_vector(new_summ, new_summ,
-                                                                       _vec(I32, range(GROUP * t, GROUP * t + GROUP))))
-                at = builder.gep(res_p, [builder.mul(c(t), step)])
-                builder.store(total, builder.bitcast(at, vf4.as_pointer()), align=4)
-            return context.get_dummy_value()
-        return types.void(qs, q_at, d, m, dm_at, y, xd, xs, x_at, n_blocks, res, res_at, stride), codegen
-    return gemm
-
-
-_q4_0_gemm, _q4_1_gemm, _q8_0_gemm = (_gemm_intrinsic(k) for k in ("Q4_0", "Q4_1", "Q8_0"))
-
-
-def _gemm_by_dword_intrinsic(kind: str, tile: int = TILE):
-    """As :func:`_gemm_intrinsic` for Q4_0 and Q4_1, the registers laid out the other way: lane i = 4k + u of a
-    <16 x float> is row k and token 4q + u of the tile's quad q, and the eight lanes j of a (row, token) lie in
-    eight registers, acc[j][q]. A block's d_w·xd is then one multiply for 16 (row, token) pairs, and its weights
-    one in-lane dword shuffle per j (row k's dword j in 128-bit lane k, broadcast over its four lanes), against
-    the quad's dwords j broadcast from memory (y in :func:`_quantized_tiles`' dword layout,
-    (n_tiles, n_blocks, 8, tile, 4)). Each (row, token)'s arithmetic is :func:`_group_intrinsic`'s: the same
-    bits. ``ys`` (n_tiles, n_blocks, 8, tile) int32: MAGIC_BITS − 8·Σ of each dword's four y (Q4_0's −8·Σy folded
-    into vpdpbusd's start; unused for Q4_1)."""
+    """An intrinsic ``(qs, q_at, d, m, dm_at, y, ys, xd, xs, x_at, n_blocks, res, res_at, stride)``: one group of
+    GROUP rows against ``tile`` tokens (a prefill's product), every block, each (row, token) with
+    :func:`_group_intrinsic`'s arithmetic (the bits of that token alone). A register's 16 lanes are 4 rows × 4
+    tokens (lane 4k + u: row k, token 4q + u of the tile's quad q), and the eight lanes j of a (row, token) lie
+    in eight registers, acc[j][q]: a block's d_w·xd is one multiply for 16 pairs, its weights one dword shuffle
+    per j (row k's dword j broadcast over lane k's four; ``vpshufd`` for Q4, ``vpermt2d`` for Q8_0) against the
+    quad's dwords j broadcast from memory, and the horizontal sums add whole registers. The tokens come tiled
+    (:func:`_quantized_tiles`, the tile's first element at ``x_at`` of xd and xs, 32·x_at of y, 8·x_at of ys);
+    row k of token u is written to res[res_at + u·stride + k]. float(lane) is the MAGIC subtraction:
+    ``vpdpbusd`` starts from MAGIC_BITS, for Q4_0 from MAGIC_BITS − 8·Σy (``ys``: its −8·Σy), for Q8_0 from
+    MAGIC_BITS − 128·Σw with y stored + 128 (unsigned bytes against w's signed ones: Σ (y + 128)·w − 128·Σw)."""
     quads = tile // 4
     vf, vf4, v16 = ir.VectorType(F32, 16), ir.VectorType(F32, GROUP), ir.VectorType(I32, 16)
 
@@ -510,25 +402,36 @@ def _gemm_by_dword_intrinsic(kind: str, tile: int = TILE):
             for q in range(quads):                   # d_w·xd of the 16 (row, token) pairs, as the decode kernel
                 x4 = _vload(builder, xd_p, builder.add(builder.mul(b, c(tile)), c(4 * q)), vf4)
                 scales.append(builder.fmul(d16, builder.shuffle_vector(x4, x4, quad)))
-            packed = builder.bitcast(_vload(builder, q_p, builder.mul(b, c(GROUP * QK // 2)), ir.VectorType(I8, 64)),
-                                     v16)
-            low = builder.and_(packed, _vec(I32, [0x0F0F0F0F] * 16))           # values 0 … 15, four a dword
-            high = builder.and_(builder.lshr(packed, _vec(I32, [4] * 16)), _vec(I32, [0x0F0F0F0F] * 16))
+            v64 = ir.VectorType(I8, 64)
+            if kind == "Q8_0":                       # rows 0 and 1, rows 2 and 3: 64 int8 each
+                halves = [builder.bitcast(_vload(builder, q_p, builder.add(builder.mul(b, c(GROUP * QK)), c(h)), v64),
+                                          v16) for h in (0, 2 * QK)]
+            else:
+                packed = builder.bitcast(_vload(builder, q_p, builder.mul(b, c(GROUP * QK // 2)), v64), v16)
+                low = builder.and_(packed, _vec(I32, [0x0F0F0F0F] * 16))       # values 0 … 15, four a dword
+                high = builder.and_(builder.lshr(packed, _vec(I32, [4] * 16)), _vec(I32, [0x0F0F0F0F] * 16))
             yq_at = builder.mul(b, c(LANES * tile))                              # the block's dwords in y and ys
             for j in range(LANES):
-                src = low if j < 4 else high
-                w = builder.shuffle_vector(src, src, _vec(I32, [4 * (i // 4) + j % 4 for i in range(16)]))
-                w8 = builder.bitcast(w, ir.VectorType(I8, 64))
+                if kind == "Q8_0":                   # row k's dword j in lane k; y is stored + 128 (unsigned):
+                    w = builder.shuffle_vector(*halves, _vec(I32, [8 * (i // 4) + j if i < 8 else 16 + 8 * (i // 4 - 2) + j
+                                                                   for i in range(16)]))
+                    w8 = builder.bitcast(w, v64)     # Σ (y + 128)·w − 128·Σ w = Σ y·w, from MAGIC_BITS
+                    start_j = builder.sub(_vec(I32, [MAGIC_BITS] * 16), _dpbusd(builder, _vec(I8, [-128] * 64), w8))
+                else:
+                    src = low if j < 4 else high
+                    w8 = builder.bitcast(builder.shuffle_vector(src, src, _vec(I32, [4 * (i // 4) + j % 4
+                                                                                    for i in range(16)])), v64)
                 for q in range(quads):
                     at = builder.add(yq_at, c(j * tile + 4 * q))                 # the quad's 4 dwords j
                     y4 = _vload(builder, builder.bitcast(y_p, I32.as_pointer()), at, ir.VectorType(I32, 4))
-                    y16 = builder.bitcast(builder.shuffle_vector(y4, y4, quad), ir.VectorType(I8, 64))
-                    if kind == "Q4_0":
+                    y16 = builder.bitcast(builder.shuffle_vector(y4, y4, quad), v64)
+                    if kind == "Q8_0":
+                        lanes = _dpbusd(builder, y16, w8, start_j)
+                    elif kind == "Q4_0":
                         s4 = _vload(builder, ys_p, at, ir.VectorType(I32, 4))
-                        start = builder.shuffle_vector(s4, s4, quad)
+                        lanes = _dpbusd(builder, w8, y16, builder.shuffle_vector(s4, s4, quad))
                     else:
-                        start = _vec(I32, [MAGIC_BITS] * 16)
-                    lanes = _dpbusd(builder, w8, y16, start)
+                        lanes = _dpbusd(builder, w8, y16, _vec(I32, [MAGIC_BITS] * 16))
                     value = builder.fsub(builder.bitcast(lanes, vf), ir.Constant(vf, [MAGIC] * 16))
                     accs[j][q] = (accs[j][q], _fma(builder, scales[q], value, accs[j][q]))
             new_summs = []
@@ -562,7 +465,7 @@ def _gemm_by_dword_intrinsic(kind: str, tile: int = TILE):
     return gemm
 
 
-_q4_0_dword_gemm, _q4_1_dword_gemm = (_gemm_by_dword_intrinsic(k) for k in ("Q4_0", "Q4_1"))
+_q4_0_gemm, _q4_1_gemm, _q8_0_gemm = (_gemm_intrinsic(k) for k in ("Q4_0", "Q4_1", "Q8_0"))
 
 
 @numba.njit(**FLAGS)
@@ -583,9 +486,9 @@ def _nibbles_groups(qs, d, m, off, qx, xd, xs, qt, ys, xdt, xst, out, g0, g1):
                 res, at, stride = (flat, i * TILE * n_rows + g * GROUP, n_rows) if full else (last, 0, GROUP)
                 x_at = i * n_blocks * TILE
                 if off == 0:
-                    _q4_1_dword_gemm(qs, q_at, d, m, dm_at, qt, ys, xdt, xst, x_at, n_blocks, res, at, stride)
+                    _q4_1_gemm(qs, q_at, d, m, dm_at, qt, ys, xdt, xst, x_at, n_blocks, res, at, stride)
                 else:
-                    _q4_0_dword_gemm(qs, q_at, d, m, dm_at, qt, ys, xdt, xst, x_at, n_blocks, res, at, stride)
+                    _q4_0_gemm(qs, q_at, d, m, dm_at, qt, ys, xdt, xst, x_at, n_blocks, res, at, stride)
                 if not full:
                     for t in range(TILE):
                         out[i * TILE + t, g * GROUP:] = last[t * GROUP:t * GROUP + n_rows - g * GROUP]
@@ -616,7 +519,7 @@ def _int8_groups(qs, d, qx, xd, qt, xdt, out, g0, g1):
             q_at, dm_at = g * n_blocks * GROUP * QK, g * n_blocks * GROUP
             for i in range(c0, min(n_tiles, c0 + chunk)):
                 res, at, stride = (flat, i * TILE * n_rows + g * GROUP, n_rows) if full else (last, 0, GROUP)
-                _q8_0_gemm(qs, q_at, d, d, dm_at, qt, xdt, xdt, i * n_blocks * TILE, n_blocks, res, at, stride)
+                _q8_0_gemm(qs, q_at, d, d, dm_at, qt, qt, xdt, xdt, i * n_blocks * TILE, n_blocks, res, at, stride)
                 if not full:
                     for t in range(TILE):
                         out[i * TILE + t, g * GROUP:] = last[t * GROUP:t * GROUP + n_rows - g * GROUP]
@@ -656,54 +559,52 @@ def _quantized(x):
 
 
 @numba.njit(**FLAGS)
-def _quantized_tiles(x, by_dword):
+def _quantized_tiles(x, unsigned):
     """(qx, xd, xs, qt, ys, xdt, xst): x rounded (:func:`_quantized`), and its first N − N % TILE tokens again in
-    tiles of TILE tokens (one pass over x): xdt and xst (n_tiles, n_blocks, TILE) (token TILE·i + u's block b
-    at [i, b, u]); qt flat int8, laid out (n_tiles, n_blocks, TILE, 32) (a block's tokens side by side: the
-    Q8_0 GEMM), or with ``by_dword`` (n_tiles, n_blocks, 8, TILE, 4) (each dword j of the tokens side by side:
-    the Q4 GEMM), then ys (n_tiles, n_blocks, 8, TILE) int32 flat: MAGIC_BITS − 8·(the sum of the dword's four
-    values) (empty without ``by_dword``)."""
+    tiles of TILE tokens, each dword j of a block's tokens side by side (one pass over x): qt flat int8 laid out
+    (n_tiles, n_blocks, 8, TILE, 4) (token TILE·i + u's values 4j … 4j + 3 of block b at [i, b, j, u]; with
+    ``unsigned`` the bits of q + 128 as uint8: the Q8_0 GEMM's), ys flat int32 (n_tiles, n_blocks, 8, TILE):
+    MAGIC_BITS − 8·(the sum of the dword's four q) (the Q4_0 GEMM's start), xdt and xst (n_tiles, n_blocks,
+    TILE)."""
     n, n_blocks = x.shape[0], x.shape[1] // QK
     n_tiles = n // TILE
     qx = np.empty((n, n_blocks, QK), np.int8)                          # (N, n_blocks, 32)
     xd = np.empty((n, n_blocks), np.float32)                           # (N, n_blocks)
     xs = np.empty((n, n_blocks), np.float32)                           # (N, n_blocks)
-    qt = np.empty(n_tiles * n_blocks * TILE * QK, np.int8)             # (n_tiles, n_blocks, [8,] TILE, 32 or 4)
-    ys = np.empty(n_tiles * n_blocks * LANES * TILE if by_dword else 0, np.int32)   # (n_tiles, n_blocks, 8, TILE)
+    qt = np.empty(n_tiles * n_blocks * TILE * QK, np.int8)             # (n_tiles, n_blocks, 8, TILE, 4)
+    ys = np.empty(n_tiles * n_blocks * LANES * TILE, np.int32)         # (n_tiles, n_blocks, 8, TILE)
     xdt = np.empty((n_tiles, n_blocks, TILE), np.float32)              # (n_tiles, n_blocks, TILE)
     xst = np.empty((n_tiles, n_blocks, TILE), np.float32)              # (n_tiles, n_blocks, TILE)
     xf, qf, xdf, xsf = x.reshape(-1), qx.reshape(-1), xd.reshape(-1), xs.reshape(-1)
     for t in range(n):
-        tiled = t < n_tiles * TILE
         for b in range(n_blocks):
             i = t * n_blocks + b
-            base, u = ((t // TILE) * n_blocks + b) * TILE, t % TILE
-            _quantize_block(xf, i * QK, qf, i * QK, qt if tiled and not by_dword else qf,
-                            (base + u) * QK if tiled and not by_dword else i * QK, xdf, xsf, i)
-            if tiled:
-                xdt[t // TILE, b, u] = xd[t, b]
-                xst[t // TILE, b, u] = xs[t, b]
-                if by_dword:
-                    for j in range(LANES):
-                        total = 0
-                        for k in range(4):
-                            v = qf[i * QK + 4 * j + k]
-                            qt[((base * LANES) + j * TILE + u) * 4 + k] = v
-                            total += v
-                        ys[base * LANES + j * TILE + u] = MAGIC_BITS - 8 * total
+            _quantize_block(xf, i * QK, qf, i * QK, qf, i * QK, xdf, xsf, i)
+            if t >= n_tiles * TILE:
+                continue
+            base, u = ((t // TILE) * n_blocks + b) * TILE * LANES, t % TILE
+            xdt[t // TILE, b, u] = xd[t, b]
+            xst[t // TILE, b, u] = xs[t, b]
+            for j in range(LANES):
+                total = 0
+                for k in range(4):
+                    v = qf[i * QK + 4 * j + k]
+                    qt[(base + j * TILE + u) * 4 + k] = (v - 128 if v >= 0 else v + 128) if unsigned else v
+                    total += v
+                ys[base + j * TILE + u] = MAGIC_BITS - 8 * total
     return qx, xd, xs, qt, ys, xdt, xst
 
 
 @numba.njit(**FLAGS)
 def _nibbles_product(qs, d, m, off, x, out):
     """x rounded, then every group of a 4-bit type on the calling thread: one numba call per product."""
-    qx, xd, xs, qt, ys, xdt, xst = _quantized_tiles(x, True)
+    qx, xd, xs, qt, ys, xdt, xst = _quantized_tiles(x, False)
     _nibbles_groups(qs, d, m, off, qx, xd, xs, qt, ys, xdt, xst, out, 0, qs.shape[0])
 
 
 @numba.njit(**FLAGS)
 def _int8_product(qs, d, x, out):
-    qx, xd, _, qt, _, xdt, _ = _quantized_tiles(x, False)
+    qx, xd, _, qt, _, xdt, _ = _quantized_tiles(x, True)
     _int8_groups(qs, d, qx, xd, qt, xdt, out, 0, qs.shape[0])
 
 
@@ -725,7 +626,7 @@ def matmul(qtype: str, qs, d, m, x, out, threads: int = 1, pool=None) -> None:
         else:
             call(_nibbles_product, qs, d, m, off, x, out)
         return
-    qx, xd, xs, qt, ys, xdt, xst = call(_quantized_tiles, x, qtype != "Q8_0")
+    qx, xd, xs, qt, ys, xdt, xst = call(_quantized_tiles, x, qtype == "Q8_0")
     groups = qs.shape[0]
     if qtype == "Q8_0":
         serial, parallel, args = _int8_groups, _int8_parallel, (qs, d, qx, xd, qt, xdt, out)
