@@ -558,6 +558,38 @@ def _quantized(x):
     return qx, xd, xs
 
 
+@intrinsic
+def _tile_block(typingctx, q, q_at, qt, qt_at, ys, unsigned):
+    """A token's rounded block (32 int8 at ``q[q_at]``) into its tile (:func:`_quantized_tiles`): dword j to
+    ``qt`` at int8 element qt_at + 4·TILE·j (its bytes + 128 with ``unsigned``), and MAGIC_BITS − 8·(the
+    dword's sum) to ``ys`` at int32 element (qt_at + 4·TILE·j) / 4."""
+    def codegen(context, builder, signature, args):
+        q_v, q_at_v, qt_v, qt_at_v, ys_v, unsigned_v = args
+        t = signature.args
+        v8 = ir.VectorType(I32, LANES)
+        q8 = _vload(builder, _ptr(context, builder, t[0], q_v, q_at_v), ir.Constant(q_at_v.type, 0),
+                    ir.VectorType(I8, QK))
+        flipped = builder.xor(q8, _vec(I8, [-128] * QK))                 # the bits of q + 128 as uint8
+        stored = builder.bitcast(builder.select(builder.icmp_unsigned("!=", unsigned_v, ir.Constant(unsigned_v.type, 0)),
+                                                flipped, q8), v8)
+        wide = builder.sext(q8, ir.VectorType(I32, QK))
+        pairs = builder.add(builder.shuffle_vector(wide, wide, _vec(I32, range(0, QK, 2))),
+                            builder.shuffle_vector(wide, wide, _vec(I32, range(1, QK, 2))))
+        sums = builder.add(builder.shuffle_vector(pairs, pairs, _vec(I32, range(0, QK // 2, 2))),
+                           builder.shuffle_vector(pairs, pairs, _vec(I32, range(1, QK // 2, 2))))   # <8 x i32>
+        starts = builder.sub(_vec(I32, [MAGIC_BITS] * LANES), builder.shl(sums, _vec(I32, [3] * LANES)))
+        i64 = qt_at_v.type
+        dword_at = builder.sdiv(qt_at_v, ir.Constant(i64, 4))
+        qt_p = builder.bitcast(context.make_array(t[2])(context, builder, qt_v).data, I32.as_pointer())
+        ys_p = context.make_array(t[4])(context, builder, ys_v).data
+        for j in range(LANES):
+            at = builder.add(dword_at, ir.Constant(i64, j * TILE))
+            builder.store(builder.extract_element(stored, ir.Constant(I32, j)), builder.gep(qt_p, [at]), align=1)
+            builder.store(builder.extract_element(starts, ir.Constant(I32, j)), builder.gep(ys_p, [at]))
+        return context.get_dummy_value()
+    return types.void(q, q_at, qt, qt_at, ys, unsigned), codegen
+
+
 @numba.njit(**FLAGS)
 def _quantized_tiles(x, unsigned):
     """(qx, xd, xs, qt, ys, xdt, xst): x rounded (:func:`_quantized`), and its first N − N % TILE tokens again in
@@ -585,13 +617,7 @@ def _quantized_tiles(x, unsigned):
             base, u = ((t // TILE) * n_blocks + b) * TILE * LANES, t % TILE
             xdt[t // TILE, b, u] = xd[t, b]
             xst[t // TILE, b, u] = xs[t, b]
-            for j in range(LANES):
-                total = 0
-                for k in range(4):
-                    v = qf[i * QK + 4 * j + k]
-                    qt[(base + j * TILE + u) * 4 + k] = (v - 128 if v >= 0 else v + 128) if unsigned else v
-                    total += v
-                ys[base + j * TILE + u] = MAGIC_BITS - 8 * total
+            _tile_block(qf, i * QK, qt, (base + u) * 4, ys, unsigned)
     return qx, xd, xs, qt, ys, xdt, xst
 
 
