@@ -44,8 +44,9 @@ def main() -> None:
                 print(f"prefill {n}: " + ", ".join(f"{k} {v:.0f} ms" for k, v in p["ms"].items()))
                 for ref in ("transformers", "llama_cpp"):
                     if f"vs_{ref}" in p:
-                        print(f"    vs {ref}: " + ", ".join(f"{k} {x['ratio']:.2f}x [{x['ratio_min']:.2f}-"
-                                                            f"{x['ratio_max']:.2f}]" for k, x in p[f"vs_{ref}"].items()))
+                        print(f"    vs {ref}: " + ", ".join(
+                            f"{k} {x['ratio']:.2f}x [{x['ratio_min']:.2f}-{x['ratio_max']:.2f}]"
+                            for k, x in p[f"vs_{ref}"].items()))
     finally:
         if llama is not None:
             llama.close()

@@ -413,8 +413,8 @@ def _gemm_intrinsic(kind: str, tile: int = TILE):
             yq_at = builder.mul(b, c(LANES * tile))                              # the block's dwords in y and ys
             for j in range(LANES):
                 if kind == "Q8_0":                   # row k's dword j in lane k; y is stored + 128 (unsigned):
-                    w = builder.shuffle_vector(*halves, _vec(I32, [8 * (i // 4) + j if i < 8 else 16 + 8 * (i // 4 - 2) + j
-                                                                   for i in range(16)]))
+                    w = builder.shuffle_vector(*halves, _vec(I32, [8 * (i // 4) + j if i < 8
+                                                                   else 16 + 8 * (i // 4 - 2) + j for i in range(16)]))
                     w8 = builder.bitcast(w, v64)     # Σ (y + 128)·w − 128·Σ w = Σ y·w, from MAGIC_BITS
                     start_j = builder.sub(_vec(I32, [MAGIC_BITS] * 16), _dpbusd(builder, _vec(I8, [-128] * 64), w8))
                 else:
@@ -455,7 +455,8 @@ def _gemm_intrinsic(kind: str, tile: int = TILE):
                                      builder.fadd(builder.fadd(a[1], a[5]), builder.fadd(a[3], a[7])))
                 if kind == "Q4_1":
                     total = builder.fadd(total, new_summs[q])
-                by_token = builder.shuffle_vector(total, total, _vec(I32, [4 * k + u for u in range(4) for k in range(4)]))
+                by_token = builder.shuffle_vector(total, total,
+                                                  _vec(I32, [4 * k + u for u in range(4) for k in range(4)]))
                 for u in range(4):
                     row4 = builder.shuffle_vector(by_token, by_token, _vec(I32, range(4 * u, 4 * u + 4)))
                     at = builder.gep(res_p, [builder.mul(c(4 * q + u), step)])
@@ -570,8 +571,8 @@ def _tile_block(typingctx, q, q_at, qt, qt_at, ys, unsigned):
         q8 = _vload(builder, _ptr(context, builder, t[0], q_v, q_at_v), ir.Constant(q_at_v.type, 0),
                     ir.VectorType(I8, QK))
         flipped = builder.xor(q8, _vec(I8, [-128] * QK))                 # the bits of q + 128 as uint8
-        stored = builder.bitcast(builder.select(builder.icmp_unsigned("!=", unsigned_v, ir.Constant(unsigned_v.type, 0)),
-                                                flipped, q8), v8)
+        flip = builder.icmp_unsigned("!=", unsigned_v, ir.Constant(unsigned_v.type, 0))
+        stored = builder.bitcast(builder.select(flip, flipped, q8), v8)
         wide = builder.sext(q8, ir.VectorType(I32, QK))
         pairs = builder.add(builder.shuffle_vector(wide, wide, _vec(I32, range(0, QK, 2))),
                             builder.shuffle_vector(wide, wide, _vec(I32, range(1, QK, 2))))
