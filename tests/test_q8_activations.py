@@ -212,8 +212,11 @@ from attnlab.kernels.q8_activations import Q8ActivationMatrix, reference_matmul
 rng = np.random.default_rng(1)
 for qtype in ("Q4_0", "Q4_1", "Q8_0"):
     W = Q8ActivationMatrix(quantize((rng.standard_normal((30, 96)) * 0.05).astype(np.float32), T[qtype]), qtype, 96)
-    x = rng.standard_normal((3, 96)).astype(np.float32)
-    assert np.array_equal(x @ W, reference_matmul(x, W)), qtype
+    for n in (3, 21):                  # 21: two tiles of the prefill's GEMM, then five tokens one by one
+        x = rng.standard_normal((n, 96)).astype(np.float32)
+        got = x @ W
+        assert np.array_equal(got, reference_matmul(x, W)), qtype
+        assert np.array_equal(got, np.concatenate([x[i:i + 1] @ W for i in range(n)])), qtype
 print("ok")
 """
     import os
