@@ -377,11 +377,16 @@ def main(argv=None) -> int:
     ap.add_argument("--kernels-only", action="store_true", help="only the kernels' rates, emulated against native")
     ap.add_argument("--cache-dir", default=str(default_cache_dir()), help="numba's cache for the emulation")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--show", metavar="FILE", help="print the tables of a run saved with --json, run nothing")
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error(f"--rounds must be a positive integer, got {args.rounds}")
+    if args.show:
+        result = json.loads(Path(args.show).read_text())
+        print("\n".join(report(result, native=result.get("native", False))))
+        return 0
     env = native_env(os.environ) if args.native else emulation_env(os.environ, args.cache_dir)
-    result = {}
+    result = {"native": args.native}
     if not args.native:
         with tempfile.TemporaryDirectory() as fresh:
             result["q8_asm"] = run_worker(emulation_env(os.environ, fresh), "asm")
@@ -390,21 +395,24 @@ def main(argv=None) -> int:
     if not args.native:
         result["kernel_rates"] = rates(args.rounds, args.cache_dir)
         result["cache"] = run_worker(env, "cache", args.cache_dir)          # every kernel the runs above compiled
-    if args.json:
-        print(json.dumps(result, indent=1))
-        return 0
-    if "goal_rows" in result:
-        print("\n".join(table("native (this CPU)" if args.native else "emulated AVX2", result["goal_rows"])))
-    if "q8_asm" in result:
-        print("q8 kernels compiled for the emulation (fresh cache): " + "; ".join(
-            f"{k}: " + ", ".join(f"{n} {c}" for n, c in v.items()) for k, v in result["q8_asm"].items()))
-        c = result["cache"]
-        print(f"the emulation's numba cache ({c['objects']} kernel objects, objdump): "
-              + ", ".join(f"{n} {c[n]}" for n in INSTRUCTIONS))
-    for case, x in result.get("kernel_rates", {}).items():
-        print(f"kernel {case}: {x['avx2']:.1f} G weights/s emulated AVX2, {x['native']:.1f} native; "
-              f"emulated/native {x['ratio']:.2f} [{x['ratio_min']:.2f}-{x['ratio_max']:.2f}]")
+    print(json.dumps(result, indent=1) if args.json else "\n".join(report(result, native=args.native)))
     return 0
+
+
+def report(result: dict, *, native: bool) -> list[str]:
+    """A run's tables as text lines."""
+    lines = table("native (this CPU)" if native else "emulated AVX2", result["goal_rows"]) if "goal_rows" in result else []
+    if "q8_asm" in result:
+        lines.append("q8 kernels compiled for the emulation (fresh cache): " + "; ".join(
+            f"{k}: " + ", ".join(f"{n} {c}" for n, c in v.items()) for k, v in result["q8_asm"].items()))
+    if "cache" in result:
+        c = result["cache"]
+        lines.append(f"the emulation's numba cache ({c['objects']} kernel objects, objdump): "
+                     + ", ".join(f"{n} {c[n]}" for n in INSTRUCTIONS))
+    for case, x in result.get("kernel_rates", {}).items():
+        lines.append(f"kernel {case}: {x['avx2']:.1f} G weights/s emulated AVX2, {x['native']:.1f} native; "
+                     f"emulated/native {x['ratio']:.2f} [{x['ratio_min']:.2f}-{x['ratio_max']:.2f}]")
+    return lines
 
 
 if __name__ == "__main__":
