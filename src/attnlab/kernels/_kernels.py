@@ -83,6 +83,17 @@ def numba_target_features(configured: str | None, host) -> dict[str, bool]:
     return {name[1:].strip(): name.startswith("+") for name in text.split(",") if name[:1] in "+-" and len(name) > 1}
 
 
+@functools.cache
+def numba_features() -> dict[str, bool]:
+    """:func:`numba_target_features` of this process's numba (imports numba): what every rule on the CPU's
+    features that shapes numba code reads (``features.get("avx2")``, :func:`vnni_rules`), so the code a cache
+    holds is the code of the target it was compiled for."""
+    import numba
+    from numba.core.codegen import get_host_cpu_features
+
+    return numba_target_features(numba.config.CPU_FEATURES, get_host_cpu_features)
+
+
 def vnni_rules(features: dict[str, bool]) -> tuple[bool, bool]:
     """Whether the 8-bit kernels (:mod:`attnlab.kernels._q8_fused`) call ``vpdpbusd``, and whether on 512-bit
     registers, from the features numba compiles for (:func:`numba_target_features`): 256-bit ``vpdpbusd``

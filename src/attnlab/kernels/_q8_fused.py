@@ -98,9 +98,7 @@ def vnni_rule() -> tuple[bool, bool]:
     registers: :func:`attnlab.kernels._kernels.vnni_rules` on the features numba compiles for
     (``NUMBA_CPU_FEATURES`` when set, else this CPU's: :func:`~attnlab.kernels._kernels.numba_target_features`).
     Else the products are written as plain vector IR, which LLVM turns into ``vpmaddwd`` and ``vphaddd``."""
-    from numba.core.codegen import get_host_cpu_features
-
-    return _kernels.vnni_rules(_kernels.numba_target_features(numba.config.CPU_FEATURES, get_host_cpu_features))
+    return _kernels.vnni_rules(_kernels.numba_features())
 
 
 VNNI, VNNI_512 = vnni_rule()    # VNNI_512: two rows' blocks in one register
