@@ -54,6 +54,9 @@ from pathlib import Path
 # numba's target: the CPU name and Haswell's features (what LLVM's "haswell" has; none of AVX-512)
 HASWELL_FEATURES = ("+sse2,+sse3,+ssse3,+sse4.1,+sse4.2,+popcnt,+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+lzcnt,+movbe,"
                     "+pclmul,+cx16,+fxsr,+sahf,+xsave")
+# the standalone rates: the 8-bit and exact Q4_1 products in L2 and from memory, a prefill's float32 product
+RATE_CASES = (("q8", "l2"), ("q8", "memory"), ("exact", "l2"), ("exact", "memory"), ("numpy_sgemm", "l2"),
+              ("torch_sgemm", "l2"))
 INSTRUCTIONS = ("zmm", "ymm", "vpdpbusd", "vpmaddubsw", "vpmaddwd", "vphaddd", "vfmadd")
 GOALS = (   # case, the figure's key in the rows, bound
     ("decode q8, context 512, vs llama.cpp", "decode_q8_512", 1.0),
@@ -200,6 +203,33 @@ def cache_registers(cache_dir: str) -> dict:
     return {"objects": objects, **totals}
 
 
+def sgemm_rate(kind: str, seconds: float = 0.6) -> float:
+    """GFLOP/s of a prefill's float32 product on one thread, process time: (512 × 576) @ (576 × 1,536), SmolLM2's
+    MLP up-projection over 512 tokens, by numpy's BLAS (``kind`` "numpy_sgemm") or torch's ("torch_sgemm")."""
+    import time
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((512, 576), dtype=np.float32)                     # (n, d_model)
+    b = rng.standard_normal((576, 1536), dtype=np.float32)                    # (d_model, d_mlp)
+    if kind == "torch_sgemm":
+        import torch
+        torch.set_num_threads(1)
+        ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+        f = lambda: ta @ tb                                                    # noqa: E731
+    else:
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(1, user_api="blas")
+        f = lambda: a @ b                                                      # noqa: E731
+    f()
+    calls, t0 = 0, time.process_time()
+    while time.process_time() - t0 < seconds:
+        f()
+        calls += 1
+    return calls * 2 * 512 * 576 * 1536 / (time.process_time() - t0) / 1e9
+
+
 def kernel_rate(kind: str, where: str, seconds: float = 0.6) -> float:
     """G weights/s of one token's product on one thread, process time: ``kind`` "q8" (8-bit activations) or
     "exact" (the exact quantized kernel), on a Q4_1 (1,536 × 576) matrix that stays in L2 (``where`` "l2") or
@@ -292,7 +322,7 @@ def worker(argv) -> None:
     elif part == "cache":
         out = cache_registers(argv[1])
     elif part == "rate":
-        out = {"g_weights_s": kernel_rate(argv[1], argv[2])}
+        out = {"rate": sgemm_rate(argv[1]) if argv[1].endswith("sgemm") else kernel_rate(argv[1], argv[2])}
     else:
         raise SystemExit(f"unknown worker part {part!r}")
     print(json.dumps(out))
@@ -358,15 +388,15 @@ def rates(rounds: int, cache_dir) -> dict:
 
     envs = {"avx2": emulation_env(os.environ, cache_dir), "native": native_env(os.environ)}
     out = {}
-    for kind in ("q8", "exact"):
-        for where in ("l2", "memory"):
-            got = {"avx2": [], "native": []}
-            for r in range(rounds):
-                for name in (("avx2", "native") if r % 2 == 0 else ("native", "avx2")):
-                    got[name].append(run_worker(envs[name], "rate", kind, where)["g_weights_s"])
-            ratio = [a / n for a, n in zip(got["avx2"], got["native"])]
-            out[f"{kind}_{where}"] = {"avx2": statistics.median(got["avx2"]), "native": statistics.median(got["native"]),
-                                      "ratio": statistics.median(ratio), "ratio_min": min(ratio), "ratio_max": max(ratio)}
+    for kind, where in RATE_CASES:
+        got = {"avx2": [], "native": []}
+        for r in range(rounds):
+            for name in (("avx2", "native") if r % 2 == 0 else ("native", "avx2")):
+                got[name].append(run_worker(envs[name], "rate", kind, where)["rate"])
+        ratio = [a / n for a, n in zip(got["avx2"], got["native"])]
+        out[f"{kind}_{where}"] = {"avx2": statistics.median(got["avx2"]), "native": statistics.median(got["native"]),
+                                  "unit": "GFLOP/s" if kind.endswith("sgemm") else "G weights/s",
+                                  "ratio": statistics.median(ratio), "ratio_min": min(ratio), "ratio_max": max(ratio)}
     return out
 
 
@@ -410,7 +440,7 @@ def report(result: dict, *, native: bool) -> list[str]:
         lines.append(f"the emulation's numba cache ({c['objects']} kernel objects, objdump): "
                      + ", ".join(f"{n} {c[n]}" for n in INSTRUCTIONS))
     for case, x in result.get("kernel_rates", {}).items():
-        lines.append(f"kernel {case}: {x['avx2']:.1f} G weights/s emulated AVX2, {x['native']:.1f} native; "
+        lines.append(f"kernel {case}: {x['avx2']:.1f} {x.get('unit', 'G weights/s')} emulated AVX2, {x['native']:.1f} native; "
                      f"emulated/native {x['ratio']:.2f} [{x['ratio_min']:.2f}-{x['ratio_max']:.2f}]")
     return lines
 
