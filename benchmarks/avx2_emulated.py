@@ -278,6 +278,7 @@ def rows(rounds: int) -> dict:
               "q8": smollm2_file_model(path, quantized="q8-activations")}
     out = {"rounds": rounds, "threads": 1}
     with bench.on_cores(1, torch):
+        out["blas"] = bench.blas_kernel(bench.blas_info())                   # the rows' BLAS threads: one
         llama = LlamaProcess(path, threads=1, n_ctx=512 + 16) if llama_cpp_installed() else None
         try:
             out["decode_512"] = decode_rows(models["q8"], models["exact"], llama, rounds, bench.Decoder)
@@ -357,7 +358,8 @@ def table(label: str, res: dict) -> list[str]:
              f"{m['numba_target']['cache']}; q8 rule: vnni={m['q8_rule']['vnni']} vnni_512={m['q8_rule']['vnni_512']}; "
              f"numpy exp rule: {m['exp_rule']}; tune: {m['tune']}",
              f"torch: {m['torch']}; llama.cpp build: {m['llama_cpp']}",
-             f"{r['rounds']} rounds on one thread, process time, alternating, medians of per-round ratios; load "
+             f"{r['rounds']} rounds on one thread (BLAS {r.get('blas', 'pinned to one thread')}), process time, "
+             "alternating, medians of per-round ratios; load "
              f"average after: {r['load_average']}"]
     d = r["decode_512"]
     lines.append(f"decode ctx 512: q8 {d['q8']:.1f} ms, exact {d['exact']:.1f} ms, llama.cpp "
