@@ -7,6 +7,8 @@ profile (:mod:`attnlab.kernels.profile`); with one present, the choices follow i
 
 - numpy's exponential (:func:`numpy_exp`, rule :func:`exp_rule`): ``exp2`` where numpy runs its AVX-512 loops,
   else ``exp``.
+- The 8-bit kernels' instructions (:func:`vnni_rules`): ``vpdpbusd`` where the CPU numba compiles for
+  (:func:`numba_target_features`) has VNNI, else AVX2's ``vpmaddwd``.
 - The tile kernel (:func:`kernel_choice`, rule :func:`tile_kernel_rule`): the fused kernel
   (:mod:`attnlab.kernels._fused`, the optional extra ``attnlab[fast]``) from ``FUSED_MIN_SCORES`` scores per call,
   or per model pass (every layer's calls together, :func:`attnlab.kernels._step.one_step`) (masked calls;
@@ -65,6 +67,40 @@ def exp_rule(features) -> tuple[str, str]:
     if "AVX512_SKX" in features:
         return "exp2", "rule: numpy's AVX-512 loops vectorise float32 exp2 here"
     return "exp", "rule: numpy has no AVX-512 exp2 loop here, exp is the vectorised one"
+
+
+def numba_target_features(configured: str | None, host) -> dict[str, bool]:
+    """The CPU features numba compiles for, as it hands them to LLVM: ``configured`` (numba's
+    ``config.CPU_FEATURES``, from ``NUMBA_CPU_FEATURES``) when set, else ``host()`` (this CPU's, as LLVM reports
+    them: numba's ``codegen.get_host_cpu_features``), each a string "+avx2,-avx512f,...": {"avx2": True, ...}.
+
+    What the kernels' CPU-feature rules read (:func:`vnni_rules`), never /proc/cpuinfo nor LLVM's host features
+    directly: a cache compiled for a target (``NUMBA_CPU_NAME=haswell`` with Haswell's features, as the AVX2
+    emulation does, ``benchmarks/avx2_emulated.py``) then holds the code of that target's branch. Features a
+    named ``NUMBA_CPU_NAME`` implies without listing them count as absent: the rules then take their plain
+    branch, which every CPU runs."""
+    text = configured if configured is not None else host()
+    return {name[1:].strip(): name.startswith("+") for name in text.split(",") if name[:1] in "+-" and len(name) > 1}
+
+
+@functools.cache
+def numba_features() -> dict[str, bool]:
+    """:func:`numba_target_features` of this process's numba (imports numba): what every rule on the CPU's
+    features that shapes numba code reads (``features.get("avx2")``, :func:`vnni_rules`), so the code a cache
+    holds is the code of the target it was compiled for."""
+    import numba
+    from numba.core.codegen import get_host_cpu_features
+
+    return numba_target_features(numba.config.CPU_FEATURES, get_host_cpu_features)
+
+
+def vnni_rules(features: dict[str, bool]) -> tuple[bool, bool]:
+    """Whether the 8-bit kernels (:mod:`attnlab.kernels._q8_fused`) call ``vpdpbusd``, and whether on 512-bit
+    registers, from the features numba compiles for (:func:`numba_target_features`): 256-bit ``vpdpbusd``
+    with AVX-VNNI or with AVX-512 VNNI and VL, 512-bit with AVX-512 VNNI; else plain vector IR, which LLVM
+    lowers to ``vpmaddwd`` and ``vphaddd`` (AVX2). A rule on the target's features, never a timing."""
+    vnni = bool(features.get("avxvnni") or (features.get("avx512vnni") and features.get("avx512vl")))
+    return vnni, vnni and bool(features.get("avx512vnni"))
 
 
 def numpy_exp() -> ExpChoice:

@@ -52,7 +52,7 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import _quant_fused
+from . import _kernels, _quant_fused
 from ._numba_load import call
 from ._quant_fused import _fma, _next_block
 
@@ -139,19 +139,15 @@ def quantize_blocks(x, qx, xd, xs):
 
 
 
-def vnni_rule() -> bool:
-    """Whether the kernels call ``vpdpbusd`` (AVX-VNNI or AVX-512 VNNI with VL): numba compiles for this CPU
-    (``NUMBA_CPU_NAME`` unset or "host") and LLVM reports either feature here. Else the products are written as
-    plain vector IR, which LLVM turns into ``vpmaddwd`` and ``vphaddd`` (AVX2, AVX-512). A rule on the CPU's
-    features, never a timing."""
-    if numba.config.CPU_NAME not in (None, "host"):
-        return False
-    features = llvm.get_host_cpu_features()
-    return bool(features.get("avxvnni") or (features.get("avx512vnni") and features.get("avx512vl")))
+def vnni_rule() -> tuple[bool, bool]:
+    """Whether the kernels call ``vpdpbusd`` (AVX-VNNI or AVX-512 VNNI with VL), and whether on 512-bit
+    registers: :func:`attnlab.kernels._kernels.vnni_rules` on the features numba compiles for
+    (``NUMBA_CPU_FEATURES`` when set, else this CPU's: :func:`~attnlab.kernels._kernels.numba_target_features`).
+    Else the products are written as plain vector IR, which LLVM turns into ``vpmaddwd`` and ``vphaddd``."""
+    return _kernels.vnni_rules(_kernels.numba_features())
 
 
-VNNI = vnni_rule()
-VNNI_512 = VNNI and bool(llvm.get_host_cpu_features().get("avx512vnni"))   # two rows' blocks in one register
+VNNI, VNNI_512 = vnni_rule()    # VNNI_512: two rows' blocks in one register
 # LLVM 22 takes vpdpbusd's byte operands as <32 x i8> (llvm-project PR 155194), earlier ones as <8 x i32>
 VNNI_BYTES = llvm.llvm_version_info[0] >= 22
 
