@@ -97,15 +97,13 @@ def _fma32(typingctx, a, b, c):
 
 def avx2_rule() -> bool:
     """Whether a sub-block's lanes are ``vpmaddubsw`` then ``vpmaddwd`` with its scale (llama.cpp's own two
-    instructions; LLVM's ``llvm.x86.avx2.pmadd.*``): the features numba compiles for have AVX2 (this CPU's as
-    LLVM reports them, or ``NUMBA_CPU_FEATURES`` where ``NUMBA_CPU_NAME`` names another CPU). Else ``vpdpbusd``
-    (or its plain-IR sums) times the scale. A rule on the features, never a timing; the integer lanes are the
-    same either way."""
-    import llvmlite.binding as llvm
+    instructions; LLVM's ``llvm.x86.avx2.pmadd.*``): the features numba compiles for have AVX2
+    (:func:`attnlab.kernels._kernels.numba_features`, the same target every rule on the CPU reads). Else
+    ``vpdpbusd`` (or its plain-IR sums) times the scale. A rule on the features, never a timing; the integer
+    lanes are the same either way."""
+    from ._kernels import numba_features
 
-    if numba.config.CPU_NAME not in (None, "host"):
-        return "+avx2" in str(numba.config.CPU_FEATURES or "").split(",")
-    return bool(llvm.get_host_cpu_features().get("avx2"))
+    return bool(numba_features().get("avx2"))
 
 
 MADD = avx2_rule()
