@@ -13,7 +13,10 @@ tested against bit for bit. Here:
   :mod:`attnlab.kernels._q8_fused`), then ``acc = fma(x.d·d, float(lanes), acc)`` (``llvm.fma``, as llama.cpp's
   ``_mm256_fmadd_ps``) on an 8-float accumulator;
 - Q4_K's minima are four more lanes, ``accm_k = fma(−x.d·dmin, float(mn·S), accm_k)`` (S x's sums of 32), in
-  numba, and a row's total is llama.cpp's horizontal sum of the eight, plus the four's.
+  numba, and a row's total is llama.cpp's horizontal sum of the eight, plus the four's;
+- from 8 tokens on, llama.cpp's tiled GEMM (:func:`_tiled_groups`): per super-block the exact integers s1 and s2
+  (:func:`_tiled_sums`: a row's values unpacked once for a tile of :data:`TILE` tokens), then
+  ``r = float(s1)·d``, ``r = fma(−dmin, float(s2), r)``, ``out = fma(r, x.d, out)``.
 
 No fastmath: every float operation rounds as the reference's does; the integer sums are exact in any order.
 Rows are stored in groups of four side by side (:class:`attnlab.kernels.q8k_activations.Q8KActivationMatrix`'s
@@ -139,6 +142,43 @@ def _accumulate(context, builder, acc_ty, acc, acc_at, scale, sumi):
                           builder.load(p, align=4)), p, align=4)
 
 
+def _nibble_chunks(builder, q_p, sc16, five):
+    """A Q4_K or Q5_K super-block's eight chunks of 32 values in value order (chunk c = 2j + h: byte t of the
+    32 at 32j gives value 64j + 32h + t), each (w <32 x i8>, its sub-block's scale <16 x i16>): the 4-bit
+    values from the 128 bytes of nibbles at ``q_p``, Q5_K's (``five``) plus 16 times bit c of the byte 128 + t;
+    ``sc16`` the 16 scales and minima as i16."""
+    v32, i64 = ir.VectorType(I8, 32), ir.IntType(64)
+    high = _vload(builder, q_p, ir.Constant(i64, QK_K // 2), v32) if five else None
+    chunks = []
+    for j in range(QK_K // 64):                                   # 32 bytes: values 64j + t (low), + 32 (high)
+        bits = _vload(builder, q_p, ir.Constant(i64, 32 * j), v32)
+        halves = (builder.and_(bits, _vec(I8, [15] * 32)), builder.lshr(bits, _vec(I8, [4] * 32)))
+        for h, w in enumerate(halves):
+            if five:                                              # + 16 · bit 2j + h of qh[t]
+                bit = builder.and_(builder.lshr(high, _vec(I8, [2 * j + h] * 32)), _vec(I8, [1] * 32))
+                w = builder.or_(w, builder.shl(bit, _vec(I8, [4] * 32)))
+            chunks.append((w, builder.shuffle_vector(sc16, sc16, _vec(I32, [2 * j + h] * 16))))
+    return chunks
+
+
+def _q6_chunks(builder, q_p, scales16):
+    """A Q6_K super-block's eight chunks of 32 values (chunk c = 4h + k, as ``dequantize_row_q6_K``'s value
+    order), each (w <32 x i8> the 6-bit values, the scales of its two sub-blocks <16 x i16>): low 4 bits from the
+    128 bytes at ``q_p``, high 2 from the 64 after them, unpacked as llama.cpp's AVX2 loop does."""
+    v32, i64 = ir.VectorType(I8, 32), ir.IntType(64)
+    m4, m3 = _vec(I8, [15] * 32), _vec(I8, [3] * 32)
+    chunks = []
+    for c in range(QK_K // 32):
+        h, k = divmod(c, 4)
+        low = _vload(builder, q_p, ir.Constant(i64, 64 * h + 32 * (k % 2)), v32)
+        high = _vload(builder, q_p, ir.Constant(i64, QK_K // 2 + 32 * h), v32)
+        nib = builder.and_(builder.lshr(low, _vec(I8, [4 * (k // 2)] * 32)), m4)
+        top = builder.shl(builder.and_(builder.lshr(high, _vec(I8, [2 * k] * 32)), m3), _vec(I8, [4] * 32))
+        chunks.append((builder.or_(nib, top),
+                       builder.shuffle_vector(scales16, scales16, _vec(I32, [2 * c] * 8 + [2 * c + 1] * 8))))
+    return chunks
+
+
 def _nibbles_block(kind: str):
     """The intrinsic of one Q4_K or Q5_K super-block of a row against one token (``kind``):
     ``(qs, q_at, qx, x_at, sm, s_at, bsums, b_at, scale, dmin, acc, acc_at, accm, accm_at)``.
@@ -164,18 +204,10 @@ def _nibbles_block(kind: str):
             sm8 = _vload(builder, s_p, ir.Constant(s_at_v.type, 0), ir.VectorType(I8, 16))   # sc, mn
             sm16 = builder.zext(sm8, ir.VectorType(I32, 16))                            # <16 x i32>
             sc16 = builder.zext(sm8, ir.VectorType(I16, 16))                            # <16 x i16>
-            high = _vload(builder, q_p, ir.Constant(q_at_v.type, QK_K // 2), v32) if five else None
             sumi = ir.Constant(ir.VectorType(I32, LANES), [0] * LANES)
-            for j in range(QK_K // 64):                               # 32 bytes: values 64j + t (low), + 32 (high)
-                bits = _vload(builder, q_p, ir.Constant(q_at_v.type, 32 * j), v32)
-                halves = (builder.and_(bits, _vec(I8, [15] * 32)), builder.lshr(bits, _vec(I8, [4] * 32)))
-                for h, w in enumerate(halves):
-                    if five:                                          # + 16 · bit 2j + h of qh[t]
-                        bit = builder.and_(builder.lshr(high, _vec(I8, [2 * j + h] * 32)), _vec(I8, [1] * 32))
-                        w = builder.or_(w, builder.shl(bit, _vec(I8, [4] * 32)))
-                    y = _vload(builder, x_p, ir.Constant(x_at_v.type, 64 * j + 32 * h), v32)
-                    sc = builder.shuffle_vector(sc16, sc16, _vec(I32, [2 * j + h] * 16))
-                    sumi = builder.add(sumi, _scaled_lanes(builder, w, y, sc))
+            for c, (w, sc) in enumerate(_nibble_chunks(builder, q_p, sc16, five)):
+                y = _vload(builder, x_p, ir.Constant(x_at_v.type, 32 * c), v32)
+                sumi = builder.add(sumi, _scaled_lanes(builder, w, y, sc))
             _accumulate(context, builder, t[10], acc_v, acc_at_v, scale_v, sumi)
             sums = builder.sext(_vload(builder, b_p, ir.Constant(b_at_v.type, 0), ir.VectorType(I16, 16)),
                                 ir.VectorType(I32, 16))                                 # <16 x i32> bsums
@@ -221,16 +253,8 @@ def _q6k_block(typingctx, qs, q_at, qx, x_at, sc, s_at, bsums, b_at, scale, acc,
         scales = builder.sext(sc8, ir.VectorType(I32, 16))                                # <16 x i32>
         scales16 = builder.sext(sc8, ir.VectorType(I16, 16))                              # <16 x i16>
         sumi = ir.Constant(ir.VectorType(I32, LANES), [0] * LANES)
-        m4, m3 = _vec(I8, [15] * 32), _vec(I8, [3] * 32)
-        for c in range(QK_K // 32):                   # chunk c = 4h + k: as dequantize_row_q6_K's value order
-            h, k = divmod(c, 4)
-            low = _vload(builder, q_p, ir.Constant(i64, 64 * h + 32 * (k % 2)), v32)
-            high = _vload(builder, q_p, ir.Constant(i64, QK_K // 2 + 32 * h), v32)
-            nib = builder.and_(builder.lshr(low, _vec(I8, [4 * (k // 2)] * 32)), m4)
-            top = builder.shl(builder.and_(builder.lshr(high, _vec(I8, [2 * k] * 32)), m3), _vec(I8, [4] * 32))
-            w = builder.or_(nib, top)
+        for c, (w, sc) in enumerate(_q6_chunks(builder, q_p, scales16)):
             y = _vload(builder, x_p, ir.Constant(x_at_v.type, 32 * c), v32)
-            sc = builder.shuffle_vector(scales16, scales16, _vec(I32, [2 * c] * 8 + [2 * c + 1] * 8))
             sumi = builder.add(sumi, _scaled_lanes(builder, w, y, sc))
         sums = builder.sext(_vload(builder, b_p, ir.Constant(b_at_v.type, 0), ir.VectorType(I16, 16)),
                             ir.VectorType(I32, 16))
@@ -241,6 +265,116 @@ def _q6k_block(typingctx, qs, q_at, qx, x_at, sc, s_at, bsums, b_at, scale, acc,
         _accumulate(context, builder, t[9], acc_v, acc_at_v, scale_v, sumi)
         return context.get_dummy_value()
     return types.void(qs, q_at, qx, x_at, sc, s_at, bsums, b_at, scale, acc, acc_at), codegen
+
+
+def _hadd(builder, vec):
+    """The sum of an integer vector's elements (exact: any order)."""
+    total = builder.extract_element(vec, ir.Constant(I32, 0))
+    for i in range(1, vec.type.count):
+        total = builder.add(total, builder.extract_element(vec, ir.Constant(I32, i)))
+    return total
+
+
+def _tiled_sums(kind: str, tokens: int):
+    """The intrinsic of one super-block of a row against ``tokens`` tokens, for the tiled GEMM
+    (``(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, s, s_at)``): the row's values are unpacked
+    once, then for token i (x's ``qx`` from ``x_at + i·x_step``, its ``bsums`` from ``b_at + i·b_step``) the exact
+    integers s1 = Σ_s sc_s · Σ w·q (Q6_K: minus 32·Σ_s sc_s·bsums_s) into ``s[s_at + i]`` and, Q4_K and Q5_K,
+    s2 = Σ_s mn_s · S_s (S_s x's sum over sub-block s) into ``s[s_at + tokens + i]``. The row's sub-block
+    scales (and minima) from element ``s_at`` of ``sm``, its values from element ``q_at`` of ``qs``."""
+    six = kind == "Q6_K"
+
+    @intrinsic
+    def sums(typingctx, qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, s, o_at):
+        def codegen(context, builder, signature, args):
+            qs_v, q_at_v, sm_v, s_at_v, qx_v, x_at_v, x_step_v, bs_v, b_at_v, b_step_v, s_v, o_at_v = args
+            t = signature.args
+            q_p = _ptr(context, builder, t[0], qs_v, q_at_v)
+            sm8 = _vload(builder, _ptr(context, builder, t[2], sm_v, s_at_v), ir.Constant(s_at_v.type, 0),
+                         ir.VectorType(I8, 16))                                         # sc (and mn)
+            extend = builder.sext if six else builder.zext
+            sm16, sm32 = extend(sm8, ir.VectorType(I16, 16)), extend(sm8, ir.VectorType(I32, 16))
+            chunks = _q6_chunks(builder, q_p, sm16) if six else _nibble_chunks(builder, q_p, sm16, kind == "Q5_K")
+            # bsums_i is weighted by Q6_K's sc_i (times −32), or by Q4_K's and Q5_K's mn_{i//2}
+            weights = sm32 if six else builder.shuffle_vector(sm32, sm32, _vec(I32, [8 + i // 2 for i in range(16)]))
+            v32, v16 = ir.VectorType(I8, 32), ir.VectorType(I16, 16)
+            out_p = _ptr(context, builder, t[10], s_v, o_at_v)
+            x_at_i, b_at_i = x_at_v, b_at_v
+            for i in range(tokens):
+                x_p = _ptr(context, builder, t[4], qx_v, x_at_i)
+                sumi = ir.Constant(ir.VectorType(I32, LANES), [0] * LANES)
+                for c, (w, sc) in enumerate(chunks):
+                    y = _vload(builder, x_p, ir.Constant(x_at_v.type, 32 * c), v32)
+                    sumi = builder.add(sumi, _scaled_lanes(builder, w, y, sc))
+                b_p = _ptr(context, builder, t[7], bs_v, b_at_i)
+                S = builder.sext(_vload(builder, b_p, ir.Constant(b_at_v.type, 0), v16), ir.VectorType(I32, 16))
+                other = _hadd(builder, builder.mul(weights, S))                     # Σ sc_i·bsums_i or Σ mn·S
+                s1 = _hadd(builder, sumi)
+                if six:
+                    s1 = builder.sub(s1, builder.shl(other, ir.Constant(I32, 5)))
+                else:
+                    builder.store(other, builder.gep(out_p, [ir.Constant(I32, tokens + i)]))
+                builder.store(s1, builder.gep(out_p, [ir.Constant(I32, i)]))
+                x_at_i, b_at_i = builder.add(x_at_i, x_step_v), builder.add(b_at_i, b_step_v)
+            return context.get_dummy_value()
+        return types.void(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, s, o_at), codegen
+    return sums
+
+
+TILE = 4                              # tokens per tile of the tiled GEMM (each row's values unpacked once a tile)
+_TILED = {(k, n): _tiled_sums(k, n) for k in ("Q4_K", "Q5_K", "Q6_K") for n in (TILE, 1)}
+_q4k_tile, _q4k_one = _TILED["Q4_K", TILE], _TILED["Q4_K", 1]
+_q5k_tile, _q5k_one = _TILED["Q5_K", TILE], _TILED["Q5_K", 1]
+_q6k_tile, _q6k_one = _TILED["Q6_K", TILE], _TILED["Q6_K", 1]
+
+
+@numba.njit(inline="always", **FLAGS)
+def _tiled_sums_of(kind, tokens, qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, s):
+    """s1 (and s2) of one super-block of a row against ``tokens`` (TILE or 1) tokens into ``s``."""
+    if kind == 4:
+        if tokens == TILE:
+            _q4k_tile(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, s, 0)
+        else:
+            _q4k_one(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, s, 0)
+    elif kind == 5:
+        if tokens == TILE:
+            _q5k_tile(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, s, 0)
+        else:
+            _q5k_one(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, s, 0)
+    elif tokens == TILE:
+        _q6k_tile(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, s, 0)
+    else:
+        _q6k_one(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, s, 0)
+
+
+@numba.njit(**FLAGS)
+def _tiled_groups(kind, qs, d, sm, qx, xd, bsums, out, g0, g1):
+    """out[t, r] for the rows of groups g0 … g1 − 1 by the tiled GEMM's arithmetic (``kind`` 4, 5 or 6: Q4_K,
+    Q5_K, Q6_K; planes as the one-token kernels'): per super-block b the exact s1 (and s2), then
+    ``r = float(s1)·d``, Q4_K and Q5_K ``r = fma(−dmin, float(s2), r)``, and ``out = fma(r, x.d, out)``, b after
+    b. Tokens in tiles of :data:`TILE` (a row's values unpacked once a tile), the last ones one by one."""
+    n_sb, n_rows, n_tok, nbytes = qs.shape[1], out.shape[1], qx.shape[0], qs.shape[3]
+    s = np.empty(2 * TILE, np.int32)                              # s1 of the tile's tokens, then s2
+    acc = np.empty((GROUP, TILE), np.float32)                     # (4 rows, tile's tokens)
+    for g in range(g0, g1):
+        for t0 in range(0, n_tok, TILE):
+            tokens = TILE if n_tok - t0 >= TILE else 1
+            for t1 in range(t0, min(t0 + TILE, n_tok), tokens):
+                acc[:] = 0
+                for b in range(n_sb):
+                    at = (g * n_sb + b) * GROUP
+                    for k in range(GROUP):
+                        _tiled_sums_of(kind, tokens, qs, (at + k) * nbytes, sm, (at + k) * 16, qx,
+                                       (t1 * n_sb + b) * QK_K, n_sb * QK_K, bsums, (t1 * n_sb + b) * 16, n_sb * 16, s)
+                        dk = _half(d[g, b, k, 0])
+                        for i in range(tokens):
+                            r = np.float32(s[i]) * dk
+                            if kind != 6:
+                                r = _fma32(-_half(d[g, b, k, 1]), np.float32(s[tokens + i]), r)
+                            acc[k, i] = _fma32(r, xd[t1 + i, b], acc[k, i])
+                for k in range(min(GROUP, n_rows - g * GROUP)):
+                    for i in range(tokens):
+                        out[t1 + i, g * GROUP + k] = acc[k, i]
 
 
 @numba.njit(inline="always", **FLAGS)
@@ -358,17 +492,35 @@ PRODUCTS = {"Q4_K": _q4k_product, "Q5_K": _q5k_product, "Q6_K": _q6k_product}
 GROUPS = {"Q4_K": _q4k_groups, "Q5_K": _q5k_groups, "Q6_K": _q6k_groups}
 
 
-def matmul(qtype: str, qs, d, m, x, out, pool=None) -> None:
+@numba.njit(**FLAGS)
+def _tiled_product(kind, qs, d, sm, x, out):
+    """x rounded, then every group by the tiled arithmetic on the calling thread."""
+    qx, xd, bsums = _quantized(x)
+    _tiled_groups(kind, qs, d, sm, qx, xd, bsums, out, 0, qs.shape[0])
+
+
+KIND = {"Q4_K": 4, "Q5_K": 5, "Q6_K": 6}
+
+
+def matmul(qtype: str, qs, d, m, x, out, pool=None, *, tiled: bool = False) -> None:
     """out (N, R) = x (N, d_in) times the rows of a Q4_K, Q5_K or Q6_K weight in grouped integer planes (d as float16
-    bits), x rounded to Q8_K first; on the calling thread, or with ``pool`` (a ThreadPoolExecutor) over its
+    bits), x rounded to Q8_K first; by the one-token kernels' arithmetic (llama.cpp's ``ggml_vec_dot_*_q8_K``) or,
+    ``tiled``, by its tiled GEMM's; on the calling thread, or with ``pool`` (a ThreadPoolExecutor) over its
     threads, a range of groups each."""
     if pool is None:
-        call(PRODUCTS[qtype], qs, d, m, x, out)
+        if tiled:
+            call(_tiled_product, KIND[qtype], qs, d, m, x, out)
+        else:
+            call(PRODUCTS[qtype], qs, d, m, x, out)
         return
     qx, xd, bsums = call(_quantized, x)
     groups = qs.shape[0]
-    serial = GROUPS[qtype]
     step = -(-groups // pool._max_workers)
-    for f in [pool.submit(call, serial, qs, d, m, qx, xd, bsums, out, g0, min(groups, g0 + step))
-              for g0 in range(0, groups, step)]:
+    if tiled:
+        jobs = [(_tiled_groups, KIND[qtype], qs, d, m, qx, xd, bsums, out, g0, min(groups, g0 + step))
+                for g0 in range(0, groups, step)]
+    else:
+        jobs = [(GROUPS[qtype], qs, d, m, qx, xd, bsums, out, g0, min(groups, g0 + step))
+                for g0 in range(0, groups, step)]
+    for f in [pool.submit(call, *job) for job in jobs]:
         f.result()
