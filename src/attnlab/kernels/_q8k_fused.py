@@ -15,7 +15,7 @@ tested against bit for bit. Here:
 - Q4_K's minima are four more lanes, ``accm_k = fma(−x.d·dmin, float(mn·S), accm_k)`` (S x's sums of 32), in
   numba, and a row's total is llama.cpp's horizontal sum of the eight, plus the four's;
 - from 8 tokens on, llama.cpp's tiled GEMM (:func:`_tiled_groups`): per super-block the exact integers s1 and s2
-  (:func:`_tiled_sums`: a row's values unpacked once for a tile of :data:`TILE` tokens), then
+  (:func:`_tiled_block`: a row's values unpacked once for a tile of :data:`TILE` tokens), then
   ``r = float(s1)·d``, ``r = fma(−dmin, float(s2), r)``, ``out = fma(r, x.d, out)``.
 
 No fastmath: every float operation rounds as the reference's does; the integer sums are exact in any order.
@@ -275,19 +275,39 @@ def _hadd(builder, vec):
     return total
 
 
-def _tiled_sums(kind: str, tokens: int):
-    """The intrinsic of one super-block of a row against ``tokens`` tokens, for the tiled GEMM
-    (``(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, s, s_at)``): the row's values are unpacked
-    once, then for token i (x's ``qx`` from ``x_at + i·x_step``, its ``bsums`` from ``b_at + i·b_step``) the exact
-    integers s1 = Σ_s sc_s · Σ w·q (Q6_K: minus 32·Σ_s sc_s·bsums_s) into ``s[s_at + i]`` and, Q4_K and Q5_K,
-    s2 = Σ_s mn_s · S_s (S_s x's sum over sub-block s) into ``s[s_at + tokens + i]``. The row's sub-block
-    scales (and minima) from element ``s_at`` of ``sm``, its values from element ``q_at`` of ``qs``."""
+def _token_sums(builder, vecs):
+    """<T x i32>: the sum of each of T integer vectors <8 x i32> (T = 1 or 4), exact in any order; four by a
+    tree of shuffles (three adds of 8 lanes), the one-token arithmetic's horizontal sums side by side."""
+    if len(vecs) == 1:
+        return builder.insert_element(ir.Constant(ir.VectorType(I32, 1), ir.Undefined), _hadd(builder, vecs[0]),
+                                      ir.Constant(I32, 0))
+    v0, v1, v2, v3 = vecs
+
+    def fold(a, b, keep, other):
+        return builder.add(builder.shuffle_vector(a, b, _vec(I32, keep)), builder.shuffle_vector(a, b, _vec(I32, other)))
+    t0 = fold(v0, v1, [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])     # v0's 4, v1's 4
+    t1 = fold(v2, v3, [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])     # v2's 4, v3's 4
+    u = fold(t0, t1, [0, 1, 4, 5, 8, 9, 12, 13], [2, 3, 6, 7, 10, 11, 14, 15])      # 2 each
+    return fold(u, u, [0, 2, 4, 6], [1, 3, 5, 7])                                   # <4 x i32>
+
+
+def _tiled_block(kind: str, tokens: int):
+    """The intrinsic of one super-block of a row against ``tokens`` tokens (1 or :data:`TILE`), the tiled GEMM's
+    arithmetic: ``(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin, acc,
+    acc_at)``. The row's values (from element ``q_at`` of ``qs``) and sub-block scales and minima (from ``s_at``
+    of ``sm``) are unpacked once; for token i (its ``qx`` from ``x_at + i·x_step``, ``bsums`` from
+    ``b_at + i·b_step``, x.d ``xd[xd_at + i·xd_step]``) the exact s1 = Σ_s sc_s · Σ w·q (Q6_K: minus
+    32·Σ_s sc_s·bsums_s) and, Q4_K and Q5_K, s2 = Σ_s mn_s · S_s (S_s x's sum over sub-block s), then, the tokens
+    side by side, ``r = float(s1)·d``, ``r = fma(dmin, float(s2), r)`` (``dmin`` passed negated) and
+    ``acc[acc_at + i] = fma(r, x.d, acc[acc_at + i])``."""
     six = kind == "Q6_K"
 
     @intrinsic
-    def sums(typingctx, qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, s, o_at):
+    def block(typingctx, qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin,
+              acc, acc_at):
         def codegen(context, builder, signature, args):
-            qs_v, q_at_v, sm_v, s_at_v, qx_v, x_at_v, x_step_v, bs_v, b_at_v, b_step_v, s_v, o_at_v = args
+            (qs_v, q_at_v, sm_v, s_at_v, qx_v, x_at_v, x_step_v, bs_v, b_at_v, b_step_v, xd_v, xd_at_v, xd_step_v,
+             d_v, dmin_v, acc_v, acc_at_v) = args
             t = signature.args
             q_p = _ptr(context, builder, t[0], qs_v, q_at_v)
             sm8 = _vload(builder, _ptr(context, builder, t[2], sm_v, s_at_v), ir.Constant(s_at_v.type, 0),
@@ -295,11 +315,9 @@ def _tiled_sums(kind: str, tokens: int):
             extend = builder.sext if six else builder.zext
             sm16, sm32 = extend(sm8, ir.VectorType(I16, 16)), extend(sm8, ir.VectorType(I32, 16))
             chunks = _q6_chunks(builder, q_p, sm16) if six else _nibble_chunks(builder, q_p, sm16, kind == "Q5_K")
-            # bsums_i is weighted by Q6_K's sc_i (times −32), or by Q4_K's and Q5_K's mn_{i//2}
-            weights = sm32 if six else builder.shuffle_vector(sm32, sm32, _vec(I32, [8 + i // 2 for i in range(16)]))
             v32, v16 = ir.VectorType(I8, 32), ir.VectorType(I16, 16)
-            out_p = _ptr(context, builder, t[10], s_v, o_at_v)
-            x_at_i, b_at_i = x_at_v, b_at_v
+            firsts, seconds, xds = [], [], []
+            x_at_i, b_at_i, xd_at_i = x_at_v, b_at_v, xd_at_v
             for i in range(tokens):
                 x_p = _ptr(context, builder, t[4], qx_v, x_at_i)
                 sumi = ir.Constant(ir.VectorType(I32, LANES), [0] * LANES)
@@ -308,43 +326,58 @@ def _tiled_sums(kind: str, tokens: int):
                     sumi = builder.add(sumi, _scaled_lanes(builder, w, y, sc))
                 b_p = _ptr(context, builder, t[7], bs_v, b_at_i)
                 S = builder.sext(_vload(builder, b_p, ir.Constant(b_at_v.type, 0), v16), ir.VectorType(I32, 16))
-                other = _hadd(builder, builder.mul(weights, S))                     # Σ sc_i·bsums_i or Σ mn·S
-                s1 = _hadd(builder, sumi)
+                p = builder.mul(sm32 if six else builder.shuffle_vector(sm32, sm32, _vec(I32, [8 + j // 2 for j in range(16)])),
+                                S)                                              # sc_j·bsums_j, or mn_{j//2}·bsums_j
+                p = builder.add(builder.shuffle_vector(p, p, _vec(I32, range(8))),
+                                builder.shuffle_vector(p, p, _vec(I32, range(8, 16))))   # <8 x i32>, same sum
                 if six:
-                    s1 = builder.sub(s1, builder.shl(other, ir.Constant(I32, 5)))
+                    firsts.append(builder.sub(sumi, builder.shl(p, _vec(I32, [5] * LANES))))
                 else:
-                    builder.store(other, builder.gep(out_p, [ir.Constant(I32, tokens + i)]))
-                builder.store(s1, builder.gep(out_p, [ir.Constant(I32, i)]))
+                    firsts.append(sumi)
+                    seconds.append(p)
+                xds.append(builder.load(_ptr(context, builder, t[10], xd_v, xd_at_i)))
                 x_at_i, b_at_i = builder.add(x_at_i, x_step_v), builder.add(b_at_i, b_step_v)
+                xd_at_i = builder.add(xd_at_i, xd_step_v)
+            vf = ir.VectorType(F32, tokens)
+            r = builder.fmul(builder.sitofp(_token_sums(builder, firsts), vf), _splat(builder, d_v, tokens))
+            if not six:
+                r = _fma_ir(builder, _splat(builder, dmin_v, tokens), builder.sitofp(_token_sums(builder, seconds), vf), r)
+            x = ir.Constant(vf, ir.Undefined)
+            for i, value in enumerate(xds):
+                x = builder.insert_element(x, value, ir.Constant(I32, i))
+            a_p = builder.bitcast(_ptr(context, builder, t[15], acc_v, acc_at_v), vf.as_pointer())
+            builder.store(_fma_ir(builder, r, x, builder.load(a_p, align=4)), a_p, align=4)
             return context.get_dummy_value()
-        return types.void(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, s, o_at), codegen
-    return sums
+        return types.void(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin, acc,
+                          acc_at), codegen
+    return block
 
 
 TILE = 4                              # tokens per tile of the tiled GEMM (each row's values unpacked once a tile)
-_TILED = {(k, n): _tiled_sums(k, n) for k in ("Q4_K", "Q5_K", "Q6_K") for n in (TILE, 1)}
-_q4k_tile, _q4k_one = _TILED["Q4_K", TILE], _TILED["Q4_K", 1]
-_q5k_tile, _q5k_one = _TILED["Q5_K", TILE], _TILED["Q5_K", 1]
-_q6k_tile, _q6k_one = _TILED["Q6_K", TILE], _TILED["Q6_K", 1]
+_q4k_tile, _q4k_one = _tiled_block("Q4_K", TILE), _tiled_block("Q4_K", 1)
+_q5k_tile, _q5k_one = _tiled_block("Q5_K", TILE), _tiled_block("Q5_K", 1)
+_q6k_tile, _q6k_one = _tiled_block("Q6_K", TILE), _tiled_block("Q6_K", 1)
 
 
 @numba.njit(inline="always", **FLAGS)
-def _tiled_sums_of(kind, tokens, qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, s):
-    """s1 (and s2) of one super-block of a row against ``tokens`` (TILE or 1) tokens into ``s``."""
+def _tiled_block_of(kind, tokens, qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d,
+                    dmin, acc, acc_at):
+    """One super-block of a row against ``tokens`` (TILE or 1) tokens of ``kind`` (4, 5 or 6: Q4_K, Q5_K,
+    Q6_K): :func:`_tiled_block`'s intrinsic."""
     if kind == 4:
         if tokens == TILE:
-            _q4k_tile(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, s, 0)
+            _q4k_tile(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin, acc, acc_at)
         else:
-            _q4k_one(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, s, 0)
+            _q4k_one(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin, acc, acc_at)
     elif kind == 5:
         if tokens == TILE:
-            _q5k_tile(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, s, 0)
+            _q5k_tile(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin, acc, acc_at)
         else:
-            _q5k_one(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, s, 0)
+            _q5k_one(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin, acc, acc_at)
     elif tokens == TILE:
-        _q6k_tile(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, s, 0)
+        _q6k_tile(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin, acc, acc_at)
     else:
-        _q6k_one(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, s, 0)
+        _q6k_one(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin, acc, acc_at)
 
 
 @numba.njit(**FLAGS)
@@ -354,8 +387,7 @@ def _tiled_groups(kind, qs, d, sm, qx, xd, bsums, out, g0, g1):
     ``r = float(s1)·d``, Q4_K and Q5_K ``r = fma(−dmin, float(s2), r)``, and ``out = fma(r, x.d, out)``, b after
     b. Tokens in tiles of :data:`TILE` (a row's values unpacked once a tile), the last ones one by one."""
     n_sb, n_rows, n_tok, nbytes = qs.shape[1], out.shape[1], qx.shape[0], qs.shape[3]
-    s = np.empty(2 * TILE, np.int32)                              # s1 of the tile's tokens, then s2
-    acc = np.empty((GROUP, TILE), np.float32)                     # (4 rows, tile's tokens)
+    acc = np.empty(GROUP * TILE, np.float32)                      # (4 rows × the tile's tokens)
     for g in range(g0, g1):
         for t0 in range(0, n_tok, TILE):
             tokens = TILE if n_tok - t0 >= TILE else 1
@@ -364,17 +396,13 @@ def _tiled_groups(kind, qs, d, sm, qx, xd, bsums, out, g0, g1):
                 for b in range(n_sb):
                     at = (g * n_sb + b) * GROUP
                     for k in range(GROUP):
-                        _tiled_sums_of(kind, tokens, qs, (at + k) * nbytes, sm, (at + k) * 16, qx,
-                                       (t1 * n_sb + b) * QK_K, n_sb * QK_K, bsums, (t1 * n_sb + b) * 16, n_sb * 16, s)
-                        dk = _half(d[g, b, k, 0])
-                        for i in range(tokens):
-                            r = np.float32(s[i]) * dk
-                            if kind != 6:
-                                r = _fma32(-_half(d[g, b, k, 1]), np.float32(s[tokens + i]), r)
-                            acc[k, i] = _fma32(r, xd[t1 + i, b], acc[k, i])
+                        dmin = -_half(d[g, b, k, 1]) if kind != 6 else np.float32(0.0)
+                        _tiled_block_of(kind, tokens, qs, (at + k) * nbytes, sm, (at + k) * 16, qx,
+                                        (t1 * n_sb + b) * QK_K, n_sb * QK_K, bsums, (t1 * n_sb + b) * 16, n_sb * 16,
+                                        xd, t1 * n_sb + b, n_sb, _half(d[g, b, k, 0]), dmin, acc, k * TILE)
                 for k in range(min(GROUP, n_rows - g * GROUP)):
                     for i in range(tokens):
-                        out[t1 + i, g * GROUP + k] = acc[k, i]
+                        out[t1 + i, g * GROUP + k] = acc[k * TILE + i]
 
 
 @numba.njit(inline="always", **FLAGS)
