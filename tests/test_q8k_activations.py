@@ -97,7 +97,7 @@ def test_a_q6_k_dot_by_hand():
 def test_kernel_equals_the_numpy_reference_bit_for_bit(tmp_path, rng, qtype, n_tokens):
     """``x @ W``: below 8 tokens the one-token arithmetic (:func:`reference_matmul`), from 8 on the tiled GEMM's
     (:func:`reference_matmul_tiled`), bit for bit; each kernel also bit for bit on the other side of the rule
-    (tiles of 4 tokens and the tokens left one by one: 11 = 2·4 + 3)."""
+    (tiles of 8 tokens and the tokens left one by one: 11 = 8 + 3, 20 = 2·8 + 4)."""
     raw, d_in = written(tmp_path, k_blocks(rng, 99, 768, qtype), qtype)     # (d_out, bytes): groups of 4, 3 left
     W = Q8KActivationMatrix(raw, qtype, d_in)
     np.testing.assert_array_equal(W.dequantize().T, dequantize(raw, GGMLQuantizationType[qtype]))

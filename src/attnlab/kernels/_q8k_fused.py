@@ -34,7 +34,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import _quant_fused
+from . import _q8_fused, _quant_fused
 from ._numba_load import call
 from ._q8_fused import _dpbusd, _ptr, _vec, _vload
 from ._quant_fused import _half, _prefetch
@@ -276,19 +276,46 @@ def _hadd(builder, vec):
 
 
 def _token_sums(builder, vecs):
-    """<T x i32>: the sum of each of T integer vectors <8 x i32> (T = 1 or 4), exact in any order; four by a
-    tree of shuffles (three adds of 8 lanes), the one-token arithmetic's horizontal sums side by side."""
+    """<T x i32>: the sum of each of T integer vectors <8 x i32> (T = 1, 4 or 8), exact in any order; four or
+    eight by a tree of shuffles and adds (eight lanes each), the sums side by side."""
     if len(vecs) == 1:
         return builder.insert_element(ir.Constant(ir.VectorType(I32, 1), ir.Undefined), _hadd(builder, vecs[0]),
                                       ir.Constant(I32, 0))
-    v0, v1, v2, v3 = vecs
 
     def fold(a, b, keep, other):
         return builder.add(builder.shuffle_vector(a, b, _vec(I32, keep)), builder.shuffle_vector(a, b, _vec(I32, other)))
-    t0 = fold(v0, v1, [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])     # v0's 4, v1's 4
-    t1 = fold(v2, v3, [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])     # v2's 4, v3's 4
-    u = fold(t0, t1, [0, 1, 4, 5, 8, 9, 12, 13], [2, 3, 6, 7, 10, 11, 14, 15])      # 2 each
-    return fold(u, u, [0, 2, 4, 6], [1, 3, 5, 7])                                   # <4 x i32>
+    halves = [fold(a, b, [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])   # 4 lanes a token, 2 tokens
+              for a, b in zip(vecs[::2], vecs[1::2])]
+    quarters = [fold(a, b, [0, 1, 4, 5, 8, 9, 12, 13], [2, 3, 6, 7, 10, 11, 14, 15])  # 2 lanes a token, 4 tokens
+                for a, b in zip(halves[::2], halves[1::2])]
+    if len(quarters) == 1:
+        return fold(quarters[0], quarters[0], [0, 2, 4, 6], [1, 3, 5, 7])           # <4 x i32>
+    return fold(*quarters, list(range(0, 16, 2)), list(range(1, 16, 2)))            # <8 x i32>
+
+
+def _chunk_pairs(builder, chunks, sm32, six):
+    """A super-block's values as four <64 x i8> (chunks 2m and 2m + 1 side by side: values 64m … 64m + 63),
+    each with the scale of each of its 16 lanes of four values (<16 x i32>: Q4_K and Q5_K sc_2m eight times, then
+    sc_2m+1; Q6_K sc_4m … sc_4m+3 four times each), for ``vpdpbusd`` of 512 bits (:func:`_pair_lanes`)."""
+    pairs = []
+    for m in range(len(chunks) // 2):
+        w = builder.shuffle_vector(chunks[2 * m][0], chunks[2 * m + 1][0], _vec(I32, range(64)))
+        lanes = [4 * m + j // 4 for j in range(16)] if six else [2 * m + j // 8 for j in range(16)]
+        pairs.append((w, builder.shuffle_vector(sm32, sm32, _vec(I32, lanes))))
+    return pairs
+
+
+def _pair_lanes(builder, pairs, x_p, offset_type):
+    """<8 x i32> whose sum is Σ_s sc_s · Σ w·q of one token (x's 256 int8 at ``x_p``): per pair of chunks one
+    ``vpdpbusd`` and a multiply by the lanes' scales, then the two halves added (exact integers: any grouping
+    gives the one-token lanes' total)."""
+    total = None
+    for m, (w, sc) in enumerate(pairs):
+        y = _vload(builder, x_p, ir.Constant(offset_type, 64 * m), ir.VectorType(I8, 64))
+        lanes = builder.mul(_dpbusd(builder, w, y), sc)                             # <16 x i32>
+        total = lanes if total is None else builder.add(total, lanes)
+    return builder.add(builder.shuffle_vector(total, total, _vec(I32, range(8))),
+                       builder.shuffle_vector(total, total, _vec(I32, range(8, 16))))
 
 
 def _tiled_block(kind: str, tokens: int):
@@ -318,12 +345,16 @@ def _tiled_block(kind: str, tokens: int):
             v32, v16 = ir.VectorType(I8, 32), ir.VectorType(I16, 16)
             firsts, seconds, xds = [], [], []
             x_at_i, b_at_i, xd_at_i = x_at_v, b_at_v, xd_at_v
+            pairs = _chunk_pairs(builder, chunks, sm32, six) if _q8_fused.VNNI else None
             for i in range(tokens):
                 x_p = _ptr(context, builder, t[4], qx_v, x_at_i)
-                sumi = ir.Constant(ir.VectorType(I32, LANES), [0] * LANES)
-                for c, (w, sc) in enumerate(chunks):
-                    y = _vload(builder, x_p, ir.Constant(x_at_v.type, 32 * c), v32)
-                    sumi = builder.add(sumi, _scaled_lanes(builder, w, y, sc))
+                if pairs is None:
+                    sumi = ir.Constant(ir.VectorType(I32, LANES), [0] * LANES)
+                    for c, (w, sc) in enumerate(chunks):
+                        y = _vload(builder, x_p, ir.Constant(x_at_v.type, 32 * c), v32)
+                        sumi = builder.add(sumi, _scaled_lanes(builder, w, y, sc))
+                else:
+                    sumi = _pair_lanes(builder, pairs, x_p, x_at_v.type)
                 b_p = _ptr(context, builder, t[7], bs_v, b_at_i)
                 S = builder.sext(_vload(builder, b_p, ir.Constant(b_at_v.type, 0), v16), ir.VectorType(I32, 16))
                 p = builder.mul(sm32 if six else builder.shuffle_vector(sm32, sm32, _vec(I32, [8 + j // 2 for j in range(16)])),
@@ -353,7 +384,7 @@ def _tiled_block(kind: str, tokens: int):
     return block
 
 
-TILE = 4                              # tokens per tile of the tiled GEMM (each row's values unpacked once a tile)
+TILE = 8                              # tokens per tile of the tiled GEMM (each row's values unpacked once a tile)
 _q4k_tile, _q4k_one = _tiled_block("Q4_K", TILE), _tiled_block("Q4_K", 1)
 _q5k_tile, _q5k_one = _tiled_block("Q5_K", TILE), _tiled_block("Q5_K", 1)
 _q6k_tile, _q6k_one = _tiled_block("Q6_K", TILE), _tiled_block("Q6_K", 1)
