@@ -283,7 +283,8 @@ def _token_sums(builder, vecs):
                                       ir.Constant(I32, 0))
 
     def fold(a, b, keep, other):
-        return builder.add(builder.shuffle_vector(a, b, _vec(I32, keep)), builder.shuffle_vector(a, b, _vec(I32, other)))
+        return builder.add(builder.shuffle_vector(a, b, _vec(I32, keep)),
+                           builder.shuffle_vector(a, b, _vec(I32, other)))
     halves = [fold(a, b, [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])   # 4 lanes a token, 2 tokens
               for a, b in zip(vecs[::2], vecs[1::2])]
     quarters = [fold(a, b, [0, 1, 4, 5, 8, 9, 12, 13], [2, 3, 6, 7, 10, 11, 14, 15])  # 2 lanes a token, 4 tokens
@@ -343,6 +344,8 @@ def _tiled_block(kind: str, tokens: int):
             sm16, sm32 = extend(sm8, ir.VectorType(I16, 16)), extend(sm8, ir.VectorType(I32, 16))
             chunks = _q6_chunks(builder, q_p, sm16) if six else _nibble_chunks(builder, q_p, sm16, kind == "Q5_K")
             v32, v16 = ir.VectorType(I8, 32), ir.VectorType(I16, 16)
+            # bsums_j is weighted by Q6_K's sc_j (times −32), or by Q4_K's and Q5_K's mn_{j//2}
+            weights = sm32 if six else builder.shuffle_vector(sm32, sm32, _vec(I32, [8 + j // 2 for j in range(16)]))
             firsts, seconds, xds = [], [], []
             x_at_i, b_at_i, xd_at_i = x_at_v, b_at_v, xd_at_v
             pairs = _chunk_pairs(builder, chunks, sm32, six) if _q8_fused.VNNI else None
@@ -357,8 +360,7 @@ def _tiled_block(kind: str, tokens: int):
                     sumi = _pair_lanes(builder, pairs, x_p, x_at_v.type)
                 b_p = _ptr(context, builder, t[7], bs_v, b_at_i)
                 S = builder.sext(_vload(builder, b_p, ir.Constant(b_at_v.type, 0), v16), ir.VectorType(I32, 16))
-                p = builder.mul(sm32 if six else builder.shuffle_vector(sm32, sm32, _vec(I32, [8 + j // 2 for j in range(16)])),
-                                S)                                              # sc_j·bsums_j, or mn_{j//2}·bsums_j
+                p = builder.mul(weights, S)                                     # sc_j·bsums_j, or mn_{j//2}·bsums_j
                 p = builder.add(builder.shuffle_vector(p, p, _vec(I32, range(8))),
                                 builder.shuffle_vector(p, p, _vec(I32, range(8, 16))))   # <8 x i32>, same sum
                 if six:
@@ -372,7 +374,8 @@ def _tiled_block(kind: str, tokens: int):
             vf = ir.VectorType(F32, tokens)
             r = builder.fmul(builder.sitofp(_token_sums(builder, firsts), vf), _splat(builder, d_v, tokens))
             if not six:
-                r = _fma_ir(builder, _splat(builder, dmin_v, tokens), builder.sitofp(_token_sums(builder, seconds), vf), r)
+                s2 = builder.sitofp(_token_sums(builder, seconds), vf)
+                r = _fma_ir(builder, _splat(builder, dmin_v, tokens), s2, r)
             x = ir.Constant(vf, ir.Undefined)
             for i, value in enumerate(xds):
                 x = builder.insert_element(x, value, ir.Constant(I32, i))
@@ -395,18 +398,19 @@ def _tiled_block_of(kind, tokens, qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b
                     dmin, acc, acc_at):
     """One super-block of a row against ``tokens`` (TILE or 1) tokens of ``kind`` (4, 5 or 6: Q4_K, Q5_K,
     Q6_K): :func:`_tiled_block`'s intrinsic."""
-    if kind == 4:
-        if tokens == TILE:
-            _q4k_tile(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin, acc, acc_at)
-        else:
-            _q4k_one(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin, acc, acc_at)
+    if kind == 4 and tokens == TILE:
+        _q4k_tile(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin,
+                  acc, acc_at)
+    elif kind == 4:
+        _q4k_one(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin, acc, acc_at)
+    elif kind == 5 and tokens == TILE:
+        _q5k_tile(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin,
+                  acc, acc_at)
     elif kind == 5:
-        if tokens == TILE:
-            _q5k_tile(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin, acc, acc_at)
-        else:
-            _q5k_one(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin, acc, acc_at)
+        _q5k_one(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin, acc, acc_at)
     elif tokens == TILE:
-        _q6k_tile(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin, acc, acc_at)
+        _q6k_tile(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin,
+                  acc, acc_at)
     else:
         _q6k_one(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin, acc, acc_at)
 
