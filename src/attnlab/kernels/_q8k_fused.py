@@ -13,7 +13,10 @@ tested against bit for bit. Here:
   :mod:`attnlab.kernels._q8_fused`), then ``acc = fma(x.d·d, float(lanes), acc)`` (``llvm.fma``, as llama.cpp's
   ``_mm256_fmadd_ps``) on an 8-float accumulator;
 - Q4_K's minima are four more lanes, ``accm_k = fma(−x.d·dmin, float(mn·S), accm_k)`` (S x's sums of 32), in
-  numba, and a row's total is llama.cpp's horizontal sum of the eight, plus the four's.
+  numba, and a row's total is llama.cpp's horizontal sum of the eight, plus the four's;
+- from 8 tokens on, llama.cpp's tiled GEMM (:func:`_tiled_groups`): per super-block the exact integers s1 and s2
+  (:func:`_tiled_block`: a row's values unpacked once for a tile of :data:`TILE` tokens), then
+  ``r = float(s1)·d``, ``r = fma(−dmin, float(s2), r)``, ``out = fma(r, x.d, out)``.
 
 No fastmath: every float operation rounds as the reference's does; the integer sums are exact in any order.
 Rows are stored in groups of four side by side (:class:`attnlab.kernels.q8k_activations.Q8KActivationMatrix`'s
@@ -31,7 +34,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import _quant_fused
+from . import _q8_fused, _quant_fused
 from ._numba_load import call
 from ._q8_fused import _dpbusd, _ptr, _vec, _vload
 from ._quant_fused import _half, _prefetch
@@ -137,6 +140,43 @@ def _accumulate(context, builder, acc_ty, acc, acc_at, scale, sumi):
                           builder.load(p, align=4)), p, align=4)
 
 
+def _nibble_chunks(builder, q_p, sc16, five):
+    """A Q4_K or Q5_K super-block's eight chunks of 32 values in value order (chunk c = 2j + h: byte t of the
+    32 at 32j gives value 64j + 32h + t), each (w <32 x i8>, its sub-block's scale <16 x i16>): the 4-bit
+    values from the 128 bytes of nibbles at ``q_p``, Q5_K's (``five``) plus 16 times bit c of the byte 128 + t;
+    ``sc16`` the 16 scales and minima as i16."""
+    v32, i64 = ir.VectorType(I8, 32), ir.IntType(64)
+    high = _vload(builder, q_p, ir.Constant(i64, QK_K // 2), v32) if five else None
+    chunks = []
+    for j in range(QK_K // 64):                                   # 32 bytes: values 64j + t (low), + 32 (high)
+        bits = _vload(builder, q_p, ir.Constant(i64, 32 * j), v32)
+        halves = (builder.and_(bits, _vec(I8, [15] * 32)), builder.lshr(bits, _vec(I8, [4] * 32)))
+        for h, w in enumerate(halves):
+            if five:                                              # + 16 · bit 2j + h of qh[t]
+                bit = builder.and_(builder.lshr(high, _vec(I8, [2 * j + h] * 32)), _vec(I8, [1] * 32))
+                w = builder.or_(w, builder.shl(bit, _vec(I8, [4] * 32)))
+            chunks.append((w, builder.shuffle_vector(sc16, sc16, _vec(I32, [2 * j + h] * 16))))
+    return chunks
+
+
+def _q6_chunks(builder, q_p, scales16):
+    """A Q6_K super-block's eight chunks of 32 values (chunk c = 4h + k, as ``dequantize_row_q6_K``'s value
+    order), each (w <32 x i8> the 6-bit values, the scales of its two sub-blocks <16 x i16>): low 4 bits from the
+    128 bytes at ``q_p``, high 2 from the 64 after them, unpacked as llama.cpp's AVX2 loop does."""
+    v32, i64 = ir.VectorType(I8, 32), ir.IntType(64)
+    m4, m3 = _vec(I8, [15] * 32), _vec(I8, [3] * 32)
+    chunks = []
+    for c in range(QK_K // 32):
+        h, k = divmod(c, 4)
+        low = _vload(builder, q_p, ir.Constant(i64, 64 * h + 32 * (k % 2)), v32)
+        high = _vload(builder, q_p, ir.Constant(i64, QK_K // 2 + 32 * h), v32)
+        nib = builder.and_(builder.lshr(low, _vec(I8, [4 * (k // 2)] * 32)), m4)
+        top = builder.shl(builder.and_(builder.lshr(high, _vec(I8, [2 * k] * 32)), m3), _vec(I8, [4] * 32))
+        chunks.append((builder.or_(nib, top),
+                       builder.shuffle_vector(scales16, scales16, _vec(I32, [2 * c] * 8 + [2 * c + 1] * 8))))
+    return chunks
+
+
 def _nibbles_block(kind: str):
     """The intrinsic of one Q4_K or Q5_K super-block of a row against one token (``kind``):
     ``(qs, q_at, qx, x_at, sm, s_at, bsums, b_at, scale, dmin, acc, acc_at, accm, accm_at)``.
@@ -162,18 +202,10 @@ def _nibbles_block(kind: str):
             sm8 = _vload(builder, s_p, ir.Constant(s_at_v.type, 0), ir.VectorType(I8, 16))   # sc, mn
             sm16 = builder.zext(sm8, ir.VectorType(I32, 16))                            # <16 x i32>
             sc16 = builder.zext(sm8, ir.VectorType(I16, 16))                            # <16 x i16>
-            high = _vload(builder, q_p, ir.Constant(q_at_v.type, QK_K // 2), v32) if five else None
             sumi = ir.Constant(ir.VectorType(I32, LANES), [0] * LANES)
-            for j in range(QK_K // 64):                               # 32 bytes: values 64j + t (low), + 32 (high)
-                bits = _vload(builder, q_p, ir.Constant(q_at_v.type, 32 * j), v32)
-                halves = (builder.and_(bits, _vec(I8, [15] * 32)), builder.lshr(bits, _vec(I8, [4] * 32)))
-                for h, w in enumerate(halves):
-                    if five:                                          # + 16 · bit 2j + h of qh[t]
-                        bit = builder.and_(builder.lshr(high, _vec(I8, [2 * j + h] * 32)), _vec(I8, [1] * 32))
-                        w = builder.or_(w, builder.shl(bit, _vec(I8, [4] * 32)))
-                    y = _vload(builder, x_p, ir.Constant(x_at_v.type, 64 * j + 32 * h), v32)
-                    sc = builder.shuffle_vector(sc16, sc16, _vec(I32, [2 * j + h] * 16))
-                    sumi = builder.add(sumi, _scaled_lanes(builder, w, y, sc))
+            for c, (w, sc) in enumerate(_nibble_chunks(builder, q_p, sc16, five)):
+                y = _vload(builder, x_p, ir.Constant(x_at_v.type, 32 * c), v32)
+                sumi = builder.add(sumi, _scaled_lanes(builder, w, y, sc))
             _accumulate(context, builder, t[10], acc_v, acc_at_v, scale_v, sumi)
             sums = builder.sext(_vload(builder, b_p, ir.Constant(b_at_v.type, 0), ir.VectorType(I16, 16)),
                                 ir.VectorType(I32, 16))                                 # <16 x i32> bsums
@@ -219,16 +251,8 @@ def _q6k_block(typingctx, qs, q_at, qx, x_at, sc, s_at, bsums, b_at, scale, acc,
         scales = builder.sext(sc8, ir.VectorType(I32, 16))                                # <16 x i32>
         scales16 = builder.sext(sc8, ir.VectorType(I16, 16))                              # <16 x i16>
         sumi = ir.Constant(ir.VectorType(I32, LANES), [0] * LANES)
-        m4, m3 = _vec(I8, [15] * 32), _vec(I8, [3] * 32)
-        for c in range(QK_K // 32):                   # chunk c = 4h + k: as dequantize_row_q6_K's value order
-            h, k = divmod(c, 4)
-            low = _vload(builder, q_p, ir.Constant(i64, 64 * h + 32 * (k % 2)), v32)
-            high = _vload(builder, q_p, ir.Constant(i64, QK_K // 2 + 32 * h), v32)
-            nib = builder.and_(builder.lshr(low, _vec(I8, [4 * (k // 2)] * 32)), m4)
-            top = builder.shl(builder.and_(builder.lshr(high, _vec(I8, [2 * k] * 32)), m3), _vec(I8, [4] * 32))
-            w = builder.or_(nib, top)
+        for c, (w, sc) in enumerate(_q6_chunks(builder, q_p, scales16)):
             y = _vload(builder, x_p, ir.Constant(x_at_v.type, 32 * c), v32)
-            sc = builder.shuffle_vector(scales16, scales16, _vec(I32, [2 * c] * 8 + [2 * c + 1] * 8))
             sumi = builder.add(sumi, _scaled_lanes(builder, w, y, sc))
         sums = builder.sext(_vload(builder, b_p, ir.Constant(b_at_v.type, 0), ir.VectorType(I16, 16)),
                             ir.VectorType(I32, 16))
@@ -239,6 +263,179 @@ def _q6k_block(typingctx, qs, q_at, qx, x_at, sc, s_at, bsums, b_at, scale, acc,
         _accumulate(context, builder, t[9], acc_v, acc_at_v, scale_v, sumi)
         return context.get_dummy_value()
     return types.void(qs, q_at, qx, x_at, sc, s_at, bsums, b_at, scale, acc, acc_at), codegen
+
+
+def _hadd(builder, vec):
+    """The sum of an integer vector's elements (exact: any order)."""
+    total = builder.extract_element(vec, ir.Constant(I32, 0))
+    for i in range(1, vec.type.count):
+        total = builder.add(total, builder.extract_element(vec, ir.Constant(I32, i)))
+    return total
+
+
+def _token_sums(builder, vecs):
+    """<T x i32>: the sum of each of T integer vectors <8 x i32> (T = 1, 4 or 8), exact in any order; four or
+    eight by a tree of shuffles and adds (eight lanes each), the sums side by side."""
+    if len(vecs) == 1:
+        return builder.insert_element(ir.Constant(ir.VectorType(I32, 1), ir.Undefined), _hadd(builder, vecs[0]),
+                                      ir.Constant(I32, 0))
+
+    def fold(a, b, keep, other):
+        return builder.add(builder.shuffle_vector(a, b, _vec(I32, keep)),
+                           builder.shuffle_vector(a, b, _vec(I32, other)))
+    halves = [fold(a, b, [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])   # 4 lanes a token, 2 tokens
+              for a, b in zip(vecs[::2], vecs[1::2])]
+    quarters = [fold(a, b, [0, 1, 4, 5, 8, 9, 12, 13], [2, 3, 6, 7, 10, 11, 14, 15])  # 2 lanes a token, 4 tokens
+                for a, b in zip(halves[::2], halves[1::2])]
+    if len(quarters) == 1:
+        return fold(quarters[0], quarters[0], [0, 2, 4, 6], [1, 3, 5, 7])           # <4 x i32>
+    return fold(*quarters, list(range(0, 16, 2)), list(range(1, 16, 2)))            # <8 x i32>
+
+
+def _chunk_pairs(builder, chunks, sm32, six):
+    """A super-block's values as four <64 x i8> (chunks 2m and 2m + 1 side by side: values 64m … 64m + 63),
+    each with the scale of each of its 16 lanes of four values (<16 x i32>: Q4_K and Q5_K sc_2m eight times, then
+    sc_2m+1; Q6_K sc_4m … sc_4m+3 four times each), for ``vpdpbusd`` of 512 bits (:func:`_pair_lanes`)."""
+    pairs = []
+    for m in range(len(chunks) // 2):
+        w = builder.shuffle_vector(chunks[2 * m][0], chunks[2 * m + 1][0], _vec(I32, range(64)))
+        lanes = [4 * m + j // 4 for j in range(16)] if six else [2 * m + j // 8 for j in range(16)]
+        pairs.append((w, builder.shuffle_vector(sm32, sm32, _vec(I32, lanes))))
+    return pairs
+
+
+def _pair_lanes(builder, pairs, x_p, offset_type):
+    """<8 x i32> whose sum is Σ_s sc_s · Σ w·q of one token (x's 256 int8 at ``x_p``): per pair of chunks one
+    ``vpdpbusd`` and a multiply by the lanes' scales, then the two halves added (exact integers: any grouping
+    gives the one-token lanes' total)."""
+    total = None
+    for m, (w, sc) in enumerate(pairs):
+        y = _vload(builder, x_p, ir.Constant(offset_type, 64 * m), ir.VectorType(I8, 64))
+        lanes = builder.mul(_dpbusd(builder, w, y), sc)                             # <16 x i32>
+        total = lanes if total is None else builder.add(total, lanes)
+    return builder.add(builder.shuffle_vector(total, total, _vec(I32, range(8))),
+                       builder.shuffle_vector(total, total, _vec(I32, range(8, 16))))
+
+
+def _tiled_block(kind: str, tokens: int):
+    """The intrinsic of one super-block of a row against ``tokens`` tokens (1 or :data:`TILE`), the tiled GEMM's
+    arithmetic: ``(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin, acc,
+    acc_at)``. The row's values (from element ``q_at`` of ``qs``) and sub-block scales and minima (from ``s_at``
+    of ``sm``) are unpacked once; for token i (its ``qx`` from ``x_at + i·x_step``, ``bsums`` from
+    ``b_at + i·b_step``, x.d ``xd[xd_at + i·xd_step]``) the exact s1 = Σ_s sc_s · Σ w·q (Q6_K: minus
+    32·Σ_s sc_s·bsums_s) and, Q4_K and Q5_K, s2 = Σ_s mn_s · S_s (S_s x's sum over sub-block s), then, the tokens
+    side by side, ``r = float(s1)·d``, ``r = fma(dmin, float(s2), r)`` (``dmin`` passed negated) and
+    ``acc[acc_at + i] = fma(r, x.d, acc[acc_at + i])``."""
+    six = kind == "Q6_K"
+
+    @intrinsic
+    def block(typingctx, qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin,
+              acc, acc_at):
+        def codegen(context, builder, signature, args):
+            (qs_v, q_at_v, sm_v, s_at_v, qx_v, x_at_v, x_step_v, bs_v, b_at_v, b_step_v, xd_v, xd_at_v, xd_step_v,
+             d_v, dmin_v, acc_v, acc_at_v) = args
+            t = signature.args
+            q_p = _ptr(context, builder, t[0], qs_v, q_at_v)
+            sm8 = _vload(builder, _ptr(context, builder, t[2], sm_v, s_at_v), ir.Constant(s_at_v.type, 0),
+                         ir.VectorType(I8, 16))                                         # sc (and mn)
+            extend = builder.sext if six else builder.zext
+            sm16, sm32 = extend(sm8, ir.VectorType(I16, 16)), extend(sm8, ir.VectorType(I32, 16))
+            chunks = _q6_chunks(builder, q_p, sm16) if six else _nibble_chunks(builder, q_p, sm16, kind == "Q5_K")
+            v32, v16 = ir.VectorType(I8, 32), ir.VectorType(I16, 16)
+            # bsums_j is weighted by Q6_K's sc_j (times −32), or by Q4_K's and Q5_K's mn_{j//2}
+            weights = sm32 if six else builder.shuffle_vector(sm32, sm32, _vec(I32, [8 + j // 2 for j in range(16)]))
+            firsts, seconds, xds = [], [], []
+            x_at_i, b_at_i, xd_at_i = x_at_v, b_at_v, xd_at_v
+            pairs = _chunk_pairs(builder, chunks, sm32, six) if _q8_fused.VNNI else None
+            for i in range(tokens):
+                x_p = _ptr(context, builder, t[4], qx_v, x_at_i)
+                if pairs is None:
+                    sumi = ir.Constant(ir.VectorType(I32, LANES), [0] * LANES)
+                    for c, (w, sc) in enumerate(chunks):
+                        y = _vload(builder, x_p, ir.Constant(x_at_v.type, 32 * c), v32)
+                        sumi = builder.add(sumi, _scaled_lanes(builder, w, y, sc))
+                else:
+                    sumi = _pair_lanes(builder, pairs, x_p, x_at_v.type)
+                b_p = _ptr(context, builder, t[7], bs_v, b_at_i)
+                S = builder.sext(_vload(builder, b_p, ir.Constant(b_at_v.type, 0), v16), ir.VectorType(I32, 16))
+                p = builder.mul(weights, S)                                     # sc_j·bsums_j, or mn_{j//2}·bsums_j
+                p = builder.add(builder.shuffle_vector(p, p, _vec(I32, range(8))),
+                                builder.shuffle_vector(p, p, _vec(I32, range(8, 16))))   # <8 x i32>, same sum
+                if six:
+                    firsts.append(builder.sub(sumi, builder.shl(p, _vec(I32, [5] * LANES))))
+                else:
+                    firsts.append(sumi)
+                    seconds.append(p)
+                xds.append(builder.load(_ptr(context, builder, t[10], xd_v, xd_at_i)))
+                x_at_i, b_at_i = builder.add(x_at_i, x_step_v), builder.add(b_at_i, b_step_v)
+                xd_at_i = builder.add(xd_at_i, xd_step_v)
+            vf = ir.VectorType(F32, tokens)
+            r = builder.fmul(builder.sitofp(_token_sums(builder, firsts), vf), _splat(builder, d_v, tokens))
+            if not six:
+                s2 = builder.sitofp(_token_sums(builder, seconds), vf)
+                r = _fma_ir(builder, _splat(builder, dmin_v, tokens), s2, r)
+            x = ir.Constant(vf, ir.Undefined)
+            for i, value in enumerate(xds):
+                x = builder.insert_element(x, value, ir.Constant(I32, i))
+            a_p = builder.bitcast(_ptr(context, builder, t[15], acc_v, acc_at_v), vf.as_pointer())
+            builder.store(_fma_ir(builder, r, x, builder.load(a_p, align=4)), a_p, align=4)
+            return context.get_dummy_value()
+        return types.void(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin, acc,
+                          acc_at), codegen
+    return block
+
+
+TILE = 8                              # tokens per tile of the tiled GEMM (each row's values unpacked once a tile)
+_q4k_tile, _q4k_one = _tiled_block("Q4_K", TILE), _tiled_block("Q4_K", 1)
+_q5k_tile, _q5k_one = _tiled_block("Q5_K", TILE), _tiled_block("Q5_K", 1)
+_q6k_tile, _q6k_one = _tiled_block("Q6_K", TILE), _tiled_block("Q6_K", 1)
+
+
+@numba.njit(inline="always", **FLAGS)
+def _tiled_block_of(kind, tokens, qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d,
+                    dmin, acc, acc_at):
+    """One super-block of a row against ``tokens`` (TILE or 1) tokens of ``kind`` (4, 5 or 6: Q4_K, Q5_K,
+    Q6_K): :func:`_tiled_block`'s intrinsic."""
+    if kind == 4 and tokens == TILE:
+        _q4k_tile(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin,
+                  acc, acc_at)
+    elif kind == 4:
+        _q4k_one(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin, acc, acc_at)
+    elif kind == 5 and tokens == TILE:
+        _q5k_tile(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin,
+                  acc, acc_at)
+    elif kind == 5:
+        _q5k_one(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin, acc, acc_at)
+    elif tokens == TILE:
+        _q6k_tile(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin,
+                  acc, acc_at)
+    else:
+        _q6k_one(qs, q_at, sm, s_at, qx, x_at, x_step, bsums, b_at, b_step, xd, xd_at, xd_step, d, dmin, acc, acc_at)
+
+
+@numba.njit(**FLAGS)
+def _tiled_groups(kind, qs, d, sm, qx, xd, bsums, out, g0, g1):
+    """out[t, r] for the rows of groups g0 … g1 − 1 by the tiled GEMM's arithmetic (``kind`` 4, 5 or 6: Q4_K,
+    Q5_K, Q6_K; planes as the one-token kernels'): per super-block b the exact s1 (and s2), then
+    ``r = float(s1)·d``, Q4_K and Q5_K ``r = fma(−dmin, float(s2), r)``, and ``out = fma(r, x.d, out)``, b after
+    b. Tokens in tiles of :data:`TILE` (a row's values unpacked once a tile), the last ones one by one."""
+    n_sb, n_rows, n_tok, nbytes = qs.shape[1], out.shape[1], qx.shape[0], qs.shape[3]
+    acc = np.empty(GROUP * TILE, np.float32)                      # (4 rows × the tile's tokens)
+    for g in range(g0, g1):
+        for t0 in range(0, n_tok, TILE):
+            tokens = TILE if n_tok - t0 >= TILE else 1
+            for t1 in range(t0, min(t0 + TILE, n_tok), tokens):
+                acc[:] = 0
+                for b in range(n_sb):
+                    at = (g * n_sb + b) * GROUP
+                    for k in range(GROUP):
+                        dmin = -_half(d[g, b, k, 1]) if kind != 6 else np.float32(0.0)
+                        _tiled_block_of(kind, tokens, qs, (at + k) * nbytes, sm, (at + k) * 16, qx,
+                                        (t1 * n_sb + b) * QK_K, n_sb * QK_K, bsums, (t1 * n_sb + b) * 16, n_sb * 16,
+                                        xd, t1 * n_sb + b, n_sb, _half(d[g, b, k, 0]), dmin, acc, k * TILE)
+                for k in range(min(GROUP, n_rows - g * GROUP)):
+                    for i in range(tokens):
+                        out[t1 + i, g * GROUP + k] = acc[k * TILE + i]
 
 
 @numba.njit(inline="always", **FLAGS)
@@ -356,17 +553,35 @@ PRODUCTS = {"Q4_K": _q4k_product, "Q5_K": _q5k_product, "Q6_K": _q6k_product}
 GROUPS = {"Q4_K": _q4k_groups, "Q5_K": _q5k_groups, "Q6_K": _q6k_groups}
 
 
-def matmul(qtype: str, qs, d, m, x, out, pool=None) -> None:
+@numba.njit(**FLAGS)
+def _tiled_product(kind, qs, d, sm, x, out):
+    """x rounded, then every group by the tiled arithmetic on the calling thread."""
+    qx, xd, bsums = _quantized(x)
+    _tiled_groups(kind, qs, d, sm, qx, xd, bsums, out, 0, qs.shape[0])
+
+
+KIND = {"Q4_K": 4, "Q5_K": 5, "Q6_K": 6}
+
+
+def matmul(qtype: str, qs, d, m, x, out, pool=None, *, tiled: bool = False) -> None:
     """out (N, R) = x (N, d_in) times the rows of a Q4_K, Q5_K or Q6_K weight in grouped integer planes (d as float16
-    bits), x rounded to Q8_K first; on the calling thread, or with ``pool`` (a ThreadPoolExecutor) over its
+    bits), x rounded to Q8_K first; by the one-token kernels' arithmetic (llama.cpp's ``ggml_vec_dot_*_q8_K``) or,
+    ``tiled``, by its tiled GEMM's; on the calling thread, or with ``pool`` (a ThreadPoolExecutor) over its
     threads, a range of groups each."""
     if pool is None:
-        call(PRODUCTS[qtype], qs, d, m, x, out)
+        if tiled:
+            call(_tiled_product, KIND[qtype], qs, d, m, x, out)
+        else:
+            call(PRODUCTS[qtype], qs, d, m, x, out)
         return
     qx, xd, bsums = call(_quantized, x)
     groups = qs.shape[0]
-    serial = GROUPS[qtype]
     step = -(-groups // pool._max_workers)
-    for f in [pool.submit(call, serial, qs, d, m, qx, xd, bsums, out, g0, min(groups, g0 + step))
-              for g0 in range(0, groups, step)]:
+    if tiled:
+        jobs = [(_tiled_groups, KIND[qtype], qs, d, m, qx, xd, bsums, out, g0, min(groups, g0 + step))
+                for g0 in range(0, groups, step)]
+    else:
+        jobs = [(GROUPS[qtype], qs, d, m, qx, xd, bsums, out, g0, min(groups, g0 + step))
+                for g0 in range(0, groups, step)]
+    for f in [pool.submit(call, *job) for job in jobs]:
         f.result()

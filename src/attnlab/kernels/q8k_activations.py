@@ -26,8 +26,17 @@ A row's dot with one token, super-block after super-block b (all integer sums ex
   ``_mm256_maddubs_epi16(m32s, q8)`` ones), ``acc_j = fma(x.d·d, float(sumi_j), acc_j)`` (the int32 to
   float32 conversion rounds past 2²⁴), then ``hsum8(acc)``.
 
-``hsum8(a) = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))``, as for the 32-value types. The numba kernels
-(:mod:`attnlab.kernels._q8k_fused`) compute exactly this; :func:`reference_matmul` does it in numpy, and the
+``hsum8(a) = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))``, as for the 32-value types.
+
+That is a product of fewer than :data:`TILED_MIN_BATCH` (8) tokens: a decode step. From 8 tokens on (a prefill) the
+vendored llama.cpp multiplies a K-quant weight by another arithmetic, its tiled GEMM (``ggml_tiled_min_batch``),
+and so does this mode: per super-block b the exact integers s1 = Σ_j sumi_j and (Q4_K, Q5_K) s2 = Σ_s mn_s·S_s,
+``r = float(s1)·d`` (float32), ``r = fma(−dmin, float(s2), r)``, ``out = fma(r, x.d, out)``, b after b
+(:func:`reference_matmul_tiled`). The rule is on the product's number of tokens alone, as llama.cpp's is: a
+token's bits depend on whether its batch has 8 tokens or more, deterministically, never on the threads.
+
+The numba kernels (:mod:`attnlab.kernels._q8k_fused`) compute exactly this; :func:`reference_matmul` (and
+:func:`reference_matmul_tiled`) does it in numpy, and the
 tests hold the two to each other bit for bit (and, where llama-cpp-python is installed, to ggml's own
 ``quantize_row_q8_K`` and ``ggml_vec_dot_*_q8_K``).
 
@@ -53,6 +62,8 @@ from .quantized import grouped
 QK_K = 256                       # values per super-block (Q8_K, Q4_K, Q6_K)
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K")   # the K-quants with an integer kernel
 SUB = {"Q4_K": 32, "Q5_K": 32, "Q6_K": 16}   # values per sub-block (one scale each)
+TILED_MIN_BATCH = 8              # a product of this many tokens or more takes the tiled GEMM's arithmetic, as the
+#                                  vendored llama.cpp's ggml_mul_mat does from ggml_tiled_min_batch tokens on
 
 
 def quantize_q8_k(x: np.ndarray):
@@ -199,13 +210,13 @@ def reference_matmul(x: np.ndarray, w: "Q8KActivationMatrix") -> np.ndarray:
 def reference_matmul_tiled(x: np.ndarray, w: "Q8KActivationMatrix") -> np.ndarray:
     """x (N, d_in) @ w as the vendored ggml's *tiled* K-quant GEMM computes it (ggml-cpu's
     ``ggml_compute_forward_mul_mat_tiled``, which ``ggml_tiled_min_batch`` takes for 8 or more tokens: llama.cpp's
-    prefill), by numpy: per super-block the exact integers s1 = Σ_s sc_s · Σ w·q (Q6_K: with its −32) and
+    prefill; the mode's rule from :data:`TILED_MIN_BATCH` tokens on), by numpy: per super-block the exact integers
+    s1 = Σ_s sc_s · Σ w·q (Q6_K: with its −32) and
     s2 = Σ_s mn_s · S_s, then ``r = float(s1)·d`` and ``r = fma(−dmin, float(s2), r)`` (the VNNI microkernel's
     epilogue, ``_mm512_fnmadd_ps``; no minima for Q6_K), ``out = fma(r, x.d, out)`` super-block after
-    super-block (its ``buf + r·d1``, contracted by the compiler). Not the mode's arithmetic: a token's outputs
-    here would depend on the batch's size (llama.cpp's do); kept as the measured description of llama.cpp's
-    prefill (tests/test_q8k_activations.py holds it to ggml's ``ggml_mul_mat`` where llama-cpp-python is
-    installed)."""
+    super-block (its ``buf + r·d1``, contracted by the compiler). A token's outputs here differ from
+    :func:`reference_matmul`'s (llama.cpp's one-token ``vec_dot``), but not with the batch's size from 8 tokens on
+    (tests/test_q8k_activations.py holds it to ggml's ``ggml_mul_mat`` where llama-cpp-python is installed)."""
     if w.qtype not in K_TYPES:
         raise ValueError(f"w.qtype must be one of {list(K_TYPES)}, got {w.qtype!r}")
     qx, xd, bsums = quantize_q8_k(x)                                            # (N, n, 256), (N, n), (N, n, 16)
@@ -235,8 +246,12 @@ def _kernels():
 
 class Q8KActivationMatrix(Q8ActivationMatrix):
     """A Q4_K, Q5_K or Q6_K weight W (d_in, d_out) whose ``x @ W`` rounds x to Q8_K and multiplies integers, as
-    llama.cpp does (the module's docstring); its planes are the integer ones (not the exact mode's). Any number
-    of tokens, each token's outputs its own (a prefill gives the decode step's values)."""
+    llama.cpp does (the module's docstring); its planes are the integer ones (not the exact mode's). The rule,
+    llama.cpp's: a product of fewer than :data:`TILED_MIN_BATCH` tokens (a decode step) is its one-token
+    arithmetic (:func:`reference_matmul`), one of that many or more (a prefill) its tiled GEMM's
+    (:func:`reference_matmul_tiled`). A token's outputs depend only on which side of the rule its batch is on,
+    never on the threads, and deterministically: as llama.cpp's, a prefill's last logits are not bit for bit the
+    decode step's."""
 
     def __init__(self, raw: np.ndarray, qtype: str, d_in: int):
         if qtype not in K_TYPES:
@@ -275,12 +290,14 @@ class Q8KActivationMatrix(Q8ActivationMatrix):
         x2 = x.reshape(-1, self.d_in)                                              # (N, d_in)
         if x2.dtype != np.float32 or not x2.flags.c_contiguous:
             x2 = np.ascontiguousarray(x2, dtype=np.float32)                        # (N, d_in)
+        tiled = x2.shape[0] >= TILED_MIN_BATCH                                     # llama.cpp's prefill arithmetic
         if not quantized.has_kernel():
-            return reference_matmul(x2, self).reshape(*lead, self.d_out)
+            reference = reference_matmul_tiled if tiled else reference_matmul
+            return reference(x2, self).reshape(*lead, self.d_out)
         out = np.empty((x2.shape[0], self.d_out), np.float32)                      # (N, d_out)
         many = x2.shape[0] > _kernels().MAX_TOKENS                                  # a prefill: the worker pool
         _kernels().matmul(self.qtype, *self.kernel_planes, x2, out,
-                          quantized.prefill_pool(x2.shape[0]) if many else None)
+                          quantized.prefill_pool(x2.shape[0]) if many else None, tiled=tiled)
         return out.reshape(*lead, self.d_out)                                      # (..., d_out)
 
 
