@@ -18,7 +18,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._fused import LANES, _axpy1, _axpy4, _dot4, _fma, _fold4, _vec_load, widen
+from ._fused import LANES, _fma, _half, _shuffle_add, _vec_load, widen
 
 F32 = np.float32
 NEG_INF = np.float32(-np.inf)
@@ -339,65 +339,128 @@ def _scale_half(typingctx, e, e_at, inv, blocks):
 
 
 @intrinsic
-def _dot4_one(typingctx, q, q_at, k, k0, k1, k2, k3, quads):
-    """Four ``ggml_vec_dot_f16``s q.flat[q_at:] · k.flat[k_r:] over 64 · quads features (float32 holding float16
-    values): per key four 16-lane registers, register m the products of the m-th 16 of each 64 added in turn,
-    then (0 + 2) + (1 + 3) and :func:`reduce16` (four keys' trees at once, :func:`_fold4`). The products of two
-    float16 values are exact in float32: a fused multiply-add is the product added, rounded once."""
-    if q.dtype != types.float32 or k.dtype != types.float32:
+def _widen_row(typingctx, src, s_at, dst, d_at, chunks):
+    """dst.flat[d_at:d_at + 16 · chunks] = src.flat[s_at:…] widened (a float16 array's bits by ``fpext``:
+    vcvtph2ps; float32 copied)."""
+    if dst.dtype != types.float32 or src.dtype not in (types.float32, types.uint16):
         return None
+    half_bits = src.dtype == types.uint16
 
     def codegen(context, builder, signature, args):
-        q_data = _data(context, builder, signature.args[0], args[0])
-        k_data = _data(context, builder, signature.args[2], args[2])
-        vf = _vf()
-        fma = _fma(builder)
-        accs = [[cgutils.alloca_once_value(builder, ir.Constant(vf, [0.0] * LANES)) for _ in range(4)]
-                for _ in range(4)]
-        with cgutils.for_range(builder, args[7]) as loop:
-            base = builder.mul(loop.index, ir.Constant(loop.index.type, 4 * LANES))
-            for m in range(4):
-                at = builder.add(base, ir.Constant(base.type, m * LANES))
-                qv = _vec_load(builder, q_data, builder.add(args[1], at), False)
-                for r in range(4):
-                    kv = _vec_load(builder, k_data, builder.add(args[3 + r], at), False)
-                    builder.store(builder.call(fma, [qv, kv, builder.load(accs[r][m])]), accs[r][m])
-        keys = []
-        for r in range(4):
-            a = [builder.load(x) for x in accs[r]]
-            keys.append(builder.fadd(builder.fadd(a[0], a[2]), builder.fadd(a[1], a[3])))
-        sums = _fold4(builder, keys)
-        out = ir.Constant(ir.ArrayType(ir.FloatType(), 4), ir.Undefined)
-        for r in range(4):
-            out = builder.insert_value(out, builder.extract_element(sums, ir.Constant(ir.IntType(32), r)), r)
-        return out
-    return types.UniTuple(types.float32, 4)(q, types.intp, k, types.intp, types.intp, types.intp, types.intp,
-                                            types.intp), codegen
+        s_data = _data(context, builder, signature.args[0], args[0])
+        d_data = _data(context, builder, signature.args[2], args[2])
+        with cgutils.for_range(builder, args[4]) as loop:
+            at = builder.mul(loop.index, ir.Constant(loop.index.type, LANES))
+            x = _vec_load(builder, s_data, builder.add(args[1], at), half_bits)
+            ptr = builder.bitcast(builder.gep(d_data, [builder.add(args[3], at)]), _vf().as_pointer())
+            builder.store(x, ptr, align=4)
+        return context.get_dummy_value()
+    return types.void(src, types.intp, dst, types.intp, types.intp), codegen
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _widen_rows(src, rows, dst):
-    """dst[j] = src[j] widened to float32, j < rows."""
+    """dst[j] = src[j] widened to float32, j < rows (dst C-contiguous; rows of 16 · m values in vectors when
+    src's rows are contiguous)."""
+    d = src.shape[1]
+    size = src.itemsize
+    if d % LANES == 0 and src.strides[1] == size and src.strides[0] % size == 0:
+        step = src.strides[0] // size
+        for j in range(rows):
+            _widen_row(src, j * step, dst, j * d, d // LANES)
+        return
     for j in range(rows):
-        for t in range(src.shape[1]):
+        for t in range(d):
             dst[j, t] = widen(src[j, t])
+
+
+def _tree16(builder, keys):
+    """Sixteen keys' 16-lane vectors to a vector of their 16 sums, each in :func:`reduce16`'s order (lane u + u+8,
+    then u+4, u+2, u+1), the keys' halves interleaved at each level: 15 shuffle-adds."""
+    def level(vs, lo, hi):
+        return [_shuffle_add(builder, vs[i], vs[i + 1], lo, hi) for i in range(0, len(vs), 2)]
+    vs = level(keys, [*range(8), *range(16, 24)], [*range(8, 16), *range(24, 32)])           # 2 keys × 8 lanes
+    quad = [u for blk in range(0, 32, 8) for u in range(blk, blk + 4)]
+    vs = level(vs, quad, [u + 4 for u in quad])                                            # 4 keys × 4 lanes
+    pair = [u for blk in range(0, 32, 4) for u in (blk, blk + 1)]
+    vs = level(vs, pair, [u + 2 for u in pair])                                            # 8 keys × 2 lanes
+    return level(vs, list(range(0, 32, 2)), list(range(1, 32, 2)))[0]                      # 16 keys
+
+
+def _scores_codegen(one: bool):
+    def codegen(context, builder, signature, args):
+        """s.flat[s_at + j] = (q.flat[q_at:q_at + d] · k.flat[j · d:]) · scale for j < 16 · blocks (k's rows
+        past ``last`` read as its row ``last``; k float32 or a float16 array's bits, widened), sixteen keys
+        at a time: one token's (ggml_vec_dot_f16: four registers over each 64, then (0 + 2) + (1 + 3)) or a
+        batch's (tinyBLAS: one register over each 16), then the keys' trees together (:func:`_tree16`)."""
+        q, q_at, k, d, blocks, scale, s, s_at, last = args
+        half_bits = _half(signature.args[2])
+        q_data = _data(context, builder, signature.args[0], q)
+        k_data = _data(context, builder, signature.args[2], k)
+        s_data = _data(context, builder, signature.args[6], s)
+        vf = _vf()
+        fma = _fma(builder)
+        zero = ir.Constant(vf, [0.0] * LANES)
+        regs = 4 if one else 1
+        accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(regs)] for _ in range(LANES)]
+        steps = builder.sdiv(d, ir.Constant(d.type, LANES * regs))
+        scale = _splat(builder, scale)
+        with cgutils.for_range(builder, blocks) as blk:
+            base = builder.mul(blk.index, ir.Constant(blk.index.type, LANES))
+            keys = []
+            for r in range(LANES):
+                j = builder.add(base, ir.Constant(base.type, r))
+                row = builder.mul(builder.select(builder.icmp_signed(">", j, last), last, j), d)   # past the
+                #                                                  last row: its copy (a score never looked at)
+                for m in range(regs):
+                    builder.store(zero, accs[r][m])
+                with cgutils.for_range(builder, steps) as loop:
+                    at = builder.mul(loop.index, ir.Constant(loop.index.type, LANES * regs))
+                    for m in range(regs):
+                        off = builder.add(at, ir.Constant(at.type, m * LANES))
+                        qv = _vec_load(builder, q_data, builder.add(q_at, off), False)
+                        kv = _vec_load(builder, k_data, builder.add(row, off), half_bits)
+                        builder.store(builder.call(fma, [qv, kv, builder.load(accs[r][m])]), accs[r][m])
+                a = [builder.load(x) for x in accs[r]]
+                keys.append(builder.fadd(builder.fadd(a[0], a[2]), builder.fadd(a[1], a[3])) if one else a[0])
+            ptr = builder.bitcast(builder.gep(s_data, [builder.add(s_at, base)]), vf.as_pointer())
+            builder.store(builder.fmul(_tree16(builder, keys), scale), ptr, align=4)
+        return context.get_dummy_value()
+    return codegen
+
+
+def _scores_sig(q, k, s):
+    if q.dtype != types.float32 or k.dtype not in (types.float32, types.uint16) or s.dtype != types.float32:
+        return None
+    return types.void(q, types.intp, k, types.intp, types.intp, types.float32, s, types.intp, types.intp)
+
+
+@intrinsic
+def _scores_one(typingctx, q, q_at, k, d, blocks, scale, s, s_at, last):
+    """One token's scores, 16 keys at a time (:func:`_scores_codegen`; d a multiple of 64)."""
+    sig = _scores_sig(q, k, s)
+    return None if sig is None else (sig, _scores_codegen(True))
+
+
+@intrinsic
+def _scores_batch(typingctx, q, q_at, k, d, blocks, scale, s, s_at, last):
+    """A batch's scores, 16 keys at a time (:func:`_scores_codegen`; d a multiple of 16)."""
+    sig = _scores_sig(q, k, s)
+    return None if sig is None else (sig, _scores_codegen(False))
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _scores(qh, kw, seen, one, scale, s):
-    """s[hh, j] = (qh[hh] · kw[j]) · scale for j < seen rounded up to 4 (kw's rows padded with zeros): one
-    token's order (:func:`_dot4_one`) or a batch's (tinyBLAS: ``_fused._dot4``, one register over each 16)."""
+    """s[hh, j] = (qh[hh] · kw[j]) · scale for j < seen rounded up to 16 (the scores past seen of a copy of
+    key seen − 1); kw (≥ seen, d) float32 or a float16 array's bits, C-contiguous."""
     group, d = qh.shape
+    blocks = (seen + LANES - 1) // LANES
+    n_kv = s.shape[1]
     for hh in range(group):
-        for j in range(0, seen, 4):
-            if one:
-                a = _dot4_one(qh, hh * d, kw, j * d, (j + 1) * d, (j + 2) * d, (j + 3) * d, d // 64)
-            else:
-                a = _dot4(qh, hh * d, kw, j * d, (j + 1) * d, (j + 2) * d, (j + 3) * d, d // LANES)
-            s[hh, j] = a[0] * scale
-            s[hh, j + 1] = a[1] * scale
-            s[hh, j + 2] = a[2] * scale
-            s[hh, j + 3] = a[3] * scale
+        if one:
+            _scores_one(qh, hh * d, kw, d, blocks, scale, s, hh * n_kv, seen - 1)
+        else:
+            _scores_batch(qh, hh * d, kw, d, blocks, scale, s, hh * n_kv, seen - 1)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -410,42 +473,131 @@ def _softmax(s, seen, e):
         _scale_half(e, hh * n_kv, F32(1.0 / total), (seen + LANES - 1) // LANES)
 
 
+def _weigh_codegen(lanes: int):
+    def codegen(context, builder, signature, args):
+        """sums.flat[s_at + (r · d):][:d] = Σ_b e.flat[e_at + b · lanes + r] · v.flat[(b · lanes + r) · d:][:d]
+        for every lane r < lanes, b < blocks in turn (v's rows past ``last`` read as its row ``last``, their
+        weights 0; v float32 or a float16 array's bits, widened): eight lanes by one 16-feature chunk at a time, their
+        running sums in registers (eight independent chains of fused multiply-adds: each product of two float16
+        values exact, so the add rounded once as ggml's)."""
+        sums, s_at, e, e_at, v, d, blocks, last = args
+        half_bits = _half(signature.args[4])
+        s_data = _data(context, builder, signature.args[0], sums)
+        e_data = _data(context, builder, signature.args[2], e)
+        v_data = _data(context, builder, signature.args[4], v)
+        vf = _vf()
+        fma = _fma(builder)
+        it = d.type
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, [0.0] * LANES)) for _ in range(8)]
+        chunks = builder.sdiv(d, ir.Constant(it, LANES))
+        with cgutils.for_range(builder, ir.Constant(it, lanes // 8)) as r8:
+            r0 = builder.mul(r8.index, ir.Constant(it, 8))
+            with cgutils.for_range(builder, chunks) as ch:
+                col = builder.mul(ch.index, ir.Constant(it, LANES))
+                for x in range(8):
+                    builder.store(ir.Constant(vf, [0.0] * LANES), accs[x])
+                with cgutils.for_range(builder, blocks) as b:
+                    j0 = builder.add(builder.mul(b.index, ir.Constant(it, lanes)), r0)
+                    for x in range(8):
+                        j = builder.add(j0, ir.Constant(it, x))
+                        w = builder.load(builder.gep(e_data, [builder.add(e_at, j)]))
+                        row = builder.select(builder.icmp_signed(">", j, last), last, j)
+                        vv = _vec_load(builder, v_data, builder.add(builder.mul(row, d), col), half_bits)
+                        builder.store(builder.call(fma, [_splat(builder, w), vv, builder.load(accs[x])]), accs[x])
+                for x in range(8):
+                    row = builder.mul(builder.add(r0, ir.Constant(it, x)), d)
+                    ptr = builder.gep(s_data, [builder.add(s_at, builder.add(row, col))])
+                    builder.store(builder.load(accs[x]), builder.bitcast(ptr, vf.as_pointer()), align=4)
+        return context.get_dummy_value()
+    return codegen
+
+
+def _weigh_sig(sums, e, v):
+    if sums.dtype != types.float32 or e.dtype != types.float32 or v.dtype not in (types.float32, types.uint16):
+        return None
+    return types.void(sums, types.intp, e, types.intp, v, types.intp, types.intp, types.intp)
+
+
+@intrinsic
+def _weigh64(typingctx, sums, s_at, e, e_at, v, d, blocks, last):
+    """One token's weighted sum in its 64 lanes (:func:`_weigh_codegen`)."""
+    sig = _weigh_sig(sums, e, v)
+    return None if sig is None else (sig, _weigh_codegen(64))
+
+
+@intrinsic
+def _weigh16(typingctx, sums, s_at, e, e_at, v, d, blocks, last):
+    """A batch's weighted sum in its 16 lanes (:func:`_weigh_codegen`)."""
+    sig = _weigh_sig(sums, e, v)
+    return None if sig is None else (sig, _weigh_codegen(16))
+
+
 @numba.njit(nogil=True, cache=True, inline="always")
 def _weigh(e, vw, seen, sums):
-    """sums[hh, r] = Σ e[hh, j] · vw[j] over the keys j < seen with j ≡ r (mod lanes), in turn: the weighted
-    sum's lane r of each feature (lanes = sums.shape[1]: 64 for one token, 16 for a batch), four keys of a lane
-    per step (``_fused._axpy4``: the lane's row loaded and stored once for them)."""
+    """sums[hh, r] = Σ e[hh, j] · vw[j] over the keys j ≡ r (mod lanes) in turn, lanes = sums.shape[1] (64 for
+    one token, 16 for a batch), over whole blocks of lanes keys: the weights past ``seen`` are 0 and the rows
+    read for them vw's row seen − 1 (finite), so those products add +0 or −0 to a sum that is never −0 (it starts at +0):
+    the bits of stopping at ``seen``, and of ggml's padded row."""
     group, lanes, d = sums.shape
-    chunks = d // LANES
-    sums[:, :, :] = F32(0)
+    n_kv = e.shape[1]
+    blocks = (seen + lanes - 1) // lanes
     for hh in range(group):
-        for r in range(min(lanes, seen)):
-            at = (hh * lanes + r) * d
-            j = r
-            while j + 3 * lanes < seen:
-                _axpy4(sums, at, e[hh, j], e[hh, j + lanes], e[hh, j + 2 * lanes], e[hh, j + 3 * lanes],
-                       vw, j * d, (j + lanes) * d, (j + 2 * lanes) * d, (j + 3 * lanes) * d, chunks)
-                j += 4 * lanes
-            while j < seen:
-                _axpy1(sums, at, e[hh, j], vw, j * d, chunks)
-                j += lanes
+        e[hh, (seen + LANES - 1) // LANES * LANES:blocks * lanes] = F32(0)
+        if lanes == 64:
+            _weigh64(sums, hh * lanes * d, e, hh * n_kv, vw, d, blocks, seen - 1)
+        else:
+            _weigh16(sums, hh * lanes * d, e, hh * n_kv, vw, d, blocks, seen - 1)
+
+
+def _lanes_codegen(lanes: int):
+    def codegen(context, builder, signature, args):
+        """out.flat[o_at + t] for t < 16 · chunks: the ``lanes`` rows sums.flat[s_at + u · d:] added lanewise
+        along t, as one dot product's registers: 64 lanes (0 + 2) + (1 + 3) of its four, then the tree of
+        :func:`reduce16`."""
+        s_data = _data(context, builder, signature.args[0], args[0])
+        o_data = _data(context, builder, signature.args[3], args[3])
+        d = args[2]
+        with cgutils.for_range(builder, args[5]) as loop:
+            at = builder.mul(loop.index, ir.Constant(loop.index.type, LANES))
+            rows = [_vec_load(builder, s_data, builder.add(builder.add(args[1], builder.mul(d, ir.Constant(
+                d.type, u))), at), False) for u in range(lanes)]
+            if lanes == 64:
+                rows = [builder.fadd(builder.fadd(rows[u], rows[32 + u]), builder.fadd(rows[16 + u], rows[48 + u]))
+                        for u in range(LANES)]
+            for width in (8, 4, 2, 1):
+                rows = [builder.fadd(rows[u], rows[u + width]) for u in range(width)]
+            ptr = builder.bitcast(builder.gep(o_data, [builder.add(args[4], at)]), _vf().as_pointer())
+            builder.store(rows[0], ptr, align=4)
+        return context.get_dummy_value()
+    return codegen
+
+
+@intrinsic
+def _lanes64(typingctx, sums, s_at, d, out, o_at, chunks):
+    """One token's weighted sums from their 64 lanes (:func:`_lanes_codegen`)."""
+    if sums.dtype != types.float32 or out.dtype != types.float32:
+        return None
+    return types.void(sums, types.intp, types.intp, out, types.intp, types.intp), _lanes_codegen(64)
+
+
+@intrinsic
+def _lanes16(typingctx, sums, s_at, d, out, o_at, chunks):
+    """A batch's weighted sums from their 16 lanes (:func:`_lanes_codegen`)."""
+    if sums.dtype != types.float32 or out.dtype != types.float32:
+        return None
+    return types.void(sums, types.intp, types.intp, out, types.intp, types.intp), _lanes_codegen(16)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _gather(sums, one, out_rows):
     """out_rows[hh, t] = the lanes of sums[hh, :, t] added: one token's (0 + 2) + (1 + 3) of its four registers
-    then :func:`reduce16`, a batch's :func:`reduce16`, feature by feature."""
+    then :func:`reduce16`, a batch's :func:`reduce16`, 16 features at a time."""
     group, lanes, d = sums.shape
-    acc = np.empty(LANES, F32)
     for hh in range(group):
-        for t in range(d):
-            if one:
-                for u in range(LANES):
-                    acc[u] = (sums[hh, u, t] + sums[hh, 32 + u, t]) + (sums[hh, 16 + u, t] + sums[hh, 48 + u, t])
-            else:
-                for u in range(LANES):
-                    acc[u] = sums[hh, u, t]
-            out_rows[hh, t] = reduce16(acc, 0)
+        if one:
+            _lanes64(sums, hh * lanes * d, d, out_rows, hh * d, d // LANES)
+        else:
+            _lanes16(sums, hh * lanes * d, d, out_rows, hh * d, d // LANES)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -462,27 +614,43 @@ def attention(q, k, v, start, scale, out):
         attention_scalar(q, k, v, start, scale, out)
         return
     group = h // k.shape[0]
-    n_k = start + n
-    n_kv = (n_k + 63) // 64 * 64
-    kw = np.zeros((n_kv, d), F32)
-    vw = np.zeros((n_kv, d), F32)
+    n_kv = (start + n + 63) // 64 * 64
     qh = np.empty((group, d), F32)
     s = np.empty((group, n_kv), F32)
     e = np.empty((group, n_kv), F32)
     sums = np.empty((group, 64 if one else LANES, d), F32)   # (head, lane, d): the weighted sum's registers
     rows = np.empty((group, d), F32)
+    size = k.itemsize
+    direct = one and k.strides[2] == size and k.strides[1] == d * size and v.strides[2] == size \
+        and v.strides[1] == d * size
+    if not direct:
+        kw = np.empty((start + n, d), F32)
+        vw = np.empty((start + n, d), F32)
     for g in range(k.shape[0]):
-        _widen_rows(k[g], n_k, kw)
-        _widen_rows(v[g], n_k, vw)
-        for i in range(n):
-            seen = start + i + 1
-            for hh in range(group):
-                for t in range(d):
-                    qh[hh, t] = half(q[g * group + hh, i, t])
-            _scores(qh, kw, seen, one, scale, s)
-            _softmax(s, seen, e)
-            _weigh(e, vw, seen, sums)
-            _gather(sums, one, rows)
-            for hh in range(group):
-                for t in range(d):
-                    out[g * group + hh, i, t] = rows[hh, t]
+        if direct:                                   # one token: each key read once, widened as it is loaded
+            _queries(q, k[g], v[g], g, start, scale, qh, s, e, sums, rows, out)
+        else:                                        # a batch: the group's rows widened once for its queries
+            _widen_rows(k[g], start + n, kw)
+            _widen_rows(v[g], start + n, vw)
+            _queries(q, kw, vw, g, start, scale, qh, s, e, sums, rows, out)
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _queries(q, kg, vg, g, start, scale, qh, s, e, sums, rows, out):
+    """out[g · group + hh, i] for every query i of key/value head g's group: kg, vg (≥ start + n, d) float32 or
+    float16 bits, C-contiguous."""
+    group, d = qh.shape
+    n = q.shape[1]
+    one = n == 1
+    for i in range(n):
+        seen = start + i + 1
+        for hh in range(group):
+            for t in range(d):
+                qh[hh, t] = half(q[g * group + hh, i, t])
+        _scores(qh, kg, seen, one, scale, s)
+        _softmax(s, seen, e)
+        _weigh(e, vg, seen, sums)
+        _gather(sums, one, rows)
+        for hh in range(group):
+            for t in range(d):
+                out[g * group + hh, i, t] = rows[hh, t]
