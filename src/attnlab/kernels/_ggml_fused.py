@@ -387,12 +387,13 @@ def _tree16(builder, keys):
     return level(vs, list(range(0, 32, 2)), list(range(1, 32, 2)))[0]                      # 16 keys
 
 
-def _scores_codegen(one: bool):
+def _scores_codegen(one: bool, fixed_d=None):
     def codegen(context, builder, signature, args):
         """s.flat[s_at + j] = (q.flat[q_at:q_at + d] · k.flat[j · d:]) · scale for j < 16 · blocks (k's rows
         past ``last`` read as its row ``last``; k float32 or a float16 array's bits, widened), sixteen keys
         at a time: one token's (ggml_vec_dot_f16: four registers over each 64, then (0 + 2) + (1 + 3)) or a
-        batch's (tinyBLAS: one register over each 16), then the keys' trees together (:func:`_tree16`)."""
+        batch's (tinyBLAS: one register over each 16), then the keys' trees together (:func:`_tree16`). The
+        blocks wholly below ``last`` read their rows unclamped; ``fixed_d``: d known here, its loop unrolled."""
         q, q_at, k, d, blocks, scale, s, s_at, last = args
         half_bits = _half(signature.args[2])
         q_data = _data(context, builder, signature.args[0], q)
@@ -403,28 +404,49 @@ def _scores_codegen(one: bool):
         zero = ir.Constant(vf, [0.0] * LANES)
         regs = 4 if one else 1
         accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(regs)] for _ in range(LANES)]
-        steps = builder.sdiv(d, ir.Constant(d.type, LANES * regs))
+        it = d.type
+        if fixed_d is not None:
+            d = ir.Constant(it, fixed_d)
+        steps = builder.sdiv(d, ir.Constant(it, LANES * regs))
         scale = _splat(builder, scale)
-        with cgutils.for_range(builder, blocks) as blk:
-            base = builder.mul(blk.index, ir.Constant(blk.index.type, LANES))
-            keys = []
-            for r in range(LANES):
-                j = builder.add(base, ir.Constant(base.type, r))
-                row = builder.mul(builder.select(builder.icmp_signed(">", j, last), last, j), d)   # past the
-                #                                                  last row: its copy (a score never looked at)
-                for m in range(regs):
-                    builder.store(zero, accs[r][m])
-                with cgutils.for_range(builder, steps) as loop:
-                    at = builder.mul(loop.index, ir.Constant(loop.index.type, LANES * regs))
+
+        def key(row, r):
+            if fixed_d is not None:                  # the steps unrolled, the registers as values
+                a = [zero] * regs
+                for step in range(fixed_d // (LANES * regs)):
                     for m in range(regs):
-                        off = builder.add(at, ir.Constant(at.type, m * LANES))
+                        off = ir.Constant(it, (step * regs + m) * LANES)
                         qv = _vec_load(builder, q_data, builder.add(q_at, off), False)
                         kv = _vec_load(builder, k_data, builder.add(row, off), half_bits)
-                        builder.store(builder.call(fma, [qv, kv, builder.load(accs[r][m])]), accs[r][m])
-                a = [builder.load(x) for x in accs[r]]
+                        a[m] = builder.call(fma, [qv, kv, a[m]])
+                return a
+            for m in range(regs):
+                builder.store(zero, accs[r][m])
+            with cgutils.for_range(builder, steps) as loop:
+                at = builder.mul(loop.index, ir.Constant(it, LANES * regs))
+                for m in range(regs):
+                    off = builder.add(at, ir.Constant(it, m * LANES))
+                    qv = _vec_load(builder, q_data, builder.add(q_at, off), False)
+                    kv = _vec_load(builder, k_data, builder.add(row, off), half_bits)
+                    builder.store(builder.call(fma, [qv, kv, builder.load(accs[r][m])]), accs[r][m])
+            return [builder.load(x) for x in accs[r]]
+
+        def block(base, clamp):
+            keys = []
+            for r in range(LANES):
+                j = builder.add(base, ir.Constant(it, r))
+                if clamp:                            # past the last row: its copy (a score never looked at)
+                    j = builder.select(builder.icmp_signed(">", j, last), last, j)
+                a = key(builder.mul(j, d), r)
                 keys.append(builder.fadd(builder.fadd(a[0], a[2]), builder.fadd(a[1], a[3])) if one else a[0])
             ptr = builder.bitcast(builder.gep(s_data, [builder.add(s_at, base)]), vf.as_pointer())
             builder.store(builder.fmul(_tree16(builder, keys), scale), ptr, align=4)
+
+        full = builder.sdiv(builder.add(last, ir.Constant(it, 1)), ir.Constant(it, LANES))
+        with cgutils.for_range(builder, full) as blk:
+            block(builder.mul(blk.index, ir.Constant(it, LANES)), False)
+        with builder.if_then(builder.icmp_signed(">", blocks, full)):
+            block(builder.mul(full, ir.Constant(it, LANES)), True)
         return context.get_dummy_value()
     return codegen
 
@@ -449,6 +471,20 @@ def _scores_batch(typingctx, q, q_at, k, d, blocks, scale, s, s_at, last):
     return None if sig is None else (sig, _scores_codegen(False))
 
 
+@intrinsic
+def _scores_one64(typingctx, q, q_at, k, d, blocks, scale, s, s_at, last):
+    """:func:`_scores_one` for d = 64, unrolled."""
+    sig = _scores_sig(q, k, s)
+    return None if sig is None else (sig, _scores_codegen(True, 64))
+
+
+@intrinsic
+def _scores_batch64(typingctx, q, q_at, k, d, blocks, scale, s, s_at, last):
+    """:func:`_scores_batch` for d = 64, unrolled."""
+    sig = _scores_sig(q, k, s)
+    return None if sig is None else (sig, _scores_codegen(False, 64))
+
+
 @numba.njit(nogil=True, cache=True, inline="always")
 def _scores(qh, kw, seen, one, scale, s):
     """s[hh, j] = (qh[hh] · kw[j]) · scale for j < seen rounded up to 16 (the scores past seen of a copy of
@@ -457,8 +493,12 @@ def _scores(qh, kw, seen, one, scale, s):
     blocks = (seen + LANES - 1) // LANES
     n_kv = s.shape[1]
     for hh in range(group):
-        if one:
+        if one and d == 64:
+            _scores_one64(qh, hh * d, kw, d, blocks, scale, s, hh * n_kv, seen - 1)
+        elif one:
             _scores_one(qh, hh * d, kw, d, blocks, scale, s, hh * n_kv, seen - 1)
+        elif d == 64:
+            _scores_batch64(qh, hh * d, kw, d, blocks, scale, s, hh * n_kv, seen - 1)
         else:
             _scores_batch(qh, hh * d, kw, d, blocks, scale, s, hh * n_kv, seen - 1)
 
@@ -490,20 +530,25 @@ def _weigh_codegen(lanes: int):
         it = d.type
         accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, [0.0] * LANES)) for _ in range(8)]
         chunks = builder.sdiv(d, ir.Constant(it, LANES))
+        full = builder.sdiv(builder.add(last, ir.Constant(it, 1)), ir.Constant(it, lanes))   # blocks below last
         with cgutils.for_range(builder, ir.Constant(it, lanes // 8)) as r8:
             r0 = builder.mul(r8.index, ir.Constant(it, 8))
             with cgutils.for_range(builder, chunks) as ch:
                 col = builder.mul(ch.index, ir.Constant(it, LANES))
                 for x in range(8):
                     builder.store(ir.Constant(vf, [0.0] * LANES), accs[x])
-                with cgutils.for_range(builder, blocks) as b:
-                    j0 = builder.add(builder.mul(b.index, ir.Constant(it, lanes)), r0)
+                def block(b, clamp):
+                    j0 = builder.add(builder.mul(b, ir.Constant(it, lanes)), r0)
                     for x in range(8):
                         j = builder.add(j0, ir.Constant(it, x))
                         w = builder.load(builder.gep(e_data, [builder.add(e_at, j)]))
-                        row = builder.select(builder.icmp_signed(">", j, last), last, j)
+                        row = builder.select(builder.icmp_signed(">", j, last), last, j) if clamp else j
                         vv = _vec_load(builder, v_data, builder.add(builder.mul(row, d), col), half_bits)
                         builder.store(builder.call(fma, [_splat(builder, w), vv, builder.load(accs[x])]), accs[x])
+                with cgutils.for_range(builder, full) as b:
+                    block(b.index, False)
+                with builder.if_then(builder.icmp_signed(">", blocks, full)):
+                    block(full, True)
                 for x in range(8):
                     row = builder.mul(builder.add(r0, ir.Constant(it, x)), d)
                     ptr = builder.gep(s_data, [builder.add(s_at, builder.add(row, col))])
