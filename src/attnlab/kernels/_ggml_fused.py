@@ -513,46 +513,56 @@ def _softmax(s, seen, e):
         _scale_half(e, hh * n_kv, F32(1.0 / total), (seen + LANES - 1) // LANES)
 
 
-def _weigh_codegen(lanes: int):
+def _weigh_codegen(lanes: int, heads: int):
     def codegen(context, builder, signature, args):
-        """sums.flat[s_at + (r · d):][:d] = Σ_b e.flat[e_at + b · lanes + r] · v.flat[(b · lanes + r) · d:][:d]
-        for every lane r < lanes, b < blocks in turn (v's rows past ``last`` read as its row ``last``, their
-        weights 0; v float32 or a float16 array's bits, widened): eight lanes by one 16-feature chunk at a time, their
-        running sums in registers (eight independent chains of fused multiply-adds: each product of two float16
+        """For each of ``heads`` heads h (sums.flat[s_at + h · lanes · d:], e.flat[e_at + h · e_stride:]):
+        sums_h[r, :] = Σ_b e_h[b · lanes + r] · v.flat[(b · lanes + r) · d:][:d] for every lane r < lanes, b <
+        blocks in turn (v's rows past ``last`` read as its row ``last``, their weights 0; v float32 or a float16
+        array's bits, widened once for the heads): eight lanes by one 16-feature chunk at a time, their running
+        sums in registers (8 · heads independent chains of fused multiply-adds: each product of two float16
         values exact, so the add rounded once as ggml's)."""
-        sums, s_at, e, e_at, v, d, blocks, last = args
-        half_bits = _half(signature.args[4])
+        sums, s_at, e, e_at, e_stride, v, d, blocks, last = args
+        half_bits = _half(signature.args[5])
         s_data = _data(context, builder, signature.args[0], sums)
         e_data = _data(context, builder, signature.args[2], e)
-        v_data = _data(context, builder, signature.args[4], v)
+        v_data = _data(context, builder, signature.args[5], v)
         vf = _vf()
         fma = _fma(builder)
         it = d.type
-        accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, [0.0] * LANES)) for _ in range(8)]
+        zero = ir.Constant(vf, [0.0] * LANES)
+        accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(8)] for _ in range(heads)]
+        e_ats = [builder.add(e_at, builder.mul(e_stride, ir.Constant(it, h))) for h in range(heads)]
         chunks = builder.sdiv(d, ir.Constant(it, LANES))
         full = builder.sdiv(builder.add(last, ir.Constant(it, 1)), ir.Constant(it, lanes))   # blocks below last
+
+        def block(b, r0, col, clamp):
+            j0 = builder.add(builder.mul(b, ir.Constant(it, lanes)), r0)
+            for x in range(8):
+                j = builder.add(j0, ir.Constant(it, x))
+                row = builder.select(builder.icmp_signed(">", j, last), last, j) if clamp else j
+                vv = _vec_load(builder, v_data, builder.add(builder.mul(row, d), col), half_bits)
+                for h in range(heads):
+                    w = builder.load(builder.gep(e_data, [builder.add(e_ats[h], j)]))
+                    builder.store(builder.call(fma, [_splat(builder, w), vv, builder.load(accs[h][x])]), accs[h][x])
+
         with cgutils.for_range(builder, ir.Constant(it, lanes // 8)) as r8:
             r0 = builder.mul(r8.index, ir.Constant(it, 8))
             with cgutils.for_range(builder, chunks) as ch:
                 col = builder.mul(ch.index, ir.Constant(it, LANES))
-                for x in range(8):
-                    builder.store(ir.Constant(vf, [0.0] * LANES), accs[x])
-                def block(b, clamp):
-                    j0 = builder.add(builder.mul(b, ir.Constant(it, lanes)), r0)
+                for h in range(heads):
                     for x in range(8):
-                        j = builder.add(j0, ir.Constant(it, x))
-                        w = builder.load(builder.gep(e_data, [builder.add(e_at, j)]))
-                        row = builder.select(builder.icmp_signed(">", j, last), last, j) if clamp else j
-                        vv = _vec_load(builder, v_data, builder.add(builder.mul(row, d), col), half_bits)
-                        builder.store(builder.call(fma, [_splat(builder, w), vv, builder.load(accs[x])]), accs[x])
+                        builder.store(zero, accs[h][x])
                 with cgutils.for_range(builder, full) as b:
-                    block(b.index, False)
+                    block(b.index, r0, col, False)
                 with builder.if_then(builder.icmp_signed(">", blocks, full)):
-                    block(full, True)
-                for x in range(8):
-                    row = builder.mul(builder.add(r0, ir.Constant(it, x)), d)
-                    ptr = builder.gep(s_data, [builder.add(s_at, builder.add(row, col))])
-                    builder.store(builder.load(accs[x]), builder.bitcast(ptr, vf.as_pointer()), align=4)
+                    block(full, r0, col, True)
+                for h in range(heads):
+                    for x in range(8):
+                        row = builder.mul(builder.add(r0, ir.Constant(it, x)), d)
+                        head = builder.add(s_at, builder.mul(ir.Constant(it, h * lanes), d))
+                        at = builder.add(head, builder.add(row, col))
+                        ptr = builder.bitcast(builder.gep(s_data, [at]), vf.as_pointer())
+                        builder.store(builder.load(accs[h][x]), ptr, align=4)
         return context.get_dummy_value()
     return codegen
 
@@ -560,38 +570,60 @@ def _weigh_codegen(lanes: int):
 def _weigh_sig(sums, e, v):
     if sums.dtype != types.float32 or e.dtype != types.float32 or v.dtype not in (types.float32, types.uint16):
         return None
-    return types.void(sums, types.intp, e, types.intp, v, types.intp, types.intp, types.intp)
+    return types.void(sums, types.intp, e, types.intp, types.intp, v, types.intp, types.intp, types.intp)
 
 
 @intrinsic
-def _weigh64(typingctx, sums, s_at, e, e_at, v, d, blocks, last):
-    """One token's weighted sum in its 64 lanes (:func:`_weigh_codegen`)."""
+def _weigh64(typingctx, sums, s_at, e, e_at, e_stride, v, d, blocks, last):
+    """One token's weighted sum in its 64 lanes, one head (:func:`_weigh_codegen`)."""
     sig = _weigh_sig(sums, e, v)
-    return None if sig is None else (sig, _weigh_codegen(64))
+    return None if sig is None else (sig, _weigh_codegen(64, 1))
 
 
 @intrinsic
-def _weigh16(typingctx, sums, s_at, e, e_at, v, d, blocks, last):
-    """A batch's weighted sum in its 16 lanes (:func:`_weigh_codegen`)."""
+def _weigh64x3(typingctx, sums, s_at, e, e_at, e_stride, v, d, blocks, last):
+    """:func:`_weigh64` for three heads at once (each value row widened once for them)."""
     sig = _weigh_sig(sums, e, v)
-    return None if sig is None else (sig, _weigh_codegen(16))
+    return None if sig is None else (sig, _weigh_codegen(64, 3))
+
+
+@intrinsic
+def _weigh16(typingctx, sums, s_at, e, e_at, e_stride, v, d, blocks, last):
+    """A batch's weighted sum in its 16 lanes, one head (:func:`_weigh_codegen`)."""
+    sig = _weigh_sig(sums, e, v)
+    return None if sig is None else (sig, _weigh_codegen(16, 1))
+
+
+@intrinsic
+def _weigh16x3(typingctx, sums, s_at, e, e_at, e_stride, v, d, blocks, last):
+    """:func:`_weigh16` for three heads at once."""
+    sig = _weigh_sig(sums, e, v)
+    return None if sig is None else (sig, _weigh_codegen(16, 3))
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _weigh(e, vw, seen, sums):
     """sums[hh, r] = Σ e[hh, j] · vw[j] over the keys j ≡ r (mod lanes) in turn, lanes = sums.shape[1] (64 for
     one token, 16 for a batch), over whole blocks of lanes keys: the weights past ``seen`` are 0 and the rows
-    read for them vw's row seen − 1 (finite), so those products add +0 or −0 to a sum that is never −0 (it starts at +0):
-    the bits of stopping at ``seen``, and of ggml's padded row."""
+    read for them vw's row seen − 1 (finite), so those products add +0 or −0 to a sum that is never −0 (it
+    starts at +0): the bits of stopping at ``seen``, and of ggml's padded row. The heads three at a time."""
     group, lanes, d = sums.shape
     n_kv = e.shape[1]
     blocks = (seen + lanes - 1) // lanes
     for hh in range(group):
         e[hh, (seen + LANES - 1) // LANES * LANES:blocks * lanes] = F32(0)
-        if lanes == 64:
-            _weigh64(sums, hh * lanes * d, e, hh * n_kv, vw, d, blocks, seen - 1)
+    hh = 0
+    while hh < group:
+        s_at, e_at = hh * lanes * d, hh * n_kv
+        if hh + 3 <= group and lanes == 64:
+            _weigh64x3(sums, s_at, e, e_at, n_kv, vw, d, blocks, seen - 1)
+        elif hh + 3 <= group:
+            _weigh16x3(sums, s_at, e, e_at, n_kv, vw, d, blocks, seen - 1)
+        elif lanes == 64:
+            _weigh64(sums, s_at, e, e_at, n_kv, vw, d, blocks, seen - 1)
         else:
-            _weigh16(sums, hh * lanes * d, e, hh * n_kv, vw, d, blocks, seen - 1)
+            _weigh16(sums, s_at, e, e_at, n_kv, vw, d, blocks, seen - 1)
+        hh += 3 if hh + 3 <= group else 1
 
 
 def _lanes_codegen(lanes: int):
