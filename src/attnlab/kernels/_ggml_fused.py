@@ -485,6 +485,85 @@ def _scores_batch64(typingctx, q, q_at, k, d, blocks, scale, s, s_at, last):
     return None if sig is None else (sig, _scores_codegen(False, 64))
 
 
+def _scores3_codegen(one: bool):
+    def codegen(context, builder, signature, args):
+        """:func:`_scores_codegen` for three heads (q.flat[q_at + 64 · h:], s.flat[s_at + h · s_stride:]) and d
+        = 64: each key row loaded (and widened) once for the three; each head's sixteen keys folded as they
+        come (:func:`_tree16`'s pairs, in its order)."""
+        q, q_at, k, d, blocks, scale, s, s_at, last, s_stride = args
+        half_bits = _half(signature.args[2])
+        q_data = _data(context, builder, signature.args[0], q)
+        k_data = _data(context, builder, signature.args[2], k)
+        s_data = _data(context, builder, signature.args[6], s)
+        vf = _vf()
+        fma = _fma(builder)
+        zero = ir.Constant(vf, [0.0] * LANES)
+        it = d.type
+        scale = _splat(builder, scale)
+        qs = [[_vec_load(builder, q_data, builder.add(q_at, ir.Constant(it, 64 * h + LANES * c)), False)
+               for c in range(4)] for h in range(3)]
+        levels = ([*range(8), *range(16, 24)], [*range(8, 16), *range(24, 32)]), \
+            ([u for b in range(0, 32, 8) for u in range(b, b + 4)], [u + 4 for b in range(0, 32, 8)
+                                                                      for u in range(b, b + 4)]), \
+            ([u for b in range(0, 32, 4) for u in (b, b + 1)], [u + 2 for b in range(0, 32, 4) for u in (b, b + 1)]), \
+            (list(range(0, 32, 2)), list(range(1, 32, 2)))
+
+        def block(base, clamp):
+            stacks = [[] for _ in range(3)]            # per head: (level, vector), pairs folded as they come
+            for r in range(LANES):
+                j = builder.add(base, ir.Constant(it, r))
+                if clamp:                              # past the last row: its copy (a score never looked at)
+                    j = builder.select(builder.icmp_signed(">", j, last), last, j)
+                row = builder.mul(j, ir.Constant(it, 64))
+                kv = [_vec_load(builder, k_data, builder.add(row, ir.Constant(it, LANES * c)), half_bits)
+                      for c in range(4)]
+                for h in range(3):
+                    if one:
+                        a = [builder.call(fma, [qs[h][c], kv[c], zero]) for c in range(4)]
+                        vec = builder.fadd(builder.fadd(a[0], a[2]), builder.fadd(a[1], a[3]))
+                    else:
+                        vec = zero
+                        for c in range(4):
+                            vec = builder.call(fma, [qs[h][c], kv[c], vec])
+                    level, st = 0, stacks[h]
+                    while st and st[-1][0] == level:
+                        lo, hi = levels[level]
+                        vec = _shuffle_add(builder, st.pop()[1], vec, lo, hi)
+                        level += 1
+                    st.append((level, vec))
+            for h in range(3):
+                at = builder.add(builder.add(s_at, builder.mul(s_stride, ir.Constant(it, h))), base)
+                ptr = builder.bitcast(builder.gep(s_data, [at]), vf.as_pointer())
+                builder.store(builder.fmul(stacks[h][0][1], scale), ptr, align=4)
+
+        full = builder.sdiv(builder.add(last, ir.Constant(it, 1)), ir.Constant(it, LANES))
+        with cgutils.for_range(builder, full) as blk:
+            block(builder.mul(blk.index, ir.Constant(it, LANES)), False)
+        with builder.if_then(builder.icmp_signed(">", blocks, full)):
+            block(builder.mul(full, ir.Constant(it, LANES)), True)
+        return context.get_dummy_value()
+    return codegen
+
+
+def _scores3_sig(q, k, s):
+    sig = _scores_sig(q, k, s)
+    return None if sig is None else types.void(*sig.args, types.intp)
+
+
+@intrinsic
+def _scores_one64x3(typingctx, q, q_at, k, d, blocks, scale, s, s_at, last, s_stride):
+    """One token's scores for three heads, d = 64 (:func:`_scores3_codegen`)."""
+    sig = _scores3_sig(q, k, s)
+    return None if sig is None else (sig, _scores3_codegen(True))
+
+
+@intrinsic
+def _scores_batch64x3(typingctx, q, q_at, k, d, blocks, scale, s, s_at, last, s_stride):
+    """A batch's scores for three heads, d = 64 (:func:`_scores3_codegen`)."""
+    sig = _scores3_sig(q, k, s)
+    return None if sig is None else (sig, _scores3_codegen(False))
+
+
 @numba.njit(nogil=True, cache=True, inline="always")
 def _scores(qh, kw, seen, one, scale, s):
     """s[hh, j] = (qh[hh] · kw[j]) · scale for j < seen rounded up to 16 (the scores past seen of a copy of
@@ -492,7 +571,14 @@ def _scores(qh, kw, seen, one, scale, s):
     group, d = qh.shape
     blocks = (seen + LANES - 1) // LANES
     n_kv = s.shape[1]
-    for hh in range(group):
+    hh = 0
+    while d == 64 and hh + 3 <= group:                 # three heads a call: each key row loaded once for them
+        if one:
+            _scores_one64x3(qh, hh * d, kw, d, blocks, scale, s, hh * n_kv, seen - 1, n_kv)
+        else:
+            _scores_batch64x3(qh, hh * d, kw, d, blocks, scale, s, hh * n_kv, seen - 1, n_kv)
+        hh += 3
+    for hh in range(hh, group):
         if one and d == 64:
             _scores_one64(qh, hh * d, kw, d, blocks, scale, s, hh * n_kv, seen - 1)
         elif one:
