@@ -7,6 +7,24 @@ where the CPU has none) for ggml's fused multiply-adds, and ``fptrunc`` to half 
 roundings (ties to even, as F16C's ``vcvtps2ph``). numba compiles without fast-math: no other multiply and add
 is fused. Compiled with ``cache=True`` (the machine code kept in ``__pycache__``), ``nogil=True``; single-threaded,
 so every call gives the same bits.
+
+The attention (:func:`attention`) is written in LLVM vector IR (``@intrinsic``s, as ``_fused.decode_tiles``), since
+numba's loops over ggml's fixed orders stayed scalar: <16 x float> registers, float16 rows widened by ``fpext``
+from <16 x half>, the fused multiply-adds as ``llvm.fma.v16f32`` (each product of two float16 values is exact in
+float32, so one is the product added, rounded once, as ggml's), ``shufflevector`` and ``fadd`` for the fixed
+16-lane tree. Per query:
+
+- scores: sixteen keys a step, each key's registers (one token: four over each 64 of d, then (0 + 2) + (1 + 3);
+  a batch: one over each 16) folded together in the tree's order, 15 shuffle-adds for the sixteen; for d = 64
+  three heads a call, each key row loaded and widened once for them;
+- softmax: the row's max, ``expf`` on 16 lanes (the same operations; 2^n as a double's exponent bits, the
+  product rounded once to float32), each 16-block's tree sum added in double, the weights rounded to float16;
+- weights·V: the lanes by key (j mod 64 one token, j mod 16 a batch) vectorised along d, eight lanes' running
+  sums held in registers over all their keys (three heads at a time, each value row widened once), then the
+  lanes folded along d as the dot product's registers are.
+
+:func:`attention_scalar` is the same arithmetic one value at a time (a d not a multiple of 16, or of 64 for one
+token, takes it). Every kernel here is held to ggml_arith's bits by tests/test_ggml_fused.py.
 """
 
 from __future__ import annotations
