@@ -72,7 +72,9 @@ def main() -> None:
         procs[name] = start(src, a.contexts)
         procs[name].fills = json.loads(procs[name].stdout.readline())["fills"]
         print(f"{name}: prefill (fill) s {procs[name].fills}", flush=True)
-    llama = None if a.no_llama or not llama_cpp_installed() else LlamaProcess(smollm2_gguf_path(), threads=1)
+    llama = None
+    if not a.no_llama and llama_cpp_installed():
+        llama = LlamaProcess(smollm2_gguf_path(), threads=1, n_ctx=max(4096, max(a.contexts) + 64))
     for ctx in a.contexts:
         sides = {name: (lambda p=p: ask(p, ctx=ctx, steps=a.steps)["seconds"]) for name, p in procs.items()}
         if llama is not None:
@@ -91,7 +93,8 @@ def main() -> None:
         if llama is not None:
             for n in names[:-1]:
                 ratio = np.array(times[n]) / np.array(times["llama.cpp"])
-                print(f"context {ctx}: {n:10s} vs llama.cpp {np.median(ratio):.2f}x [{ratio.min():.2f}-{ratio.max():.2f}]")
+                print(f"context {ctx}: {n:10s} vs llama.cpp {np.median(ratio):.2f}x "
+                      f"[{ratio.min():.2f}-{ratio.max():.2f}]")
     for p in procs.values():
         p.stdin.close()
         p.wait()
