@@ -54,3 +54,24 @@ def test_attention(rng, n, start, d):
     np.testing.assert_array_equal(out, want)
     K.attention(q, k.astype(F), v.astype(F), start, F(d ** -0.5), out)     # float32 holding float16 values
     np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("h, h_kv, n, start, d", [(3, 1, 1, 0, 64), (3, 1, 1, 63, 64), (9, 3, 1, 511, 64),
+                                                  (4, 4, 1, 200, 128), (8, 2, 1, 64, 192), (2, 1, 16, 0, 16),
+                                                  (3, 1, 17, 47, 32), (6, 2, 64, 0, 64), (4, 1, 9, 120, 128),
+                                                  (3, 3, 33, 15, 48)])
+def test_attention_vector_kernel_over_shapes(rng, h, h_kv, n, start, d):
+    """The vector kernel (d a multiple of 16; of 64 for one token) against the reference, its blocks' edges
+    (16, 64, a key count one past them), group sizes 1 to 4, scores wide enough that some weights flush to 0
+    and some round to float16 subnormals."""
+    q = (rng.standard_normal((h, n, d)) * rng.choice([0.5, 4.0, 12.0, 60.0], (h, n, 1))).astype(F)
+    k = rng.standard_normal((h_kv, start + n + 3, d)).astype(np.float16)         # rows past start + n unread
+    v = rng.standard_normal((h_kv, start + n + 3, d)).astype(np.float16)
+    scale = F(d ** -0.5)
+    want = G.attention(q, k[:, :start + n], v[:, :start + n], start, scale)
+    out = np.empty((h, n, d), F)
+    K.attention(q, k.view(np.uint16), v.view(np.uint16), start, scale, out)
+    np.testing.assert_array_equal(out, want)
+    scalar = np.empty((h, n, d), F)
+    K.attention_scalar(q, k.view(np.uint16), v.view(np.uint16), start, scale, scalar)
+    np.testing.assert_array_equal(scalar, want)
