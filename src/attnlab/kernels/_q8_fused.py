@@ -69,6 +69,8 @@ PREFETCH_BYTES = 4096   # the values are prefetched this far ahead of the block 
 
 
 I8, I32, F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
+INT8_KINDS = ("Q8_0", "Q5_1")   # the intrinsics' kinds whose planes hold a byte a value (Q5_0 runs as Q8_0)
+MINIMA_KINDS = ("Q4_1", "Q5_1")  # w = d·q + m: the minima's term Σ_b m_b·xs_b
 
 
 @intrinsic
@@ -258,7 +260,7 @@ def _group_intrinsic(kind: str):
     ``qs`` from element ``q_at`` (n_blocks blocks of GROUP rows' 16 packed bytes, or 32 int8 for Q8_0), ``d``
     and ``m`` (float16 bits) from ``dm_at`` (GROUP per block), ``y`` (int8) from ``y_at`` (32 per block), ``xd``
     and ``xs`` from ``x_at`` (one per block); ``n_blocks`` >= 1."""
-    width = QK if kind == "Q8_0" else QK // 2           # bytes of one row's block
+    width = QK if kind in INT8_KINDS else QK // 2       # bytes of one row's block
     vf, vf4 = ir.VectorType(F32, 2 * LANES), ir.VectorType(F32, GROUP)    # two rows' lanes; one per row
 
     @intrinsic
@@ -298,7 +300,7 @@ def _group_intrinsic(kind: str):
             q_b = builder.mul(b, ir.Constant(i64, GROUP * width))
             _prefetch(builder, q_p, builder.add(q_b, ir.Constant(i64, PREFETCH_BYTES)))
             v64 = ir.VectorType(I8, 2 * QK)
-            if kind == "Q8_0":                       # rows 0 and 1, rows 2 and 3: 64 int8 each
+            if kind in INT8_KINDS:                   # rows 0 and 1, rows 2 and 3: 64 int8 each
                 pairs = [_vload(builder, q_p, builder.add(q_b, ir.Constant(i64, h)), v64) for h in (0, 2 * QK)]
             else:                                    # the four rows' 16 bytes: low nibbles, high, row by row
                 packed = _vload(builder, q_p, q_b, v64)
@@ -313,7 +315,7 @@ def _group_intrinsic(kind: str):
                 lanes = _block_lanes(builder, kind, w, y2, y_sums)
                 scale = builder.shuffle_vector(dd, dd, _vec(I32, [2 * h] * LANES + [2 * h + 1] * LANES))
                 new_accs.append(_fma(builder, scale, builder.sitofp(lanes, vf), accs[h]))   # llama.cpp's fmadd
-            if kind == "Q4_1":
+            if kind in MINIMA_KINDS:
                 m4 = builder.fpext(builder.bitcast(_vload(builder, m_p, dm_at_b, ir.VectorType(ir.IntType(16), GROUP)),
                                                    ir.VectorType(ir.HalfType(), GROUP)), vf4)
                 new_summ = builder.fadd(summ, builder.fmul(m4, _splat(builder, builder.load(builder.gep(xs_p, [b])),
@@ -325,7 +327,7 @@ def _group_intrinsic(kind: str):
             builder.position_at_end(done)
             rows = [builder.shuffle_vector(a, a, _vec(I32, range(h, h + LANES))) for a in new_accs for h in (0, LANES)]
             total = _hsum_rows(builder, rows)                                # <4 x float> a row's sum each
-            if kind == "Q4_1":
+            if kind in MINIMA_KINDS:
                 total = builder.fadd(total, new_summ)
             res_p = _ptr(context, builder, t[11], res_v, res_at_v)
             builder.store(total, builder.bitcast(res_p, vf4.as_pointer()), align=4)
@@ -334,7 +336,7 @@ def _group_intrinsic(kind: str):
     return group
 
 
-_q4_0_group, _q4_1_group, _q8_0_group = (_group_intrinsic(k) for k in ("Q4_0", "Q4_1", "Q8_0"))
+_q4_0_group, _q4_1_group, _q8_0_group, _q5_1_group = (_group_intrinsic(k) for k in ("Q4_0", "Q4_1", "Q8_0", "Q5_1"))
 
 
 TILE = 8   # tokens a prefill's product multiplies each unpacked block with: 4 rows x 8 tokens x 8 lanes of float32
@@ -403,7 +405,7 @@ def _gemm_intrinsic(kind: str, tile: int = TILE):
                 x4 = _vload(builder, xd_p, builder.add(builder.mul(b, c(tile)), c(4 * q)), vf4)
                 scales.append(builder.fmul(d16, builder.shuffle_vector(x4, x4, quad)))
             v64 = ir.VectorType(I8, 64)
-            if kind == "Q8_0":                       # rows 0 and 1, rows 2 and 3: 64 int8 each
+            if kind in INT8_KINDS:                   # rows 0 and 1, rows 2 and 3: 64 int8 each
                 halves = [builder.bitcast(_vload(builder, q_p, builder.add(builder.mul(b, c(GROUP * QK)), c(h)), v64),
                                           v16) for h in (0, 2 * QK)]
             else:
@@ -412,11 +414,13 @@ def _gemm_intrinsic(kind: str, tile: int = TILE):
                 high = builder.and_(builder.lshr(packed, _vec(I32, [4] * 16)), _vec(I32, [0x0F0F0F0F] * 16))
             yq_at = builder.mul(b, c(LANES * tile))                              # the block's dwords in y and ys
             for j in range(LANES):
-                if kind == "Q8_0":                   # row k's dword j in lane k; y is stored + 128 (unsigned):
+                if kind in INT8_KINDS:               # row k's dword j in lane k; for Q8_0 y is stored + 128:
                     w = builder.shuffle_vector(*halves, _vec(I32, [8 * (i // 4) + j if i < 8
                                                                    else 16 + 8 * (i // 4 - 2) + j for i in range(16)]))
                     w8 = builder.bitcast(w, v64)     # Σ (y + 128)·w − 128·Σ w = Σ y·w, from MAGIC_BITS
-                    start_j = builder.sub(_vec(I32, [MAGIC_BITS] * 16), _dpbusd(builder, _vec(I8, [-128] * 64), w8))
+                    if kind == "Q8_0":               # (Q5_1's w are 0 … 31: unsigned bytes against signed y)
+                        start_j = builder.sub(_vec(I32, [MAGIC_BITS] * 16),
+                                              _dpbusd(builder, _vec(I8, [-128] * 64), w8))
                 else:
                     src = low if j < 4 else high
                     w8 = builder.bitcast(builder.shuffle_vector(src, src, _vec(I32, [4 * (i // 4) + j % 4
@@ -435,7 +439,7 @@ def _gemm_intrinsic(kind: str, tile: int = TILE):
                     value = builder.fsub(builder.bitcast(lanes, vf), ir.Constant(vf, [MAGIC] * 16))
                     accs[j][q] = (accs[j][q], _fma(builder, scales[q], value, accs[j][q]))
             new_summs = []
-            if kind == "Q4_1":
+            if kind in MINIMA_KINDS:
                 m4 = builder.fpext(builder.bitcast(_vload(builder, m_p, dm_at_b, ir.VectorType(ir.IntType(16), GROUP)),
                                                    ir.VectorType(ir.HalfType(), GROUP)), vf4)
                 m16 = builder.shuffle_vector(m4, m4, by_row)
@@ -453,7 +457,7 @@ def _gemm_intrinsic(kind: str, tile: int = TILE):
                 a = [accs[j][q][1] for j in range(LANES)]
                 total = builder.fadd(builder.fadd(builder.fadd(a[0], a[4]), builder.fadd(a[2], a[6])),
                                      builder.fadd(builder.fadd(a[1], a[5]), builder.fadd(a[3], a[7])))
-                if kind == "Q4_1":
+                if kind in MINIMA_KINDS:
                     total = builder.fadd(total, new_summs[q])
                 by_token = builder.shuffle_vector(total, total,
                                                   _vec(I32, [4 * k + u for u in range(4) for k in range(4)]))
@@ -466,7 +470,7 @@ def _gemm_intrinsic(kind: str, tile: int = TILE):
     return gemm
 
 
-_q4_0_gemm, _q4_1_gemm, _q8_0_gemm = (_gemm_intrinsic(k) for k in ("Q4_0", "Q4_1", "Q8_0"))
+_q4_0_gemm, _q4_1_gemm, _q8_0_gemm, _q5_1_gemm = (_gemm_intrinsic(k) for k in ("Q4_0", "Q4_1", "Q8_0", "Q5_1"))
 
 
 @numba.njit(**FLAGS)
@@ -532,6 +536,43 @@ def _int8_groups(qs, d, qx, xd, qt, xdt, out, g0, g1):
             _q8_0_group(qs, q_at, d, d, dm_at, qx, n * n_blocks * QK, xd, xd, n * n_blocks, n_blocks, res, at)
             if not full:
                 out[n, g * GROUP:] = last[:n_rows - g * GROUP]
+
+
+@numba.njit(**FLAGS)
+def _int8_minima_groups(qs, d, m, qx, xd, xs, qt, xdt, xst, out, g0, g1):
+    """out[n, r] for the rows of groups g0 … g1 − 1 of Q5_1 (values 0 … 31 a byte each, w = d·q + m): qs
+    (G, n_blocks, 4, 32) int8, d (G, n_blocks, 4, 1) and m (G, n_blocks, 4) float16 bits, Q8_1's xs for the
+    minima's term; whole tiles (signed: :func:`_quantized_tiles` without ``unsigned``) TILE tokens at a time,
+    the rest one by one: the same bits either way."""
+    n_blocks, n_rows, n_tiles = qs.shape[1], out.shape[1], xdt.shape[0]
+    last = np.empty(GROUP * TILE, np.float32)
+    flat = out.reshape(-1)
+    chunk = max(1, CHUNK_BYTES // (TILE * n_blocks * QK))
+    for c0 in range(0, n_tiles, chunk):
+        for g in range(g0, g1):
+            full = (g + 1) * GROUP <= n_rows
+            q_at, dm_at = g * n_blocks * GROUP * QK, g * n_blocks * GROUP
+            for i in range(c0, min(n_tiles, c0 + chunk)):
+                res, at, stride = (flat, i * TILE * n_rows + g * GROUP, n_rows) if full else (last, 0, GROUP)
+                _q5_1_gemm(qs, q_at, d, m, dm_at, qt, qt, xdt, xst, i * n_blocks * TILE, n_blocks, res, at, stride)
+                if not full:
+                    for t in range(TILE):
+                        out[i * TILE + t, g * GROUP:] = last[t * GROUP:t * GROUP + n_rows - g * GROUP]
+    for g in range(g0, g1):
+        full = (g + 1) * GROUP <= n_rows
+        q_at, dm_at = g * n_blocks * GROUP * QK, g * n_blocks * GROUP
+        for n in range(n_tiles * TILE, qx.shape[0]):
+            res, at = (flat, n * n_rows + g * GROUP) if full else (last, 0)
+            _q5_1_group(qs, q_at, d, m, dm_at, qx, n * n_blocks * QK, xd, xs, n * n_blocks, n_blocks, res, at)
+            if not full:
+                out[n, g * GROUP:] = last[:n_rows - g * GROUP]
+
+
+@numba.njit(parallel=True, **FLAGS)
+def _int8_minima_parallel(qs, d, m, qx, xd, xs, qt, xdt, xst, out, chunks):
+    step = -(-qs.shape[0] // chunks)
+    for c in prange(chunks):
+        _int8_minima_groups(qs, d, m, qx, xd, xs, qt, xdt, xst, out, c * step, min(qs.shape[0], (c + 1) * step))
 
 
 @numba.njit(parallel=True, **FLAGS)
@@ -635,28 +676,40 @@ def _int8_product(qs, d, x, out):
     _int8_groups(qs, d, qx, xd, qt, xdt, out, 0, qs.shape[0])
 
 
+@numba.njit(**FLAGS)
+def _int8_minima_product(qs, d, m, x, out):
+    qx, xd, xs, qt, _, xdt, xst = _quantized_tiles(x, False)
+    _int8_minima_groups(qs, d, m, qx, xd, xs, qt, xdt, xst, out, 0, qs.shape[0])
+
+
 def quantize(x):
     """(qx, xd, xs) of x (N, d_in) float32 C-contiguous: :func:`quantize_blocks` into new arrays."""
     return call(_quantized, x)
 
 
 def matmul(qtype: str, qs, d, m, x, out, threads: int = 1, pool=None) -> None:
-    """out (N, R) = x (N, d_in) times the rows of a Q4_0, Q4_1 or Q8_0 weight in grouped planes (d and m as
-    float16 bits), x rounded to 8 bits per block first; over ``threads`` of numba's threads (1: the calling
-    thread), or with ``pool`` (a ThreadPoolExecutor) over its threads, a range of groups each (the kernels
-    release the GIL). Each output is one row's and one token's sum: neither the threads nor N change it."""
+    """out (N, R) = x (N, d_in) times the rows of a Q4_0, Q4_1, Q8_0, Q5_0 or Q5_1 weight in grouped planes (d
+    and m as float16 bits; Q5's values unpacked to a byte each, Q5_0's signed q − 16 multiplied as Q8_0's int8),
+    x rounded to 8 bits per block first; over ``threads`` of numba's threads (1: the calling thread), or with
+    ``pool`` (a ThreadPoolExecutor) over its threads, a range of groups each (the kernels release the GIL).
+    Each output is one row's and one token's sum: neither the threads nor N change it."""
     off = np.int32(8 if qtype == "Q4_0" else 0)
+    int8 = qtype in ("Q8_0", "Q5_0")                              # signed bytes: the Q8_0 kernels
     m = d if m is None else m                                     # Q4_0 has no minima (never read: off 8)
     if pool is None and threads <= 1:                             # a decode step's product: one call
-        if qtype == "Q8_0":
+        if int8:
             call(_int8_product, qs, d, x, out)
+        elif qtype == "Q5_1":
+            call(_int8_minima_product, qs, d, m, x, out)
         else:
             call(_nibbles_product, qs, d, m, off, x, out)
         return
-    qx, xd, xs, qt, ys, xdt, xst = call(_quantized_tiles, x, qtype == "Q8_0")
+    qx, xd, xs, qt, ys, xdt, xst = call(_quantized_tiles, x, int8)
     groups = qs.shape[0]
-    if qtype == "Q8_0":
+    if int8:
         serial, parallel, args = _int8_groups, _int8_parallel, (qs, d, qx, xd, qt, xdt, out)
+    elif qtype == "Q5_1":
+        serial, parallel, args = _int8_minima_groups, _int8_minima_parallel, (qs, d, m, qx, xd, xs, qt, xdt, xst, out)
     else:
         serial, parallel, args = _nibbles_groups, _nibbles_parallel, (qs, d, m, off, qx, xd, xs, qt, ys, xdt, xst, out)
     if pool is not None:
