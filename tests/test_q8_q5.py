@@ -78,9 +78,9 @@ def test_the_planes_give_gguf_quants_values_bit_for_bit(tmp_path, rng, qtype):
 
 
 def test_a_q5_0_and_a_q5_1_dot_by_hand():
-    """x = 2 at even places (d_x = 2/127 as float16, q_x = 127 there): Q5_0 with d = 0.5 and values q − 16 for q =
-    0 … 31 sums 0.5·d_x·127·Σ_{t even}(t − 16) = 0.5·d_x·127·(−16); Q5_1 with m = 1 adds m·s_x, s_x = float16(d_x·127·16)
-    (the products in float32, the sum of a lane exact)."""
+    """x = 2 at even places (d_x = 2/127 as float16, q_x = 127 there): Q5_0 with d = 0.5 and values q − 16 for
+    q = 0 … 31 sums 0.5·d_x·127·Σ_{t even}(t − 16) = 0.5·d_x·127·(−16); Q5_1 (values q) gives 0.5·d_x·127·240
+    plus m·s_x with m = 1, s_x = float16(d_x·127·16) (the products in float32, the lanes' sums exact)."""
     q = np.arange(32, dtype=np.uint8)
     x = np.zeros((1, 32), np.float32)
     x[0, ::2] = 2.0
@@ -157,3 +157,35 @@ def test_the_mode_gives_llama_cpps_own_vec_dot_bits(tmp_path, rng, qtype):
     want = np.load(tmp_path / "out.npy")                                    # (21, 70)
     np.testing.assert_array_equal(x @ W, want)
     np.testing.assert_array_equal(x[:1] @ W, want[:1])
+
+
+@pytest.mark.parametrize("qtype", FIVE)
+def test_load_model_q8_multiplies_a_q5_file_as_llama_cpp(tmp_path, qtype):
+    """A tiny llama GGUF in Q5_0 / Q5_1 loaded with ``quantized="q8-activations"``: its matrices are the mode's
+    (the exact mode keeps float32 for these types), the logits stay near the float32 load's, the same input gives
+    the same bits, and a prefill's last row is the decode step's (each token's products its own)."""
+    pytest.importorskip("tokenizers")
+    import importlib.util
+    from pathlib import Path
+
+    from attnlab.models import load_model
+    from attnlab.stack.transformer import forward, new_caches
+
+    spec = importlib.util.spec_from_file_location("_test_gguf", Path(__file__).with_name("test_gguf.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    path = tmp_path / "tiny.gguf"
+    module.write_gguf(path, qtype=GGMLQuantizationType[qtype], tied=False)
+    q8, _ = load_model(str(path), quantized="q8-activations")
+    f32, _ = load_model(str(path))
+    W = q8.blocks[1].mlp.W_out
+    assert isinstance(W, Q8ActivationMatrix) and W.qtype == qtype
+    ids = np.arange(1, 40) * 7 % 264
+    got, want = forward(q8, ids).logits, forward(f32, ids).logits
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 6e-2
+    np.testing.assert_array_equal(forward(q8, ids).logits, got)
+    whole = forward(q8, ids, caches=new_caches(q8, 48, kv_dtype="float32")).logits   # (n, vocab) on a float32 cache
+    cache = new_caches(q8, 48, kv_dtype="float32")
+    forward(q8, ids[:-1], caches=cache)
+    step = forward(q8, ids[-1:], caches=cache).logits                      # (1, vocab)
+    np.testing.assert_array_equal(step, whole[-1:])
