@@ -17,7 +17,7 @@ from gguf.constants import GGMLQuantizationType  # noqa: E402
 from gguf.quants import dequantize, quantize  # noqa: E402
 
 from attnlab.kernels.q8_activations import INT_TYPES, Q8ActivationMatrix, reference_matmul  # noqa: E402
-from attnlab.kernels.quantized import five_bit_planes  # noqa: E402
+from attnlab.kernels.quantized import five_bit_planes, five_bit_values  # noqa: E402
 
 FIVE = ("Q5_0", "Q5_1")
 
@@ -58,10 +58,13 @@ def test_the_fifth_bit_comes_from_qh_by_hand(qtype):
     q = np.arange(32, dtype=np.uint8)
     raw = np.stack([block(qtype, 0.5, -1.0, q), block(qtype, 0.25, 2.0, q[::-1].copy())])     # (2 rows, 1 block)
     qs, d, m = five_bit_planes(raw, qtype, 32)
+    np.testing.assert_array_equal(qs[:, 0], raw[:, -20:])                  # the file's qh and nibbles, as they are
+    assert qs[0, 0, :4].view("<u4")[0] == 0xFFFF0000                        # values 16 … 31 have the fifth bit
+    values = five_bit_values(qs, qtype)                                     # (2, 1, 32)
     shift = 16 if qtype == "Q5_0" else 0
-    np.testing.assert_array_equal(qs[0, 0], np.arange(32) - shift)
-    np.testing.assert_array_equal(qs[1, 0], np.arange(31, -1, -1) - shift)
-    assert qs.dtype == np.int8 and d[:, 0, 0].tolist() == [0.5, 0.25]
+    np.testing.assert_array_equal(values[0, 0], np.arange(32) - shift)
+    np.testing.assert_array_equal(values[1, 0], np.arange(31, -1, -1) - shift)
+    assert values.dtype == np.int8 and d[:, 0].tolist() == [0.5, 0.25]
     assert m is None if qtype == "Q5_0" else m[:, 0].tolist() == [-1.0, 2.0]
     W = Q8ActivationMatrix(raw, qtype, 32)
     np.testing.assert_array_equal(np.asarray(W).T, dequantize(raw, GGMLQuantizationType[qtype]))

@@ -69,8 +69,9 @@ PREFETCH_BYTES = 4096   # the values are prefetched this far ahead of the block 
 
 
 I8, I32, F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
-INT8_KINDS = ("Q8_0", "Q5_1")   # the intrinsics' kinds whose planes hold a byte a value (Q5_0 runs as Q8_0)
+FIVE_KINDS = ("Q5_0", "Q5_1")   # a row's block: the file's qh (4 bytes) and 16 nibble bytes, unpacked in registers
 MINIMA_KINDS = ("Q4_1", "Q5_1")  # w = d·q + m: the minima's term Σ_b m_b·xs_b
+WIDTH = {"Q8_0": QK, "Q5_0": 20, "Q5_1": 20, "Q4_0": QK // 2, "Q4_1": QK // 2}   # bytes of one row's block
 
 
 @intrinsic
@@ -252,6 +253,33 @@ def _hsum_rows(builder, accs):
     return builder.fadd(builder.fadd(col[0], col[2]), builder.fadd(col[1], col[3]))
 
 
+def _nibble_pairs(builder, packed):
+    """Two <64 x i8> of the four rows' 16 packed bytes each (``packed``, <64 x i8>, row k's at 16k): rows 2h and
+    2h + 1's 32 values in value order (value t in byte t's low nibble, t + 16 in its high one), 0 … 15."""
+    low, high = builder.and_(packed, _vec(I8, [15] * 64)), builder.lshr(packed, _vec(I8, [4] * 64))
+    return [builder.shuffle_vector(low, high, _vec(I32, [*range(32 * h, 32 * h + 16), *range(64 + 32 * h, 64 + 32 * h + 16),
+                                                         *range(32 * h + 16, 32 * h + 32),
+                                                         *range(80 + 32 * h, 80 + 32 * h + 16)]))
+            for h in (0, 1)]
+
+
+def _five_bit_pairs(builder, kind, q_p, q_b):
+    """Two <64 x i8> of a group's Q5 block (80 bytes at element ``q_b`` of the pointer ``q_p``: row k's qh at
+    20k, its 16 nibble bytes at 20k + 4): rows 2h and 2h + 1's values in value order, the fifth bit of value t
+    bit t of the row's little-endian qh (llama.cpp's ``bytes_from_bits_32``): Q5_1's q (0 … 31), Q5_0's q − 16
+    (int8)."""
+    v80 = _vload(builder, q_p, q_b, ir.VectorType(I8, GROUP * 20))
+    nibbles = builder.shuffle_vector(v80, v80, _vec(I32, [20 * k + 4 + u for k in range(GROUP) for u in range(16)]))
+    pairs = []
+    for h, values in enumerate(_nibble_pairs(builder, nibbles)):
+        qh = builder.shuffle_vector(v80, v80, _vec(I32, [20 * (2 * h + i // 32) + (i % 32) // 8 for i in range(64)]))
+        bit = builder.and_(qh, _vec(I8, [((1 << (i % 8)) + 128) % 256 - 128 for i in range(64)]))
+        set_ = builder.icmp_unsigned("!=", bit, _vec(I8, [0] * 64))
+        q = builder.or_(values, builder.select(set_, _vec(I8, [16] * 64), _vec(I8, [0] * 64)))
+        pairs.append(builder.sub(q, _vec(I8, [16] * 64)) if kind == "Q5_0" else q)
+    return pairs
+
+
 def _group_intrinsic(kind: str):
     """An intrinsic ``(qs, q_at, d, m, dm_at, y, y_at, xd, xs, x_at, n_blocks, acc, summs)``: one group of GROUP
     rows against one token, every block, the accumulators in registers: for block b, row k,
@@ -260,7 +288,7 @@ def _group_intrinsic(kind: str):
     ``qs`` from element ``q_at`` (n_blocks blocks of GROUP rows' 16 packed bytes, or 32 int8 for Q8_0), ``d``
     and ``m`` (float16 bits) from ``dm_at`` (GROUP per block), ``y`` (int8) from ``y_at`` (32 per block), ``xd``
     and ``xs`` from ``x_at`` (one per block); ``n_blocks`` >= 1."""
-    width = QK if kind in INT8_KINDS else QK // 2       # bytes of one row's block
+    width = WIDTH[kind]                                 # bytes of one row's block
     vf, vf4 = ir.VectorType(F32, 2 * LANES), ir.VectorType(F32, GROUP)    # two rows' lanes; one per row
 
     @intrinsic
@@ -300,19 +328,15 @@ def _group_intrinsic(kind: str):
             q_b = builder.mul(b, ir.Constant(i64, GROUP * width))
             _prefetch(builder, q_p, builder.add(q_b, ir.Constant(i64, PREFETCH_BYTES)))
             v64 = ir.VectorType(I8, 2 * QK)
-            if kind in INT8_KINDS:                   # rows 0 and 1, rows 2 and 3: 64 int8 each
+            if kind == "Q8_0":                       # rows 0 and 1, rows 2 and 3: 64 int8 each
                 pairs = [_vload(builder, q_p, builder.add(q_b, ir.Constant(i64, h)), v64) for h in (0, 2 * QK)]
+            elif kind in FIVE_KINDS:                 # the four rows' 20 bytes: values with their fifth bit
+                pairs = _five_bit_pairs(builder, kind, q_p, q_b)
             else:                                    # the four rows' 16 bytes: low nibbles, high, row by row
-                packed = _vload(builder, q_p, q_b, v64)
-                low, high = builder.and_(packed, _vec(I8, [15] * 64)), builder.lshr(packed, _vec(I8, [4] * 64))
-                pairs = [builder.shuffle_vector(low, high, _vec(I32, [*range(32 * h, 32 * h + 16),
-                                                                      *range(64 + 32 * h, 64 + 32 * h + 16),
-                                                                      *range(32 * h + 16, 32 * h + 32),
-                                                                      *range(80 + 32 * h, 80 + 32 * h + 16)]))
-                         for h in (0, 1)]
+                pairs = _nibble_pairs(builder, _vload(builder, q_p, q_b, v64))
             new_accs = []
             for h, w in enumerate(pairs):            # rows 2h and 2h + 1, eight lanes each
-                lanes = _block_lanes(builder, kind, w, y2, y_sums)
+                lanes = _block_lanes(builder, "Q8_0" if kind == "Q5_0" else kind, w, y2, y_sums)
                 scale = builder.shuffle_vector(dd, dd, _vec(I32, [2 * h] * LANES + [2 * h + 1] * LANES))
                 new_accs.append(_fma(builder, scale, builder.sitofp(lanes, vf), accs[h]))   # llama.cpp's fmadd
             if kind in MINIMA_KINDS:
@@ -336,7 +360,8 @@ def _group_intrinsic(kind: str):
     return group
 
 
-_q4_0_group, _q4_1_group, _q8_0_group, _q5_1_group = (_group_intrinsic(k) for k in ("Q4_0", "Q4_1", "Q8_0", "Q5_1"))
+_q4_0_group, _q4_1_group, _q8_0_group, _q5_0_group, _q5_1_group = (
+    _group_intrinsic(k) for k in ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1"))
 
 
 TILE = 8   # tokens a prefill's product multiplies each unpacked block with: 4 rows x 8 tokens x 8 lanes of float32
@@ -405,20 +430,23 @@ def _gemm_intrinsic(kind: str, tile: int = TILE):
                 x4 = _vload(builder, xd_p, builder.add(builder.mul(b, c(tile)), c(4 * q)), vf4)
                 scales.append(builder.fmul(d16, builder.shuffle_vector(x4, x4, quad)))
             v64 = ir.VectorType(I8, 64)
-            if kind in INT8_KINDS:                   # rows 0 and 1, rows 2 and 3: 64 int8 each
+            if kind == "Q8_0":                       # rows 0 and 1, rows 2 and 3: 64 int8 each
                 halves = [builder.bitcast(_vload(builder, q_p, builder.add(builder.mul(b, c(GROUP * QK)), c(h)), v64),
                                           v16) for h in (0, 2 * QK)]
+            elif kind in FIVE_KINDS:                 # the same from the 5-bit block, unpacked once for the tile
+                halves = [builder.bitcast(p, v16) for p in _five_bit_pairs(builder, kind, q_p,
+                                                                           builder.mul(b, c(GROUP * WIDTH[kind])))]
             else:
                 packed = builder.bitcast(_vload(builder, q_p, builder.mul(b, c(GROUP * QK // 2)), v64), v16)
                 low = builder.and_(packed, _vec(I32, [0x0F0F0F0F] * 16))       # values 0 … 15, four a dword
                 high = builder.and_(builder.lshr(packed, _vec(I32, [4] * 16)), _vec(I32, [0x0F0F0F0F] * 16))
             yq_at = builder.mul(b, c(LANES * tile))                              # the block's dwords in y and ys
             for j in range(LANES):
-                if kind in INT8_KINDS:               # row k's dword j in lane k; for Q8_0 y is stored + 128:
+                if kind in ("Q8_0", *FIVE_KINDS):    # row k's dword j in lane k; Q8_0's y is stored + 128:
                     w = builder.shuffle_vector(*halves, _vec(I32, [8 * (i // 4) + j if i < 8
                                                                    else 16 + 8 * (i // 4 - 2) + j for i in range(16)]))
                     w8 = builder.bitcast(w, v64)     # Σ (y + 128)·w − 128·Σ w = Σ y·w, from MAGIC_BITS
-                    if kind == "Q8_0":               # (Q5_1's w are 0 … 31: unsigned bytes against signed y)
+                    if kind in ("Q8_0", "Q5_0"):     # (Q5_1's w are 0 … 31: unsigned bytes against signed y)
                         start_j = builder.sub(_vec(I32, [MAGIC_BITS] * 16),
                                               _dpbusd(builder, _vec(I8, [-128] * 64), w8))
                 else:
@@ -429,7 +457,7 @@ def _gemm_intrinsic(kind: str, tile: int = TILE):
                     at = builder.add(yq_at, c(j * tile + 4 * q))                 # the quad's 4 dwords j
                     y4 = _vload(builder, builder.bitcast(y_p, I32.as_pointer()), at, ir.VectorType(I32, 4))
                     y16 = builder.bitcast(builder.shuffle_vector(y4, y4, quad), v64)
-                    if kind == "Q8_0":
+                    if kind in ("Q8_0", "Q5_0"):
                         lanes = _dpbusd(builder, y16, w8, start_j)
                     elif kind == "Q4_0":
                         s4 = _vload(builder, ys_p, at, ir.VectorType(I32, 4))
@@ -470,7 +498,8 @@ def _gemm_intrinsic(kind: str, tile: int = TILE):
     return gemm
 
 
-_q4_0_gemm, _q4_1_gemm, _q8_0_gemm, _q5_1_gemm = (_gemm_intrinsic(k) for k in ("Q4_0", "Q4_1", "Q8_0", "Q5_1"))
+_q4_0_gemm, _q4_1_gemm, _q8_0_gemm, _q5_0_gemm, _q5_1_gemm = (
+    _gemm_intrinsic(k) for k in ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1"))
 
 
 @numba.njit(**FLAGS)
@@ -539,10 +568,10 @@ def _int8_groups(qs, d, qx, xd, qt, xdt, out, g0, g1):
 
 
 @numba.njit(**FLAGS)
-def _int8_minima_groups(qs, d, m, qx, xd, xs, qt, xdt, xst, out, g0, g1):
-    """out[n, r] for the rows of groups g0 … g1 − 1 of Q5_1 (values 0 … 31 a byte each, w = d·q + m): qs
-    (G, n_blocks, 4, 32) int8, d (G, n_blocks, 4, 1) and m (G, n_blocks, 4) float16 bits, Q8_1's xs for the
-    minima's term; whole tiles (signed: :func:`_quantized_tiles` without ``unsigned``) TILE tokens at a time,
+def _five_groups(qs, d, m, minima, qx, xd, xs, qt, xdt, xst, out, g0, g1):
+    """out[n, r] for the rows of groups g0 … g1 − 1 of Q5_0 (``minima`` 0: w = d·(q − 16), the tiles stored
+    + 128 as Q8_0's) or Q5_1 (``minima`` 1: w = d·q + m, adds Σ_b m_b·xs_b; signed tiles): qs (G, n_blocks, 4,
+    20) the file's qh and nibble bytes, d and m (G, n_blocks, 4) float16 bits; whole tiles TILE tokens at a time,
     the rest one by one: the same bits either way."""
     n_blocks, n_rows, n_tiles = qs.shape[1], out.shape[1], xdt.shape[0]
     last = np.empty(GROUP * TILE, np.float32)
@@ -551,28 +580,34 @@ def _int8_minima_groups(qs, d, m, qx, xd, xs, qt, xdt, xst, out, g0, g1):
     for c0 in range(0, n_tiles, chunk):
         for g in range(g0, g1):
             full = (g + 1) * GROUP <= n_rows
-            q_at, dm_at = g * n_blocks * GROUP * QK, g * n_blocks * GROUP
+            q_at, dm_at = g * n_blocks * GROUP * 20, g * n_blocks * GROUP
             for i in range(c0, min(n_tiles, c0 + chunk)):
                 res, at, stride = (flat, i * TILE * n_rows + g * GROUP, n_rows) if full else (last, 0, GROUP)
-                _q5_1_gemm(qs, q_at, d, m, dm_at, qt, qt, xdt, xst, i * n_blocks * TILE, n_blocks, res, at, stride)
+                if minima:
+                    _q5_1_gemm(qs, q_at, d, m, dm_at, qt, qt, xdt, xst, i * n_blocks * TILE, n_blocks, res, at, stride)
+                else:
+                    _q5_0_gemm(qs, q_at, d, d, dm_at, qt, qt, xdt, xdt, i * n_blocks * TILE, n_blocks, res, at, stride)
                 if not full:
                     for t in range(TILE):
                         out[i * TILE + t, g * GROUP:] = last[t * GROUP:t * GROUP + n_rows - g * GROUP]
     for g in range(g0, g1):
         full = (g + 1) * GROUP <= n_rows
-        q_at, dm_at = g * n_blocks * GROUP * QK, g * n_blocks * GROUP
+        q_at, dm_at = g * n_blocks * GROUP * 20, g * n_blocks * GROUP
         for n in range(n_tiles * TILE, qx.shape[0]):
             res, at = (flat, n * n_rows + g * GROUP) if full else (last, 0)
-            _q5_1_group(qs, q_at, d, m, dm_at, qx, n * n_blocks * QK, xd, xs, n * n_blocks, n_blocks, res, at)
+            if minima:
+                _q5_1_group(qs, q_at, d, m, dm_at, qx, n * n_blocks * QK, xd, xs, n * n_blocks, n_blocks, res, at)
+            else:
+                _q5_0_group(qs, q_at, d, d, dm_at, qx, n * n_blocks * QK, xd, xd, n * n_blocks, n_blocks, res, at)
             if not full:
                 out[n, g * GROUP:] = last[:n_rows - g * GROUP]
 
 
 @numba.njit(parallel=True, **FLAGS)
-def _int8_minima_parallel(qs, d, m, qx, xd, xs, qt, xdt, xst, out, chunks):
+def _five_parallel(qs, d, m, minima, qx, xd, xs, qt, xdt, xst, out, chunks):
     step = -(-qs.shape[0] // chunks)
     for c in prange(chunks):
-        _int8_minima_groups(qs, d, m, qx, xd, xs, qt, xdt, xst, out, c * step, min(qs.shape[0], (c + 1) * step))
+        _five_groups(qs, d, m, minima, qx, xd, xs, qt, xdt, xst, out, c * step, min(qs.shape[0], (c + 1) * step))
 
 
 @numba.njit(parallel=True, **FLAGS)
@@ -677,9 +712,9 @@ def _int8_product(qs, d, x, out):
 
 
 @numba.njit(**FLAGS)
-def _int8_minima_product(qs, d, m, x, out):
-    qx, xd, xs, qt, _, xdt, xst = _quantized_tiles(x, False)
-    _int8_minima_groups(qs, d, m, qx, xd, xs, qt, xdt, xst, out, 0, qs.shape[0])
+def _five_product(qs, d, m, minima, x, out):
+    qx, xd, xs, qt, _, xdt, xst = _quantized_tiles(x, minima == 0)
+    _five_groups(qs, d, m, minima, qx, xd, xs, qt, xdt, xst, out, 0, qs.shape[0])
 
 
 def quantize(x):
@@ -689,27 +724,27 @@ def quantize(x):
 
 def matmul(qtype: str, qs, d, m, x, out, threads: int = 1, pool=None) -> None:
     """out (N, R) = x (N, d_in) times the rows of a Q4_0, Q4_1, Q8_0, Q5_0 or Q5_1 weight in grouped planes (d
-    and m as float16 bits; Q5's values unpacked to a byte each, Q5_0's signed q − 16 multiplied as Q8_0's int8),
-    x rounded to 8 bits per block first; over ``threads`` of numba's threads (1: the calling thread), or with
-    ``pool`` (a ThreadPoolExecutor) over its threads, a range of groups each (the kernels release the GIL).
-    Each output is one row's and one token's sum: neither the threads nor N change it."""
+    and m as float16 bits; Q5's values as the file packs them, qh and nibbles), x rounded to 8 bits per block
+    first; over ``threads`` of numba's threads (1: the calling thread), or with ``pool`` (a ThreadPoolExecutor)
+    over its threads, a range of groups each (the kernels release the GIL). Each output is one row's and one
+    token's sum: neither the threads nor N change it."""
     off = np.int32(8 if qtype == "Q4_0" else 0)
-    int8 = qtype in ("Q8_0", "Q5_0")                              # signed bytes: the Q8_0 kernels
+    minima = np.int32(1 if qtype == "Q5_1" else 0)
     m = d if m is None else m                                     # Q4_0 has no minima (never read: off 8)
     if pool is None and threads <= 1:                             # a decode step's product: one call
-        if int8:
+        if qtype == "Q8_0":
             call(_int8_product, qs, d, x, out)
-        elif qtype == "Q5_1":
-            call(_int8_minima_product, qs, d, m, x, out)
+        elif qtype in ("Q5_0", "Q5_1"):
+            call(_five_product, qs, d, m, minima, x, out)
         else:
             call(_nibbles_product, qs, d, m, off, x, out)
         return
-    qx, xd, xs, qt, ys, xdt, xst = call(_quantized_tiles, x, int8)
+    qx, xd, xs, qt, ys, xdt, xst = call(_quantized_tiles, x, qtype in ("Q8_0", "Q5_0"))
     groups = qs.shape[0]
-    if int8:
+    if qtype == "Q8_0":
         serial, parallel, args = _int8_groups, _int8_parallel, (qs, d, qx, xd, qt, xdt, out)
-    elif qtype == "Q5_1":
-        serial, parallel, args = _int8_minima_groups, _int8_minima_parallel, (qs, d, m, qx, xd, xs, qt, xdt, xst, out)
+    elif qtype in ("Q5_0", "Q5_1"):
+        serial, parallel, args = _five_groups, _five_parallel, (qs, d, m, minima, qx, xd, xs, qt, xdt, xst, out)
     else:
         serial, parallel, args = _nibbles_groups, _nibbles_parallel, (qs, d, m, off, qx, xd, xs, qt, ys, xdt, xst, out)
     if pool is not None:

@@ -71,10 +71,11 @@ def quantize_q8(x: np.ndarray):
 
 def integer_values(w: QuantizedMatrix) -> np.ndarray:
     """The weight's integers (d_out, n_blocks, 32) int32 in value order: Q4_0's q − 8, Q4_1's q, Q8_0's q,
-    Q5_0's q − 16 and Q5_1's q (the planes hold these two unpacked:
-    :func:`attnlab.kernels.quantized.block_planes`)."""
+    Q5_0's q − 16 and Q5_1's q (their fifth bits from qh: :func:`attnlab.kernels.quantized.five_bit_values`)."""
+    if w.qtype in quantized.FIVE_BIT_TYPES:
+        return quantized.five_bit_values(w.rows("qs"), w.qtype).astype(np.int32)   # (R, n_blocks, 32)
     qs = w.rows("qs").astype(np.int32)                                        # (R, n_blocks, 16 or 32)
-    if w.qtype in ("Q8_0", "Q5_0", "Q5_1"):
+    if w.qtype == "Q8_0":
         return qs
     q = np.concatenate([qs & 15, qs >> 4], axis=-1)                           # (R, n_blocks, 32)
     return q - 8 if w.qtype == "Q4_0" else q
@@ -132,8 +133,8 @@ def _kernels():
 class Q8ActivationMatrix(QuantizedMatrix):
     """A :class:`attnlab.kernels.quantized.QuantizedMatrix` (Q4_0, Q4_1, Q8_0, Q5_0 or Q5_1) whose ``x @ W``
     rounds x to 8 bits per block and multiplies integers, as llama.cpp does (the module's docstring): any number
-    of tokens, each token's outputs its own (a prefill gives the decode step's values). Q5_0 and Q5_1 hold planes
-    of this mode only (their values unpacked to a byte each); the exact mode keeps those types in float32."""
+    of tokens, each token's outputs its own (a prefill gives the decode step's values). Q5_0 and Q5_1 are this
+    mode's only (their planes the file's bytes, unpacked in registers); the exact mode keeps them in float32."""
 
     def __init__(self, raw: np.ndarray, qtype: str, d_in: int):
         if qtype not in INT_TYPES:
