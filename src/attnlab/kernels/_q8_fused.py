@@ -268,11 +268,16 @@ def _five_bit_pairs(builder, kind, q_p, q_b):
     20k, its 16 nibble bytes at 20k + 4): rows 2h and 2h + 1's values in value order, the fifth bit of value t
     bit t of the row's little-endian qh (llama.cpp's ``bytes_from_bits_32``): Q5_1's q (0 … 31), Q5_0's q − 16
     (int8)."""
-    v80 = _vload(builder, q_p, q_b, ir.VectorType(I8, GROUP * 20))
-    nibbles = builder.shuffle_vector(v80, v80, _vec(I32, [20 * k + 4 + u for k in range(GROUP) for u in range(16)]))
+    head = _vload(builder, q_p, q_b, ir.VectorType(I8, 64))              # bytes 0 … 63, and 64 … 79 (four times)
+    tail = _vload(builder, q_p, builder.add(q_b, ir.Constant(q_b.type, 64)), ir.VectorType(I8, 16))
+    tail = builder.shuffle_vector(tail, tail, _vec(I32, [i % 16 for i in range(64)]))
+
+    def take(at):                            # the block's bytes at ``at`` (< 80; tail's first 16 are 64 … 79)
+        return builder.shuffle_vector(head, tail, _vec(I32, at))
+    nibbles = take([20 * k + 4 + u for k in range(GROUP) for u in range(16)])
     pairs = []
     for h, values in enumerate(_nibble_pairs(builder, nibbles)):
-        qh = builder.shuffle_vector(v80, v80, _vec(I32, [20 * (2 * h + i // 32) + (i % 32) // 8 for i in range(64)]))
+        qh = take([20 * (2 * h + i // 32) + (i % 32) // 8 for i in range(64)])
         bit = builder.and_(qh, _vec(I8, [((1 << (i % 8)) + 128) % 256 - 128 for i in range(64)]))
         set_ = builder.icmp_unsigned("!=", bit, _vec(I8, [0] * 64))
         q = builder.or_(values, builder.select(set_, _vec(I8, [16] * 64), _vec(I8, [0] * 64)))
