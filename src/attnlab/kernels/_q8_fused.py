@@ -20,6 +20,10 @@ intrinsic kept them in memory, a load and a store per block and row):
 
 - one 64-byte load holds a block of the four rows (Q4: 16 bytes each; Q8_0: two loads of 64), split into
   two rows per 512-bit register, each row's lanes in its own half, x's block loaded once for the four;
+- Q5_0 and Q5_1 (:func:`_five_bit_pairs`): a group's block is 80 bytes, each row's qh and 16 nibble bytes as
+  the file holds them (a 64- and a 16-byte load); the nibbles unpacked as Q4's, each value's fifth bit tested
+  in qh (llama.cpp's ``bytes_from_bits_32``) and ORed in as 16, Q5_0's values then less 16 and multiplied as
+  Q8_0's int8, Q5_1's (0 … 31) as unsigned bytes with Q4_1's minima;
 - ``vpdpbusd`` on 512-bit registers where the CPU has AVX-512 VNNI (:data:`VNNI_512`), two of 256 bits where
   it has AVX-VNNI alone (:func:`vnni_rule`), else plain IR that LLVM lowers to ``vpmaddwd`` and ``vphaddd``
   (AVX2);
@@ -257,7 +261,8 @@ def _nibble_pairs(builder, packed):
     """Two <64 x i8> of the four rows' 16 packed bytes each (``packed``, <64 x i8>, row k's at 16k): rows 2h and
     2h + 1's 32 values in value order (value t in byte t's low nibble, t + 16 in its high one), 0 … 15."""
     low, high = builder.and_(packed, _vec(I8, [15] * 64)), builder.lshr(packed, _vec(I8, [4] * 64))
-    return [builder.shuffle_vector(low, high, _vec(I32, [*range(32 * h, 32 * h + 16), *range(64 + 32 * h, 64 + 32 * h + 16),
+    return [builder.shuffle_vector(low, high, _vec(I32, [*range(32 * h, 32 * h + 16),
+                                                         *range(64 + 32 * h, 64 + 32 * h + 16),
                                                          *range(32 * h + 16, 32 * h + 32),
                                                          *range(80 + 32 * h, 80 + 32 * h + 16)]))
             for h in (0, 1)]
