@@ -210,7 +210,7 @@ from attnlab.kernels import _q8_fused
 from attnlab.kernels.q8_activations import Q8ActivationMatrix, reference_matmul
 """ + setup + """
 rng = np.random.default_rng(1)
-for qtype in ("Q4_0", "Q4_1", "Q8_0"):
+for qtype in ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1"):
     W = Q8ActivationMatrix(quantize((rng.standard_normal((30, 96)) * 0.05).astype(np.float32), T[qtype]), qtype, 96)
     for n in (3, 21):                  # 21: two tiles of the prefill's GEMM, then five tokens one by one
         x = rng.standard_normal((n, 96)).astype(np.float32)

@@ -126,6 +126,29 @@ def llama_cpp_installed() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
+QUANTIZE = r"""
+import ctypes, sys
+import llama_cpp
+lib = llama_cpp.llama_cpp
+params = lib.llama_model_quantize_default_params()
+params.ftype = getattr(lib, "LLAMA_FTYPE_MOSTLY_" + sys.argv[3])
+params.allow_requantize = True
+params.nthread = 1
+sys.exit(lib.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(params)))
+"""
+
+
+def requantize(src, dst, ftype: str) -> None:
+    """The GGUF ``src`` requantized by llama.cpp's own ``llama_model_quantize`` to ``dst`` in ``ftype`` (a
+    ``LLAMA_FTYPE_MOSTLY_*`` name: "Q5_0", "Q5_1", "Q4_K_M", …; llama.cpp picks each tensor's type, e.g. Q5_0
+    for a Q4_K_M tensor whose rows are not a multiple of 256), in a process of its own (a dev reference: the
+    8-bit-activation checks' files; llama_cpp is never a dependency)."""
+    run = subprocess.run([sys.executable, "-c", QUANTIZE, str(src), str(dst), ftype], capture_output=True,
+                         text=True, timeout=1800)
+    if run.returncode != 0:
+        raise RuntimeError(f"llama_model_quantize to {ftype} failed ({run.returncode}): {run.stderr[-500:]}")
+
+
 class LlamaProcess:
     """llama.cpp on ``path`` with ``threads`` threads (``threads_batch`` for prompts; default the same) and
     flash-attention on or off, in a child process (a context manager)."""

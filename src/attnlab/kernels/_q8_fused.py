@@ -20,6 +20,10 @@ intrinsic kept them in memory, a load and a store per block and row):
 
 - one 64-byte load holds a block of the four rows (Q4: 16 bytes each; Q8_0: two loads of 64), split into
   two rows per 512-bit register, each row's lanes in its own half, x's block loaded once for the four;
+- Q5_0 and Q5_1 (:func:`_five_bit_pairs`): a group's block is 80 bytes, each row's qh and 16 nibble bytes as
+  the file holds them (a 64- and a 16-byte load); the nibbles unpacked as Q4's, each value's fifth bit tested
+  in qh (llama.cpp's ``bytes_from_bits_32``) and ORed in as 16, Q5_0's values then less 16 and multiplied as
+  Q8_0's int8, Q5_1's (0 … 31) as unsigned bytes with Q4_1's minima;
 - ``vpdpbusd`` on 512-bit registers where the CPU has AVX-512 VNNI (:data:`VNNI_512`), two of 256 bits where
   it has AVX-VNNI alone (:func:`vnni_rule`), else plain IR that LLVM lowers to ``vpmaddwd`` and ``vphaddd``
   (AVX2);
@@ -69,6 +73,9 @@ PREFETCH_BYTES = 4096   # the values are prefetched this far ahead of the block 
 
 
 I8, I32, F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
+FIVE_KINDS = ("Q5_0", "Q5_1")   # a row's block: the file's qh (4 bytes) and 16 nibble bytes, unpacked in registers
+MINIMA_KINDS = ("Q4_1", "Q5_1")  # w = d·q + m: the minima's term Σ_b m_b·xs_b
+WIDTH = {"Q8_0": QK, "Q5_0": 20, "Q5_1": 20, "Q4_0": QK // 2, "Q4_1": QK // 2}   # bytes of one row's block
 
 
 @intrinsic
@@ -246,6 +253,39 @@ def _hsum_rows(builder, accs):
     return builder.fadd(builder.fadd(col[0], col[2]), builder.fadd(col[1], col[3]))
 
 
+def _nibble_pairs(builder, packed):
+    """Two <64 x i8> of the four rows' 16 packed bytes each (``packed``, <64 x i8>, row k's at 16k): rows 2h and
+    2h + 1's 32 values in value order (value t in byte t's low nibble, t + 16 in its high one), 0 … 15."""
+    low, high = builder.and_(packed, _vec(I8, [15] * 64)), builder.lshr(packed, _vec(I8, [4] * 64))
+    return [builder.shuffle_vector(low, high, _vec(I32, [*range(32 * h, 32 * h + 16),
+                                                         *range(64 + 32 * h, 64 + 32 * h + 16),
+                                                         *range(32 * h + 16, 32 * h + 32),
+                                                         *range(80 + 32 * h, 80 + 32 * h + 16)]))
+            for h in (0, 1)]
+
+
+def _five_bit_pairs(builder, kind, q_p, q_b):
+    """Two <64 x i8> of a group's Q5 block (80 bytes at element ``q_b`` of the pointer ``q_p``: row k's qh at
+    20k, its 16 nibble bytes at 20k + 4): rows 2h and 2h + 1's values in value order, the fifth bit of value t
+    bit t of the row's little-endian qh (llama.cpp's ``bytes_from_bits_32``): Q5_1's q (0 … 31), Q5_0's q − 16
+    (int8)."""
+    head = _vload(builder, q_p, q_b, ir.VectorType(I8, 64))              # bytes 0 … 63, and 64 … 79 (four times)
+    tail = _vload(builder, q_p, builder.add(q_b, ir.Constant(q_b.type, 64)), ir.VectorType(I8, 16))
+    tail = builder.shuffle_vector(tail, tail, _vec(I32, [i % 16 for i in range(64)]))
+
+    def take(at):                            # the block's bytes at ``at`` (< 80; tail's first 16 are 64 … 79)
+        return builder.shuffle_vector(head, tail, _vec(I32, at))
+    nibbles = take([20 * k + 4 + u for k in range(GROUP) for u in range(16)])
+    pairs = []
+    for h, values in enumerate(_nibble_pairs(builder, nibbles)):
+        qh = take([20 * (2 * h + i // 32) + (i % 32) // 8 for i in range(64)])
+        bit = builder.and_(qh, _vec(I8, [((1 << (i % 8)) + 128) % 256 - 128 for i in range(64)]))
+        set_ = builder.icmp_unsigned("!=", bit, _vec(I8, [0] * 64))
+        q = builder.or_(values, builder.select(set_, _vec(I8, [16] * 64), _vec(I8, [0] * 64)))
+        pairs.append(builder.sub(q, _vec(I8, [16] * 64)) if kind == "Q5_0" else q)
+    return pairs
+
+
 def _group_intrinsic(kind: str):
     """An intrinsic ``(qs, q_at, d, m, dm_at, y, y_at, xd, xs, x_at, n_blocks, acc, summs)``: one group of GROUP
     rows against one token, every block, the accumulators in registers: for block b, row k,
@@ -254,7 +294,7 @@ def _group_intrinsic(kind: str):
     ``qs`` from element ``q_at`` (n_blocks blocks of GROUP rows' 16 packed bytes, or 32 int8 for Q8_0), ``d``
     and ``m`` (float16 bits) from ``dm_at`` (GROUP per block), ``y`` (int8) from ``y_at`` (32 per block), ``xd``
     and ``xs`` from ``x_at`` (one per block); ``n_blocks`` >= 1."""
-    width = QK if kind == "Q8_0" else QK // 2           # bytes of one row's block
+    width = WIDTH[kind]                                 # bytes of one row's block
     vf, vf4 = ir.VectorType(F32, 2 * LANES), ir.VectorType(F32, GROUP)    # two rows' lanes; one per row
 
     @intrinsic
@@ -296,20 +336,16 @@ def _group_intrinsic(kind: str):
             v64 = ir.VectorType(I8, 2 * QK)
             if kind == "Q8_0":                       # rows 0 and 1, rows 2 and 3: 64 int8 each
                 pairs = [_vload(builder, q_p, builder.add(q_b, ir.Constant(i64, h)), v64) for h in (0, 2 * QK)]
+            elif kind in FIVE_KINDS:                 # the four rows' 20 bytes: values with their fifth bit
+                pairs = _five_bit_pairs(builder, kind, q_p, q_b)
             else:                                    # the four rows' 16 bytes: low nibbles, high, row by row
-                packed = _vload(builder, q_p, q_b, v64)
-                low, high = builder.and_(packed, _vec(I8, [15] * 64)), builder.lshr(packed, _vec(I8, [4] * 64))
-                pairs = [builder.shuffle_vector(low, high, _vec(I32, [*range(32 * h, 32 * h + 16),
-                                                                      *range(64 + 32 * h, 64 + 32 * h + 16),
-                                                                      *range(32 * h + 16, 32 * h + 32),
-                                                                      *range(80 + 32 * h, 80 + 32 * h + 16)]))
-                         for h in (0, 1)]
+                pairs = _nibble_pairs(builder, _vload(builder, q_p, q_b, v64))
             new_accs = []
             for h, w in enumerate(pairs):            # rows 2h and 2h + 1, eight lanes each
-                lanes = _block_lanes(builder, kind, w, y2, y_sums)
+                lanes = _block_lanes(builder, "Q8_0" if kind == "Q5_0" else kind, w, y2, y_sums)
                 scale = builder.shuffle_vector(dd, dd, _vec(I32, [2 * h] * LANES + [2 * h + 1] * LANES))
                 new_accs.append(_fma(builder, scale, builder.sitofp(lanes, vf), accs[h]))   # llama.cpp's fmadd
-            if kind == "Q4_1":
+            if kind in MINIMA_KINDS:
                 m4 = builder.fpext(builder.bitcast(_vload(builder, m_p, dm_at_b, ir.VectorType(ir.IntType(16), GROUP)),
                                                    ir.VectorType(ir.HalfType(), GROUP)), vf4)
                 new_summ = builder.fadd(summ, builder.fmul(m4, _splat(builder, builder.load(builder.gep(xs_p, [b])),
@@ -321,7 +357,7 @@ def _group_intrinsic(kind: str):
             builder.position_at_end(done)
             rows = [builder.shuffle_vector(a, a, _vec(I32, range(h, h + LANES))) for a in new_accs for h in (0, LANES)]
             total = _hsum_rows(builder, rows)                                # <4 x float> a row's sum each
-            if kind == "Q4_1":
+            if kind in MINIMA_KINDS:
                 total = builder.fadd(total, new_summ)
             res_p = _ptr(context, builder, t[11], res_v, res_at_v)
             builder.store(total, builder.bitcast(res_p, vf4.as_pointer()), align=4)
@@ -330,7 +366,8 @@ def _group_intrinsic(kind: str):
     return group
 
 
-_q4_0_group, _q4_1_group, _q8_0_group = (_group_intrinsic(k) for k in ("Q4_0", "Q4_1", "Q8_0"))
+_q4_0_group, _q4_1_group, _q8_0_group, _q5_0_group, _q5_1_group = (
+    _group_intrinsic(k) for k in ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1"))
 
 
 TILE = 8   # tokens a prefill's product multiplies each unpacked block with: 4 rows x 8 tokens x 8 lanes of float32
@@ -402,17 +439,22 @@ def _gemm_intrinsic(kind: str, tile: int = TILE):
             if kind == "Q8_0":                       # rows 0 and 1, rows 2 and 3: 64 int8 each
                 halves = [builder.bitcast(_vload(builder, q_p, builder.add(builder.mul(b, c(GROUP * QK)), c(h)), v64),
                                           v16) for h in (0, 2 * QK)]
+            elif kind in FIVE_KINDS:                 # the same from the 5-bit block, unpacked once for the tile
+                halves = [builder.bitcast(p, v16) for p in _five_bit_pairs(builder, kind, q_p,
+                                                                           builder.mul(b, c(GROUP * WIDTH[kind])))]
             else:
                 packed = builder.bitcast(_vload(builder, q_p, builder.mul(b, c(GROUP * QK // 2)), v64), v16)
                 low = builder.and_(packed, _vec(I32, [0x0F0F0F0F] * 16))       # values 0 … 15, four a dword
                 high = builder.and_(builder.lshr(packed, _vec(I32, [4] * 16)), _vec(I32, [0x0F0F0F0F] * 16))
             yq_at = builder.mul(b, c(LANES * tile))                              # the block's dwords in y and ys
             for j in range(LANES):
-                if kind == "Q8_0":                   # row k's dword j in lane k; y is stored + 128 (unsigned):
+                if kind in ("Q8_0", *FIVE_KINDS):    # row k's dword j in lane k; Q8_0's y is stored + 128:
                     w = builder.shuffle_vector(*halves, _vec(I32, [8 * (i // 4) + j if i < 8
                                                                    else 16 + 8 * (i // 4 - 2) + j for i in range(16)]))
                     w8 = builder.bitcast(w, v64)     # Σ (y + 128)·w − 128·Σ w = Σ y·w, from MAGIC_BITS
-                    start_j = builder.sub(_vec(I32, [MAGIC_BITS] * 16), _dpbusd(builder, _vec(I8, [-128] * 64), w8))
+                    if kind in ("Q8_0", "Q5_0"):     # (Q5_1's w are 0 … 31: unsigned bytes against signed y)
+                        start_j = builder.sub(_vec(I32, [MAGIC_BITS] * 16),
+                                              _dpbusd(builder, _vec(I8, [-128] * 64), w8))
                 else:
                     src = low if j < 4 else high
                     w8 = builder.bitcast(builder.shuffle_vector(src, src, _vec(I32, [4 * (i // 4) + j % 4
@@ -421,7 +463,7 @@ def _gemm_intrinsic(kind: str, tile: int = TILE):
                     at = builder.add(yq_at, c(j * tile + 4 * q))                 # the quad's 4 dwords j
                     y4 = _vload(builder, builder.bitcast(y_p, I32.as_pointer()), at, ir.VectorType(I32, 4))
                     y16 = builder.bitcast(builder.shuffle_vector(y4, y4, quad), v64)
-                    if kind == "Q8_0":
+                    if kind in ("Q8_0", "Q5_0"):
                         lanes = _dpbusd(builder, y16, w8, start_j)
                     elif kind == "Q4_0":
                         s4 = _vload(builder, ys_p, at, ir.VectorType(I32, 4))
@@ -431,7 +473,7 @@ def _gemm_intrinsic(kind: str, tile: int = TILE):
                     value = builder.fsub(builder.bitcast(lanes, vf), ir.Constant(vf, [MAGIC] * 16))
                     accs[j][q] = (accs[j][q], _fma(builder, scales[q], value, accs[j][q]))
             new_summs = []
-            if kind == "Q4_1":
+            if kind in MINIMA_KINDS:
                 m4 = builder.fpext(builder.bitcast(_vload(builder, m_p, dm_at_b, ir.VectorType(ir.IntType(16), GROUP)),
                                                    ir.VectorType(ir.HalfType(), GROUP)), vf4)
                 m16 = builder.shuffle_vector(m4, m4, by_row)
@@ -449,7 +491,7 @@ def _gemm_intrinsic(kind: str, tile: int = TILE):
                 a = [accs[j][q][1] for j in range(LANES)]
                 total = builder.fadd(builder.fadd(builder.fadd(a[0], a[4]), builder.fadd(a[2], a[6])),
                                      builder.fadd(builder.fadd(a[1], a[5]), builder.fadd(a[3], a[7])))
-                if kind == "Q4_1":
+                if kind in MINIMA_KINDS:
                     total = builder.fadd(total, new_summs[q])
                 by_token = builder.shuffle_vector(total, total,
                                                   _vec(I32, [4 * k + u for u in range(4) for k in range(4)]))
@@ -462,7 +504,8 @@ def _gemm_intrinsic(kind: str, tile: int = TILE):
     return gemm
 
 
-_q4_0_gemm, _q4_1_gemm, _q8_0_gemm = (_gemm_intrinsic(k) for k in ("Q4_0", "Q4_1", "Q8_0"))
+_q4_0_gemm, _q4_1_gemm, _q8_0_gemm, _q5_0_gemm, _q5_1_gemm = (
+    _gemm_intrinsic(k) for k in ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1"))
 
 
 @numba.njit(**FLAGS)
@@ -528,6 +571,49 @@ def _int8_groups(qs, d, qx, xd, qt, xdt, out, g0, g1):
             _q8_0_group(qs, q_at, d, d, dm_at, qx, n * n_blocks * QK, xd, xd, n * n_blocks, n_blocks, res, at)
             if not full:
                 out[n, g * GROUP:] = last[:n_rows - g * GROUP]
+
+
+@numba.njit(**FLAGS)
+def _five_groups(qs, d, m, minima, qx, xd, xs, qt, xdt, xst, out, g0, g1):
+    """out[n, r] for the rows of groups g0 … g1 − 1 of Q5_0 (``minima`` 0: w = d·(q − 16), the tiles stored
+    + 128 as Q8_0's) or Q5_1 (``minima`` 1: w = d·q + m, adds Σ_b m_b·xs_b; signed tiles): qs (G, n_blocks, 4,
+    20) the file's qh and nibble bytes, d and m (G, n_blocks, 4) float16 bits; whole tiles TILE tokens at a time,
+    the rest one by one: the same bits either way."""
+    n_blocks, n_rows, n_tiles = qs.shape[1], out.shape[1], xdt.shape[0]
+    last = np.empty(GROUP * TILE, np.float32)
+    flat = out.reshape(-1)
+    chunk = max(1, CHUNK_BYTES // (TILE * n_blocks * QK))
+    for c0 in range(0, n_tiles, chunk):
+        for g in range(g0, g1):
+            full = (g + 1) * GROUP <= n_rows
+            q_at, dm_at = g * n_blocks * GROUP * 20, g * n_blocks * GROUP
+            for i in range(c0, min(n_tiles, c0 + chunk)):
+                res, at, stride = (flat, i * TILE * n_rows + g * GROUP, n_rows) if full else (last, 0, GROUP)
+                if minima:
+                    _q5_1_gemm(qs, q_at, d, m, dm_at, qt, qt, xdt, xst, i * n_blocks * TILE, n_blocks, res, at, stride)
+                else:
+                    _q5_0_gemm(qs, q_at, d, d, dm_at, qt, qt, xdt, xdt, i * n_blocks * TILE, n_blocks, res, at, stride)
+                if not full:
+                    for t in range(TILE):
+                        out[i * TILE + t, g * GROUP:] = last[t * GROUP:t * GROUP + n_rows - g * GROUP]
+    for g in range(g0, g1):
+        full = (g + 1) * GROUP <= n_rows
+        q_at, dm_at = g * n_blocks * GROUP * 20, g * n_blocks * GROUP
+        for n in range(n_tiles * TILE, qx.shape[0]):
+            res, at = (flat, n * n_rows + g * GROUP) if full else (last, 0)
+            if minima:
+                _q5_1_group(qs, q_at, d, m, dm_at, qx, n * n_blocks * QK, xd, xs, n * n_blocks, n_blocks, res, at)
+            else:
+                _q5_0_group(qs, q_at, d, d, dm_at, qx, n * n_blocks * QK, xd, xd, n * n_blocks, n_blocks, res, at)
+            if not full:
+                out[n, g * GROUP:] = last[:n_rows - g * GROUP]
+
+
+@numba.njit(parallel=True, **FLAGS)
+def _five_parallel(qs, d, m, minima, qx, xd, xs, qt, xdt, xst, out, chunks):
+    step = -(-qs.shape[0] // chunks)
+    for c in prange(chunks):
+        _five_groups(qs, d, m, minima, qx, xd, xs, qt, xdt, xst, out, c * step, min(qs.shape[0], (c + 1) * step))
 
 
 @numba.njit(parallel=True, **FLAGS)
@@ -631,28 +717,40 @@ def _int8_product(qs, d, x, out):
     _int8_groups(qs, d, qx, xd, qt, xdt, out, 0, qs.shape[0])
 
 
+@numba.njit(**FLAGS)
+def _five_product(qs, d, m, minima, x, out):
+    qx, xd, xs, qt, _, xdt, xst = _quantized_tiles(x, minima == 0)
+    _five_groups(qs, d, m, minima, qx, xd, xs, qt, xdt, xst, out, 0, qs.shape[0])
+
+
 def quantize(x):
     """(qx, xd, xs) of x (N, d_in) float32 C-contiguous: :func:`quantize_blocks` into new arrays."""
     return call(_quantized, x)
 
 
 def matmul(qtype: str, qs, d, m, x, out, threads: int = 1, pool=None) -> None:
-    """out (N, R) = x (N, d_in) times the rows of a Q4_0, Q4_1 or Q8_0 weight in grouped planes (d and m as
-    float16 bits), x rounded to 8 bits per block first; over ``threads`` of numba's threads (1: the calling
-    thread), or with ``pool`` (a ThreadPoolExecutor) over its threads, a range of groups each (the kernels
-    release the GIL). Each output is one row's and one token's sum: neither the threads nor N change it."""
+    """out (N, R) = x (N, d_in) times the rows of a Q4_0, Q4_1, Q8_0, Q5_0 or Q5_1 weight in grouped planes (d
+    and m as float16 bits; Q5's values as the file packs them, qh and nibbles), x rounded to 8 bits per block
+    first; over ``threads`` of numba's threads (1: the calling thread), or with ``pool`` (a ThreadPoolExecutor)
+    over its threads, a range of groups each (the kernels release the GIL). Each output is one row's and one
+    token's sum: neither the threads nor N change it."""
     off = np.int32(8 if qtype == "Q4_0" else 0)
+    minima = np.int32(1 if qtype == "Q5_1" else 0)
     m = d if m is None else m                                     # Q4_0 has no minima (never read: off 8)
     if pool is None and threads <= 1:                             # a decode step's product: one call
         if qtype == "Q8_0":
             call(_int8_product, qs, d, x, out)
+        elif qtype in ("Q5_0", "Q5_1"):
+            call(_five_product, qs, d, m, minima, x, out)
         else:
             call(_nibbles_product, qs, d, m, off, x, out)
         return
-    qx, xd, xs, qt, ys, xdt, xst = call(_quantized_tiles, x, qtype == "Q8_0")
+    qx, xd, xs, qt, ys, xdt, xst = call(_quantized_tiles, x, qtype in ("Q8_0", "Q5_0"))
     groups = qs.shape[0]
     if qtype == "Q8_0":
         serial, parallel, args = _int8_groups, _int8_parallel, (qs, d, qx, xd, qt, xdt, out)
+    elif qtype in ("Q5_0", "Q5_1"):
+        serial, parallel, args = _five_groups, _five_parallel, (qs, d, m, minima, qx, xd, xs, qt, xdt, xst, out)
     else:
         serial, parallel, args = _nibbles_groups, _nibbles_parallel, (qs, d, m, off, qx, xd, xs, qt, ys, xdt, xst, out)
     if pool is not None:

@@ -38,6 +38,7 @@ from ._step import answers
 # the types with a fused kernel, and each one's values per byte of payload (4-bit: two per byte); the
 # K-quants multiply as 32-value blocks of Q4_1's form (Q4_K) or Q8_0's with a scale per 16 (Q6_K)
 KERNEL_TYPES = {"Q4_0": 2, "Q4_1": 2, "Q8_0": 1, "Q4_K": 2, "Q6_K": 1}
+FIVE_BIT_TYPES = ("Q5_0", "Q5_1")  # planes only (the 8-bit-activation mode's): the file's qh and nibbles
 INT8_TYPES = ("Q8_0", "Q6_K")      # kept as int8 values (Q6_K's 6-bit values unpacked: 1 byte each)
 SCRATCH_BYTES = 4 * 2**20          # a prefill dequantizes this much float32 at a time (fits L2/L3)
 GROUP = 4          # rows whose blocks lie side by side: _quant_fused.GROUP (the kernels, numba), tested equal
@@ -146,7 +147,11 @@ class QuantizedMatrix:
         the values ``gguf.quants`` rebuilds, bit for bit, by numpy from the planes (d·(q − off) + m)."""
         keep = slice(None) if rows is None else rows
         qs, d = self.rows("qs")[keep], self.rows("d")[keep].astype(np.float32)        # (R, n_blocks, ...)
-        if self.qtype in INT8_TYPES:                                                   # d (R, n_blocks, 1 or 2)
+        if self.qtype in FIVE_BIT_TYPES:                                               # d (R, n_blocks)
+            w = d[..., None] * five_bit_values(qs, self.qtype).astype(np.float32)      # (R, n_blocks, 32)
+            if self.qtype == "Q5_1":
+                w = w + self.rows("m")[keep].astype(np.float32)[..., None]             # (R, n_blocks, 32)
+        elif self.qtype in INT8_TYPES:                                                 # d (R, n_blocks, 1 or 2)
             q = qs.astype(np.float32).reshape(*d.shape, -1)                            # (R, n_blocks, 1 or 2, ...)
             w = q * d[..., None]                                                       # (R, n_blocks, 1 or 2, ...)
         else:
@@ -246,8 +251,11 @@ def consecutive_groups(parts):
 
 
 def block_planes(raw: np.ndarray, qtype: str, d_in: int):
-    """(qs, d, m) with a row per output of Q4_0, Q4_1 or Q8_0 bytes ``raw`` (d_out, bytes): each block's
-    float16 scale (and minimum) before its values, as ``gguf.quants`` reads them (m None without one)."""
+    """(qs, d, m) with a row per output of Q4_0, Q4_1, Q8_0, Q5_0 or Q5_1 bytes ``raw`` (d_out, bytes): each
+    block's float16 scale (and minimum) before its values, as ``gguf.quants`` reads them (m None without one).
+    Q5_0 and Q5_1: :func:`five_bit_planes`."""
+    if qtype in FIVE_BIT_TYPES:
+        return five_bit_planes(raw, qtype, d_in)
     block, nbytes = quant_sizes(qtype)
     blocks = raw.reshape(raw.shape[0], d_in // block, nbytes)            # (d_out, n_blocks, bytes) a view
     header = nbytes - block // KERNEL_TYPES[qtype]                        # float16 d (and m) before the values
@@ -256,6 +264,30 @@ def block_planes(raw: np.ndarray, qtype: str, d_in: int):
     if qtype == "Q8_0":                                       # d (d_out, n_blocks, 1): one scale per block
         return values.view(np.int8), halves[..., :1], None
     return values, halves[..., 0], (halves[..., 1] if header == 4 else None)
+
+
+def five_bit_planes(raw: np.ndarray, qtype: str, d_in: int):
+    """(qs, d, m) of Q5_0 or Q5_1 bytes ``raw`` (d_out, bytes): qs (d_out, n_blocks, 20) each block's bytes after
+    its float16 d (and m) as the file holds them, the little-endian uint32 ``qh`` (the values' fifth bits) then
+    16 nibble bytes (:func:`five_bit_values` reads them); d and m (d_out, n_blocks) float16, m None for Q5_0."""
+    block, nbytes = quant_sizes(qtype)
+    blocks = raw.reshape(raw.shape[0], d_in // block, nbytes)            # (d_out, n_blocks, bytes) a view
+    header = 4 if qtype == "Q5_1" else 2                                 # float16 d (and m), then qh and qs
+    halves = blocks[..., :header].copy().view(np.float16)                # (d_out, n_blocks, 1 or 2)
+    return blocks[..., header:], halves[..., 0], (halves[..., 1] if qtype == "Q5_1" else None)
+
+
+def five_bit_values(qs: np.ndarray, qtype: str) -> np.ndarray:
+    """The values (..., 32) int8 in value order of Q5 blocks ``qs`` (..., 20) (:func:`five_bit_planes`): value
+    t's low four bits the nibble ``qs[4 + t]`` (t < 16: low, else ``qs[4 + t − 16]``'s high one), its fifth bit t
+    of the little-endian uint32 ``qh`` (as ``gguf.quants`` and llama.cpp's ``bytes_from_bits_32`` read them);
+    Q5_0's q − 16 (−16 … 15), Q5_1's q (0 … 31)."""
+    qh = np.ascontiguousarray(qs[..., :4]).view("<u4")                   # (..., 1)
+    nibbles = qs[..., 4:]                                                # (..., 16)
+    low = np.concatenate([nibbles & np.uint8(15), nibbles >> np.uint8(4)], axis=-1)   # (..., 32)
+    fifth = (qh >> np.arange(32, dtype=np.uint32)) & np.uint32(1)        # (..., 32)
+    q = low.astype(np.int16) | (fifth.astype(np.int16) << 4)             # (..., 32) 0 … 31
+    return (q - 16 if qtype == "Q5_0" else q).astype(np.int8)
 
 
 def k_quant_planes(raw: np.ndarray, qtype: str, d_in: int):

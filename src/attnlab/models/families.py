@@ -274,8 +274,8 @@ def load_model(path_or_name: str | Path = MINILM, *, quantized: bool | str = Fal
     (:mod:`attnlab.kernels.quantized`): a decode step reads the file's bytes, not 4.6 times as many; the logits
     equal the float32 model's within 1e-5. Without numba it keeps float32 and warns once.
     ``quantized="q8-activations"`` keeps the same blocks and computes as llama.cpp does
-    (:mod:`attnlab.kernels.q8_activations`): x rounded to 8 bits per block before each product of a Q4_0, Q4_1
-    or Q8_0 weight, integer dot products; not within 1e-5 of float32, but deterministic, and each token's
+    (:mod:`attnlab.kernels.q8_activations`): x rounded to 8 bits per block before each product of a Q4_0, Q4_1,
+    Q8_0, Q5_0 or Q5_1 weight (and the K-quants': :mod:`attnlab.kernels.q8k_activations`), integer dot products; not within 1e-5 of float32, but deterministic, and each token's
     logits the same in a prefill as in a decode step.
 
     ``cache`` (a folder; GGUF only): the first load writes the float32 model there in the layout a decode step
