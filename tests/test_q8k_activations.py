@@ -205,6 +205,8 @@ def test_load_model_q8_runs_a_k_quant_file_near_its_float32_logits(tmp_path, mon
     W_out = q8.blocks[1].mlp.W_out
     assert isinstance(W_out, Q8KActivationMatrix) and W_out.qtype == "Q6_K"
     assert isinstance(q8.blocks[0].attn.W_Q, Q8KActivationMatrix) and q8.blocks[0].attn.W_Q.qtype == "Q4_K"
+    up = q8.blocks[1].mlp.W_in                                                 # Q5_K: no exact kernel, still the mode's
+    assert isinstance(up, Q8KActivationMatrix) and up.qtype == "Q5_K", type(up)
     ids = np.arange(1, 40) * 7 % 264
     got, want = forward(q8, ids).logits, forward(f32, ids).logits
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 5e-2

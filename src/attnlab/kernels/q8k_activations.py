@@ -55,12 +55,13 @@ import functools
 import numpy as np
 
 from . import quantized
-from .q8_activations import LANES, Q8ActivationMatrix, fma32
+from .q8_activations import INT_TYPES, LANES, Q8ActivationMatrix, fma32
 from .q8_activations import weight_q8 as q8_weight
 from .quantized import grouped
 
 QK_K = 256                       # values per super-block (Q8_K, Q4_K, Q6_K)
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K")   # the K-quants with an integer kernel
+MODE_TYPES = (*INT_TYPES, *K_TYPES)   # every type the mode multiplies in integers (:func:`weight_q8` takes)
 SUB = {"Q4_K": 32, "Q5_K": 32, "Q6_K": 16}   # values per sub-block (one scale each)
 TILED_MIN_BATCH = 8              # a product of this many tokens or more takes the tiled GEMM's arithmetic, as the
 #                                  vendored llama.cpp's ggml_mul_mat does from ggml_tiled_min_batch tokens on

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..kernels.q8_activations import INT_TYPES as Q8_TYPES
 from ..kernels.q8_activations import MODE as Q8_MODE
+from ..kernels.q8k_activations import MODE_TYPES as Q8_TYPES
 from ..kernels.q8k_activations import weight_q8
 from ..kernels.quantized import KERNEL_TYPES, weight_from_gguf
 from ..text.tokens import HFTokenizer
@@ -149,7 +149,7 @@ class GGUFTensors(Mapping):
 
     def read(self, name: str) -> np.ndarray:
         info = self.infos[name]
-        kept = KERNEL_TYPES if self.quantized != Q8_MODE else (*KERNEL_TYPES, *Q8_TYPES)   # the q8 mode adds Q5_0/1
+        kept = KERNEL_TYPES if self.quantized != Q8_MODE else (*KERNEL_TYPES, *Q8_TYPES)   # the q8 mode adds Q5_0/1, Q5_K
         if self.quantized and len(info.shape) == 2 and info.tensor_type.name in kept:
             keep = weight_q8 if self.quantized == Q8_MODE else weight_from_gguf
             w = keep(np.asarray(info.data), info.tensor_type.name, info.shape[0], rows=True)

@@ -52,8 +52,9 @@ from ..kernels.q8k_activations import Q8KActivationMatrix
 from ..kernels.quantized import GROUP, QuantizedMatrix, QuantizedRows, is_quantized, quant_sizes
 from ..stack.transformer import ModelConfig, Transformer
 
-FORMAT = 2                 # bumped when the entry's layout changes: old entries are then never read (2: the q8
-#                            mode's K-quants are Q8KActivationMatrix planes, no longer the exact mode's)
+FORMAT = 3                 # bumped when the entry's layout changes: old entries are then never read (2: the q8
+#                            mode's K-quants are Q8KActivationMatrix planes, no longer the exact mode's; 3: its
+#                            Q5_0, Q5_1 and Q5_K too, no longer float32)
 HEAD_BYTES = 1 << 20       # the bytes of the GGUF file hashed into the key: its header, and then some
 ALIGN = 4096               # each array starts on a page
 
