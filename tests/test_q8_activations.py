@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 gguf = pytest.importorskip("gguf")
+from _gguf_tensor import written  # noqa: E402
 pytest.importorskip("numba")
 from gguf.constants import GGMLQuantizationType  # noqa: E402
-from gguf.quants import dequantize, quantize  # noqa: E402
+from gguf.quants import dequantize  # noqa: E402
 
 from attnlab.kernels import _q8_fused  # noqa: E402
 from attnlab.kernels.q8_activations import (INT_TYPES, MODE, Q8ActivationMatrix, quantize_q8,  # noqa: E402
@@ -27,19 +28,7 @@ def numba_on(monkeypatch):
     monkeypatch.delenv("ATTNLAB_NO_NUMBA", raising=False)
 
 
-def written(tmp_path, w: np.ndarray, qtype: str):
-    """``w`` (d_out, d_in) written to a GGUF file in ``qtype`` by GGUFWriter and read back: (raw bytes, d_in)."""
-    path = tmp_path / f"w_{qtype}.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
-    t = GGMLQuantizationType[qtype]
-    writer.add_tensor("w", quantize(w, t), raw_dtype=t)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    tensor = gguf.GGUFReader(str(path)).tensors[0]
-    assert tensor.tensor_type == t
-    return np.asarray(tensor.data), int(tensor.shape[0])
+
 
 
 def tiny_gguf(path, qtype: str, tied: bool = True):

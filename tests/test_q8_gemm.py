@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 gguf = pytest.importorskip("gguf")
+import _gguf_tensor  # noqa: E402
 pytest.importorskip("numba")
-from gguf.constants import GGMLQuantizationType  # noqa: E402
-from gguf.quants import quantize  # noqa: E402
 
 from attnlab.kernels import _q8_fused  # noqa: E402
 from attnlab.kernels.q8_activations import INT_TYPES, Q8ActivationMatrix, reference_matmul  # noqa: E402
@@ -24,17 +23,9 @@ def numba_on(monkeypatch):
 
 
 def written(tmp_path, w: np.ndarray, qtype: str) -> Q8ActivationMatrix:
-    """``w`` (d_out, d_in) written to a GGUF file in ``qtype`` by GGUFWriter, read back as the mode's weight."""
-    path = tmp_path / f"w_{qtype}.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
-    t = GGMLQuantizationType[qtype]
-    writer.add_tensor("w", quantize(w, t), raw_dtype=t)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    tensor = gguf.GGUFReader(str(path)).tensors[0]
-    return Q8ActivationMatrix(np.asarray(tensor.data), qtype, int(tensor.shape[0]))
+    """``w`` (d_out, d_in) through a GGUF file in ``qtype``, read back as the mode's weight."""
+    raw, d_in = _gguf_tensor.written(tmp_path, w, qtype)
+    return Q8ActivationMatrix(raw, qtype, d_in)
 
 
 def one_by_one(x: np.ndarray, W) -> np.ndarray:

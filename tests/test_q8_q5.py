@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 gguf = pytest.importorskip("gguf")
+import _gguf_tensor  # noqa: E402
 pytest.importorskip("numba")
 from gguf.constants import GGMLQuantizationType  # noqa: E402
-from gguf.quants import dequantize, quantize  # noqa: E402
+from gguf.quants import dequantize  # noqa: E402
 
 from attnlab.kernels.q8_activations import INT_TYPES, Q8ActivationMatrix, reference_matmul  # noqa: E402
 from attnlab.kernels.quantized import five_bit_planes, five_bit_values  # noqa: E402
@@ -28,18 +29,8 @@ def numba_on(monkeypatch):
 
 
 def written(tmp_path, w: np.ndarray, qtype: str) -> np.ndarray:
-    """``w`` (d_out, d_in) written to a GGUF file in ``qtype`` by GGUFWriter and read back: its raw bytes."""
-    path = tmp_path / f"w_{qtype}.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
-    t = GGMLQuantizationType[qtype]
-    writer.add_tensor("w", quantize(w, t), raw_dtype=t)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    tensor = gguf.GGUFReader(str(path)).tensors[0]
-    assert tensor.tensor_type == t
-    return np.asarray(tensor.data)
+    """``w`` (d_out, d_in) through a GGUF file in ``qtype``: its raw bytes."""
+    return _gguf_tensor.written(tmp_path, w, qtype)[0]
 
 
 def block(qtype: str, d: float, m: float, q: np.ndarray) -> np.ndarray:

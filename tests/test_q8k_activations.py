@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 gguf = pytest.importorskip("gguf")
+import _gguf_tensor  # noqa: E402
 pytest.importorskip("numba")
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # noqa: E402
 from gguf.quants import dequantize  # noqa: E402
@@ -46,18 +47,8 @@ def k_blocks(rng, rows: int, d_in: int, qtype: str, scale: float = 1e-4) -> np.n
 
 
 def written(tmp_path, raw: np.ndarray, qtype: str):
-    """Raw super-blocks written to a GGUF file by GGUFWriter and read back: (raw bytes, d_in)."""
-    path = tmp_path / f"w_{qtype}.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
-    t = GGMLQuantizationType[qtype]
-    writer.add_tensor("w", raw, raw_dtype=t)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    tensor = gguf.GGUFReader(str(path)).tensors[0]
-    assert tensor.tensor_type == t
-    return np.asarray(tensor.data), int(tensor.shape[0])
+    """Raw super-blocks through a GGUF file: (raw bytes, d_in)."""
+    return _gguf_tensor.written_raw(tmp_path / f"w_{qtype}.gguf", raw, qtype)
 
 
 def test_x_is_rounded_as_llama_cpp_rounds_it_by_hand():
