@@ -475,32 +475,21 @@ def _scores_sig(q, k, s):
     return types.void(q, types.intp, k, types.intp, types.intp, types.float32, s, types.intp, types.intp)
 
 
-@intrinsic
-def _scores_one(typingctx, q, q_at, k, d, blocks, scale, s, s_at, last):
-    """One token's scores, 16 keys at a time (:func:`_scores_codegen`; d a multiple of 64)."""
-    sig = _scores_sig(q, k, s)
-    return None if sig is None else (sig, _scores_codegen(True))
+def _scores_intrinsic(one: bool, d: int | None, doc: str):
+    """The scores intrinsic of one token (``one``) or a batch, for any d (a multiple of 64 or 16) or unrolled
+    for ``d`` (:func:`_scores_codegen`)."""
+    @intrinsic
+    def scores(typingctx, q, q_at, k, d_, blocks, scale, s, s_at, last):
+        sig = _scores_sig(q, k, s)
+        return None if sig is None else (sig, _scores_codegen(one, d))
+    scores.__doc__ = doc
+    return scores
 
 
-@intrinsic
-def _scores_batch(typingctx, q, q_at, k, d, blocks, scale, s, s_at, last):
-    """A batch's scores, 16 keys at a time (:func:`_scores_codegen`; d a multiple of 16)."""
-    sig = _scores_sig(q, k, s)
-    return None if sig is None else (sig, _scores_codegen(False))
-
-
-@intrinsic
-def _scores_one64(typingctx, q, q_at, k, d, blocks, scale, s, s_at, last):
-    """:func:`_scores_one` for d = 64, unrolled."""
-    sig = _scores_sig(q, k, s)
-    return None if sig is None else (sig, _scores_codegen(True, 64))
-
-
-@intrinsic
-def _scores_batch64(typingctx, q, q_at, k, d, blocks, scale, s, s_at, last):
-    """:func:`_scores_batch` for d = 64, unrolled."""
-    sig = _scores_sig(q, k, s)
-    return None if sig is None else (sig, _scores_codegen(False, 64))
+_scores_one = _scores_intrinsic(True, None, "One token's scores, 16 keys at a time (d a multiple of 64).")
+_scores_batch = _scores_intrinsic(False, None, "A batch's scores, 16 keys at a time (d a multiple of 16).")
+_scores_one64 = _scores_intrinsic(True, 64, ":func:`_scores_one` for d = 64, unrolled.")
+_scores_batch64 = _scores_intrinsic(False, 64, ":func:`_scores_batch` for d = 64, unrolled.")
 
 
 def _scores3_codegen(one: bool):
@@ -677,32 +666,21 @@ def _weigh_sig(sums, e, v):
     return types.void(sums, types.intp, e, types.intp, types.intp, v, types.intp, types.intp, types.intp)
 
 
-@intrinsic
-def _weigh64(typingctx, sums, s_at, e, e_at, e_stride, v, d, blocks, last):
-    """One token's weighted sum in its 64 lanes, one head (:func:`_weigh_codegen`)."""
-    sig = _weigh_sig(sums, e, v)
-    return None if sig is None else (sig, _weigh_codegen(64, 1))
+def _weigh_intrinsic(lanes: int, heads: int, doc: str):
+    """The weighted-sum intrinsic in ``lanes`` lanes (64: one token, 16: a batch) for ``heads`` heads at once
+    (:func:`_weigh_codegen`)."""
+    @intrinsic
+    def weigh(typingctx, sums, s_at, e, e_at, e_stride, v, d, blocks, last):
+        sig = _weigh_sig(sums, e, v)
+        return None if sig is None else (sig, _weigh_codegen(lanes, heads))
+    weigh.__doc__ = doc
+    return weigh
 
 
-@intrinsic
-def _weigh64x3(typingctx, sums, s_at, e, e_at, e_stride, v, d, blocks, last):
-    """:func:`_weigh64` for three heads at once (each value row widened once for them)."""
-    sig = _weigh_sig(sums, e, v)
-    return None if sig is None else (sig, _weigh_codegen(64, 3))
-
-
-@intrinsic
-def _weigh16(typingctx, sums, s_at, e, e_at, e_stride, v, d, blocks, last):
-    """A batch's weighted sum in its 16 lanes, one head (:func:`_weigh_codegen`)."""
-    sig = _weigh_sig(sums, e, v)
-    return None if sig is None else (sig, _weigh_codegen(16, 1))
-
-
-@intrinsic
-def _weigh16x3(typingctx, sums, s_at, e, e_at, e_stride, v, d, blocks, last):
-    """:func:`_weigh16` for three heads at once."""
-    sig = _weigh_sig(sums, e, v)
-    return None if sig is None else (sig, _weigh_codegen(16, 3))
+_weigh64 = _weigh_intrinsic(64, 1, "One token's weighted sum in its 64 lanes, one head.")
+_weigh64x3 = _weigh_intrinsic(64, 3, ":func:`_weigh64` for three heads at once (each value row widened once for them).")
+_weigh16 = _weigh_intrinsic(16, 1, "A batch's weighted sum in its 16 lanes, one head.")
+_weigh16x3 = _weigh_intrinsic(16, 3, ":func:`_weigh16` for three heads at once.")
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
