@@ -171,11 +171,15 @@ class Q8ActivationMatrix(QuantizedMatrix):
         x2 = x.reshape(-1, self.d_in)                                              # (N, d_in)
         if x2.dtype != np.float32 or not x2.flags.c_contiguous:
             x2 = np.ascontiguousarray(x2, dtype=np.float32)                        # (N, d_in)
+        return self._product(x2).reshape(*lead, self.d_out)                       # (..., d_out)
+
+    def _product(self, x2: np.ndarray) -> np.ndarray:
+        """x2 (N, d_in) float32 C-contiguous @ W: (N, d_out) float32, by the kernels."""
         out = np.empty((x2.shape[0], self.d_out), np.float32)                      # (N, d_out)
         many = x2.shape[0] > _kernels().MAX_TOKENS                                  # a prefill: the worker pool
         _kernels().matmul(self.qtype, *self.kernel_planes, x2, out, quantized.product_kernel()[1],
                           quantized.prefill_pool(x2.shape[0]) if many else None)
-        return out.reshape(*lead, self.d_out)                                      # (..., d_out)
+        return out
 
 
 def weight_q8(raw: np.ndarray, qtype: str, d_in: int, *, rows: bool = False):

@@ -283,23 +283,16 @@ class Q8KActivationMatrix(Q8ActivationMatrix):
         """Rows ``ids`` (n,) of the transpose, float32 (n, d_in): a tied embedding's lookup."""
         return self.dequantize(ids).T
 
-    def __rmatmul__(self, x):
-        x = np.asarray(x)
-        if x.ndim < 1 or x.shape[-1] != self.d_in:
-            raise ValueError(f"x @ W needs x (..., {self.d_in}), got shape {x.shape}")
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.d_in)                                              # (N, d_in)
-        if x2.dtype != np.float32 or not x2.flags.c_contiguous:
-            x2 = np.ascontiguousarray(x2, dtype=np.float32)                        # (N, d_in)
+    def _product(self, x2: np.ndarray) -> np.ndarray:
+        """x2 (N, d_in) float32 C-contiguous @ W: (N, d_out), the tiled arithmetic from TILED_MIN_BATCH tokens."""
         tiled = x2.shape[0] >= TILED_MIN_BATCH                                     # llama.cpp's prefill arithmetic
         if not quantized.has_kernel():
-            reference = reference_matmul_tiled if tiled else reference_matmul
-            return reference(x2, self).reshape(*lead, self.d_out)
+            return (reference_matmul_tiled if tiled else reference_matmul)(x2, self)    # (N, d_out)
         out = np.empty((x2.shape[0], self.d_out), np.float32)                      # (N, d_out)
         many = x2.shape[0] > _kernels().MAX_TOKENS                                  # a prefill: the worker pool
         _kernels().matmul(self.qtype, *self.kernel_planes, x2, out,
                           quantized.prefill_pool(x2.shape[0]) if many else None, tiled=tiled)
-        return out.reshape(*lead, self.d_out)                                      # (..., d_out)
+        return out
 
 
 def weight_q8(raw: np.ndarray, qtype: str, d_in: int, *, rows: bool = False):
