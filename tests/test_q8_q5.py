@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 gguf = pytest.importorskip("gguf")
+import _ggml_cpu  # noqa: E402
 import _gguf_tensor  # noqa: E402
 pytest.importorskip("numba")
 from gguf.constants import GGMLQuantizationType  # noqa: E402
@@ -103,15 +104,7 @@ def test_load_weight_q8_keeps_q5_and_the_exact_mode_keeps_float32(tmp_path, rng,
         Q8ActivationMatrix(raw, qtype, 48)
 
 
-LLAMA_DOT = r"""
-import ctypes, os, sys, importlib.util
-import numpy as np
-lib = os.path.join(os.path.dirname(importlib.util.find_spec("llama_cpp").origin), "lib", "libggml-cpu.so")
-cpu = ctypes.CDLL(lib)
-cpu.ggml_cpu_init()
-data = np.load(sys.argv[1])
-raw, x, qtype = np.ascontiguousarray(data["raw"]), np.ascontiguousarray(data["x"], np.float32), str(data["qtype"])
-N, d_in = x.shape
+LLAMA_DOT = _ggml_cpu.PROLOGUE + r"""
 act = "q8_1" if qtype == "Q5_1" else "q8_0"
 width = d_in // 32 * (36 if act == "q8_1" else 34)
 qx = np.zeros((N, width), np.uint8)

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 gguf = pytest.importorskip("gguf")
+import _ggml_cpu  # noqa: E402
 import _gguf_tensor  # noqa: E402
 pytest.importorskip("numba")
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # noqa: E402
@@ -238,15 +239,7 @@ def test_a_decode_step_differs_from_the_prefill_s_last_logits_by_the_rule_alone(
     np.testing.assert_array_equal(one_token[-1:], decoded)
 
 
-GGML = r"""
-import ctypes, importlib.util, os, sys
-import numpy as np
-lib = os.path.join(os.path.dirname(importlib.util.find_spec("llama_cpp").origin), "lib", "libggml-cpu.so")
-cpu = ctypes.CDLL(lib)
-cpu.ggml_cpu_init()
-data = np.load(sys.argv[1])
-raw, x, qtype = np.ascontiguousarray(data["raw"]), np.ascontiguousarray(data["x"], np.float32), str(data["qtype"])
-N, d_in = x.shape
+GGML = _ggml_cpu.PROLOGUE + r"""
 q8 = np.zeros((N, d_in // 256 * 292), np.uint8)          # block_q8_K: float d, 256 int8, 16 int16
 cpu.quantize_row_q8_K.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
 dot = getattr(cpu, "ggml_vec_dot_" + qtype[:2].lower() + "_K_q8_K")

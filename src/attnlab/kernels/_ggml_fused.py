@@ -460,13 +460,20 @@ def _scores_codegen(one: bool, fixed_d=None):
             ptr = builder.bitcast(builder.gep(s_data, [builder.add(s_at, base)]), vf.as_pointer())
             builder.store(builder.fmul(_tree16(builder, keys), scale), ptr, align=4)
 
-        full = builder.sdiv(builder.add(last, ir.Constant(it, 1)), ir.Constant(it, LANES))
-        with cgutils.for_range(builder, full) as blk:
-            block(builder.mul(blk.index, ir.Constant(it, LANES)), False)
-        with builder.if_then(builder.icmp_signed(">", blocks, full)):
-            block(builder.mul(full, ir.Constant(it, LANES)), True)
+        _key_blocks(builder, block, last, blocks)
         return context.get_dummy_value()
     return codegen
+
+
+def _key_blocks(builder, block, last, blocks):
+    """``block(first, clamp)`` for each 16 keys: the whole blocks up to key ``last``, then (when ``blocks`` has one
+    more) the block past it, ``clamp`` telling it to read key ``last`` for the keys beyond."""
+    it = last.type
+    full = builder.sdiv(builder.add(last, ir.Constant(it, 1)), ir.Constant(it, LANES))
+    with cgutils.for_range(builder, full) as blk:
+        block(builder.mul(blk.index, ir.Constant(it, LANES)), False)
+    with builder.if_then(builder.icmp_signed(">", blocks, full)):
+        block(builder.mul(full, ir.Constant(it, LANES)), True)
 
 
 def _scores_sig(q, k, s):
@@ -543,11 +550,7 @@ def _scores3_codegen(one: bool):
                 ptr = builder.bitcast(builder.gep(s_data, [at]), vf.as_pointer())
                 builder.store(builder.fmul(stacks[h][0][1], scale), ptr, align=4)
 
-        full = builder.sdiv(builder.add(last, ir.Constant(it, 1)), ir.Constant(it, LANES))
-        with cgutils.for_range(builder, full) as blk:
-            block(builder.mul(blk.index, ir.Constant(it, LANES)), False)
-        with builder.if_then(builder.icmp_signed(">", blocks, full)):
-            block(builder.mul(full, ir.Constant(it, LANES)), True)
+        _key_blocks(builder, block, last, blocks)
         return context.get_dummy_value()
     return codegen
 
